@@ -6,6 +6,7 @@ const PROTOS: &[&str] = &[
     "proto/mvccpb/kv.proto",
     "proto/authpb/auth.proto",
     "proto/etcdserverpb/rpc.proto",
+    "proto/etcdserverpb/raft_internal.proto",
     "proto/v3lockpb/v3lock.proto",
     "proto/v3electionpb/v3election.proto",
     "proto/grpc_health_v1/health.proto",

@@ -1,0 +1,486 @@
+//! The node's configuration: etcd's flags and `ETCD_*` environment variables, so an existing
+//! etcd deployment switches by changing the binary only.
+//!
+//! Go's flag package accepts `-name x`, `--name x` and `--name=x`; clap only knows the double
+//! dash, so [`normalize_go_args`] rewrites single-dash long flags before parsing. etcd flags that
+//! only tune etcd internals we do not have are accepted and reported as ignored, because
+//! refusing them would break deployments for no safety gain. Flags whose silent omission would
+//! weaken security (TLS) are refused.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::error::CoreError;
+
+/// etcd's defaults (embed/config.go), kept here so a reader can compare them side by side.
+pub const DEFAULT_MAX_TXN_OPS: u32 = 128;
+pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 1_572_864;
+pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// Quotas above this are clamped by etcd with a warning (8 GiB is its suggested maximum).
+pub const QUOTA_BACKEND_BYTES_MAX: u64 = 8 * 1024 * 1024 * 1024;
+/// gRPC's receive limit is max-request-bytes plus this slack, as etcd sets it.
+pub const GRPC_RECV_SLACK_BYTES: u32 = 512 * 1024;
+
+const _: () = assert!(DEFAULT_MAX_REQUEST_BYTES as u64 + (GRPC_RECV_SLACK_BYTES as u64) < u32::MAX as u64);
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "keel",
+    version,
+    about = "Keel: an etcd v3 compatible, strongly consistent key-value store",
+    long_about = None
+)]
+pub struct Flags {
+    /// Human-readable name for this member.
+    #[arg(long, env = "ETCD_NAME", default_value = "default")]
+    pub name: String,
+
+    /// Path to the data directory (default: "<name>.keel").
+    #[arg(long = "data-dir", env = "ETCD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Path to a dedicated WAL directory (default: inside the data directory).
+    #[arg(long = "wal-dir", env = "ETCD_WAL_DIR")]
+    pub wal_dir: Option<PathBuf>,
+
+    /// List of URLs to listen on for client traffic.
+    #[arg(long = "listen-client-urls", env = "ETCD_LISTEN_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
+    pub listen_client_urls: String,
+
+    /// List of this member's client URLs to advertise to the public.
+    #[arg(long = "advertise-client-urls", env = "ETCD_ADVERTISE_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
+    pub advertise_client_urls: String,
+
+    /// List of URLs to listen on for peer traffic.
+    #[arg(long = "listen-peer-urls", env = "ETCD_LISTEN_PEER_URLS", default_value = "http://127.0.0.1:2380")]
+    pub listen_peer_urls: String,
+
+    /// List of this member's peer URLs to advertise to the rest of the cluster.
+    #[arg(
+        long = "initial-advertise-peer-urls",
+        env = "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+        default_value = "http://127.0.0.1:2380"
+    )]
+    pub initial_advertise_peer_urls: String,
+
+    /// Initial cluster configuration for bootstrapping ("name=url,name=url").
+    #[arg(long = "initial-cluster", env = "ETCD_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+
+    /// Initial cluster state ('new' or 'existing').
+    #[arg(long = "initial-cluster-state", env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
+    pub initial_cluster_state: String,
+
+    /// Initial cluster token for the cluster during bootstrap.
+    #[arg(long = "initial-cluster-token", env = "ETCD_INITIAL_CLUSTER_TOKEN", default_value = "etcd-cluster")]
+    pub initial_cluster_token: String,
+
+    /// Maximum number of operations permitted in a transaction.
+    #[arg(long = "max-txn-ops", env = "ETCD_MAX_TXN_OPS", default_value_t = DEFAULT_MAX_TXN_OPS)]
+    pub max_txn_ops: u32,
+
+    /// Maximum client request size in bytes the server will accept.
+    #[arg(long = "max-request-bytes", env = "ETCD_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: u32,
+
+    /// Raise alarms when the store exceeds the given quota. 0 means the default (2 GiB).
+    #[arg(long = "quota-backend-bytes", env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0)]
+    pub quota_backend_bytes: i64,
+
+    /// Time (in milliseconds) of a heartbeat interval.
+    #[arg(long = "heartbeat-interval", env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
+    pub heartbeat_interval_ms: u64,
+
+    /// Time (in milliseconds) for an election to timeout.
+    #[arg(long = "election-timeout", env = "ETCD_ELECTION_TIMEOUT", default_value_t = 1000)]
+    pub election_timeout_ms: u64,
+
+    /// Number of committed entries between two MVCC checkpoints (etcd: snapshots).
+    #[arg(long = "snapshot-count", env = "ETCD_SNAPSHOT_COUNT", default_value_t = 100_000)]
+    pub snapshot_count: u64,
+
+    /// Configures log level: debug, info, warn, error, panic or fatal.
+    #[arg(long = "log-level", env = "ETCD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Auto compaction retention (periodic: a duration or hours; revision: a count). 0 disables.
+    #[arg(long = "auto-compaction-retention", env = "ETCD_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
+
+    /// Interpret 'auto-compaction-retention' as 'periodic' or 'revision'.
+    #[arg(long = "auto-compaction-mode", env = "ETCD_AUTO_COMPACTION_MODE", default_value = "periodic")]
+    pub auto_compaction_mode: String,
+
+    /// Keel: number of client-serving shards, each a pinned core with its own executor
+    /// (0 = one per available core).
+    #[arg(long = "shards", env = "KEEL_SHARDS", default_value_t = 0)]
+    pub shards: usize,
+
+    /// Keel: which CPU the raft core is pinned to (default: the last one).
+    #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
+    pub raft_cpu: Option<usize>,
+
+    /// TLS flags: not supported yet, refused rather than silently serving plaintext.
+    #[arg(long = "cert-file", env = "ETCD_CERT_FILE", hide = true)]
+    pub cert_file: Option<String>,
+    #[arg(long = "key-file", env = "ETCD_KEY_FILE", hide = true)]
+    pub key_file: Option<String>,
+    #[arg(long = "peer-cert-file", env = "ETCD_PEER_CERT_FILE", hide = true)]
+    pub peer_cert_file: Option<String>,
+    #[arg(long = "peer-key-file", env = "ETCD_PEER_KEY_FILE", hide = true)]
+    pub peer_key_file: Option<String>,
+    #[arg(long = "auto-tls", env = "ETCD_AUTO_TLS", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub auto_tls: Option<bool>,
+    #[arg(long = "peer-auto-tls", env = "ETCD_PEER_AUTO_TLS", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub peer_auto_tls: Option<bool>,
+    #[arg(long = "client-cert-auth", env = "ETCD_CLIENT_CERT_AUTH", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub client_cert_auth: Option<bool>,
+
+    /// etcd flags that tune internals Keel does not have; accepted so deployments keep working.
+    #[arg(long = "enable-v2", env = "ETCD_ENABLE_V2", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_v2: Option<bool>,
+    #[arg(long = "enable-pprof", env = "ETCD_ENABLE_PPROF", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_pprof: Option<bool>,
+    #[arg(long = "strict-reconfig-check", env = "ETCD_STRICT_RECONFIG_CHECK", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub strict_reconfig_check: Option<bool>,
+    #[arg(long = "pre-vote", env = "ETCD_PRE_VOTE", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub pre_vote: Option<bool>,
+    #[arg(long = "logger", env = "ETCD_LOGGER", hide = true)]
+    pub logger: Option<String>,
+    #[arg(long = "log-outputs", env = "ETCD_LOG_OUTPUTS", hide = true)]
+    pub log_outputs: Option<String>,
+    #[arg(long = "metrics", env = "ETCD_METRICS", hide = true)]
+    pub metrics: Option<String>,
+    #[arg(long = "max-snapshots", env = "ETCD_MAX_SNAPSHOTS", hide = true)]
+    pub max_snapshots: Option<u64>,
+    #[arg(long = "max-wals", env = "ETCD_MAX_WALS", hide = true)]
+    pub max_wals: Option<u64>,
+    #[arg(long = "grpc-keepalive-min-time", env = "ETCD_GRPC_KEEPALIVE_MIN_TIME", hide = true)]
+    pub grpc_keepalive_min_time: Option<String>,
+    #[arg(long = "grpc-keepalive-interval", env = "ETCD_GRPC_KEEPALIVE_INTERVAL", hide = true)]
+    pub grpc_keepalive_interval: Option<String>,
+    #[arg(long = "grpc-keepalive-timeout", env = "ETCD_GRPC_KEEPALIVE_TIMEOUT", hide = true)]
+    pub grpc_keepalive_timeout: Option<String>,
+    #[arg(long = "auth-token", env = "ETCD_AUTH_TOKEN", hide = true)]
+    pub auth_token: Option<String>,
+    #[arg(long = "experimental-watch-progress-notify-interval", env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL", hide = true)]
+    pub experimental_watch_progress_notify_interval: Option<String>,
+}
+
+/// Whether a new member starts a new cluster or joins one that exists (etcd's
+/// `--initial-cluster-state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+/// One member named in `--initial-cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialMember {
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+/// The validated configuration the node runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub wal_dir: PathBuf,
+    pub listen_client_addrs: Vec<SocketAddr>,
+    pub advertise_client_urls: Vec<String>,
+    pub listen_peer_addrs: Vec<SocketAddr>,
+    pub initial_advertise_peer_urls: Vec<String>,
+    pub initial_cluster: Vec<InitialMember>,
+    pub initial_cluster_state: ClusterState,
+    pub initial_cluster_token: String,
+    pub max_txn_ops: u32,
+    pub max_request_bytes: u32,
+    pub quota_backend_bytes: u64,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_ms: u64,
+    pub snapshot_count: u64,
+    pub log_level: String,
+    pub shards: usize,
+    pub raft_cpu: usize,
+    /// etcd flags we accept but do not act on, for the startup log.
+    pub ignored_flags: Vec<&'static str>,
+}
+
+impl Config {
+    /// The gRPC receive limit etcd configures: max-request-bytes plus 512 KiB of slack.
+    pub fn grpc_recv_bytes_max(&self) -> usize {
+        self.max_request_bytes as usize + GRPC_RECV_SLACK_BYTES as usize
+    }
+
+    /// Parses the process's own arguments and environment.
+    pub fn from_env() -> Result<Config, CoreError> {
+        let args = normalize_go_args(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
+        let flags = Flags::try_parse_from(args).map_err(|e| match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
+            _ => CoreError::Config(e.to_string()),
+        })?;
+        Config::from_flags(flags)
+    }
+
+    pub fn from_flags(f: Flags) -> Result<Config, CoreError> {
+        let tls = [&f.cert_file, &f.key_file, &f.peer_cert_file, &f.peer_key_file]
+            .iter()
+            .any(|v| v.as_deref().is_some_and(|s| !s.is_empty()))
+            || [f.auto_tls, f.peer_auto_tls, f.client_cert_auth].iter().any(|v| *v == Some(true));
+        if tls {
+            return Err(CoreError::Config(
+                "TLS flags are not supported yet: refusing to serve plaintext where TLS was asked for".into(),
+            ));
+        }
+        let listen_client_addrs = parse_listen_urls("listen-client-urls", &f.listen_client_urls)?;
+        let listen_peer_addrs = parse_listen_urls("listen-peer-urls", &f.listen_peer_urls)?;
+        let advertise_client_urls = split_urls("advertise-client-urls", &f.advertise_client_urls)?;
+        let initial_advertise_peer_urls = split_urls("initial-advertise-peer-urls", &f.initial_advertise_peer_urls)?;
+        let initial_cluster = match &f.initial_cluster {
+            Some(s) if !s.is_empty() => parse_initial_cluster(s)?,
+            // etcd's default is "<name>=<initial-advertise-peer-urls>": a one-member cluster.
+            _ => vec![InitialMember { name: f.name.clone(), peer_urls: initial_advertise_peer_urls.clone() }],
+        };
+        if !initial_cluster.iter().any(|m| m.name == f.name) {
+            return Err(CoreError::Config(format!(
+                "couldn't find local name {:?} in the initial cluster configuration",
+                f.name
+            )));
+        }
+        let initial_cluster_state = match f.initial_cluster_state.as_str() {
+            "new" => ClusterState::New,
+            "existing" => ClusterState::Existing,
+            other => {
+                return Err(CoreError::Config(format!(
+                    "invalid value {other:?} for flag -initial-cluster-state: valid values are \"new\", \"existing\""
+                )))
+            }
+        };
+        if f.heartbeat_interval_ms == 0 || f.election_timeout_ms < 5 * f.heartbeat_interval_ms {
+            return Err(CoreError::Config(format!(
+                "--election-timeout[{}ms] should be at least as 5 times as --heartbeat-interval[{}ms]",
+                f.election_timeout_ms, f.heartbeat_interval_ms
+            )));
+        }
+        if !matches!(f.log_level.as_str(), "debug" | "info" | "warn" | "error" | "panic" | "fatal") {
+            return Err(CoreError::Config(format!("unknown log level {:?}", f.log_level)));
+        }
+        let quota_backend_bytes = match f.quota_backend_bytes {
+            q if q < 0 => {
+                return Err(CoreError::Config("--quota-backend-bytes must not be negative".into()));
+            }
+            0 => DEFAULT_QUOTA_BACKEND_BYTES,
+            q => (q as u64).min(QUOTA_BACKEND_BYTES_MAX),
+        };
+        if f.max_txn_ops == 0 || f.max_request_bytes == 0 {
+            return Err(CoreError::Config("--max-txn-ops and --max-request-bytes must be positive".into()));
+        }
+        let cpus = available_cpus();
+        let shards = if f.shards == 0 { cpus } else { f.shards };
+        let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
+        if raft_cpu >= cpus {
+            return Err(CoreError::Config(format!("--raft-cpu {raft_cpu} is not an available CPU (have {cpus})")));
+        }
+        let data_dir = f.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.keel", f.name)));
+        let wal_dir = f.wal_dir.clone().unwrap_or_else(|| data_dir.join("wal"));
+        let mut ignored_flags = Vec::new();
+        let ignored: [(&'static str, bool); 13] = [
+            ("enable-v2", f.enable_v2.is_some()),
+            ("enable-pprof", f.enable_pprof.is_some()),
+            ("strict-reconfig-check", f.strict_reconfig_check.is_some()),
+            ("pre-vote", f.pre_vote.is_some()),
+            ("logger", f.logger.is_some()),
+            ("log-outputs", f.log_outputs.is_some()),
+            ("metrics", f.metrics.is_some()),
+            ("max-snapshots", f.max_snapshots.is_some()),
+            ("max-wals", f.max_wals.is_some()),
+            ("grpc-keepalive-min-time", f.grpc_keepalive_min_time.is_some()),
+            ("grpc-keepalive-interval", f.grpc_keepalive_interval.is_some()),
+            ("grpc-keepalive-timeout", f.grpc_keepalive_timeout.is_some()),
+            ("auth-token", f.auth_token.is_some()),
+        ];
+        for (name, given) in ignored {
+            if given {
+                ignored_flags.push(name);
+            }
+        }
+        Ok(Config {
+            name: f.name,
+            data_dir,
+            wal_dir,
+            listen_client_addrs,
+            advertise_client_urls,
+            listen_peer_addrs,
+            initial_advertise_peer_urls,
+            initial_cluster,
+            initial_cluster_state,
+            initial_cluster_token: f.initial_cluster_token,
+            max_txn_ops: f.max_txn_ops,
+            max_request_bytes: f.max_request_bytes,
+            quota_backend_bytes,
+            heartbeat_interval_ms: f.heartbeat_interval_ms,
+            election_timeout_ms: f.election_timeout_ms,
+            snapshot_count: f.snapshot_count,
+            log_level: f.log_level,
+            shards,
+            raft_cpu,
+            ignored_flags,
+        })
+    }
+}
+
+/// CPUs this process may run on (respects taskset/cgroup affinity).
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Rewrites Go-style single-dash long flags (`-name`, `-data-dir=x`) to clap's `--name`.
+/// A lone `-` and short flags like `-h` stay as they are.
+pub fn normalize_go_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let is_go_long = i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2;
+            if is_go_long {
+                format!("-{a}")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
+    let urls: Vec<String> = s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+    if urls.is_empty() {
+        return Err(CoreError::Config(format!("--{flag} must name at least one URL")));
+    }
+    for u in &urls {
+        url_host_port(flag, u)?;
+    }
+    Ok(urls)
+}
+
+/// Splits "http://host:port" into host and port, refusing schemes we cannot serve.
+pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> {
+    let rest = if let Some(r) = url.strip_prefix("http://") {
+        r
+    } else if url.starts_with("https://") || url.starts_with("unixs://") {
+        return Err(CoreError::Config(format!("--{flag}: {url:?}: TLS is not supported yet")));
+    } else if url.starts_with("unix://") {
+        return Err(CoreError::Config(format!("--{flag}: {url:?}: unix sockets are not supported yet")));
+    } else {
+        return Err(CoreError::Config(format!("--{flag}: URL scheme must be http, got {url:?}")));
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| CoreError::Config(format!("--{flag}: {url:?} has no port")))?;
+    let port: u16 = port.parse().map_err(|_| CoreError::Config(format!("--{flag}: bad port in {url:?}")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((host.to_string(), port))
+}
+
+fn parse_listen_urls(flag: &str, s: &str) -> Result<Vec<SocketAddr>, CoreError> {
+    let mut addrs = Vec::new();
+    for url in split_urls(flag, s)? {
+        let (host, port) = url_host_port(flag, &url)?;
+        // "localhost" resolves to both families; etcd binds the first, and so do we.
+        let host = if host == "localhost" { "127.0.0.1".to_string() } else { host };
+        let addr = (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| CoreError::Config(format!("--{flag}: cannot resolve {url:?}: {e}")))?
+            .next()
+            .ok_or_else(|| CoreError::Config(format!("--{flag}: {url:?} resolves to nothing")))?;
+        if !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
+    }
+    Ok(addrs)
+}
+
+/// Parses "n1=http://a:2380,n2=http://b:2380,n1=http://c:2380" (a name may repeat to give
+/// several URLs, as in etcd).
+pub fn parse_initial_cluster(s: &str) -> Result<Vec<InitialMember>, CoreError> {
+    let mut members: Vec<InitialMember> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, url) = part
+            .split_once('=')
+            .ok_or_else(|| CoreError::Config(format!("--initial-cluster: {part:?} is not name=url")))?;
+        url_host_port("initial-cluster", url)?;
+        match members.iter_mut().find(|m| m.name == name) {
+            Some(m) => m.peer_urls.push(url.to_string()),
+            None => members.push(InitialMember { name: name.to_string(), peer_urls: vec![url.to_string()] }),
+        }
+    }
+    if members.is_empty() {
+        return Err(CoreError::Config("--initial-cluster is empty".into()));
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, CoreError> {
+        let argv = normalize_go_args(std::iter::once("keel".to_string()).chain(args.iter().map(|s| s.to_string())));
+        Config::from_flags(Flags::try_parse_from(argv).map_err(|e| CoreError::Config(e.to_string()))?)
+    }
+
+    #[test]
+    fn no_flags_serves_loopback_2379_like_etcd() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert_eq!(c.listen_client_addrs, vec!["127.0.0.1:2379".parse::<SocketAddr>().expect("addr")]);
+        assert_eq!(c.data_dir, PathBuf::from("default.keel"));
+        assert_eq!(c.initial_cluster.len(), 1);
+        assert_eq!(c.max_txn_ops, 128);
+        assert_eq!(c.grpc_recv_bytes_max(), 1_572_864 + 512 * 1024);
+        assert_eq!(c.quota_backend_bytes, 2 * 1024 * 1024 * 1024);
+    }
+
+    #[test]
+    fn go_style_single_dash_flags_are_accepted() {
+        let c = parse(&["-name", "n1", "-data-dir=/tmp/x", "--max-txn-ops=7"]).expect("valid");
+        assert_eq!(c.name, "n1");
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.max_txn_ops, 7);
+    }
+
+    #[test]
+    fn initial_cluster_must_name_this_member() {
+        let err = parse(&["--name", "a", "--initial-cluster", "b=http://127.0.0.1:2380"]).expect_err("must fail");
+        assert!(err.to_string().contains("couldn't find local name"), "{err}");
+        let c = parse(&[
+            "--name",
+            "a",
+            "--initial-cluster",
+            "a=http://127.0.0.1:2380,b=http://127.0.0.1:2480,a=http://127.0.0.2:2380",
+        ])
+        .expect("valid");
+        assert_eq!(c.initial_cluster.len(), 2);
+        assert_eq!(c.initial_cluster[0].peer_urls.len(), 2);
+    }
+
+    #[test]
+    fn tls_is_refused_not_ignored() {
+        assert!(parse(&["--cert-file", "x.pem"]).is_err());
+        assert!(parse(&["--listen-client-urls", "https://127.0.0.1:2379"]).is_err());
+        assert!(parse(&["--auto-tls"]).is_err());
+    }
+
+    #[test]
+    fn ignored_etcd_flags_are_accepted_and_reported() {
+        let c = parse(&["--enable-v2=false", "--logger", "zap", "--metrics=extensive"]).expect("valid");
+        assert_eq!(c.ignored_flags, vec!["enable-v2", "logger", "metrics"]);
+    }
+
+    #[test]
+    fn election_timeout_must_cover_five_heartbeats() {
+        assert!(parse(&["--heartbeat-interval", "100", "--election-timeout", "300"]).is_err());
+    }
+}

@@ -1,0 +1,228 @@
+//! Conversions between etcd's wire types (keel-proto) and keel-kv's plain types.
+//!
+//! keel-kv never sees protobuf, so this is the one place that maps field for field. Requests
+//! are taken by value: `Bytes` fields move without copying the key or value.
+
+use keel_kv as kv;
+use keel_proto::etcdserverpb as pb;
+use keel_proto::mvccpb;
+
+pub fn range_request(r: pb::RangeRequest) -> kv::RangeRequest {
+    kv::RangeRequest {
+        key: r.key,
+        range_end: r.range_end,
+        limit: r.limit,
+        revision: r.revision,
+        sort_order: match r.sort_order {
+            1 => kv::SortOrder::Ascend,
+            2 => kv::SortOrder::Descend,
+            _ => kv::SortOrder::None,
+        },
+        sort_target: match r.sort_target {
+            1 => kv::SortTarget::Version,
+            2 => kv::SortTarget::Create,
+            3 => kv::SortTarget::Mod,
+            4 => kv::SortTarget::Value,
+            _ => kv::SortTarget::Key,
+        },
+        serializable: r.serializable,
+        keys_only: r.keys_only,
+        count_only: r.count_only,
+        min_mod_revision: r.min_mod_revision,
+        max_mod_revision: r.max_mod_revision,
+        min_create_revision: r.min_create_revision,
+        max_create_revision: r.max_create_revision,
+    }
+}
+
+pub fn put_request(r: pb::PutRequest) -> kv::PutRequest {
+    kv::PutRequest {
+        key: r.key,
+        value: r.value,
+        lease: r.lease,
+        prev_kv: r.prev_kv,
+        ignore_value: r.ignore_value,
+        ignore_lease: r.ignore_lease,
+    }
+}
+
+pub fn delete_request(r: pb::DeleteRangeRequest) -> kv::DeleteRangeRequest {
+    kv::DeleteRangeRequest { key: r.key, range_end: r.range_end, prev_kv: r.prev_kv }
+}
+
+pub fn compare(c: pb::Compare) -> kv::Compare {
+    use pb::compare::TargetUnion as U;
+    // etcd reads the operand from the union and falls back to the zero value when the client
+    // left it out, so a missing operand compares as 0 or as the empty value.
+    let target = match c.target {
+        0 => kv::CompareTarget::Version(match c.target_union {
+            Some(U::Version(v)) => v,
+            _ => 0,
+        }),
+        1 => kv::CompareTarget::Create(match c.target_union {
+            Some(U::CreateRevision(v)) => v,
+            _ => 0,
+        }),
+        2 => kv::CompareTarget::Mod(match c.target_union {
+            Some(U::ModRevision(v)) => v,
+            _ => 0,
+        }),
+        3 => kv::CompareTarget::Value(match c.target_union {
+            Some(U::Value(v)) => v,
+            _ => bytes::Bytes::new(),
+        }),
+        _ => kv::CompareTarget::Lease(match c.target_union {
+            Some(U::Lease(v)) => v,
+            _ => 0,
+        }),
+    };
+    let result = match c.result {
+        1 => kv::CompareResult::Greater,
+        2 => kv::CompareResult::Less,
+        3 => kv::CompareResult::NotEqual,
+        _ => kv::CompareResult::Equal,
+    };
+    kv::Compare { result, target, key: c.key, range_end: c.range_end }
+}
+
+fn request_op(op: pb::RequestOp) -> Option<kv::RequestOp> {
+    use pb::request_op::Request as R;
+    Some(match op.request? {
+        R::RequestRange(r) => kv::RequestOp::Range(range_request(r)),
+        R::RequestPut(r) => kv::RequestOp::Put(put_request(r)),
+        R::RequestDeleteRange(r) => kv::RequestOp::DeleteRange(delete_request(r)),
+        R::RequestTxn(t) => kv::RequestOp::Txn(txn_request(t)),
+    })
+}
+
+/// A RequestOp with no request inside is skipped, as etcd's apply skips it.
+pub fn txn_request(t: pb::TxnRequest) -> kv::TxnRequest {
+    kv::TxnRequest {
+        compare: t.compare.into_iter().map(compare).collect(),
+        success: t.success.into_iter().filter_map(request_op).collect(),
+        failure: t.failure.into_iter().filter_map(request_op).collect(),
+    }
+}
+
+pub fn key_value(kv: kv::KeyValue) -> mvccpb::KeyValue {
+    mvccpb::KeyValue {
+        key: kv.key,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: kv.value,
+        lease: kv.lease,
+    }
+}
+
+pub fn event(e: kv::Event, with_prev_kv: bool) -> mvccpb::Event {
+    mvccpb::Event {
+        r#type: match e.kind {
+            kv::EventKind::Put => mvccpb::event::EventType::Put as i32,
+            kv::EventKind::Delete => mvccpb::event::EventType::Delete as i32,
+        },
+        kv: Some(key_value(e.kv)),
+        prev_kv: if with_prev_kv { e.prev_kv.map(key_value) } else { None },
+    }
+}
+
+/// The response header every KV, Lease and Watch answer carries.
+#[derive(Debug, Clone, Copy)]
+pub struct Header {
+    pub cluster_id: u64,
+    pub member_id: u64,
+    pub raft_term: u64,
+}
+
+impl Header {
+    pub fn at(&self, revision: i64) -> Option<pb::ResponseHeader> {
+        Some(pb::ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term: self.raft_term,
+        })
+    }
+}
+
+/// Inner txn responses carry a header with only the revision set, as etcd's do.
+fn inner_header(revision: i64) -> Option<pb::ResponseHeader> {
+    Some(pb::ResponseHeader { revision, ..Default::default() })
+}
+
+pub fn range_response(r: kv::RangeResponse, header: Option<pb::ResponseHeader>) -> pb::RangeResponse {
+    pb::RangeResponse {
+        header,
+        kvs: r.kvs.into_iter().map(key_value).collect(),
+        more: r.more,
+        count: r.count,
+    }
+}
+
+pub fn put_response(r: kv::PutResponse, header: Option<pb::ResponseHeader>) -> pb::PutResponse {
+    pb::PutResponse { header, prev_kv: r.prev_kv.map(key_value) }
+}
+
+pub fn delete_response(r: kv::DeleteRangeResponse, header: Option<pb::ResponseHeader>) -> pb::DeleteRangeResponse {
+    pb::DeleteRangeResponse { header, deleted: r.deleted, prev_kvs: r.prev_kvs.into_iter().map(key_value).collect() }
+}
+
+pub fn txn_response(r: kv::TxnResponse, header: Option<pb::ResponseHeader>) -> pb::TxnResponse {
+    use pb::response_op::Response as R;
+    let responses = r
+        .responses
+        .into_iter()
+        .map(|op| pb::ResponseOp {
+            response: Some(match op {
+                kv::ResponseOp::Range(x) => {
+                    let h = inner_header(x.revision);
+                    R::ResponseRange(range_response(x, h))
+                }
+                kv::ResponseOp::Put(x) => {
+                    let h = inner_header(x.revision);
+                    R::ResponsePut(put_response(x, h))
+                }
+                kv::ResponseOp::DeleteRange(x) => {
+                    let h = inner_header(x.revision);
+                    R::ResponseDeleteRange(delete_response(x, h))
+                }
+                kv::ResponseOp::Txn(x) => {
+                    let h = inner_header(x.revision);
+                    R::ResponseTxn(txn_response(x, h))
+                }
+            }),
+        })
+        .collect();
+    pb::TxnResponse { header, succeeded: r.succeeded, responses }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_without_operand_uses_the_zero_value() {
+        let c = compare(pb::Compare { result: 0, target: 2, key: "k".into(), ..Default::default() });
+        assert_eq!(c.target, kv::CompareTarget::Mod(0));
+        assert_eq!(c.result, kv::CompareResult::Equal);
+        let c = compare(pb::Compare { result: 3, target: 3, key: "k".into(), ..Default::default() });
+        assert_eq!(c.target, kv::CompareTarget::Value(bytes::Bytes::new()));
+        assert_eq!(c.result, kv::CompareResult::NotEqual);
+    }
+
+    #[test]
+    fn nested_txn_responses_carry_only_their_revision() {
+        let r = kv::TxnResponse {
+            revision: 9,
+            succeeded: true,
+            responses: vec![kv::ResponseOp::Put(kv::PutResponse { revision: 9, prev_kv: None })],
+        };
+        let h = Header { cluster_id: 1, member_id: 2, raft_term: 3 };
+        let p = txn_response(r, h.at(9));
+        assert_eq!(p.header.as_ref().map(|h| h.cluster_id), Some(1));
+        let Some(pb::response_op::Response::ResponsePut(put)) = &p.responses[0].response else {
+            panic!("expected a put response")
+        };
+        assert_eq!(put.header, Some(pb::ResponseHeader { revision: 9, ..Default::default() }));
+    }
+}

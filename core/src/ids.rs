@@ -1,0 +1,171 @@
+//! Member and cluster identity, and the file in the data directory that keeps it stable.
+//!
+//! etcd derives a member's id from its peer URLs and the cluster token, and the cluster id from
+//! the member ids, so every member of a new cluster computes the same ids without talking. We do
+//! the same with FNV-1a (we need agreement, not etcd's exact numbers). Once written, the identity
+//! file wins over flags: a restarted member keeps its ids even if its URLs changed, and a member
+//! refuses to start in a data directory that belongs to another cluster.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, InitialMember};
+use crate::error::CoreError;
+
+const IDENTITY_FILE: &str = "member.json";
+
+fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // A separator keeps ("ab","c") and ("a","bc") apart.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // 0 means "none" in raft and in etcd's API.
+    if h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+/// A member's id: from its sorted peer URLs and the cluster token, as etcd does.
+pub fn member_id(member: &InitialMember, cluster_token: &str) -> u64 {
+    let mut urls = member.peer_urls.clone();
+    urls.sort();
+    let joined = urls.join(",");
+    fnv1a64(&[joined.as_bytes(), cluster_token.as_bytes()])
+}
+
+/// The cluster's id: from the sorted member ids, so all members agree.
+pub fn cluster_id(member_ids: &[u64]) -> u64 {
+    let mut ids = member_ids.to_vec();
+    ids.sort_unstable();
+    let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_be_bytes()).collect();
+    fnv1a64(&[&bytes])
+}
+
+/// One member as the cluster knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: u64,
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+}
+
+/// What is written once into the data directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub member_id: u64,
+    pub cluster_id: u64,
+    pub name: String,
+    pub cluster_token: String,
+    /// The bootstrap membership (later changes travel through the raft log).
+    pub members: Vec<Member>,
+}
+
+impl Identity {
+    /// The identity a new member computes from its flags.
+    pub fn from_config(cfg: &Config) -> Identity {
+        let members: Vec<Member> = cfg
+            .initial_cluster
+            .iter()
+            .map(|m| Member {
+                id: member_id(m, &cfg.initial_cluster_token),
+                name: m.name.clone(),
+                peer_urls: m.peer_urls.clone(),
+                client_urls: if m.name == cfg.name { cfg.advertise_client_urls.clone() } else { Vec::new() },
+            })
+            .collect();
+        let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+        let me = members.iter().find(|m| m.name == cfg.name).expect("config validation checked our name is listed");
+        Identity {
+            member_id: me.id,
+            cluster_id: cluster_id(&ids),
+            name: cfg.name.clone(),
+            cluster_token: cfg.initial_cluster_token.clone(),
+            members,
+        }
+    }
+
+    /// Loads the identity of an existing data directory, or writes the one computed from the
+    /// flags into a new one. A data directory of another cluster is refused.
+    pub fn load_or_create(cfg: &Config) -> Result<(Identity, Bootstrap), CoreError> {
+        let path = cfg.data_dir.join(IDENTITY_FILE);
+        let fresh = Identity::from_config(cfg);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let stored: Identity = serde_json::from_slice(&bytes)
+                    .map_err(|e| CoreError::Config(format!("{}: unreadable identity: {e}", path.display())))?;
+                if stored.name != cfg.name {
+                    return Err(CoreError::Config(format!(
+                        "data dir {} belongs to member {:?}, not {:?}",
+                        cfg.data_dir.display(),
+                        stored.name,
+                        cfg.name
+                    )));
+                }
+                let mut stored = stored;
+                // Client URLs are advertised, not identity: take the current flags.
+                for m in &mut stored.members {
+                    if m.id == stored.member_id {
+                        m.client_urls = cfg.advertise_client_urls.clone();
+                    }
+                }
+                Ok((stored, Bootstrap::Restart))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                write_durably(&cfg.data_dir, &path, &serde_json::to_vec_pretty(&fresh).expect("identity serializes"))?;
+                Ok((fresh, Bootstrap::New))
+            }
+            Err(e) => Err(CoreError::DataDir { path, source: e }),
+        }
+    }
+}
+
+/// Whether this start created the data directory's identity or found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bootstrap {
+    New,
+    Restart,
+}
+
+/// Writes `bytes` to `path` through a temporary file, fsyncs it, renames it into place and
+/// fsyncs the directory, so a crash leaves either the old file or the whole new one.
+pub fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), CoreError> {
+    use std::io::Write;
+    let err = |source| CoreError::DataDir { path: path.to_path_buf(), source };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, url: &str) -> InitialMember {
+        InitialMember { name: name.into(), peer_urls: vec![url.into()] }
+    }
+
+    #[test]
+    fn ids_depend_on_urls_and_token_only() {
+        let a = member_id(&member("a", "http://127.0.0.1:2380"), "t");
+        assert_eq!(a, member_id(&member("renamed", "http://127.0.0.1:2380"), "t"));
+        assert_ne!(a, member_id(&member("a", "http://127.0.0.1:2380"), "other-token"));
+        assert_ne!(a, member_id(&member("a", "http://127.0.0.1:2381"), "t"));
+        assert_eq!(cluster_id(&[3, 1, 2]), cluster_id(&[1, 2, 3]));
+        assert_ne!(cluster_id(&[1, 2]), cluster_id(&[1, 2, 3]));
+    }
+}

@@ -1,0 +1,34 @@
+//! The `keel` binary: an etcd v3 compatible member. Accepts etcd's flags and ETCD_* variables.
+
+use keel_core::config::Config;
+
+// mimalloc: allocation-heavy request paths run per core without a global allocator lock.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("keel: {e}");
+            std::process::exit(2);
+        }
+    };
+    init_logging(&config.log_level);
+    if let Err(e) = keel_core::node::run(config) {
+        tracing::error!(error = %e, "keel stopped with an error");
+        eprintln!("keel: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(level: &str) {
+    // etcd's panic and fatal levels both mean "errors only" for our logger.
+    let level = match level {
+        "panic" | "fatal" => "error",
+        other => other,
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).json().init();
+}

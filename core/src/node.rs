@@ -1,0 +1,127 @@
+//! Starting and stopping a member: configuration, identity, the data directory lock, the raft
+//! core, the shards, and the signals that end them.
+
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::error::CoreError;
+use crate::ids::Identity;
+use crate::metrics::Metrics;
+use crate::raftcore::{self, RaftCore};
+use crate::shared::Shared;
+use crate::{rt, shard};
+
+/// How long a clean shutdown waits for the raft core to finish its batch and checkpoint.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Runs a member until SIGINT or SIGTERM.
+pub fn run(config: Config) -> Result<(), CoreError> {
+    // Block the stop signals before any thread exists, so every thread inherits the mask and
+    // only `sigwait` below sees them.
+    let signals = block_stop_signals();
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|source| CoreError::DataDir { path: config.data_dir.clone(), source })?;
+    let _lock = lock_data_dir(&config)?;
+    let (identity, bootstrap) = Identity::load_or_create(&config)?;
+
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CoreError>>();
+    let raft_config = config.clone();
+    let raft_identity = identity.clone();
+    let raft = rt::spawn_pinned("keel-raft", config.raft_cpu, move || async move {
+        let opened = raftcore::open(&raft_config, &raft_identity, bootstrap).await;
+        let (parts, reader) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return Ok(());
+            }
+        };
+        let shared = Arc::new(Shared::new(raft_config, raft_identity, reader));
+        let core = RaftCore::new(parts, shared.clone());
+        let _ = ready_tx.send(Ok(shared));
+        core.run().await
+    })?;
+    let shared = match ready_rx.recv() {
+        Ok(Ok(shared)) => shared,
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(raft.join().and_then(|r| r).err().unwrap_or(CoreError::Executor("raft core exited".into()))),
+    };
+    let metrics = Metrics::new();
+    let _shards = shard::start(shared.clone(), metrics, config.shards)?;
+    tracing::info!(
+        name = %config.name,
+        data_dir = %config.data_dir.display(),
+        member_id = format!("{:x}", identity.member_id),
+        cluster_id = format!("{:x}", identity.cluster_id),
+        listen_client_urls = ?config.listen_client_addrs,
+        advertise_client_urls = ?config.advertise_client_urls,
+        listen_peer_urls = ?config.listen_peer_addrs,
+        shards = config.shards,
+        raft_cpu = config.raft_cpu,
+        ignored_flags = ?config.ignored_flags,
+        "keel is serving client requests"
+    );
+
+    let sig = wait_for_signal(&signals);
+    tracing::info!(signal = sig, "stopping");
+    shared.stopping.store(true, Ordering::Release);
+    shared.proposals.close();
+    shared.reads.close();
+    // The raft core finishes its batch, answers what waits, and writes a checkpoint.
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(raft.join());
+    });
+    match done_rx.recv_timeout(SHUTDOWN_GRACE) {
+        Ok(Ok(Ok(()))) => tracing::info!("stopped cleanly"),
+        Ok(Ok(Err(e))) | Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(CoreError::Executor("raft core did not stop in time".into())),
+    }
+    Ok(())
+}
+
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and
+    // pthread_sigmask only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        assert_eq!(rc, 0, "pthread_sigmask cannot fail with a valid set");
+        set
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: `set` was initialised by block_stop_signals; sig is a valid out pointer.
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        if rc == 0 {
+            return sig;
+        }
+    }
+}
+
+/// An exclusive lock on the data directory, so two members can never share one (etcd locks
+/// its WAL files for the same reason).
+fn lock_data_dir(config: &Config) -> Result<std::fs::File, CoreError> {
+    use std::os::fd::AsRawFd;
+    let path = config.data_dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| CoreError::DataDir { path: path.clone(), source })?;
+    // SAFETY: the fd is valid for the life of `file`.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(CoreError::DataDir { path, source: std::io::Error::last_os_error() });
+    }
+    Ok(file)
+}

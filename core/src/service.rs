@@ -1,0 +1,322 @@
+//! The etcd v3 services a shard serves: request validation, the route of each call (local
+//! read, ReadIndex then local read, or a raft proposal), and the response with its header.
+//!
+//! Architecture invariant: every answer that is an error goes through keel-grpc's one
+//! `EtcdError` mapping, so codes and messages match etcd byte for byte.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use http::StatusCode;
+use keel_grpc::{unary, Call, CallHead, EtcdError, Handler, HttpRequest, HttpResponse, ResponseSink, ServiceKnown, Status};
+use keel_kv as kv;
+use keel_proto::etcdserverpb as pb;
+use keel_proto::health;
+
+use crate::convert;
+use crate::metrics::Metrics;
+use crate::shared::{kv_error, Shared};
+
+/// The version Status and /version report. kube-apiserver enables RequestProgress only from
+/// 3.5.13, and clients parse it as semver.
+pub const ETCD_VERSION: &str = "3.5.17";
+/// The cluster version /version reports (etcd reports major.minor.0).
+pub const ETCD_CLUSTER_VERSION: &str = "3.5.0";
+
+/// One per shard, shared by all its connections.
+pub struct Api {
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+}
+
+impl Api {
+    pub fn new(shared: Arc<Shared>, metrics: Arc<Metrics>) -> Api {
+        Api { shared, metrics }
+    }
+}
+
+type R<T> = Result<T, Status>;
+
+fn etcd(e: EtcdError) -> Status {
+    Status::from(e)
+}
+
+impl Handler for Api {
+    fn grpc<'a>(self: Rc<Self>, call: Call, sink: &'a mut ResponseSink) -> impl std::future::Future<Output = Status> + 'a {
+        async move {
+            let path = call.head.path.clone();
+            let status = self.dispatch(&path, call, sink).await;
+            self.metrics.record_grpc(&path, status.code);
+            status
+        }
+    }
+
+    fn http(self: Rc<Self>, request: HttpRequest) -> impl std::future::Future<Output = HttpResponse> + 'static {
+        async move { crate::http::serve(&self.shared, &self.metrics, request) }
+    }
+}
+
+impl Api {
+    async fn dispatch(self: &Rc<Self>, path: &str, call: Call, sink: &mut ResponseSink) -> Status {
+        // etcd's clients send "hasleader: true" to be told at once when the member is cut off.
+        if requires_leader(&call.head) && !self.shared.has_leader() {
+            return etcd(EtcdError::NoLeader);
+        }
+        let this = self.clone();
+        match path {
+            "/etcdserverpb.KV/Range" => unary(call, sink, |r, _| async move { this.range(r).await }).await,
+            "/etcdserverpb.KV/Put" => unary(call, sink, |r, _| async move { this.put(r).await }).await,
+            "/etcdserverpb.KV/DeleteRange" => unary(call, sink, |r, _| async move { this.delete_range(r).await }).await,
+            "/etcdserverpb.KV/Txn" => unary(call, sink, |r, _| async move { this.txn(r).await }).await,
+            "/etcdserverpb.KV/Compact" => unary(call, sink, |r, _| async move { this.compact(r).await }).await,
+            "/etcdserverpb.Lease/LeaseGrant" => unary(call, sink, |r, _| async move { this.lease_grant(r).await }).await,
+            "/etcdserverpb.Lease/LeaseRevoke" => {
+                unary(call, sink, |r, _| async move { this.lease_revoke(r).await }).await
+            }
+            "/etcdserverpb.Maintenance/Status" => unary(call, sink, |r, _| async move { this.status(r) }).await,
+            "/etcdserverpb.Maintenance/Alarm" => unary(call, sink, |r, _| async move { this.alarm(r) }).await,
+            "/etcdserverpb.Maintenance/Defragment" => {
+                // The store has no free pages to give back: compaction already reclaims the value
+                // log in the background. etcd answers Defragment without a header.
+                unary(call, sink, |_r: pb::DefragmentRequest, _| async move { Ok(pb::DefragmentResponse { header: None }) })
+                    .await
+            }
+            "/etcdserverpb.Maintenance/HashKV" => unary(call, sink, |r, _| async move { this.hash_kv(r) }).await,
+            "/etcdserverpb.Cluster/MemberList" => unary(call, sink, |r, _| async move { this.member_list(r) }).await,
+            "/grpc.health.v1.Health/Check" => unary(call, sink, |r, _| async move { this.health_check(r) }).await,
+            _ => Status::unknown_method(path, service_known(path)),
+        }
+    }
+
+    async fn range(&self, r: pb::RangeRequest) -> R<pb::RangeResponse> {
+        let req = convert::range_request(r);
+        kv::validate_range(&req).map_err(|e| etcd(kv_error(e)))?;
+        if !req.serializable {
+            self.shared.read_barrier().await.map_err(etcd)?;
+        }
+        let resp = self.shared.reader.range(&req).map_err(|e| etcd(kv_error(e)))?;
+        let header = self.shared.header(resp.revision);
+        Ok(convert::range_response(resp, header))
+    }
+
+    fn check_space(&self) -> R<()> {
+        if self.shared.nospace.load(Ordering::Acquire) {
+            return Err(etcd(EtcdError::NoSpace));
+        }
+        Ok(())
+    }
+
+    async fn put(&self, r: pb::PutRequest) -> R<pb::PutResponse> {
+        // Validate a converted copy: conversion only moves the Bytes handles.
+        kv::validate_put(&convert::put_request(r.clone())).map_err(|e| etcd(kv_error(e)))?;
+        self.check_space()?;
+        let out = self.shared.propose(pb::InternalRaftRequest { put: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        match out.response {
+            kv::OpResponse::Put(p) => {
+                let h = self.header_at(p.revision, out.raft_term);
+                Ok(convert::put_response(p, h))
+            }
+            other => unreachable_response("Put", &other),
+        }
+    }
+
+    async fn delete_range(&self, r: pb::DeleteRangeRequest) -> R<pb::DeleteRangeResponse> {
+        kv::validate_delete_range(&convert::delete_request(r.clone())).map_err(|e| etcd(kv_error(e)))?;
+        let out =
+            self.shared.propose(pb::InternalRaftRequest { delete_range: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        match out.response {
+            kv::OpResponse::DeleteRange(d) => {
+                let h = self.header_at(d.revision, out.raft_term);
+                Ok(convert::delete_response(d, h))
+            }
+            other => unreachable_response("DeleteRange", &other),
+        }
+    }
+
+    async fn txn(&self, r: pb::TxnRequest) -> R<pb::TxnResponse> {
+        let req = convert::txn_request(r.clone());
+        kv::validate_txn(&req, self.shared.config.max_txn_ops as usize).map_err(|e| etcd(kv_error(e)))?;
+        if txn_writes(&req) {
+            self.check_space()?;
+        }
+        let out = self.shared.propose(pb::InternalRaftRequest { txn: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        match out.response {
+            kv::OpResponse::Txn(t) => {
+                let h = self.header_at(t.revision, out.raft_term);
+                Ok(convert::txn_response(t, h))
+            }
+            other => unreachable_response("Txn", &other),
+        }
+    }
+
+    async fn compact(&self, r: pb::CompactionRequest) -> R<pb::CompactionResponse> {
+        let out =
+            self.shared.propose(pb::InternalRaftRequest { compaction: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        match out.response {
+            kv::OpResponse::Compact(c) => Ok(pb::CompactionResponse { header: self.header_at(c.revision, out.raft_term) }),
+            other => unreachable_response("Compact", &other),
+        }
+    }
+
+    async fn lease_grant(&self, mut r: pb::LeaseGrantRequest) -> R<pb::LeaseGrantResponse> {
+        self.check_space()?;
+        if r.id == 0 {
+            // The proposer picks the id, so every member applies the same one.
+            r.id = self.shared.new_lease_id();
+        }
+        kv::validate_lease_grant(&kv::LeaseGrantRequest { id: r.id, ttl_s: r.ttl }).map_err(|e| etcd(kv_error(e)))?;
+        let out =
+            self.shared.propose(pb::InternalRaftRequest { lease_grant: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        match out.response {
+            kv::OpResponse::LeaseGrant(g) => Ok(pb::LeaseGrantResponse {
+                header: self.header_at(g.revision, out.raft_term),
+                id: g.id,
+                ttl: g.ttl_s,
+                error: String::new(),
+            }),
+            other => unreachable_response("LeaseGrant", &other),
+        }
+    }
+
+    async fn lease_revoke(&self, r: pb::LeaseRevokeRequest) -> R<pb::LeaseRevokeResponse> {
+        let out =
+            self.shared.propose(pb::InternalRaftRequest { lease_revoke: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        match out.response {
+            kv::OpResponse::LeaseRevoke(v) => Ok(pb::LeaseRevokeResponse { header: self.header_at(v.revision, out.raft_term) }),
+            other => unreachable_response("LeaseRevoke", &other),
+        }
+    }
+
+    fn status(&self, _r: pb::StatusRequest) -> R<pb::StatusResponse> {
+        let s = &self.shared;
+        let mut errors = Vec::new();
+        if s.nospace.load(Ordering::Acquire) {
+            errors.push(format!("memberID:{} alarm:NOSPACE ", s.member_id()));
+        }
+        Ok(pb::StatusResponse {
+            header: s.header(s.reader.current_revision()),
+            version: ETCD_VERSION.to_string(),
+            db_size: s.db_size_bytes.load(Ordering::Acquire) as i64,
+            leader: s.leader_id.load(Ordering::Acquire),
+            raft_index: s.commit_index.load(Ordering::Acquire),
+            raft_term: s.raft_term.load(Ordering::Acquire),
+            raft_applied_index: s.applied_index.load(Ordering::Acquire),
+            errors,
+            db_size_in_use: s.db_size_in_use_bytes.load(Ordering::Acquire) as i64,
+            is_learner: false,
+        })
+    }
+
+    fn alarm(&self, r: pb::AlarmRequest) -> R<pb::AlarmResponse> {
+        use pb::alarm_request::AlarmAction;
+        let s = &self.shared;
+        let nospace = pb::AlarmType::Nospace as i32;
+        match AlarmAction::try_from(r.action).unwrap_or(AlarmAction::Get) {
+            AlarmAction::Get => {}
+            AlarmAction::Activate => {
+                if r.alarm == nospace && (r.member_id == 0 || r.member_id == s.member_id()) {
+                    s.nospace.store(true, Ordering::Release);
+                }
+            }
+            AlarmAction::Deactivate => {
+                if r.alarm == nospace && (r.member_id == 0 || r.member_id == s.member_id()) {
+                    s.nospace.store(false, Ordering::Release);
+                }
+            }
+        }
+        let mut alarms = Vec::new();
+        if s.nospace.load(Ordering::Acquire) {
+            alarms.push(pb::AlarmMember { member_id: s.member_id(), alarm: nospace });
+        }
+        Ok(pb::AlarmResponse { header: s.header(s.reader.current_revision()), alarms })
+    }
+
+    fn hash_kv(&self, r: pb::HashKvRequest) -> R<pb::HashKvResponse> {
+        let (hash, compact_revision) = self.shared.reader.hash_kv(r.revision).map_err(|e| etcd(kv_error(e)))?;
+        Ok(pb::HashKvResponse { header: self.shared.header(self.shared.reader.current_revision()), hash, compact_revision })
+    }
+
+    fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {
+        let s = &self.shared;
+        let members = s
+            .identity
+            .members
+            .iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                name: m.name.clone(),
+                peer_ur_ls: m.peer_urls.clone(),
+                client_ur_ls: m.client_urls.clone(),
+                is_learner: false,
+            })
+            .collect();
+        // etcd's MemberList header carries no revision.
+        Ok(pb::MemberListResponse { header: s.header(0), members })
+    }
+
+    fn health_check(&self, r: health::HealthCheckRequest) -> R<health::HealthCheckResponse> {
+        // etcd registers the health service under "" only.
+        if !r.service.is_empty() {
+            return Err(Status::new(keel_grpc::Code::NotFound, "unknown service"));
+        }
+        let serving = if self.shared.has_leader() {
+            health::health_check_response::ServingStatus::Serving
+        } else {
+            health::health_check_response::ServingStatus::NotServing
+        };
+        Ok(health::HealthCheckResponse { status: serving as i32 })
+    }
+
+    fn header_at(&self, revision: i64, raft_term: u64) -> Option<pb::ResponseHeader> {
+        Some(pb::ResponseHeader {
+            cluster_id: self.shared.cluster_id(),
+            member_id: self.shared.member_id(),
+            revision,
+            raft_term,
+        })
+    }
+}
+
+fn requires_leader(head: &CallHead) -> bool {
+    head.metadata.get("hasleader").is_some_and(|v| v.as_bytes() == b"true")
+}
+
+fn service_known(path: &str) -> ServiceKnown {
+    const SERVICES: [&str; 9] = [
+        "/etcdserverpb.KV/",
+        "/etcdserverpb.Watch/",
+        "/etcdserverpb.Lease/",
+        "/etcdserverpb.Cluster/",
+        "/etcdserverpb.Maintenance/",
+        "/etcdserverpb.Auth/",
+        "/grpc.health.v1.Health/",
+        "/v3lockpb.Lock/",
+        "/v3electionpb.Election/",
+    ];
+    if SERVICES.iter().any(|s| path.starts_with(s)) {
+        ServiceKnown::Yes
+    } else {
+        ServiceKnown::No
+    }
+}
+
+fn txn_writes(t: &kv::TxnRequest) -> bool {
+    t.success.iter().chain(t.failure.iter()).any(|op| match op {
+        kv::RequestOp::Range(_) => false,
+        kv::RequestOp::Put(_) | kv::RequestOp::DeleteRange(_) => true,
+        kv::RequestOp::Txn(inner) => txn_writes(inner),
+    })
+}
+
+fn unreachable_response<T>(method: &str, got: &kv::OpResponse) -> R<T> {
+    // The raft core answers each proposal with the response of the op it carried; anything
+    // else is a programmer error, reported rather than crashing a shard.
+    tracing::error!(method, ?got, "mismatched apply response");
+    Err(Status::new(keel_grpc::Code::Internal, "keel: mismatched apply response"))
+}
+
+/// An HTTP answer with a JSON body.
+pub fn json(status: StatusCode, body: String) -> HttpResponse {
+    HttpResponse::new(status, "application/json", body)
+}

@@ -1,0 +1,123 @@
+//! A shard: one pinned executor that owns its listeners, connections and call tasks. Every
+//! shard binds the same client addresses with SO_REUSEPORT (glommio sets it), and the kernel
+//! spreads connections across them.
+//!
+//! Architecture invariant: a connection and all its streams live on the shard that accepted it;
+//! nothing about a connection crosses cores.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use glommio::net::TcpListener;
+use keel_grpc::{serve_connection, Runtime, ServerConfig};
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+
+use crate::error::CoreError;
+use crate::metrics::Metrics;
+use crate::rt;
+use crate::service::Api;
+use crate::shared::Shared;
+
+/// keel-grpc's runtime hooks, on glommio.
+struct Glommio;
+
+impl Runtime for Glommio {
+    fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
+        rt::spawn_local(task);
+    }
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
+        Box::pin(rt::sleep(duration))
+    }
+}
+
+/// Starts `count` shards; returns once every shard has bound every client address (or the
+/// first bind error).
+pub fn start(shared: Arc<Shared>, metrics: Arc<Metrics>, count: usize) -> Result<Vec<rt::Pinned<()>>, CoreError> {
+    assert!(count > 0, "a node needs at least one shard");
+    let cpus = crate::config::available_cpus();
+    let (bound_tx, bound_rx) = mpsc::channel::<Result<(), CoreError>>();
+    let mut handles = Vec::with_capacity(count);
+    for shard in 0..count {
+        let shared = shared.clone();
+        let metrics = metrics.clone();
+        let bound_tx = bound_tx.clone();
+        let handle = rt::spawn_pinned(&format!("keel-shard-{shard}"), shard % cpus, move || async move {
+            run(shard, shared, metrics, bound_tx).await;
+        })?;
+        handles.push(handle);
+    }
+    drop(bound_tx);
+    for _ in 0..count {
+        match bound_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(CoreError::Executor("a shard exited before binding".into())),
+        }
+    }
+    Ok(handles)
+}
+
+fn server_config(shared: &Shared) -> ServerConfig {
+    ServerConfig { max_recv_message_bytes: shared.config.grpc_recv_bytes_max(), ..ServerConfig::default() }
+}
+
+async fn run(shard: usize, shared: Arc<Shared>, metrics: Arc<Metrics>, bound: mpsc::Sender<Result<(), CoreError>>) {
+    let mut listeners = Vec::new();
+    for addr in shared.config.listen_client_addrs.clone() {
+        match TcpListener::bind(addr) {
+            Ok(l) => listeners.push((addr, l)),
+            Err(e) => {
+                let source = std::io::Error::other(e.to_string());
+                let _ = bound.send(Err(CoreError::Listen { addr, source }));
+                return;
+            }
+        }
+    }
+    let _ = bound.send(Ok(()));
+    let api = Rc::new(Api::new(shared.clone(), metrics));
+    let config = Rc::new(server_config(&shared));
+    let runtime = Rc::new(Glommio);
+    let mut tasks = Vec::new();
+    for (addr, listener) in listeners {
+        let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
+        tasks.push(glommio::spawn_local(accept_loop(shard, addr, listener, api, config, runtime)));
+    }
+    for t in tasks {
+        t.await;
+    }
+}
+
+async fn accept_loop(
+    shard: usize,
+    addr: SocketAddr,
+    listener: TcpListener,
+    api: Rc<Api>,
+    config: Rc<ServerConfig>,
+    runtime: Rc<Glommio>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                // Small unary calls must not wait for Nagle's timer.
+                let _ = stream.set_nodelay(true);
+                let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
+                rt::spawn_local(async move {
+                    if let Err(e) = serve_connection(stream.compat(), api, config, runtime).await {
+                        // Clients reset connections when they exit: normal, so only at debug.
+                        tracing::debug!(shard, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(shard, %addr, error = %e, "accept failed");
+                rt::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

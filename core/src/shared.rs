@@ -1,0 +1,182 @@
+//! What the shards and the raft core share: the MVCC reader, the bounded queues into the raft
+//! core, and the raft facts every response header and Status call needs, as atomics.
+//!
+//! Architecture invariant: shards never take a lock on the request path. They read the MVCC
+//! index through its lock-free `Reader`, publish work through bounded mailboxes, and wait on
+//! one-shot replies.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use keel_grpc::EtcdError;
+use keel_kv as kv;
+use keel_proto::etcdserverpb as pb;
+use prost::Message;
+
+use crate::config::Config;
+use crate::ids::Identity;
+use crate::rt::Mailbox;
+
+/// Proposals waiting for the raft core. Beyond this the server answers "too many requests",
+/// as etcd does when its proposals outrun apply.
+pub const PROPOSAL_QUEUE_MAX: usize = 16 * 1024;
+/// Linearizable reads waiting for a ReadIndex round.
+pub const READ_QUEUE_MAX: usize = 16 * 1024;
+
+/// What a committed, applied proposal answers.
+#[derive(Debug)]
+pub struct Outcome {
+    pub response: kv::OpResponse,
+    /// The raft term the entry was applied in, for the response header.
+    pub raft_term: u64,
+}
+
+pub type Reply = oneshot::Sender<Result<Outcome, EtcdError>>;
+
+/// One client write on its way into the log.
+pub struct Proposal {
+    /// The encoded `InternalRaftRequest`, exactly the log entry's payload.
+    pub data: Bytes,
+    pub id: u64,
+    pub reply: Reply,
+}
+
+/// One linearizable read waiting for the applied index to catch up with a ReadIndex.
+pub struct ReadWait {
+    pub reply: oneshot::Sender<Result<(), EtcdError>>,
+}
+
+pub struct Shared {
+    pub config: Config,
+    pub identity: Identity,
+    pub reader: kv::Reader,
+    pub proposals: Arc<Mailbox<Proposal>>,
+    pub reads: Arc<Mailbox<ReadWait>>,
+    pub leader_id: AtomicU64,
+    pub raft_term: AtomicU64,
+    pub commit_index: AtomicU64,
+    pub applied_index: AtomicU64,
+    /// Bytes the store occupies (value log plus index estimate): Status.dbSize and the quota.
+    pub db_size_bytes: AtomicU64,
+    pub db_size_in_use_bytes: AtomicU64,
+    /// The NOSPACE alarm: writes that grow the store fail until it is disarmed.
+    pub nospace: AtomicBool,
+    pub stopping: AtomicBool,
+    pub started_at: Instant,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(config: Config, identity: Identity, reader: kv::Reader) -> Shared {
+        // etcd's id generator: the member id's low 16 bits, then milliseconds since the epoch,
+        // then a counter, so ids from different members and from restarts do not collide.
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let prefix = (identity.member_id & 0xffff) << 48;
+        let next_id = prefix | ((now_ms & 0xff_ffff_ffff) << 8);
+        Shared {
+            config,
+            identity,
+            reader,
+            proposals: Mailbox::new(PROPOSAL_QUEUE_MAX),
+            reads: Mailbox::new(READ_QUEUE_MAX),
+            leader_id: AtomicU64::new(0),
+            raft_term: AtomicU64::new(0),
+            commit_index: AtomicU64::new(0),
+            applied_index: AtomicU64::new(0),
+            db_size_bytes: AtomicU64::new(0),
+            db_size_in_use_bytes: AtomicU64::new(0),
+            nospace: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            started_at: Instant::now(),
+            next_id: AtomicU64::new(next_id),
+        }
+    }
+
+    pub fn member_id(&self) -> u64 {
+        self.identity.member_id
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.identity.cluster_id
+    }
+
+    pub fn has_leader(&self) -> bool {
+        self.leader_id.load(Ordering::Acquire) != 0
+    }
+
+    pub fn header(&self, revision: i64) -> Option<pb::ResponseHeader> {
+        Some(pb::ResponseHeader {
+            cluster_id: self.cluster_id(),
+            member_id: self.member_id(),
+            revision,
+            raft_term: self.raft_term.load(Ordering::Acquire),
+        })
+    }
+
+    /// A lease id for a LeaseGrant that asked the server to pick one: positive, and from the
+    /// same generator as proposal ids so members do not collide.
+    pub fn new_lease_id(&self) -> i64 {
+        (self.next_id.fetch_add(1, Ordering::Relaxed) & (i64::MAX as u64)) as i64
+    }
+
+    /// Puts a request into the log and waits until it is committed on a quorum, durable and
+    /// applied; returns what applying it answered.
+    pub async fn propose(&self, mut request: pb::InternalRaftRequest) -> Result<Outcome, EtcdError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(EtcdError::Stopped);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        request.header = Some(pb::RequestHeader { id, ..Default::default() });
+        let data = Bytes::from(request.encode_to_vec());
+        // etcd measures the marshalled internal request against max-request-bytes.
+        if data.len() > self.config.max_request_bytes as usize {
+            return Err(EtcdError::RequestTooLarge);
+        }
+        let (reply, rx) = oneshot::channel();
+        if self.proposals.try_send(Proposal { data, id, reply }).is_err() {
+            return Err(if self.stopping.load(Ordering::Acquire) {
+                EtcdError::Stopped
+            } else {
+                EtcdError::TooManyRequests
+            });
+        }
+        rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    /// Waits until a read started now may be served locally and still be linearizable.
+    pub async fn read_barrier(&self) -> Result<(), EtcdError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(EtcdError::Stopped);
+        }
+        let (reply, rx) = oneshot::channel();
+        if self.reads.try_send(ReadWait { reply }).is_err() {
+            return Err(EtcdError::TooManyRequests);
+        }
+        rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+}
+
+/// keel-kv's errors as etcd errors (the codes and strings live in keel-grpc's one mapping).
+pub fn kv_error(e: kv::KvError) -> EtcdError {
+    match e {
+        kv::KvError::KeyNotProvided => EtcdError::EmptyKey,
+        kv::KvError::ValueProvided => EtcdError::ValueProvided,
+        kv::KvError::LeaseProvided => EtcdError::LeaseProvided,
+        kv::KvError::KeyNotFound => EtcdError::KeyNotFound,
+        kv::KvError::TooManyOps => EtcdError::TooManyOps,
+        kv::KvError::DuplicateKey => EtcdError::DuplicateKey,
+        kv::KvError::Compacted => EtcdError::Compacted,
+        kv::KvError::FutureRevision => EtcdError::FutureRev,
+        kv::KvError::LeaseNotFound => EtcdError::LeaseNotFound,
+        kv::KvError::LeaseExists => EtcdError::LeaseExist,
+        kv::KvError::LeaseTtlTooLarge => EtcdError::LeaseTtlTooLarge,
+        // A damaged checkpoint stops the node at start; it never reaches a client.
+        kv::KvError::CheckpointDamaged(_) => EtcdError::Corrupt,
+    }
+}
