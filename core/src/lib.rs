@@ -12,3 +12,5 @@ pub mod metrics;
 pub mod service;
 pub mod shard;
 pub mod node;
+pub mod watch;
+pub mod lock;

@@ -31,7 +31,8 @@ use crate::convert;
 use crate::error::CoreError;
 use crate::ids::{write_durably, Bootstrap, Identity};
 use crate::rt;
-use crate::shared::{kv_error, Outcome, ReadWait, Reply, Shared};
+use crate::shared::{kv_error, LeaseStatus, Outcome, Query, ReadWait, Reply, Shared};
+use crate::watch::WatchBatch;
 
 /// WAL record kinds. The WAL frames and checksums them; these say what the payload is.
 const WAL_KIND_ENTRY: u8 = 1;
@@ -64,6 +65,11 @@ pub struct RaftCore {
     next_read_ctx: u64,
     applied_since_checkpoint: u64,
     last_checkpoint_index: u64,
+    /// When each lease expires, by the leader's clock. Only a leader expires leases.
+    lease_deadlines: HashMap<i64, Instant>,
+    /// Leases whose revoke was proposed and when, so expiry proposes each once per second.
+    lease_revoking: HashMap<i64, Instant>,
+    is_leader: bool,
 }
 
 /// Opens the data directory: the newest valid checkpoint, then the WAL after it. Returns the
@@ -180,6 +186,88 @@ impl RaftCore {
             next_read_ctx: 1,
             applied_since_checkpoint: 0,
             last_checkpoint_index,
+            lease_deadlines: HashMap::new(),
+            lease_revoking: HashMap::new(),
+            is_leader: false,
+        }
+    }
+
+    /// Every lease's countdown restarts from its full TTL: on start and when this member becomes
+    /// leader, as etcd does, since the old leader's clock is gone.
+    fn restart_lease_clocks(&mut self) {
+        let now = Instant::now();
+        self.lease_deadlines = self
+            .writer
+            .leases()
+            .into_iter()
+            .map(|l| (l.id, now + Duration::from_secs(l.ttl_s.max(0) as u64)))
+            .collect();
+        self.lease_revoking.clear();
+    }
+
+    /// Proposes a revoke for every lease past its deadline (leader only).
+    fn expire_leases(&mut self) {
+        if !self.is_leader {
+            return;
+        }
+        let now = Instant::now();
+        let expired: Vec<i64> = self
+            .lease_deadlines
+            .iter()
+            .filter(|(id, deadline)| {
+                **deadline <= now
+                    && self.lease_revoking.get(id).is_none_or(|at| now.duration_since(*at) > Duration::from_secs(1))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            let req = pb::InternalRaftRequest {
+                header: Some(pb::RequestHeader::default()),
+                lease_revoke: Some(pb::LeaseRevokeRequest { id }),
+                ..Default::default()
+            };
+            match self.node.propose(Bytes::from(req.encode_to_vec())) {
+                Ok(()) => {
+                    tracing::debug!(lease = id, "lease expired; revoke proposed");
+                    self.lease_revoking.insert(id, now);
+                }
+                Err(e) => tracing::warn!(lease = id, error = %e, "cannot propose the revoke of an expired lease"),
+            }
+        }
+    }
+
+    fn answer_queries(&mut self) {
+        while let Some(q) = self.shared.queries.try_recv() {
+            let not_leader = if self.shared.has_leader() { EtcdError::NotLeader } else { EtcdError::NoLeader };
+            match q {
+                Query::KeepAlive { id, reply } => {
+                    if !self.is_leader {
+                        let _ = reply.send(Err(not_leader));
+                        continue;
+                    }
+                    let ttl = match self.writer.lease(id) {
+                        Some(l) => {
+                            self.lease_deadlines.insert(id, Instant::now() + Duration::from_secs(l.ttl_s.max(0) as u64));
+                            l.ttl_s
+                        }
+                        None => 0,
+                    };
+                    let _ = reply.send(Ok(ttl));
+                }
+                Query::TimeToLive { id, reply } => {
+                    let status = self.writer.lease(id).map(|l| {
+                        let remaining = self
+                            .lease_deadlines
+                            .get(&id)
+                            .map_or(l.ttl_s, |d| d.saturating_duration_since(Instant::now()).as_secs() as i64);
+                        LeaseStatus { remaining_ttl_s: remaining, granted_ttl_s: l.ttl_s, keys: l.keys }
+                    });
+                    let _ = reply.send(Ok(status));
+                }
+                Query::Leases { reply } => {
+                    let _ = reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
+                }
+            }
         }
     }
 
@@ -191,6 +279,7 @@ impl RaftCore {
         if self.node.raft().conf_state().voters == [self.shared.member_id()] {
             self.node.campaign();
         }
+        self.restart_lease_clocks();
         loop {
             if self.shared.stopping.load(Ordering::Acquire) {
                 break;
@@ -198,22 +287,28 @@ impl RaftCore {
             let idle = !self.node.has_ready()
                 && self.shared.proposals.is_empty()
                 && self.shared.reads.is_empty()
+                && self.shared.queries.is_empty()
                 && !self.writer.compaction_pending();
             if idle {
                 let wait = next_tick.saturating_duration_since(Instant::now());
                 let proposals = self.shared.proposals.clone();
                 let reads = self.shared.reads.clone();
+                let queries = self.shared.queries.clone();
                 futures_lite::future::or(
                     futures_lite::future::or(proposals.ready(), reads.ready()),
-                    rt::sleep(wait),
+                    futures_lite::future::or(queries.ready(), rt::sleep(wait)),
                 )
                 .await;
             }
             let now = Instant::now();
-            while now >= next_tick {
-                self.node.tick();
-                next_tick += tick;
+            if now >= next_tick {
+                while now >= next_tick {
+                    self.node.tick();
+                    next_tick += tick;
+                }
+                self.expire_leases();
             }
+            self.answer_queries();
             self.take_proposals();
             self.take_reads();
             if self.node.has_ready() {
@@ -285,6 +380,11 @@ impl RaftCore {
         let rd = self.node.ready();
         if let Some(ss) = rd.soft_state {
             self.shared.leader_id.store(ss.leader_id, Ordering::Release);
+            let was_leader = self.is_leader;
+            self.is_leader = ss.role == Role::Leader;
+            if self.is_leader && !was_leader {
+                self.restart_lease_clocks();
+            }
             if ss.role != Role::Leader {
                 // Reads this member promised as leader can no longer be confirmed.
                 for (_, waits) in self.reads_in_round.drain() {
@@ -347,6 +447,7 @@ impl RaftCore {
 
     fn apply(&mut self, entries: Vec<Entry>) {
         let term = self.shared.raft_term.load(Ordering::Acquire);
+        let mut events = Vec::new();
         for e in entries {
             self.applied_since_checkpoint += 1;
             match e.entry_type {
@@ -361,14 +462,24 @@ impl RaftCore {
                         .expect("log entries are InternalRaftRequests this node or a peer encoded and checksummed");
                     let id = req.header.as_ref().map_or(req.id, |h| h.id);
                     let result = match request_op(req) {
-                        Some(op) => self.writer.apply(e.index, &op).map_err(kv_error),
+                        Some(op) => {
+                            let r = self.writer.apply(e.index, &op).map_err(kv_error);
+                            if r.is_ok() {
+                                self.lease_applied(&op);
+                            }
+                            r
+                        }
                         None => {
                             self.writer.apply_empty(e.index);
                             Err(EtcdError::NotCapable)
                         }
                     };
+                    let result = result.map(|applied| {
+                        events.extend(applied.events);
+                        Outcome { response: applied.response, raft_term: term }
+                    });
                     if let Some(reply) = self.waiting.remove(&id) {
-                        let _ = reply.send(result.map(|applied| Outcome { response: applied.response, raft_term: term }));
+                        let _ = reply.send(result);
                     }
                 }
             }
@@ -376,9 +487,43 @@ impl RaftCore {
         let applied = self.writer.applied_index();
         self.shared.applied_index.store(applied, Ordering::Release);
         publish_store_size(&self.shared, &self.writer);
+        self.publish_events(events);
         let quota = self.shared.config.quota_backend_bytes;
         if self.shared.db_size_bytes.load(Ordering::Relaxed) > quota && !self.shared.nospace.swap(true, Ordering::AcqRel) {
             tracing::warn!(quota_bytes = quota, "store exceeds its quota: NOSPACE alarm raised");
+        }
+    }
+
+    fn lease_applied(&mut self, op: &kv::Op) {
+        match op {
+            kv::Op::LeaseGrant(g) => {
+                self.lease_deadlines.insert(g.id, Instant::now() + Duration::from_secs(g.ttl_s.max(0) as u64));
+            }
+            kv::Op::LeaseRevoke(r) => {
+                self.lease_deadlines.remove(&r.id);
+                self.lease_revoking.remove(&r.id);
+            }
+            _ => {}
+        }
+    }
+
+    /// Hands the batch's events to every shard's watch hub, encoded once. A shard whose queue
+    /// is full loses the batch and is told to catch up from history: apply never waits.
+    fn publish_events(&self, events: Vec<kv::Event>) {
+        if events.is_empty() {
+            return;
+        }
+        // Pairs with the fence in Hub::add_watcher_count (see there).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.shared.watchers_total.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let batch = Arc::new(WatchBatch::encode(self.writer.current_revision(), events));
+        for (shard, mailbox) in self.shared.watch_batches.iter().enumerate() {
+            if mailbox.try_send(batch.clone()).is_err() {
+                self.shared.watch_overflow[shard].store(true, Ordering::Release);
+                mailbox.nudge();
+            }
         }
     }
 

@@ -16,7 +16,8 @@ use keel_proto::health;
 
 use crate::convert;
 use crate::metrics::Metrics;
-use crate::shared::{kv_error, Shared};
+use crate::shared::{kv_error, Query, Shared};
+use crate::watch::Hub;
 
 /// The version Status and /version report. kube-apiserver enables RequestProgress only from
 /// 3.5.13, and clients parse it as semver.
@@ -28,11 +29,12 @@ pub const ETCD_CLUSTER_VERSION: &str = "3.5.0";
 pub struct Api {
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    hub: Rc<Hub>,
 }
 
 impl Api {
-    pub fn new(shared: Arc<Shared>, metrics: Arc<Metrics>) -> Api {
-        Api { shared, metrics }
+    pub fn new(shared: Arc<Shared>, metrics: Arc<Metrics>, hub: Rc<Hub>) -> Api {
+        Api { shared, metrics, hub }
     }
 }
 
@@ -74,6 +76,29 @@ impl Api {
             "/etcdserverpb.Lease/LeaseRevoke" => {
                 unary(call, sink, |r, _| async move { this.lease_revoke(r).await }).await
             }
+            "/etcdserverpb.Watch/Watch" => self.hub.serve(call, sink).await,
+            "/etcdserverpb.Lease/LeaseKeepAlive" => self.lease_keep_alive(call, sink).await,
+            "/etcdserverpb.Lease/LeaseTimeToLive" => {
+                unary(call, sink, |r, _| async move { this.lease_time_to_live(r).await }).await
+            }
+            "/etcdserverpb.Lease/LeaseLeases" => unary(call, sink, |r, _| async move { this.lease_leases(r).await }).await,
+            "/v3lockpb.Lock/Lock" => unary(call, sink, |r, _| async move { crate::lock::lock(&this.shared, &this.hub, r).await }).await,
+            "/v3lockpb.Lock/Unlock" => {
+                unary(call, sink, |r, _| async move { crate::lock::unlock(&this.shared, r).await }).await
+            }
+            "/v3electionpb.Election/Campaign" => {
+                unary(call, sink, |r, _| async move { crate::lock::campaign(&this.shared, &this.hub, r).await }).await
+            }
+            "/v3electionpb.Election/Proclaim" => {
+                unary(call, sink, |r, _| async move { crate::lock::proclaim(&this.shared, r).await }).await
+            }
+            "/v3electionpb.Election/Leader" => {
+                unary(call, sink, |r, _| async move { crate::lock::leader(&this.shared, r).await }).await
+            }
+            "/v3electionpb.Election/Resign" => {
+                unary(call, sink, |r, _| async move { crate::lock::resign(&this.shared, r).await }).await
+            }
+            "/v3electionpb.Election/Observe" => crate::lock::observe(&self.shared, &self.hub, call, sink).await,
             "/etcdserverpb.Maintenance/Status" => unary(call, sink, |r, _| async move { this.status(r) }).await,
             "/etcdserverpb.Maintenance/Alarm" => unary(call, sink, |r, _| async move { this.alarm(r) }).await,
             "/etcdserverpb.Maintenance/Defragment" => {
@@ -165,6 +190,8 @@ impl Api {
             // The proposer picks the id, so every member applies the same one.
             r.id = self.shared.new_lease_id();
         }
+        // Leases must outlive an election; etcd raises short TTLs the same way.
+        r.ttl = r.ttl.max(self.shared.lease_ttl_min_s());
         kv::validate_lease_grant(&kv::LeaseGrantRequest { id: r.id, ttl_s: r.ttl }).map_err(|e| etcd(kv_error(e)))?;
         let out =
             self.shared.propose(pb::InternalRaftRequest { lease_grant: Some(r), ..Default::default() }).await.map_err(etcd)?;
@@ -176,6 +203,52 @@ impl Api {
                 error: String::new(),
             }),
             other => unreachable_response("LeaseGrant", &other),
+        }
+    }
+
+    async fn lease_time_to_live(&self, r: pb::LeaseTimeToLiveRequest) -> R<pb::LeaseTimeToLiveResponse> {
+        let id = r.id;
+        let status = self.shared.query(|reply| Query::TimeToLive { id, reply }).await.map_err(etcd)?;
+        let header = self.shared.header(self.shared.reader.current_revision());
+        Ok(match status {
+            // etcd answers an unknown lease with TTL -1, not an error.
+            None => pb::LeaseTimeToLiveResponse { header, id, ttl: -1, granted_ttl: 0, keys: Vec::new() },
+            Some(st) => pb::LeaseTimeToLiveResponse {
+                header,
+                id,
+                ttl: st.remaining_ttl_s,
+                granted_ttl: st.granted_ttl_s,
+                keys: if r.keys { st.keys } else { Vec::new() },
+            },
+        })
+    }
+
+    async fn lease_leases(&self, _r: pb::LeaseLeasesRequest) -> R<pb::LeaseLeasesResponse> {
+        let ids = self.shared.query(|reply| Query::Leases { reply }).await.map_err(etcd)?;
+        Ok(pb::LeaseLeasesResponse {
+            header: self.shared.header(self.shared.reader.current_revision()),
+            leases: ids.into_iter().map(|id| pb::LeaseStatus { id }).collect(),
+        })
+    }
+
+    /// The keep-alive stream: one answer per request, in order. An unknown lease answers TTL 0.
+    async fn lease_keep_alive(&self, call: Call, sink: &mut ResponseSink) -> Status {
+        let Call { head: _, mut requests } = call;
+        loop {
+            let req = match requests.decode::<pb::LeaseKeepAliveRequest>().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return Status::ok(),
+                Err(status) => return status,
+            };
+            let id = req.id;
+            let ttl = match self.shared.query(|reply| Query::KeepAlive { id, reply }).await {
+                Ok(ttl) => ttl,
+                Err(e) => return etcd(e),
+            };
+            let resp = pb::LeaseKeepAliveResponse { header: self.shared.header(self.shared.reader.current_revision()), id, ttl };
+            if let Err(status) = sink.send(&resp).await {
+                return status;
+            }
         }
     }
 

@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::rt;
 use crate::service::Api;
 use crate::shared::Shared;
+use crate::watch::Hub;
 
 /// keel-grpc's runtime hooks, on glommio.
 struct Glommio;
@@ -79,7 +80,9 @@ async fn run(shard: usize, shared: Arc<Shared>, metrics: Arc<Metrics>, bound: mp
         }
     }
     let _ = bound.send(Ok(()));
-    let api = Rc::new(Api::new(shared.clone(), metrics));
+    let hub = Hub::new(shard, shared.clone());
+    glommio::spawn_local(hub.clone().run()).detach();
+    let api = Rc::new(Api::new(shared.clone(), metrics, hub));
     let config = Rc::new(server_config(&shared));
     let runtime = Rc::new(Glommio);
     let mut tasks = Vec::new();

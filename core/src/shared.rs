@@ -5,7 +5,7 @@
 //! index through its lock-free `Reader`, publish work through bounded mailboxes, and wait on
 //! one-shot replies.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ use prost::Message;
 use crate::config::Config;
 use crate::ids::Identity;
 use crate::rt::Mailbox;
+use crate::watch::WatchBatch;
 
 /// Proposals waiting for the raft core. Beyond this the server answers "too many requests",
 /// as etcd does when its proposals outrun apply.
@@ -44,6 +45,30 @@ pub struct Proposal {
     pub reply: Reply,
 }
 
+/// Questions only the raft core can answer: lease state lives with the leader's clock.
+pub enum Query {
+    /// Renews a lease; answers its TTL in seconds, or 0 when the lease is unknown.
+    KeepAlive { id: i64, reply: oneshot::Sender<Result<i64, EtcdError>> },
+    /// Remaining and granted TTL and attached keys; None when the lease is unknown.
+    TimeToLive { id: i64, reply: oneshot::Sender<Result<Option<LeaseStatus>, EtcdError>> },
+    /// Every lease id.
+    Leases { reply: oneshot::Sender<Result<Vec<i64>, EtcdError>> },
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaseStatus {
+    pub remaining_ttl_s: i64,
+    pub granted_ttl_s: i64,
+    pub keys: Vec<Bytes>,
+}
+
+/// Lease queries waiting for the raft core.
+pub const QUERY_QUEUE_MAX: usize = 16 * 1024;
+/// Applied event batches waiting for one shard's watch hub. When a shard falls this far
+/// behind, the raft core drops batches for it and the shard's watchers catch up from MVCC
+/// history instead: a slow shard never slows apply.
+pub const WATCH_BATCH_QUEUE_MAX: usize = 1024;
+
 /// One linearizable read waiting for the applied index to catch up with a ReadIndex.
 pub struct ReadWait {
     pub reply: oneshot::Sender<Result<(), EtcdError>>,
@@ -55,6 +80,13 @@ pub struct Shared {
     pub reader: kv::Reader,
     pub proposals: Arc<Mailbox<Proposal>>,
     pub reads: Arc<Mailbox<ReadWait>>,
+    pub queries: Arc<Mailbox<Query>>,
+    /// Applied events, one queue per shard (see `watch`).
+    pub watch_batches: Vec<Arc<Mailbox<Arc<WatchBatch>>>>,
+    /// Set by the raft core when it had to drop a batch for that shard.
+    pub watch_overflow: Vec<AtomicBool>,
+    /// Watchers on all shards; the raft core encodes events only when some exist.
+    pub watchers_total: AtomicUsize,
     pub leader_id: AtomicU64,
     pub raft_term: AtomicU64,
     pub commit_index: AtomicU64,
@@ -79,12 +111,17 @@ impl Shared {
             .unwrap_or(0);
         let prefix = (identity.member_id & 0xffff) << 48;
         let next_id = prefix | ((now_ms & 0xff_ffff_ffff) << 8);
+        let shards = config.shards;
         Shared {
             config,
             identity,
             reader,
             proposals: Mailbox::new(PROPOSAL_QUEUE_MAX),
             reads: Mailbox::new(READ_QUEUE_MAX),
+            queries: Mailbox::new(QUERY_QUEUE_MAX),
+            watch_batches: (0..shards).map(|_| Mailbox::new(WATCH_BATCH_QUEUE_MAX)).collect(),
+            watch_overflow: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+            watchers_total: AtomicUsize::new(0),
             leader_id: AtomicU64::new(0),
             raft_term: AtomicU64::new(0),
             commit_index: AtomicU64::new(0),
@@ -147,6 +184,24 @@ impl Shared {
             });
         }
         rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    /// Asks the raft core a lease question.
+    pub async fn query<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, EtcdError>>) -> Query,
+    ) -> Result<T, EtcdError> {
+        let (reply, rx) = oneshot::channel();
+        if self.queries.try_send(make(reply)).is_err() {
+            return Err(if self.stopping.load(Ordering::Acquire) { EtcdError::Stopped } else { EtcdError::TooManyRequests });
+        }
+        rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    /// The smallest lease TTL etcd grants: leases must outlive a leader election.
+    pub fn lease_ttl_min_s(&self) -> i64 {
+        let ms = 3 * self.config.election_timeout_ms / 2;
+        ms.div_ceil(1000) as i64
     }
 
     /// Waits until a read started now may be served locally and still be linearizable.

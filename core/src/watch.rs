@@ -1,0 +1,785 @@
+//! Watch: change streams, fanned out per shard.
+//!
+//! The raft core encodes each applied batch of events once (`WatchBatch`: every event as
+//! protobuf bytes, with and without prev_kv) and hands the same `Arc` to every shard's hub. A
+//! hub matches events to its watchers and appends pre-encoded events to per-watcher
+//! responses, so a write costs one encoding however many watchers see it.
+//!
+//! A watcher is *synced* (fed from live batches) or *unsynced* (catching up from MVCC history
+//! with `Reader::range_events`, in bounded steps). A new watcher whose start revision is in the
+//! past starts unsynced. A stream whose client reads too slowly, or a shard that fell behind the
+//! raft core, turns its watchers unsynced instead of buffering without bound: apply never waits
+//! for a watcher. `next_rev` (the first revision a watcher still needs) makes every hand-over
+//! exact: events below it are never sent again, events at or above it are never skipped.
+//!
+//! Architecture invariant: events on a stream are ordered by revision, unique and complete,
+//! and one revision's events are never split across responses unless the client asked for
+//! fragments.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_channel::oneshot;
+use futures_util::future::{select, Either};
+use keel_grpc::{Call, ResponseSink, Status};
+use keel_kv as kv;
+use keel_proto::etcdserverpb as pb;
+use prost::Message;
+
+use crate::convert;
+use crate::shared::Shared;
+
+/// Watchers one stream may hold.
+pub const WATCHERS_PER_STREAM_MAX: usize = 100_000;
+/// Encoded responses a stream may have queued before its watchers fall back to history.
+pub const STREAM_QUEUE_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Events read from history per catch-up step, so one slow watcher cannot hog the shard.
+pub const CATCHUP_EVENTS_PER_STEP: usize = 1000;
+/// Default interval of progress notifications (etcd: 10 minutes).
+pub const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
+
+const WATCH_ID_INVALID: i64 = -1;
+const REASON_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
+const REASON_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+const REASON_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+
+/// One event, encoded once for every watcher of every shard.
+#[derive(Debug)]
+pub struct WireEvent {
+    pub key: Bytes,
+    pub kind: kv::EventKind,
+    pub mod_revision: i64,
+    /// `mvccpb.Event` without prev_kv.
+    pub plain: Bytes,
+    /// `mvccpb.Event` with prev_kv (equal to `plain` when the key had no previous version).
+    pub with_prev: Bytes,
+}
+
+/// The events of one applied raft batch, ascending by revision.
+#[derive(Debug)]
+pub struct WatchBatch {
+    /// The store revision after the batch: every event's revision is at most this.
+    pub revision: i64,
+    pub events: Vec<WireEvent>,
+}
+
+impl WatchBatch {
+    pub fn encode(revision: i64, events: Vec<kv::Event>) -> WatchBatch {
+        let events = events
+            .into_iter()
+            .map(|e| {
+                let key = e.kv.key.clone();
+                let kind = e.kind;
+                let mod_revision = e.kv.mod_revision;
+                let has_prev = e.prev_kv.is_some();
+                let with_prev_msg = convert::event(e, true);
+                let with_prev = Bytes::from(with_prev_msg.encode_to_vec());
+                let plain = if has_prev {
+                    let mut p = with_prev_msg;
+                    p.prev_kv = None;
+                    Bytes::from(p.encode_to_vec())
+                } else {
+                    with_prev.clone()
+                };
+                WireEvent { key, kind, mod_revision, plain, with_prev }
+            })
+            .collect();
+        WatchBatch { revision, events }
+    }
+}
+
+/// The key space a watcher covers, with etcd's conventions for range_end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyRange {
+    Single(Bytes),
+    /// Every key >= the start (range_end "\0").
+    From(Bytes),
+    /// [start, end).
+    Range(Bytes, Bytes),
+}
+
+impl KeyRange {
+    fn contains(&self, key: &[u8]) -> bool {
+        match self {
+            KeyRange::Single(k) => k.as_ref() == key,
+            KeyRange::From(s) => key >= s.as_ref(),
+            KeyRange::Range(s, e) => key >= s.as_ref() && key < e.as_ref(),
+        }
+    }
+    fn start(&self) -> &Bytes {
+        match self {
+            KeyRange::Single(k) | KeyRange::From(k) | KeyRange::Range(k, _) => k,
+        }
+    }
+    /// The range_end keel-kv's history reads take.
+    fn kv_end(&self) -> Bytes {
+        match self {
+            KeyRange::Single(_) => Bytes::new(),
+            KeyRange::From(_) => Bytes::from_static(b"\0"),
+            KeyRange::Range(_, e) => e.clone(),
+        }
+    }
+}
+
+struct Watcher {
+    range: KeyRange,
+    no_put: bool,
+    no_delete: bool,
+    prev_kv: bool,
+    progress_notify: bool,
+    fragment: bool,
+    /// The first revision this watcher still needs.
+    next_rev: i64,
+    synced: bool,
+    /// Events were sent since the last progress notification.
+    sent_since_progress: bool,
+}
+
+impl Watcher {
+    fn wants(&self, kind: kv::EventKind) -> bool {
+        match kind {
+            kv::EventKind::Put => !self.no_put,
+            kv::EventKind::Delete => !self.no_delete,
+        }
+    }
+}
+
+/// One gRPC Watch stream's state, shared between its call task and the shard hub.
+struct Stream {
+    id: u64,
+    watchers: RefCell<BTreeMap<i64, Watcher>>,
+    next_watch_id: Cell<i64>,
+    queue: RefCell<VecDeque<Bytes>>,
+    queue_bytes: Cell<usize>,
+    unsynced: Cell<usize>,
+    progress_requested: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+    woken: Cell<bool>,
+}
+
+impl Stream {
+    fn push(&self, frame: Bytes) {
+        self.queue_bytes.set(self.queue_bytes.get() + frame.len());
+        self.queue.borrow_mut().push_back(frame);
+        self.wake();
+    }
+
+    fn pop(&self) -> Option<Bytes> {
+        let f = self.queue.borrow_mut().pop_front()?;
+        self.queue_bytes.set(self.queue_bytes.get() - f.len());
+        Some(f)
+    }
+
+    fn wake(&self) {
+        self.woken.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    async fn woken(&self) {
+        std::future::poll_fn(|cx| {
+            if self.woken.replace(false) {
+                Poll::Ready(())
+            } else {
+                *self.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Moves a watcher to history catch-up. It has seen every batch up to `delivered_rev`
+    /// (the hub's revision before the batch being dispatched, if any).
+    fn mark_unsynced(&self, w: &mut Watcher, delivered_rev: i64) {
+        if w.synced {
+            w.next_rev = w.next_rev.max(delivered_rev + 1);
+            w.synced = false;
+            self.unsynced.set(self.unsynced.get() + 1);
+        }
+    }
+}
+
+/// Internal waiters (Lock and Election): woken by any change in a key range after a revision,
+/// or by an overflow (they re-check by reading, so a spurious wake is harmless).
+struct ChangeWaiter {
+    range: KeyRange,
+    after_rev: i64,
+    tx: oneshot::Sender<()>,
+}
+
+/// A shard's watch hub: its streams, the index that matches events to them, and the revision
+/// it has seen batches up to.
+pub struct Hub {
+    shard: usize,
+    shared: Arc<Shared>,
+    streams: RefCell<HashMap<u64, Rc<Stream>>>,
+    /// Watchers on a single key, by key: matched in O(1).
+    single: RefCell<HashMap<Bytes, Vec<(u64, i64)>>>,
+    /// Watchers on ranges, by start key: matched by scanning those that start at or before the
+    /// key.
+    ranges: RefCell<BTreeMap<Bytes, Vec<(u64, i64)>>>,
+    waiters: RefCell<Vec<ChangeWaiter>>,
+    next_stream_id: Cell<u64>,
+    delivered_rev: Cell<i64>,
+}
+
+impl Hub {
+    pub fn new(shard: usize, shared: Arc<Shared>) -> Rc<Hub> {
+        let rev = shared.reader.current_revision();
+        Rc::new(Hub {
+            shard,
+            shared,
+            streams: RefCell::new(HashMap::new()),
+            single: RefCell::new(HashMap::new()),
+            ranges: RefCell::new(BTreeMap::new()),
+            waiters: RefCell::new(Vec::new()),
+            next_stream_id: Cell::new(1),
+            delivered_rev: Cell::new(rev),
+        })
+    }
+
+    /// Receives the raft core's batches for this shard, forever.
+    pub async fn run(self: Rc<Self>) {
+        let mailbox = self.shared.watch_batches[self.shard].clone();
+        loop {
+            mailbox.ready().await;
+            if mailbox.is_closed() && mailbox.is_empty() {
+                return;
+            }
+            if self.shared.watch_overflow[self.shard].swap(false, Ordering::AcqRel) {
+                self.overflowed();
+            }
+            while let Some(batch) = mailbox.try_recv() {
+                // Look at the flag after taking the batch: a drop the raft core flagged before
+                // queueing this batch must turn watchers unsynced before they see it, or they
+                // would skip the dropped revisions.
+                if self.shared.watch_overflow[self.shard].swap(false, Ordering::AcqRel) {
+                    self.overflowed();
+                }
+                self.dispatch(&batch);
+            }
+        }
+    }
+
+    fn add_watcher_count(&self, delta: isize) {
+        if delta > 0 {
+            self.shared.watchers_total.fetch_add(delta as usize, Ordering::SeqCst);
+        } else {
+            self.shared.watchers_total.fetch_sub((-delta) as usize, Ordering::SeqCst);
+        }
+        // Pairs with the raft core's fence between publishing a revision and reading the
+        // count: either it sees this watcher, or this watcher's first history read sees the
+        // revision.
+        fence(Ordering::SeqCst);
+    }
+
+    fn index_add(&self, stream: u64, id: i64, range: &KeyRange) {
+        match range {
+            KeyRange::Single(k) => self.single.borrow_mut().entry(k.clone()).or_default().push((stream, id)),
+            _ => self.ranges.borrow_mut().entry(range.start().clone()).or_default().push((stream, id)),
+        }
+    }
+
+    fn index_remove(&self, stream: u64, id: i64, range: &KeyRange) {
+        let remove = |map_entry: &mut Vec<(u64, i64)>| map_entry.retain(|x| *x != (stream, id));
+        match range {
+            KeyRange::Single(k) => {
+                let mut single = self.single.borrow_mut();
+                if let Some(v) = single.get_mut(k) {
+                    remove(v);
+                    if v.is_empty() {
+                        single.remove(k);
+                    }
+                }
+            }
+            _ => {
+                let mut ranges = self.ranges.borrow_mut();
+                if let Some(v) = ranges.get_mut(range.start()) {
+                    remove(v);
+                    if v.is_empty() {
+                        ranges.remove(range.start());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The shard lost batches: every watcher catches up from history, every waiter re-checks.
+    fn overflowed(&self) {
+        tracing::warn!(shard = self.shard, "watch batches dropped for a slow shard; watchers catch up from history");
+        for s in self.streams.borrow().values() {
+            for w in s.watchers.borrow_mut().values_mut() {
+                s.mark_unsynced(w, self.delivered_rev.get());
+            }
+            s.wake();
+        }
+        for w in self.waiters.borrow_mut().drain(..) {
+            let _ = w.tx.send(());
+        }
+    }
+
+    fn dispatch(&self, batch: &WatchBatch) {
+        // Internal waiters first: they only need to know a delete happened.
+        {
+            let mut waiters = self.waiters.borrow_mut();
+            if !waiters.is_empty() {
+                let mut i = 0;
+                while i < waiters.len() {
+                    let w = &waiters[i];
+                    let hit = batch.events.iter().any(|e| e.mod_revision > w.after_rev && w.range.contains(&e.key));
+                    if hit || w.tx.is_canceled() {
+                        let w = waiters.swap_remove(i);
+                        let _ = w.tx.send(());
+                        self.add_watcher_count(-1);
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+        }
+        // Match: (stream, watch id) -> indexes of its events in this batch.
+        let mut matched: HashMap<(u64, i64), Vec<usize>> = HashMap::new();
+        {
+            let single = self.single.borrow();
+            let ranges = self.ranges.borrow();
+            for (i, e) in batch.events.iter().enumerate() {
+                if let Some(ws) = single.get(&e.key) {
+                    for w in ws {
+                        matched.entry(*w).or_default().push(i);
+                    }
+                }
+                for (_, ws) in ranges.range(..=e.key.clone()) {
+                    for w in ws {
+                        matched.entry(*w).or_default().push(i);
+                    }
+                }
+            }
+        }
+        let streams = self.streams.borrow();
+        for ((sid, wid), idxs) in matched {
+            let Some(stream) = streams.get(&sid) else { continue };
+            let mut watchers = stream.watchers.borrow_mut();
+            let Some(w) = watchers.get_mut(&wid) else { continue };
+            if !w.synced {
+                continue;
+            }
+            let events: Vec<&Bytes> = idxs
+                .iter()
+                .map(|&i| &batch.events[i])
+                .filter(|e| e.mod_revision >= w.next_rev && w.range.contains(&e.key) && w.wants(e.kind))
+                .map(|e| if w.prev_kv { &e.with_prev } else { &e.plain })
+                .collect();
+            if events.is_empty() {
+                continue;
+            }
+            if stream.queue_bytes.get() > STREAM_QUEUE_BYTES_MAX {
+                // The client is not reading: stop buffering, catch up from history later.
+                stream.mark_unsynced(w, self.delivered_rev.get());
+                stream.wake();
+                continue;
+            }
+            let header = self.shared.header(batch.revision);
+            for frame in responses(header, wid, &events, w.fragment, self.shared.config.max_request_bytes as usize) {
+                stream.push(frame);
+            }
+            w.sent_since_progress = true;
+        }
+        // Synced watchers need no bookkeeping here: later batches only carry later revisions,
+        // and a watcher that falls out of sync resumes after `delivered_rev`.
+        self.delivered_rev.set(self.delivered_rev.get().max(batch.revision));
+    }
+
+    /// Resolves after any change to `key` (or, with a non-empty `range_end`, to the range, in
+    /// etcd's range_end forms) at a revision above `after_rev`, or spuriously after an
+    /// overflow. Callers re-read before trusting what changed. Register BEFORE the read that
+    /// decides to wait, so no change between the two is missed.
+    pub fn wait_change(&self, key: Bytes, range_end: &[u8], after_rev: i64) -> oneshot::Receiver<()> {
+        let range = if range_end.is_empty() {
+            KeyRange::Single(key)
+        } else if range_end == b"\0" {
+            KeyRange::From(key)
+        } else {
+            KeyRange::Range(key, Bytes::copy_from_slice(range_end))
+        };
+        let (tx, rx) = oneshot::channel();
+        self.add_watcher_count(1);
+        self.waiters.borrow_mut().push(ChangeWaiter { range, after_rev, tx });
+        rx
+    }
+
+    /// Serves one `/etcdserverpb.Watch/Watch` stream until the client closes it.
+    pub async fn serve(self: &Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
+        let id = self.next_stream_id.get();
+        self.next_stream_id.set(id + 1);
+        let stream = Rc::new(Stream {
+            id,
+            watchers: RefCell::new(BTreeMap::new()),
+            next_watch_id: Cell::new(0),
+            queue: RefCell::new(VecDeque::new()),
+            queue_bytes: Cell::new(0),
+            unsynced: Cell::new(0),
+            progress_requested: Cell::new(false),
+            waker: RefCell::new(None),
+            woken: Cell::new(false),
+        });
+        self.streams.borrow_mut().insert(id, stream.clone());
+        let status = self.serve_stream(&stream, call, sink).await;
+        self.close_stream(&stream);
+        status
+    }
+
+    fn close_stream(&self, stream: &Rc<Stream>) {
+        self.streams.borrow_mut().remove(&stream.id);
+        let watchers = std::mem::take(&mut *stream.watchers.borrow_mut());
+        for (wid, w) in &watchers {
+            self.index_remove(stream.id, *wid, &w.range);
+        }
+        if !watchers.is_empty() {
+            self.add_watcher_count(-(watchers.len() as isize));
+        }
+    }
+
+    async fn serve_stream(&self, stream: &Rc<Stream>, call: Call, sink: &mut ResponseSink) -> Status {
+        let Call { head: _, mut requests } = call;
+        let interval = PROGRESS_NOTIFY_INTERVAL;
+        let mut next_progress = Instant::now() + interval;
+        let mut client_done = false;
+        loop {
+            while let Some(frame) = stream.pop() {
+                if let Err(status) = sink.send_frame(frame).await {
+                    return status;
+                }
+            }
+            if stream.unsynced.get() > 0 && stream.queue_bytes.get() < STREAM_QUEUE_BYTES_MAX / 2 {
+                self.catch_up_step(stream);
+                futures_lite::future::yield_now().await;
+                continue;
+            }
+            if stream.progress_requested.get() && stream.unsynced.get() == 0 {
+                stream.progress_requested.set(false);
+                let resp = pb::WatchResponse {
+                    header: self.shared.header(self.delivered_rev.get()),
+                    watch_id: WATCH_ID_INVALID,
+                    ..Default::default()
+                };
+                stream.push(frame_of(&resp));
+                continue;
+            }
+            let now = Instant::now();
+            if now >= next_progress {
+                next_progress = now + interval;
+                self.progress_notify(stream);
+                continue;
+            }
+            if client_done {
+                // etcd keeps a half-closed watch stream open for its events; we end it once
+                // nothing is left to send, as the client can no longer change it.
+                if stream.watchers.borrow().is_empty() {
+                    return Status::ok();
+                }
+                let wait = Box::pin(crate::rt::sleep(next_progress - now));
+                futures_util::future::select(Box::pin(stream.woken()), wait).await;
+                continue;
+            }
+            let next = {
+                let req = Box::pin(requests.decode::<pb::WatchRequest>());
+                let woken = Box::pin(stream.woken());
+                let timer = Box::pin(crate::rt::sleep(next_progress - now));
+                match select(req, select(woken, timer)).await {
+                    Either::Left((r, _)) => Some(r),
+                    Either::Right(_) => None,
+                }
+            };
+            match next {
+                None => {}
+                Some(Ok(Some(req))) => self.handle_request(stream, req),
+                Some(Ok(None)) => client_done = true,
+                Some(Err(status)) => return status,
+            }
+        }
+    }
+
+    fn handle_request(&self, stream: &Rc<Stream>, req: pb::WatchRequest) {
+        use pb::watch_request::RequestUnion;
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(stream, c),
+            Some(RequestUnion::CancelRequest(c)) => {
+                let removed = stream.watchers.borrow_mut().remove(&c.watch_id);
+                if let Some(w) = removed {
+                    self.index_remove(stream.id, c.watch_id, &w.range);
+                    if !w.synced {
+                        stream.unsynced.set(stream.unsynced.get() - 1);
+                    }
+                    self.add_watcher_count(-1);
+                    let resp = pb::WatchResponse {
+                        header: self.shared.header(self.shared.reader.current_revision()),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    };
+                    stream.push(frame_of(&resp));
+                }
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                stream.progress_requested.set(true);
+                stream.wake();
+            }
+            None => {}
+        }
+    }
+
+    fn create(&self, stream: &Rc<Stream>, c: pb::WatchCreateRequest) {
+        let rev_now = self.shared.reader.current_revision();
+        let reject = |reason: &str, watch_id: i64| pb::WatchResponse {
+            header: self.shared.header(rev_now),
+            watch_id,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        };
+        // etcd: an empty key is "\0", the smallest key; range_end "\0" means every key >= key.
+        let key = if c.key.is_empty() { Bytes::from_static(b"\0") } else { c.key.clone() };
+        let range = if c.range_end.is_empty() {
+            KeyRange::Single(key)
+        } else if c.range_end.as_ref() == b"\0" {
+            KeyRange::From(key)
+        } else if key.as_ref() >= c.range_end.as_ref() {
+            stream.push(frame_of(&reject(REASON_EMPTY_RANGE, WATCH_ID_INVALID)));
+            return;
+        } else {
+            KeyRange::Range(key, c.range_end.clone())
+        };
+        if c.start_revision < 0 {
+            stream.push(frame_of(&reject(REASON_COMPACTED, WATCH_ID_INVALID)));
+            return;
+        }
+        let id = if c.watch_id == 0 {
+            let watchers = stream.watchers.borrow();
+            let mut id = stream.next_watch_id.get();
+            while watchers.contains_key(&id) {
+                id += 1;
+            }
+            stream.next_watch_id.set(id + 1);
+            id
+        } else if stream.watchers.borrow().contains_key(&c.watch_id) {
+            stream.push(frame_of(&reject(REASON_DUPLICATE_ID, WATCH_ID_INVALID)));
+            return;
+        } else {
+            c.watch_id
+        };
+        if stream.watchers.borrow().len() >= WATCHERS_PER_STREAM_MAX {
+            stream.push(frame_of(&reject("keel: too many watchers on this stream", WATCH_ID_INVALID)));
+            return;
+        }
+        self.add_watcher_count(1);
+        // Read the revision only after the count is visible to the raft core (see
+        // add_watcher_count): every later revision reaches this hub as a batch.
+        let current = self.shared.reader.current_revision();
+        let synced = c.start_revision == 0 || c.start_revision > current;
+        let next_rev = if synced { (current + 1).max(c.start_revision) } else { c.start_revision };
+        let filters = &c.filters;
+        let w = Watcher {
+            range: range.clone(),
+            no_put: filters.contains(&(pb::watch_create_request::FilterType::Noput as i32)),
+            no_delete: filters.contains(&(pb::watch_create_request::FilterType::Nodelete as i32)),
+            prev_kv: c.prev_kv,
+            progress_notify: c.progress_notify,
+            fragment: c.fragment,
+            next_rev,
+            synced,
+            sent_since_progress: false,
+        };
+        if !synced {
+            stream.unsynced.set(stream.unsynced.get() + 1);
+        }
+        stream.watchers.borrow_mut().insert(id, w);
+        self.index_add(stream.id, id, &range);
+        // The created response goes first, before any event of this watcher.
+        let resp = pb::WatchResponse {
+            header: self.shared.header(current),
+            watch_id: id,
+            created: true,
+            ..Default::default()
+        };
+        stream.push(frame_of(&resp));
+    }
+
+    /// One bounded history read for each unsynced watcher of the stream.
+    fn catch_up_step(&self, stream: &Rc<Stream>) {
+        let ids: Vec<i64> =
+            stream.watchers.borrow().iter().filter(|(_, w)| !w.synced).map(|(id, _)| *id).collect();
+        for id in ids {
+            let (range, next_rev) = {
+                let watchers = stream.watchers.borrow();
+                let Some(w) = watchers.get(&id) else { continue };
+                (w.range.clone(), w.next_rev)
+            };
+            let read = self.shared.reader.range_events(next_rev, range.start(), &range.kv_end(), CATCHUP_EVENTS_PER_STEP);
+            let mut watchers = stream.watchers.borrow_mut();
+            let Some(w) = watchers.get_mut(&id) else { continue };
+            match read {
+                Err(_) => {
+                    // Compacted past what the watcher needs: cancel it with the compact revision.
+                    let resp = pb::WatchResponse {
+                        header: self.shared.header(self.shared.reader.current_revision()),
+                        watch_id: id,
+                        canceled: true,
+                        compact_revision: self.shared.reader.compact_revision(),
+                        ..Default::default()
+                    };
+                    watchers.remove(&id);
+                    drop(watchers);
+                    self.index_remove(stream.id, id, &range);
+                    stream.unsynced.set(stream.unsynced.get() - 1);
+                    self.add_watcher_count(-1);
+                    stream.push(frame_of(&resp));
+                }
+                Ok(batch) => {
+                    let encoded: Vec<Bytes> = batch
+                        .events
+                        .into_iter()
+                        .filter(|e| w.wants(e.kind))
+                        .map(|e| Bytes::from(convert::event(e, w.prev_kv).encode_to_vec()))
+                        .collect();
+                    if !encoded.is_empty() {
+                        let refs: Vec<&Bytes> = encoded.iter().collect();
+                        let header = self.shared.header(self.shared.reader.current_revision());
+                        for frame in responses(header, id, &refs, w.fragment, self.shared.config.max_request_bytes as usize) {
+                            stream.push(frame);
+                        }
+                        w.sent_since_progress = true;
+                    }
+                    w.next_rev = w.next_rev.max(batch.next_rev);
+                    if w.next_rev > self.delivered_rev.get() {
+                        w.synced = true;
+                        stream.unsynced.set(stream.unsynced.get() - 1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn progress_notify(&self, stream: &Rc<Stream>) {
+        let rev = self.delivered_rev.get();
+        let mut frames = Vec::new();
+        for (id, w) in stream.watchers.borrow_mut().iter_mut() {
+            if w.progress_notify && w.synced && !w.sent_since_progress {
+                frames.push(frame_of(&pb::WatchResponse { header: self.shared.header(rev), watch_id: *id, ..Default::default() }));
+            }
+            w.sent_since_progress = false;
+        }
+        for f in frames {
+            stream.push(f);
+        }
+    }
+}
+
+fn frame_of(resp: &pb::WatchResponse) -> Bytes {
+    keel_grpc::frame_bytes(&resp.encode_to_vec())
+}
+
+/// Appends `events` (each an encoded `mvccpb.Event`) to an encoded WatchResponse as field 11,
+/// without decoding or re-encoding them.
+fn response_with_events(header: Option<pb::ResponseHeader>, watch_id: i64, fragment: bool, events: &[&Bytes]) -> Bytes {
+    const EVENTS_TAG: u8 = (11 << 3) | 2;
+    let head = pb::WatchResponse { header, watch_id, fragment, ..Default::default() };
+    let mut body = BytesMut::with_capacity(head.encoded_len() + events.iter().map(|e| e.len() + 6).sum::<usize>());
+    head.encode(&mut body).expect("BytesMut grows as needed");
+    for e in events {
+        body.put_u8(EVENTS_TAG);
+        prost::encoding::encode_varint(e.len() as u64, &mut body);
+        body.put_slice(e);
+    }
+    keel_grpc::frame_bytes(&body)
+}
+
+/// Responses for one watcher's events: one, or fragments when the client asked for them and
+/// the whole would exceed the request size limit.
+fn responses(
+    header: Option<pb::ResponseHeader>,
+    watch_id: i64,
+    events: &[&Bytes],
+    fragment: bool,
+    limit_bytes: usize,
+) -> Vec<Bytes> {
+    let total: usize = events.iter().map(|e| e.len()).sum();
+    if !fragment || events.len() < 2 || total < limit_bytes {
+        return vec![response_with_events(header, watch_id, false, events)];
+    }
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < events.len() {
+        let mut end = start + 1;
+        let mut size = events[start].len();
+        while end < events.len() && size + events[end].len() < limit_bytes {
+            size += events[end].len();
+            end += 1;
+        }
+        let more = end < events.len();
+        out.push(response_with_events(header, watch_id, more, &events[start..end]));
+        start = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_proto::mvccpb;
+
+    fn decode(frame: &Bytes) -> pb::WatchResponse {
+        pb::WatchResponse::decode(&frame[5..]).expect("valid response")
+    }
+
+    fn event(key: &str, rev: i64) -> Bytes {
+        Bytes::from(
+            mvccpb::Event {
+                r#type: 0,
+                kv: Some(mvccpb::KeyValue { key: key.as_bytes().to_vec().into(), mod_revision: rev, ..Default::default() }),
+                prev_kv: None,
+            }
+            .encode_to_vec(),
+        )
+    }
+
+    #[test]
+    fn spliced_events_decode_as_a_normal_response() {
+        let (a, b) = (event("a", 5), event("b", 5));
+        let f = response_with_events(Some(pb::ResponseHeader { revision: 5, ..Default::default() }), 3, false, &[&a, &b]);
+        let r = decode(&f);
+        assert_eq!(r.watch_id, 3);
+        assert_eq!(r.events.len(), 2);
+        assert_eq!(r.events[1].kv.as_ref().map(|kv| kv.key.as_ref()), Some(&b"b"[..]));
+    }
+
+    #[test]
+    fn fragments_only_when_asked_and_large() {
+        let evs: Vec<Bytes> = (0..10).map(|i| event(&format!("key{i}"), 7)).collect();
+        let refs: Vec<&Bytes> = evs.iter().collect();
+        assert_eq!(responses(None, 1, &refs, false, 10).len(), 1);
+        let frags = responses(None, 1, &refs, true, 30);
+        assert!(frags.len() > 1);
+        let decoded: Vec<pb::WatchResponse> = frags.iter().map(decode).collect();
+        assert!(decoded[..decoded.len() - 1].iter().all(|r| r.fragment));
+        assert!(!decoded.last().expect("some").fragment);
+        assert_eq!(decoded.iter().map(|r| r.events.len()).sum::<usize>(), 10);
+    }
+
+    #[test]
+    fn key_ranges_follow_etcds_range_end_forms() {
+        assert!(KeyRange::Single("a".into()).contains(b"a"));
+        assert!(!KeyRange::Single("a".into()).contains(b"ab"));
+        assert!(KeyRange::From("b".into()).contains(b"zzz"));
+        assert!(!KeyRange::From("b".into()).contains(b"a"));
+        let r = KeyRange::Range("a".into(), "c".into());
+        assert!(r.contains(b"b") && !r.contains(b"c"));
+    }
+}

@@ -1,0 +1,426 @@
+//! The end-to-end harness: starts the real `keel` binary (or a real etcd 3.4 for the
+//! differential test) on free loopback ports with a fresh data directory, waits until it
+//! answers, and stops it on drop (SIGTERM, then SIGKILL after a grace period). It can also
+//! restart a server on the same data directory and kill it with SIGKILL mid-flight.
+//!
+//! etcd and etcdctl are required: when either is missing every test that needs it fails with a
+//! message that says what to install, because a skipped end-to-end suite looks green in CI.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer `endpoint health` after it was started.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long SIGTERM gets before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Which server binary a [`Server`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Keel,
+    Etcd,
+}
+
+/// What a finished command printed and how it ended.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// Panics with everything the command printed unless it exited 0.
+    pub fn ok(self) -> Output {
+        assert_eq!(self.code, 0, "command failed: {self:?}");
+        self
+    }
+
+    /// The stdout parsed as JSON (etcdctl `-w json` prints one document, possibly after the
+    /// interactive txn prompts).
+    pub fn json(&self) -> serde_json::Value {
+        json_of(&self.stdout).unwrap_or_else(|| panic!("no JSON in stdout: {self:?}"))
+    }
+}
+
+/// The first JSON document in `text`, skipping lines before it (etcdctl's txn prompts).
+pub fn json_of(text: &str) -> Option<serde_json::Value> {
+    let start = text.find(['{', '['])?;
+    serde_json::from_str(text[start..].trim()).ok()
+}
+
+/// Ports handed out in this process, so two tests running in parallel never get the same one.
+static PORTS: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// A loopback port that was free a moment ago and was not handed out before in this process.
+pub fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+        let port = listener.local_addr().expect("a bound listener has an address").port();
+        let mut ports = PORTS.lock().expect("no test panics while holding the port set");
+        if ports.get_or_insert_with(HashSet::new).insert(port) {
+            return port;
+        }
+    }
+}
+
+/// Fails the test with a clear message when `tool` is not on PATH.
+pub fn require_tool(tool: &str) {
+    let found = Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
+    assert!(
+        found,
+        "`{tool}` is not installed or not on PATH: the end-to-end tests need etcd 3.4's etcd and etcdctl \
+         (Debian: apt-get install etcd-server etcd-client)"
+    );
+}
+
+/// Runs etcdctl (API v3) against `endpoints`, optionally feeding `stdin`.
+pub fn etcdctl_at(endpoints: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    require_tool("etcdctl");
+    let mut cmd = Command::new("etcdctl");
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .arg("--dial-timeout=5s")
+        .arg("--command-timeout=10s")
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("etcdctl starts");
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin was piped");
+        pipe.write_all(input.as_bytes()).expect("etcdctl reads its stdin");
+    }
+    let out = child.wait_with_output().expect("etcdctl finishes");
+    Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// One server process with its own ports and data directory.
+pub struct Server {
+    pub kind: Kind,
+    pub client_port: u16,
+    pub peer_port: u16,
+    /// Where the process runs; the data directory and the logs live below it.
+    pub dir: tempfile::TempDir,
+    pub data_dir: PathBuf,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+    /// How many times the process was started, to name each run's log file.
+    launches: u32,
+}
+
+impl Server {
+    /// Starts keel with `extra_args` on top of the ports and data directory, and waits until
+    /// it answers.
+    pub fn keel(extra_args: &[&str]) -> Server {
+        Server::start(Kind::Keel, extra_args)
+    }
+
+    /// The server the generic tests run against: keel, or real etcd when the environment
+    /// variable `KEEL_E2E_TARGET=etcd` is set, to check a test's expectations against etcd.
+    pub fn under_test(extra_args: &[&str]) -> Server {
+        match std::env::var("KEEL_E2E_TARGET").as_deref() {
+            Ok("etcd") => Server::start(Kind::Etcd, extra_args),
+            _ => Server::start(Kind::Keel, extra_args),
+        }
+    }
+
+    /// Starts a real etcd the same way.
+    pub fn etcd(extra_args: &[&str]) -> Server {
+        Server::start(Kind::Etcd, extra_args)
+    }
+
+    pub fn start(kind: Kind, extra_args: &[&str]) -> Server {
+        require_tool("etcdctl");
+        if kind == Kind::Etcd {
+            require_tool("etcd");
+        }
+        let dir = tempfile::Builder::new().prefix("keel-e2e-").tempdir().expect("a temp dir");
+        let data_dir = dir.path().join("data");
+        let mut server = Server {
+            kind,
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir,
+            data_dir,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            launches: 0,
+        };
+        server.launch();
+        server.wait_ready();
+        server
+    }
+
+    /// "127.0.0.1:port", as etcdctl's --endpoints wants it.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn args(&self) -> Vec<String> {
+        let client = self.client_url();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut args = vec![
+            "--name".to_string(),
+            "e2e".to_string(),
+            "--data-dir".to_string(),
+            self.data_dir.display().to_string(),
+            "--listen-client-urls".to_string(),
+            client.clone(),
+            "--advertise-client-urls".to_string(),
+            client,
+            "--listen-peer-urls".to_string(),
+            peer.clone(),
+            "--initial-advertise-peer-urls".to_string(),
+            peer.clone(),
+            "--initial-cluster".to_string(),
+            format!("e2e={peer}"),
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    fn program(&self) -> &'static str {
+        match self.kind {
+            Kind::Keel => env!("CARGO_BIN_EXE_keel"),
+            Kind::Etcd => "etcd",
+        }
+    }
+
+    fn log_path(&self, launch: u32) -> PathBuf {
+        self.dir.path().join(format!("server-{launch}.log"))
+    }
+
+    fn launch(&mut self) {
+        assert!(self.child.is_none(), "launch while the previous process still runs");
+        self.launches += 1;
+        let log = std::fs::File::create(self.log_path(self.launches)).expect("the log file opens");
+        let log_err = log.try_clone().expect("the log file handle clones");
+        let child = Command::new(self.program())
+            .args(self.args())
+            .current_dir(self.dir.path())
+            .env_remove("ETCDCTL_API")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} does not start: {e}", self.program()));
+        self.child = Some(child);
+    }
+
+    /// The last lines the server logged, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path(self.launches)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Waits until the server accepts TCP and `etcdctl endpoint health` succeeds.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().expect("waitpid works")) {
+                panic!("{:?} exited with {status} before it answered:\n{}", self.kind, self.log_tail());
+            }
+            let connects = TcpStream::connect_timeout(
+                &format!("127.0.0.1:{}", self.client_port).parse().expect("a loopback address"),
+                Duration::from_millis(200),
+            )
+            .is_ok();
+            if connects && etcdctl_at(&self.endpoint(), &["endpoint", "health", "--command-timeout=2s"], None).code == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{:?} did not become healthy in {READY_TIMEOUT:?}:\n{}", self.kind, self.log_tail());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The process id of the running server.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server runs").id()
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period; returns how the process ended.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("stop a running server");
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: kill(2) on a child we spawned and have not reaped, so the pid is still ours.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill({pid}, SIGTERM) failed");
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            if let Some(status) = child.try_wait().expect("waitpid works") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                return child.wait().expect("waitpid after SIGKILL");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no chance to flush or checkpoint anything.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("kill a running server");
+        child.kill().expect("SIGKILL is delivered");
+        child.wait().expect("waitpid after SIGKILL");
+    }
+
+    /// Starts the server again on the same data directory and ports, and waits until it answers.
+    pub fn restart(&mut self) {
+        self.launch();
+        self.wait_ready();
+    }
+
+    /// Runs etcdctl against this server.
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        etcdctl_at(&self.endpoint(), args, None)
+    }
+
+    /// Runs etcdctl against this server with `stdin` fed to it (for `txn -i`).
+    pub fn etcdctl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        etcdctl_at(&self.endpoint(), args, Some(stdin))
+    }
+
+    /// One plain HTTP/1.1 GET over a raw TCP connection; returns the status code and body.
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(&format!("127.0.0.1:{}", self.client_port), path)
+    }
+
+    pub fn data_path(&self) -> &Path {
+        &self.data_dir
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// GET `path` with HTTP/1.1 over a fresh TCP connection (Connection: close).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("the server accepts TCP");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("set a read timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("the request is sent");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in {head:?}"));
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(body) } else { body.to_string() };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Removes the header fields that differ between two members serving the same data.
+pub fn strip_member_fields(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for field in ["cluster_id", "member_id", "raft_term"] {
+                map.remove(field);
+            }
+            for (_, child) in map.iter_mut() {
+                strip_member_fields(child);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_member_fields),
+        _ => {}
+    }
+}
+
+/// Standard base64 with padding, as etcdctl's `-w json` prints keys and values.
+pub fn b64(bytes: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.as_bytes().chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The keys of a `-w json` range answer, decoded.
+pub fn json_keys(v: &serde_json::Value) -> Vec<String> {
+    let kvs = v["kvs"].as_array().cloned().unwrap_or_default();
+    kvs.iter().map(|kv| unb64(kv["key"].as_str().expect("a key is a base64 string"))).collect()
+}
+
+/// Decodes standard base64 (the inverse of [`b64`]), for keys and values in `-w json`.
+pub fn unb64(text: &str) -> String {
+    let mut bits = 0u32;
+    let mut nbits = 0;
+    let mut out = Vec::new();
+    for c in text.bytes().filter(|c| *c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {text:?}"),
+        };
+        bits = (bits << 6) | u32::from(v);
+        nbits += 6;
+        if nbits >= 8 {
+            nbits -= 8;
+            out.push((bits >> nbits) as u8);
+            bits &= (1 << nbits) - 1;
+        }
+    }
+    String::from_utf8(out).expect("test keys and values are UTF-8")
+}
+
+/// Connects the `etcd-client` crate to `server`.
+pub async fn client(server: &Server) -> etcd_client::Client {
+    etcd_client::Client::connect([server.client_url()], None).await.expect("etcd-client connects")
+}
+
+/// The gRPC code (as its name, e.g. "InvalidArgument") and message of a failed call.
+pub fn grpc_error<T: std::fmt::Debug>(result: Result<T, etcd_client::Error>) -> (String, String) {
+    match result {
+        Err(etcd_client::Error::GRpcStatus(status)) => (format!("{:?}", status.code()), status.message().to_string()),
+        other => panic!("expected a gRPC error status, got {other:?}"),
+    }
+}
