@@ -1,0 +1,134 @@
+//! keel-kv micro-benchmark: apply throughput (puts of 256-byte values, one raft entry each) and
+//! single-key and 100-key range throughput from 1, 2 and 4 reader threads at once.
+//!
+//! Run: `CARGO_TARGET_DIR=/work/target-kv cargo bench -p keel-kv --bench mvcc`
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use keel_kv::{CompactionRequest, CompactionStatus, Op, PutRequest, RangeRequest, Reader, Store};
+
+const KEYS: u64 = 100_000;
+const PUTS: u64 = 400_000;
+const VALUE_BYTES: usize = 256;
+const COMPACT_STEP_KEYS: usize = 1000;
+const READ_DURATION: Duration = Duration::from_secs(2);
+
+fn key(i: u64) -> Bytes {
+    Bytes::from(format!("/registry/pods/default/pod-{i:08}"))
+}
+
+/// A tiny xorshift so the generator costs nothing next to the read.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+fn reads_per_s(reader: &Reader, threads: usize, span_keys: u64) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let reader = reader.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next(&mut state) % (KEYS - span_keys);
+                    let req = RangeRequest {
+                        key: key(i),
+                        range_end: if span_keys > 1 {
+                            key(i + span_keys)
+                        } else {
+                            Bytes::new()
+                        },
+                        serializable: true,
+                        ..Default::default()
+                    };
+                    let resp = reader.range(&req).expect("range");
+                    assert!(resp.kvs.len() as u64 == span_keys);
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    std::thread::sleep(READ_DURATION);
+    stop.store(true, Ordering::Relaxed);
+    let total: u64 = handles.into_iter().map(|h| h.join().expect("reader")).sum();
+    total as f64 / READ_DURATION.as_secs_f64()
+}
+
+fn main() {
+    let (mut writer, reader) = Store::new();
+    let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
+    let ops: Vec<Op> = (0..PUTS)
+        .map(|i| {
+            Op::Put(PutRequest {
+                key: key(i % KEYS),
+                value: value.clone(),
+                ..Default::default()
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    for (index, op) in ops.iter().enumerate() {
+        writer.apply(index as u64 + 1, op).expect("put");
+    }
+    let elapsed = start.elapsed();
+    println!(
+        "apply: {PUTS} puts of {VALUE_BYTES}-byte values over {KEYS} keys in {:.3} s = {:.0} puts/s",
+        elapsed.as_secs_f64(),
+        PUTS as f64 / elapsed.as_secs_f64()
+    );
+    let start = Instant::now();
+    let source = writer.checkpoint_source();
+    let capture = start.elapsed();
+    let checkpoint = source.serialize().expect("no compaction meanwhile");
+    println!(
+        "checkpoint: capture on the writer {:.3} ms, serialize {} bytes in {:.1} ms (off the writer)",
+        capture.as_secs_f64() * 1e3,
+        checkpoint.len(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    // Compaction in bounded steps: the longest single step is the pause the raft core sees.
+    let revision = writer.current_revision();
+    writer
+        .apply(
+            PUTS + 1,
+            &Op::Compact(CompactionRequest {
+                revision,
+                physical: false,
+            }),
+        )
+        .expect("compact");
+    let (mut steps, mut step_max, start) = (0u32, Duration::ZERO, Instant::now());
+    loop {
+        let step_start = Instant::now();
+        let status = writer.compact_step(COMPACT_STEP_KEYS);
+        step_max = step_max.max(step_start.elapsed());
+        steps += 1;
+        if status == CompactionStatus::Idle {
+            break;
+        }
+    }
+    println!(
+        "compaction: {steps} steps of {COMPACT_STEP_KEYS} keys in {:.1} ms, longest step {:.3} ms, log {} -> live {} bytes",
+        start.elapsed().as_secs_f64() * 1e3,
+        step_max.as_secs_f64() * 1e3,
+        writer.value_log_bytes(),
+        writer.value_log_bytes_live()
+    );
+    for span_keys in [1u64, 100] {
+        for threads in [1usize, 2, 4] {
+            println!(
+                "range {span_keys:>3} key(s), {threads} thread(s): {:.0} ranges/s",
+                reads_per_s(&reader, threads, span_keys)
+            );
+        }
+    }
+}

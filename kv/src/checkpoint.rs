@@ -1,0 +1,297 @@
+//! Checkpoints: the whole store (index, values, leases, applied index, compact revision) as one
+//! framed rkyv archive. The server writes it to a file and, on restart, restores it and replays the
+//! WAL after `applied_index`.
+//!
+//! Frame (all integers little-endian):
+//! `magic "KEELKVCP" | format u32 | reserved u32 (0) | payload_bytes u64 | key_count u64 |
+//!  payload_crc32 u32 | header_crc32 u32 | payload`.
+//! rkyv puts its root at the END of the payload, so trailing zero padding could read back as an
+//! empty archive: restore insists on the exact length, the crc of the exact bytes, and the key count.
+
+use bytes::Bytes;
+use crossbeam_epoch as epoch;
+use rkyv::rancor;
+
+use crate::error::{KvError, Result};
+use crate::index::{KeyHistory, Version, VersionKind};
+use crate::store::{Reader, Store, Writer};
+use crate::types::Revision;
+
+const MAGIC: [u8; 8] = *b"KEELKVCP";
+const FORMAT_VERSION: u32 = 1;
+/// Bytes before the payload.
+pub const HEADER_BYTES: usize = 40;
+const _: () = assert!(HEADER_BYTES == 8 + 4 + 4 + 8 + 8 + 4 + 4);
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct CheckpointData {
+    applied_index: u64,
+    current_rev: i64,
+    compact_rev: i64,
+    keys: Vec<KeyRecord>,
+    /// Every version's value, concatenated in key/revision order.
+    values: Vec<u8>,
+    leases: Vec<LeaseRecord>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct KeyRecord {
+    key: Vec<u8>,
+    versions: Vec<VersionRecord>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct VersionRecord {
+    main: i64,
+    sub: i64,
+    tombstone: bool,
+    create_revision: i64,
+    version: i64,
+    lease: i64,
+    value_offset: u64,
+    value_bytes: u64,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct LeaseRecord {
+    id: i64,
+    ttl_s: i64,
+}
+
+/// Everything a checkpoint needs, captured on the writer in O(leases); the expensive part,
+/// [`CheckpointSource::serialize`], reads the lock-free index and can run on any thread while the
+/// writer keeps applying, so a checkpoint never pauses the raft core for long.
+pub struct CheckpointSource {
+    reader: Reader,
+    /// The revision captured: versions above it (applied later) are left out.
+    revision: i64,
+    compact_rev: i64,
+    applied_index: u64,
+    leases: Vec<(i64, i64)>,
+}
+
+impl Writer {
+    /// Serializes the whole store on the writer's thread: exactly the applied state.
+    pub fn checkpoint(&self) -> Vec<u8> {
+        self.checkpoint_source()
+            .serialize()
+            .expect("no compaction can start while the writer is borrowed")
+    }
+
+    /// Captures what a checkpoint of the current applied state needs; serialize it elsewhere.
+    pub fn checkpoint_source(&self) -> CheckpointSource {
+        CheckpointSource {
+            reader: self.reader(),
+            revision: self.current_rev,
+            compact_rev: self.compact_rev,
+            applied_index: self.applied_index,
+            leases: self.leases.iter().map(|(id, e)| (*id, e.ttl_s)).collect(),
+        }
+    }
+}
+
+impl CheckpointSource {
+    /// The raft index the checkpoint covers: replay the WAL after it.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// Builds the framed archive. Fails with `Compacted` when a compaction newer than the captured
+    /// one started meanwhile (its trimming would make the archive disagree with `applied_index`);
+    /// take a new source and retry.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let guard = epoch::pin();
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for entry in self.reader.shared.index.iter() {
+            let list = entry.value().load(&guard);
+            let mut versions = Vec::new();
+            for v in list.iter().take_while(|v| v.rev.main <= self.revision) {
+                let value_offset = values.len() as u64;
+                values.extend_from_slice(&v.value);
+                versions.push(VersionRecord {
+                    main: v.rev.main,
+                    sub: v.rev.sub,
+                    tombstone: v.kind == VersionKind::Tombstone,
+                    create_revision: v.create_revision,
+                    version: v.version,
+                    lease: v.lease,
+                    value_offset,
+                    value_bytes: v.value.len() as u64,
+                });
+            }
+            // A key created after the captured revision has nothing to keep.
+            if !versions.is_empty() {
+                keys.push(KeyRecord {
+                    key: entry.key().to_vec(),
+                    versions,
+                });
+            }
+        }
+        if self.reader.compact_revision() != self.compact_rev {
+            return Err(KvError::Compacted);
+        }
+        let data = CheckpointData {
+            applied_index: self.applied_index,
+            current_rev: self.revision,
+            compact_rev: self.compact_rev,
+            keys,
+            values,
+            leases: self
+                .leases
+                .iter()
+                .map(|(id, ttl_s)| LeaseRecord {
+                    id: *id,
+                    ttl_s: *ttl_s,
+                })
+                .collect(),
+        };
+        let key_count = data.keys.len() as u64;
+        let payload = rkyv::to_bytes::<rancor::Error>(&data)
+            .expect("serializing plain data into memory cannot fail");
+        let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&key_count.to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        let header_crc = crc32fast::hash(&out);
+        out.extend_from_slice(&header_crc.to_le_bytes());
+        assert!(out.len() == HEADER_BYTES);
+        out.extend_from_slice(&payload);
+        Ok(out)
+    }
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn damaged(why: &'static str) -> KvError {
+    KvError::CheckpointDamaged(why)
+}
+
+pub(crate) fn restore(bytes: &[u8]) -> Result<(Writer, Reader)> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(damaged("shorter than the header"));
+    }
+    if bytes[..8] != MAGIC {
+        return Err(damaged("bad magic"));
+    }
+    if crc32fast::hash(&bytes[..36]) != le_u32(bytes, 36) {
+        return Err(damaged("header crc mismatch"));
+    }
+    if le_u32(bytes, 8) != FORMAT_VERSION {
+        return Err(damaged("unknown format version"));
+    }
+    let payload_bytes = le_u64(bytes, 16);
+    let key_count = le_u64(bytes, 24);
+    if (bytes.len() - HEADER_BYTES) as u64 != payload_bytes {
+        return Err(damaged("length does not match the header"));
+    }
+    let payload = &bytes[HEADER_BYTES..];
+    if crc32fast::hash(payload) != le_u32(bytes, 32) {
+        return Err(damaged("payload crc mismatch"));
+    }
+    // rkyv needs an aligned buffer; the caller's bytes may sit anywhere.
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
+    aligned.extend_from_slice(payload);
+    let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&aligned)
+        .map_err(|_| damaged("archive failed validation"))?;
+    if data.keys.len() as u64 != key_count {
+        return Err(damaged("key count does not match the header"));
+    }
+    let current_rev = data.current_rev.to_native();
+    let compact_rev = data.compact_rev.to_native();
+    if current_rev < crate::store::REVISION_INITIAL || compact_rev > current_rev {
+        return Err(damaged("revisions out of order"));
+    }
+    let (mut writer, reader) = Store::new();
+    writer.applied_index = data.applied_index.to_native();
+    writer.current_rev = current_rev;
+    writer.compact_rev = compact_rev;
+    for lease in data.leases.iter() {
+        writer.leases.insert(
+            lease.id.to_native(),
+            crate::store::LeaseEntry {
+                ttl_s: lease.ttl_s.to_native(),
+                keys: Default::default(),
+            },
+        );
+    }
+    let values: &[u8] = data.values.as_slice();
+    let mut previous_key: Option<&[u8]> = None;
+    for record in data.keys.iter() {
+        let key_slice: &[u8] = record.key.as_slice();
+        if key_slice.is_empty() || previous_key.is_some_and(|p| p >= key_slice) {
+            return Err(damaged("keys not strictly ascending"));
+        }
+        previous_key = Some(key_slice);
+        if record.versions.is_empty() {
+            return Err(damaged("a key without versions"));
+        }
+        let key = Bytes::copy_from_slice(key_slice);
+        let mut versions: Vec<Version> = Vec::with_capacity(record.versions.len());
+        for v in record.versions.iter() {
+            let rev = Revision {
+                main: v.main.to_native(),
+                sub: v.sub.to_native(),
+            };
+            if versions.last().is_some_and(|last| last.rev >= rev) || rev.main > current_rev {
+                return Err(damaged("versions not ascending"));
+            }
+            let start = v.value_offset.to_native();
+            let end = start
+                .checked_add(v.value_bytes.to_native())
+                .ok_or(damaged("value range overflows"))?;
+            if end > values.len() as u64 {
+                return Err(damaged("value range outside the value blob"));
+            }
+            let value = &values[start as usize..end as usize];
+            let version = if v.tombstone {
+                Version::tombstone(rev)
+            } else {
+                let (value, segment) = writer.vlog.append(&key, rev, value);
+                Version {
+                    rev,
+                    kind: VersionKind::Put,
+                    create_revision: v.create_revision.to_native(),
+                    version: v.version.to_native(),
+                    lease: v.lease.to_native(),
+                    value,
+                    segment,
+                }
+            };
+            versions.push(version);
+        }
+        let latest = versions.last().expect("checked non-empty above");
+        if latest.kind == VersionKind::Put && latest.lease != 0 {
+            writer
+                .leases
+                .get_mut(&latest.lease)
+                .ok_or(damaged("a key attached to an unknown lease"))?
+                .keys
+                .insert(key.clone());
+        }
+        writer.shared.index.insert(key, KeyHistory::new(versions));
+    }
+    writer
+        .shared
+        .current_rev
+        .store(current_rev, std::sync::atomic::Ordering::Release);
+    writer
+        .shared
+        .compact_rev
+        .store(compact_rev, std::sync::atomic::Ordering::Release);
+    writer.resume_compaction();
+    Ok((writer, reader))
+}

@@ -1,0 +1,174 @@
+//! The in-memory ordered index: key -> immutable version list, readable without locks.
+//!
+//! The map is a crossbeam `SkipMap` keyed by key. Each entry holds an epoch-managed atomic pointer to
+//! an immutable `Vec<Version>` sorted by revision. The single writer replaces the whole list
+//! copy-on-write (new list, `swap`, `defer_destroy` the old one), so a reader sees either the old or
+//! the new list, never a half-written one. Readers filter versions by revision, which is what hides
+//! a txn that is still being applied.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
+use crossbeam_skiplist::SkipMap;
+
+use crate::types::{KeyValue, Revision};
+use crate::vlog::SEGMENT_NONE;
+
+/// Whether a version is a value or the tombstone that ends a key's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VersionKind {
+    Put,
+    Tombstone,
+}
+
+/// One version of one key.
+#[derive(Debug, Clone)]
+pub(crate) struct Version {
+    pub(crate) rev: Revision,
+    pub(crate) kind: VersionKind,
+    pub(crate) create_revision: i64,
+    /// 1 for the first put of a generation; 0 for a tombstone.
+    pub(crate) version: i64,
+    pub(crate) lease: i64,
+    /// A slice of a value-log segment (empty for tombstones and empty values).
+    pub(crate) value: Bytes,
+    /// The value's segment, or `SEGMENT_NONE`.
+    pub(crate) segment: u32,
+}
+
+impl Version {
+    pub(crate) fn to_key_value(&self, key: &Bytes) -> KeyValue {
+        assert!(
+            self.kind == VersionKind::Put,
+            "a tombstone has no key-value"
+        );
+        KeyValue {
+            key: key.clone(),
+            create_revision: self.create_revision,
+            mod_revision: self.rev.main,
+            version: self.version,
+            value: self.value.clone(),
+            lease: self.lease,
+        }
+    }
+
+    pub(crate) fn tombstone(rev: Revision) -> Version {
+        Version {
+            rev,
+            kind: VersionKind::Tombstone,
+            create_revision: 0,
+            version: 0,
+            lease: 0,
+            value: Bytes::new(),
+            segment: SEGMENT_NONE,
+        }
+    }
+}
+
+/// The published history of one key.
+pub(crate) struct KeyHistory {
+    versions: Atomic<Vec<Version>>,
+}
+
+impl KeyHistory {
+    pub(crate) fn new(versions: Vec<Version>) -> Self {
+        KeyHistory {
+            versions: Atomic::new(versions),
+        }
+    }
+
+    /// The current list; valid while `guard` is pinned.
+    pub(crate) fn load<'g>(&self, guard: &'g Guard) -> &'g [Version] {
+        let shared = self.versions.load(Ordering::Acquire, guard);
+        // SAFETY: the pointer is never null (set at construction, only ever swapped for another
+        // non-null list) and the list it points to is destroyed only through `defer_destroy`, which
+        // waits for every guard pinned before the swap, including `guard`.
+        unsafe { shared.deref() }
+    }
+
+    /// Publishes a new list. Only the single writer calls this.
+    pub(crate) fn replace(&self, versions: Vec<Version>, guard: &Guard) {
+        let old = self
+            .versions
+            .swap(Owned::new(versions), Ordering::AcqRel, guard);
+        assert!(!old.is_null(), "a key history always holds a list");
+        // SAFETY: `old` is unreachable from the map now; readers that loaded it are pinned and the
+        // epoch scheme frees it only after they unpin.
+        unsafe { guard.defer_destroy(old) };
+    }
+}
+
+impl Drop for KeyHistory {
+    fn drop(&mut self) {
+        let guard = epoch::pin();
+        let old = self
+            .versions
+            .swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
+        if !old.is_null() {
+            // SAFETY: the entry is being dropped, so no new reader can reach `old`; deferring keeps it
+            // alive for readers pinned earlier.
+            unsafe { guard.defer_destroy(old) };
+        }
+    }
+}
+
+pub(crate) type Index = SkipMap<Bytes, KeyHistory>;
+
+/// The newest version with `rev.main <= at_rev`, if any.
+pub(crate) fn version_at(versions: &[Version], at_rev: i64) -> Option<&Version> {
+    let n = versions.partition_point(|v| v.rev.main <= at_rev);
+    n.checked_sub(1).map(|i| &versions[i])
+}
+
+/// The key's live value at `at_rev` (None when absent or deleted).
+pub(crate) fn live_at(versions: &[Version], at_rev: i64) -> Option<&Version> {
+    version_at(versions, at_rev).filter(|v| v.kind == VersionKind::Put)
+}
+
+/// The end bound of a range request, decoded from etcd's `range_end` forms.
+pub(crate) enum RangeEnd<'a> {
+    Single,
+    Unbounded,
+    Before(&'a [u8]),
+}
+
+pub(crate) fn range_end(range_end: &[u8]) -> RangeEnd<'_> {
+    match range_end {
+        [] => RangeEnd::Single,
+        [0] => RangeEnd::Unbounded,
+        end => RangeEnd::Before(end),
+    }
+}
+
+/// Visits every index entry in the range in ascending key order until `f` returns false.
+pub(crate) fn for_each_in_range<F>(index: &Index, key: &[u8], end: &[u8], mut f: F)
+where
+    F: FnMut(&Bytes, &KeyHistory) -> bool,
+{
+    use std::ops::Bound;
+    match range_end(end) {
+        RangeEnd::Single => {
+            if let Some(entry) = index.get(key) {
+                f(entry.key(), entry.value());
+            }
+        }
+        RangeEnd::Unbounded => {
+            for entry in index.range::<[u8], _>((Bound::Included(key), Bound::Unbounded)) {
+                if !f(entry.key(), entry.value()) {
+                    break;
+                }
+            }
+        }
+        RangeEnd::Before(end) => {
+            if end <= key {
+                return;
+            }
+            for entry in index.range::<[u8], _>((Bound::Included(key), Bound::Excluded(end))) {
+                if !f(entry.key(), entry.value()) {
+                    break;
+                }
+            }
+        }
+    }
+}

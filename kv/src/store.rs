@@ -1,0 +1,970 @@
+//! The store: one `Writer` (the raft core applies committed entries through it) and any number of
+//! `Reader`s (one per shard) that read the published state without locks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use crossbeam_epoch as epoch;
+
+use crate::error::{KvError, Result};
+use crate::index::{for_each_in_range, live_at, Index, KeyHistory, Version, VersionKind};
+use crate::read::range_at;
+use crate::types::{
+    Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
+    DeleteRangeRequest, DeleteRangeResponse, Event, EventBatch, EventKind, KeyValue,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseInfo, LeaseRevokeRequest, LeaseRevokeResponse, Op,
+    OpResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseOp,
+    Revision, TxnRequest, TxnResponse,
+};
+use crate::validate::LEASE_TTL_MAX_S;
+use crate::vlog::{ValueLog, SEGMENT_BYTES};
+
+/// The revision of an empty store, as in etcd.
+pub const REVISION_INITIAL: i64 = 1;
+
+/// The compact revision before any compaction, as etcd's HashKV reports it.
+pub const COMPACT_REVISION_NONE: i64 = -1;
+
+// The writer moves to the raft core; readers are shared by every shard.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    fn shared<T: Clone + Send + Sync>() {}
+    send::<Writer>();
+    shared::<Reader>();
+};
+
+/// State every reader sees. Only the writer stores into it.
+pub(crate) struct Shared {
+    pub(crate) index: Index,
+    /// The newest revision whose txn is completely applied. Readers never read above it.
+    pub(crate) current_rev: AtomicI64,
+    /// Reads below it fail with `Compacted`.
+    pub(crate) compact_rev: AtomicI64,
+}
+
+/// Entry point: builds a writer and its first reader.
+pub struct Store;
+
+impl Store {
+    /// An empty store at revision 1.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new() -> (Writer, Reader) {
+        Self::with_segment_bytes(SEGMENT_BYTES)
+    }
+
+    /// An empty store whose value-log segments hold `segment_bytes` (tests use small ones to exercise
+    /// segment rotation and reclaim).
+    pub fn with_segment_bytes(segment_bytes: usize) -> (Writer, Reader) {
+        assert!(segment_bytes > 0, "a segment must hold something");
+        let shared = Arc::new(Shared {
+            index: Index::new(),
+            current_rev: AtomicI64::new(REVISION_INITIAL),
+            compact_rev: AtomicI64::new(COMPACT_REVISION_NONE),
+        });
+        let writer = Writer {
+            shared: shared.clone(),
+            vlog: ValueLog::new(segment_bytes),
+            leases: BTreeMap::new(),
+            applied_index: 0,
+            current_rev: REVISION_INITIAL,
+            compact_rev: COMPACT_REVISION_NONE,
+            compaction: None,
+            reclaim: None,
+        };
+        (writer, Reader { shared })
+    }
+
+    /// Rebuilds a store from `Writer::checkpoint` output; any damage is a typed error.
+    pub fn restore(checkpoint: &[u8]) -> Result<(Writer, Reader)> {
+        crate::checkpoint::restore(checkpoint)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct LeaseEntry {
+    pub(crate) ttl_s: i64,
+    pub(crate) keys: BTreeSet<Bytes>,
+}
+
+/// Where an in-progress compaction of the index stands.
+#[derive(Debug)]
+struct CompactionCursor {
+    rev: i64,
+    /// The next key to compact (None = from the first key).
+    next_key: Option<Bytes>,
+}
+
+/// Where an in-progress rewrite of one value-log segment stands.
+#[derive(Debug)]
+struct ReclaimCursor {
+    segment: u32,
+    next_ref: usize,
+}
+
+/// Whether `compact_step` has more to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactionStatus {
+    /// Nothing left: every version below the compact revision is gone and no segment needs rewriting.
+    Idle,
+    /// Call `compact_step` again.
+    Pending,
+}
+
+/// The single writer. It lives on the raft core; it is `Send` but deliberately not `Clone`.
+pub struct Writer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) vlog: ValueLog,
+    pub(crate) leases: BTreeMap<i64, LeaseEntry>,
+    pub(crate) applied_index: u64,
+    pub(crate) current_rev: i64,
+    pub(crate) compact_rev: i64,
+    compaction: Option<CompactionCursor>,
+    reclaim: Option<ReclaimCursor>,
+}
+
+/// A handle for lock-free reads of the published state. Cheap to clone; one per shard.
+#[derive(Clone)]
+pub struct Reader {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// The write set of one txn being applied: every write gets `main = begin_rev + 1`.
+struct TxnCtx {
+    begin_rev: i64,
+    writes: i64,
+    events: Vec<Event>,
+}
+
+impl TxnCtx {
+    fn new(begin_rev: i64) -> Self {
+        TxnCtx {
+            begin_rev,
+            writes: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// The revision a read inside the txn sees: its own writes included.
+    fn read_rev(&self) -> i64 {
+        self.begin_rev + i64::from(self.writes > 0)
+    }
+
+    fn next_revision(&self) -> Revision {
+        Revision {
+            main: self.begin_rev + 1,
+            sub: self.writes,
+        }
+    }
+}
+
+/// Which branch each txn (the outer one first, then nested ones in the taken branches, depth first)
+/// takes, decided on the state before the txn, as etcd's `compareToPath`.
+struct TxnPath {
+    succeeded: bool,
+    nested: Vec<TxnPath>,
+}
+
+impl Writer {
+    /// A new reader of this store.
+    pub fn reader(&self) -> Reader {
+        Reader {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The raft index of the last applied entry (0 for an empty store).
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    pub fn current_revision(&self) -> i64 {
+        self.current_rev
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_rev
+    }
+
+    /// Value-log bytes held (live or awaiting reclaim): the server's "db size".
+    pub fn value_log_bytes(&self) -> u64 {
+        self.vlog.bytes_total()
+    }
+
+    /// Value-log bytes still referenced by the index.
+    pub fn value_log_bytes_live(&self) -> u64 {
+        self.vlog.bytes_live()
+    }
+
+    /// Records a raft entry that carries no store operation (empty entries, conf changes).
+    pub fn apply_empty(&mut self, raft_index: u64) {
+        assert!(
+            raft_index > self.applied_index,
+            "raft entries are applied once, in index order"
+        );
+        self.applied_index = raft_index;
+    }
+
+    /// Applies one committed entry. Deterministic: the same entries give the same state. An error
+    /// leaves the state untouched (only the applied index moves) and produces no events.
+    pub fn apply(&mut self, raft_index: u64, op: &Op) -> Result<Applied> {
+        assert!(
+            raft_index > self.applied_index,
+            "raft entries are applied once, in index order"
+        );
+        self.applied_index = raft_index;
+        let rev_before = self.current_rev;
+        let mut ctx = TxnCtx::new(self.current_rev);
+        let response = match op {
+            Op::Put(req) => {
+                if req.lease != 0 && !self.leases.contains_key(&req.lease) {
+                    return Err(KvError::LeaseNotFound);
+                }
+                self.check_put(req, ctx.read_rev())?;
+                OpResponse::Put(self.put(&mut ctx, req))
+            }
+            Op::DeleteRange(req) => OpResponse::DeleteRange(self.delete_range(&mut ctx, req)),
+            Op::Txn(req) => OpResponse::Txn(self.txn(&mut ctx, req)?),
+            Op::Compact(req) => OpResponse::Compact(self.compact(req)?),
+            Op::LeaseGrant(req) => OpResponse::LeaseGrant(self.lease_grant(req)?),
+            Op::LeaseRevoke(req) => OpResponse::LeaseRevoke(self.lease_revoke(&mut ctx, req)?),
+        };
+        self.publish(&ctx);
+        assert!(self.current_rev == rev_before + i64::from(ctx.writes > 0));
+        Ok(Applied {
+            response,
+            events: ctx.events,
+        })
+    }
+
+    /// Makes a finished txn visible to readers: one revision bump, only if it wrote.
+    fn publish(&mut self, ctx: &TxnCtx) {
+        if ctx.writes == 0 {
+            assert!(ctx.events.is_empty());
+            return;
+        }
+        assert!(ctx.events.len() as i64 == ctx.writes);
+        self.current_rev = ctx.begin_rev + 1;
+        self.shared
+            .current_rev
+            .store(self.current_rev, Ordering::Release);
+    }
+
+    fn range(&self, ctx: &TxnCtx, req: &RangeRequest) -> RangeResponse {
+        range_at(&self.shared.index, req, ctx.read_rev(), self.compact_rev)
+            .expect("txn ranges are checked against the compact and current revision before apply")
+    }
+
+    /// The apply-time checks of one put: `ignore_*` needs an existing key.
+    fn check_put(&self, req: &PutRequest, read_rev: i64) -> Result<()> {
+        if (req.ignore_value || req.ignore_lease) && self.latest(&req.key, read_rev).is_none() {
+            return Err(KvError::KeyNotFound);
+        }
+        Ok(())
+    }
+
+    fn latest(&self, key: &[u8], rev: i64) -> Option<KeyValue> {
+        let guard = epoch::pin();
+        let entry = self.shared.index.get(key)?;
+        live_at(entry.value().load(&guard), rev).map(|v| v.to_key_value(entry.key()))
+    }
+
+    fn put(&mut self, ctx: &mut TxnCtx, req: &PutRequest) -> PutResponse {
+        let prev = self.latest(&req.key, ctx.read_rev());
+        let (value, lease) = match (&prev, req.ignore_value, req.ignore_lease) {
+            (Some(p), true, true) => (p.value.clone(), p.lease),
+            (Some(p), true, false) => (p.value.clone(), req.lease),
+            (Some(p), false, true) => (req.value.clone(), p.lease),
+            (_, false, false) => (req.value.clone(), req.lease),
+            (None, _, _) => panic!("ignore_* on a missing key must be rejected before apply"),
+        };
+        self.write_put(ctx, &req.key, &value, lease, prev.clone());
+        PutResponse {
+            revision: ctx.begin_rev + 1,
+            prev_kv: if req.prev_kv { prev } else { None },
+        }
+    }
+
+    fn write_put(
+        &mut self,
+        ctx: &mut TxnCtx,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        prev: Option<KeyValue>,
+    ) {
+        assert!(!key.is_empty(), "empty keys are rejected before apply");
+        let rev = ctx.next_revision();
+        let guard = epoch::pin();
+        let shared = self.shared.clone();
+        let entry = shared.index.get(key);
+        let key_bytes = match &entry {
+            Some(e) => e.key().clone(),
+            // Copy the key: a slice of the request would pin the whole request buffer.
+            None => Bytes::copy_from_slice(key),
+        };
+        let (value, segment) = self.vlog.append(&key_bytes, rev, value);
+        let version = Version {
+            rev,
+            kind: VersionKind::Put,
+            create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision),
+            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            lease,
+            value,
+            segment,
+        };
+        let kv = version.to_key_value(&key_bytes);
+        match &entry {
+            Some(e) => {
+                let old = e.value().load(&guard);
+                assert!(old.last().is_none_or(|v| v.rev < rev), "revisions ascend");
+                let mut list = Vec::with_capacity(old.len() + 1);
+                list.extend_from_slice(old);
+                list.push(version);
+                e.value().replace(list, &guard);
+            }
+            None => {
+                shared
+                    .index
+                    .insert(key_bytes.clone(), KeyHistory::new(vec![version]));
+            }
+        }
+        if let Some(p) = &prev {
+            if p.lease != 0 {
+                self.detach(p.lease, &key_bytes);
+            }
+        }
+        if lease != 0 {
+            let entry = self
+                .leases
+                .get_mut(&lease)
+                .expect("a put's lease is checked before apply");
+            entry.keys.insert(key_bytes);
+        }
+        ctx.writes += 1;
+        ctx.events.push(Event {
+            kind: EventKind::Put,
+            kv,
+            prev_kv: prev,
+        });
+    }
+
+    fn detach(&mut self, lease: i64, key: &Bytes) {
+        // A lease revoked earlier has already forgotten its keys; a put that overwrites such a key
+        // cannot happen because revoke deletes them.
+        let entry = self
+            .leases
+            .get_mut(&lease)
+            .expect("an attached lease exists until revoked");
+        let removed = entry.keys.remove(key);
+        assert!(removed, "an attached key is in its lease's key set");
+    }
+
+    fn delete_range(&mut self, ctx: &mut TxnCtx, req: &DeleteRangeRequest) -> DeleteRangeResponse {
+        let read_rev = ctx.read_rev();
+        let mut victims: Vec<KeyValue> = Vec::new();
+        {
+            let guard = epoch::pin();
+            for_each_in_range(
+                &self.shared.index,
+                &req.key,
+                &req.range_end,
+                |key, history| {
+                    if let Some(v) = live_at(history.load(&guard), read_rev) {
+                        victims.push(v.to_key_value(key));
+                    }
+                    true
+                },
+            );
+        }
+        for prev in &victims {
+            self.write_delete(ctx, prev.clone());
+        }
+        let revision = if !victims.is_empty() || ctx.writes > 0 {
+            ctx.begin_rev + 1
+        } else {
+            ctx.begin_rev
+        };
+        DeleteRangeResponse {
+            revision,
+            deleted: victims.len() as i64,
+            prev_kvs: if req.prev_kv { victims } else { Vec::new() },
+        }
+    }
+
+    fn write_delete(&mut self, ctx: &mut TxnCtx, prev: KeyValue) {
+        let rev = ctx.next_revision();
+        let guard = epoch::pin();
+        let shared = self.shared.clone();
+        let entry = shared
+            .index
+            .get(prev.key.as_ref())
+            .expect("a live key has an index entry");
+        let old = entry.value().load(&guard);
+        assert!(
+            old.last()
+                .is_some_and(|v| v.kind == VersionKind::Put && v.rev < rev),
+            "only a live key is deleted"
+        );
+        let mut list = Vec::with_capacity(old.len() + 1);
+        list.extend_from_slice(old);
+        list.push(Version::tombstone(rev));
+        entry.value().replace(list, &guard);
+        if prev.lease != 0 {
+            self.detach(prev.lease, entry.key());
+        }
+        ctx.writes += 1;
+        ctx.events.push(Event {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: entry.key().clone(),
+                mod_revision: rev.main,
+                ..KeyValue::default()
+            },
+            prev_kv: Some(prev),
+        });
+    }
+
+    fn txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest) -> Result<TxnResponse> {
+        assert!(ctx.writes == 0, "a txn starts its own write set");
+        let path = self.compare_path(req, ctx.begin_rev);
+        if txn_writes(req) {
+            self.check_txn(req, &path, &mut |w, op| match op {
+                RequestOp::Put(p) => {
+                    w.check_put(p, ctx.begin_rev)?;
+                    if p.lease != 0 && !w.leases.contains_key(&p.lease) {
+                        return Err(KvError::LeaseNotFound);
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            })?;
+        }
+        let (begin_rev, compact_rev) = (ctx.begin_rev, self.compact_rev);
+        self.check_txn(req, &path, &mut |_, op| match op {
+            RequestOp::Range(r) if r.revision > begin_rev => Err(KvError::FutureRevision),
+            RequestOp::Range(r) if r.revision > 0 && r.revision < compact_rev => {
+                Err(KvError::Compacted)
+            }
+            _ => Ok(()),
+        })?;
+        let mut resp = self.apply_txn(ctx, req, &path);
+        resp.revision = ctx.begin_rev + i64::from(ctx.writes > 0);
+        Ok(resp)
+    }
+
+    fn compare_path(&self, req: &TxnRequest, rev: i64) -> TxnPath {
+        let succeeded = req.compare.iter().all(|c| self.compare(c, rev));
+        let ops = if succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let nested = ops
+            .iter()
+            .filter_map(|op| match op {
+                RequestOp::Txn(t) => Some(self.compare_path(t, rev)),
+                _ => None,
+            })
+            .collect();
+        TxnPath { succeeded, nested }
+    }
+
+    /// etcd's `applyCompare`: every key in the range must match; a missing key compares as a zero
+    /// KeyValue, except that VALUE on a missing key is always false.
+    fn compare(&self, c: &Compare, rev: i64) -> bool {
+        let req = RangeRequest {
+            key: c.key.clone(),
+            range_end: c.range_end.clone(),
+            ..RangeRequest::default()
+        };
+        let kvs = match range_at(&self.shared.index, &req, rev, self.compact_rev) {
+            Ok(resp) => resp.kvs,
+            Err(_) => return false,
+        };
+        if kvs.is_empty() {
+            if matches!(c.target, CompareTarget::Value(_)) {
+                return false;
+            }
+            return compare_kv(c, &KeyValue::default());
+        }
+        kvs.iter().all(|kv| compare_kv(c, kv))
+    }
+
+    fn check_txn(
+        &self,
+        req: &TxnRequest,
+        path: &TxnPath,
+        check: &mut dyn FnMut(&Writer, &RequestOp) -> Result<()>,
+    ) -> Result<()> {
+        let ops = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut nested = path.nested.iter();
+        for op in ops {
+            match op {
+                RequestOp::Txn(t) => {
+                    let p = nested.next().expect("one path per nested txn");
+                    self.check_txn(t, p, check)?;
+                }
+                other => check(self, other)?,
+            }
+        }
+        assert!(nested.next().is_none(), "every nested path is used");
+        Ok(())
+    }
+
+    fn apply_txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest, path: &TxnPath) -> TxnResponse {
+        let ops = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut nested = path.nested.iter();
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let resp = match op {
+                RequestOp::Range(r) => ResponseOp::Range(self.range(ctx, r)),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(ctx, p)),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete_range(ctx, d)),
+                RequestOp::Txn(t) => {
+                    let p = nested.next().expect("one path per nested txn");
+                    // etcd leaves the nested txn's own header revision unset.
+                    ResponseOp::Txn(self.apply_txn(ctx, t, p))
+                }
+            };
+            responses.push(resp);
+        }
+        TxnResponse {
+            revision: 0,
+            succeeded: path.succeeded,
+            responses,
+        }
+    }
+
+    fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse> {
+        if req.revision <= self.compact_rev {
+            return Err(KvError::Compacted);
+        }
+        if req.revision > self.current_rev {
+            return Err(KvError::FutureRevision);
+        }
+        self.compact_rev = req.revision;
+        // Readers check this before and after reading, so they never use a list compaction touched
+        // at a revision it no longer covers.
+        self.shared
+            .compact_rev
+            .store(req.revision, Ordering::Release);
+        // A newer compaction subsumes one still running: restart the scan with the higher revision.
+        self.compaction = Some(CompactionCursor {
+            rev: req.revision,
+            next_key: None,
+        });
+        Ok(CompactionResponse {
+            revision: self.current_rev,
+        })
+    }
+
+    /// After a restore, finishes whatever compaction the checkpoint was taken in the middle of.
+    pub(crate) fn resume_compaction(&mut self) {
+        if self.compact_rev != COMPACT_REVISION_NONE {
+            self.compaction = Some(CompactionCursor {
+                rev: self.compact_rev,
+                next_key: None,
+            });
+        }
+    }
+
+    /// Whether background compaction work remains.
+    pub fn compaction_pending(&self) -> bool {
+        self.compaction.is_some()
+            || self.reclaim.is_some()
+            || self.vlog.reclaim_candidate().is_some()
+    }
+
+    /// Does a bounded amount of compaction: at most `keys_max` index entries, then at most `keys_max`
+    /// value rewrites. The server calls it between applies until it returns `Idle`; readers keep
+    /// working throughout.
+    pub fn compact_step(&mut self, keys_max: usize) -> CompactionStatus {
+        assert!(keys_max > 0, "a step must make progress");
+        if let Some(cursor) = self.compaction.take() {
+            self.compaction = self.compact_keys(cursor, keys_max);
+            return CompactionStatus::Pending;
+        }
+        if self.reclaim.is_none() {
+            self.reclaim = self.vlog.reclaim_candidate().map(|segment| ReclaimCursor {
+                segment,
+                next_ref: 0,
+            });
+        }
+        match self.reclaim.take() {
+            Some(cursor) => {
+                self.reclaim = self.reclaim_values(cursor, keys_max);
+                CompactionStatus::Pending
+            }
+            None => CompactionStatus::Idle,
+        }
+    }
+
+    fn compact_keys(
+        &mut self,
+        cursor: CompactionCursor,
+        keys_max: usize,
+    ) -> Option<CompactionCursor> {
+        use std::ops::Bound;
+        let guard = epoch::pin();
+        let lower = match &cursor.next_key {
+            Some(k) => Bound::Included(k.as_ref()),
+            None => Bound::Unbounded,
+        };
+        let mut next_key: Option<Bytes> = None;
+        let mut emptied: Vec<Bytes> = Vec::new();
+        let shared = self.shared.clone();
+        for (visited, entry) in shared
+            .index
+            .range::<[u8], _>((lower, Bound::Unbounded))
+            .enumerate()
+        {
+            if visited == keys_max {
+                next_key = Some(entry.key().clone());
+                break;
+            }
+            let versions = entry.value().load(&guard);
+            let keep_from = compacted_start(versions, cursor.rev);
+            if keep_from == 0 {
+                continue;
+            }
+            for v in &versions[..keep_from] {
+                self.vlog.release(v.segment, v.value.len());
+            }
+            if keep_from == versions.len() {
+                emptied.push(entry.key().clone());
+            } else {
+                entry
+                    .value()
+                    .replace(versions[keep_from..].to_vec(), &guard);
+            }
+        }
+        for key in emptied {
+            // Only a key whose history is a tombstone at or below the compact revision is removed:
+            // no readable revision can see it.
+            self.shared.index.remove(key.as_ref());
+        }
+        next_key.map(|k| CompactionCursor {
+            rev: cursor.rev,
+            next_key: Some(k),
+        })
+    }
+
+    fn reclaim_values(
+        &mut self,
+        cursor: ReclaimCursor,
+        values_max: usize,
+    ) -> Option<ReclaimCursor> {
+        assert!(
+            cursor.segment != self.vlog.open_id(),
+            "the open segment is never rewritten"
+        );
+        let refs: Vec<(Bytes, Revision)> = {
+            let stats = self
+                .vlog
+                .segments
+                .get(&cursor.segment)
+                .expect("a segment under reclaim has stats");
+            let end = (cursor.next_ref + values_max).min(stats.refs.len());
+            stats.refs[cursor.next_ref..end].to_vec()
+        };
+        let guard = epoch::pin();
+        for (key, rev) in &refs {
+            let Some(entry) = self.shared.index.get(key.as_ref()) else {
+                continue;
+            };
+            let versions = entry.value().load(&guard);
+            let Ok(pos) = versions.binary_search_by(|v| v.rev.cmp(rev)) else {
+                continue;
+            };
+            if versions[pos].segment != cursor.segment {
+                continue;
+            }
+            let (value, segment) = self.vlog.append(key, *rev, &versions[pos].value);
+            self.vlog.release(cursor.segment, value.len());
+            let mut list = versions.to_vec();
+            list[pos].value = value;
+            list[pos].segment = segment;
+            entry.value().replace(list, &guard);
+        }
+        let next_ref = cursor.next_ref + refs.len();
+        let done = next_ref
+            >= self
+                .vlog
+                .segments
+                .get(&cursor.segment)
+                .expect("a segment under reclaim has stats")
+                .refs
+                .len();
+        if done {
+            let stats = self
+                .vlog
+                .segments
+                .remove(&cursor.segment)
+                .expect("a segment under reclaim has stats");
+            assert!(stats.bytes_live == 0, "every live value was rewritten");
+            return None;
+        }
+        Some(ReclaimCursor {
+            segment: cursor.segment,
+            next_ref,
+        })
+    }
+
+    fn lease_grant(&mut self, req: &LeaseGrantRequest) -> Result<LeaseGrantResponse> {
+        assert!(req.id != 0, "the server picks a lease id before proposing");
+        if req.ttl_s > LEASE_TTL_MAX_S {
+            return Err(KvError::LeaseTtlTooLarge);
+        }
+        if self.leases.contains_key(&req.id) {
+            return Err(KvError::LeaseExists);
+        }
+        self.leases.insert(
+            req.id,
+            LeaseEntry {
+                ttl_s: req.ttl_s,
+                keys: BTreeSet::new(),
+            },
+        );
+        Ok(LeaseGrantResponse {
+            revision: self.current_rev,
+            id: req.id,
+            ttl_s: req.ttl_s,
+        })
+    }
+
+    fn lease_revoke(
+        &mut self,
+        ctx: &mut TxnCtx,
+        req: &LeaseRevokeRequest,
+    ) -> Result<LeaseRevokeResponse> {
+        let keys: Vec<Bytes> = match self.leases.get(&req.id) {
+            Some(entry) => entry.keys.iter().cloned().collect(),
+            None => return Err(KvError::LeaseNotFound),
+        };
+        // Keys ascend (BTreeSet), as etcd sorts them, so every member deletes in the same order.
+        for key in keys {
+            let prev = self
+                .latest(&key, ctx.read_rev())
+                .expect("a key attached to a lease is live");
+            assert!(prev.lease == req.id);
+            self.write_delete(ctx, prev);
+        }
+        let entry = self.leases.remove(&req.id).expect("checked above");
+        assert!(entry.keys.is_empty(), "revoke detached every key");
+        Ok(LeaseRevokeResponse {
+            revision: ctx.begin_rev + i64::from(ctx.writes > 0),
+        })
+    }
+
+    /// Every lease, ascending by id.
+    pub fn leases(&self) -> Vec<LeaseInfo> {
+        self.leases
+            .iter()
+            .map(|(id, e)| lease_info(*id, e))
+            .collect()
+    }
+
+    /// One lease with its attached keys, or None when unknown.
+    pub fn lease(&self, id: i64) -> Option<LeaseInfo> {
+        self.leases.get(&id).map(|e| lease_info(id, e))
+    }
+}
+
+fn lease_info(id: i64, e: &LeaseEntry) -> LeaseInfo {
+    LeaseInfo {
+        id,
+        ttl_s: e.ttl_s,
+        keys: e.keys.iter().cloned().collect(),
+    }
+}
+
+/// Index of the first version to keep when compacting at `rev`: the newest version at or below
+/// `rev` stays unless it is a tombstone.
+fn compacted_start(versions: &[Version], rev: i64) -> usize {
+    let at_or_below = versions.partition_point(|v| v.rev.main <= rev);
+    match at_or_below.checked_sub(1) {
+        None => 0,
+        Some(i) if versions[i].kind == VersionKind::Tombstone => at_or_below,
+        Some(i) => i,
+    }
+}
+
+fn txn_writes(req: &TxnRequest) -> bool {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .any(|op| match op {
+            RequestOp::Range(_) => false,
+            RequestOp::Put(_) | RequestOp::DeleteRange(_) => true,
+            RequestOp::Txn(t) => txn_writes(t),
+        })
+}
+
+fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
+    let ordering = match &c.target {
+        CompareTarget::Value(v) => kv.value.as_ref().cmp(v.as_ref()),
+        CompareTarget::Create(r) => kv.create_revision.cmp(r),
+        CompareTarget::Mod(r) => kv.mod_revision.cmp(r),
+        CompareTarget::Version(r) => kv.version.cmp(r),
+        CompareTarget::Lease(r) => kv.lease.cmp(r),
+    };
+    match c.result {
+        CompareResult::Equal => ordering.is_eq(),
+        CompareResult::NotEqual => ordering.is_ne(),
+        CompareResult::Greater => ordering.is_gt(),
+        CompareResult::Less => ordering.is_lt(),
+    }
+}
+
+impl Reader {
+    /// The newest completely applied revision.
+    pub fn current_revision(&self) -> i64 {
+        self.shared.current_rev.load(Ordering::Acquire)
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.shared.compact_rev.load(Ordering::Acquire)
+    }
+
+    /// A range at the published revision (or an older one), without locks. Values are slices of the
+    /// value log, not copies.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
+        let cur_rev = self.current_revision();
+        let compact_rev = self.compact_revision();
+        let resp = range_at(&self.shared.index, req, cur_rev, compact_rev)?;
+        self.recheck_compacted(req.revision, cur_rev)?;
+        Ok(resp)
+    }
+
+    /// A compaction may have started while we read: if it now covers the revision we read at, the
+    /// lists we saw may have been trimmed under us, so the read fails as compacted.
+    fn recheck_compacted(&self, revision: i64, cur_rev: i64) -> Result<()> {
+        let rev = if revision <= 0 { cur_rev } else { revision };
+        if rev < self.compact_revision() {
+            return Err(KvError::Compacted);
+        }
+        Ok(())
+    }
+
+    /// History for a watcher catching up: events on keys in [key, range_end) with revisions from
+    /// `start_rev` up to the published revision, at most `events_max` unless one revision alone has
+    /// more (a revision is never split).
+    pub fn range_events(
+        &self,
+        start_rev: i64,
+        key: &[u8],
+        range_end: &[u8],
+        events_max: usize,
+    ) -> Result<EventBatch> {
+        assert!(events_max > 0, "a batch must be able to hold an event");
+        let cur_rev = self.current_revision();
+        let start_rev = start_rev.max(1);
+        if start_rev < self.compact_revision() {
+            return Err(KvError::Compacted);
+        }
+        let guard = epoch::pin();
+        let mut events: Vec<(Revision, Event)> = Vec::new();
+        for_each_in_range(&self.shared.index, key, range_end, |key, history| {
+            let versions = history.load(&guard);
+            let first = versions.partition_point(|v| v.rev.main < start_rev);
+            for i in first..versions.len() {
+                let v = &versions[i];
+                if v.rev.main > cur_rev {
+                    break;
+                }
+                let prev_kv = i
+                    .checked_sub(1)
+                    .map(|p| &versions[p])
+                    .filter(|p| p.kind == VersionKind::Put)
+                    .map(|p| p.to_key_value(key));
+                let event = match v.kind {
+                    VersionKind::Put => Event {
+                        kind: EventKind::Put,
+                        kv: v.to_key_value(key),
+                        prev_kv,
+                    },
+                    VersionKind::Tombstone => Event {
+                        kind: EventKind::Delete,
+                        kv: KeyValue {
+                            key: key.clone(),
+                            mod_revision: v.rev.main,
+                            ..KeyValue::default()
+                        },
+                        prev_kv,
+                    },
+                };
+                events.push((v.rev, event));
+            }
+            true
+        });
+        self.recheck_compacted(start_rev, cur_rev)?;
+        events.sort_by_key(|(rev, _)| *rev);
+        // A watcher asking from the future stays there; otherwise it continues after what we read.
+        let mut next_rev = (cur_rev + 1).max(start_rev);
+        if events.len() > events_max {
+            let cut_main = events[events_max].0.main;
+            let first_main = events[0].0.main;
+            // Keep whole revisions only; a first revision larger than the cap still goes out whole.
+            let cut_main = if cut_main == first_main {
+                events
+                    .iter()
+                    .find(|(r, _)| r.main > first_main)
+                    .map_or(cur_rev + 1, |(r, _)| r.main)
+            } else {
+                cut_main
+            };
+            events.retain(|(r, _)| r.main < cut_main);
+            next_rev = cut_main;
+        }
+        Ok(EventBatch {
+            events: events.into_iter().map(|(_, e)| e).collect(),
+            next_rev,
+        })
+    }
+
+    /// The HashKV hash at `revision` (0 = current): CRC-32 (IEEE, as crc32fast computes it) over every
+    /// version with `main <= revision`, key by key ascending and revision by revision ascending
+    /// (key, main, sub, kind, create, version, lease, value; integers little-endian), then the compact
+    /// revision. Compare hashes only once `compaction_pending` is false on both sides.
+    pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64)> {
+        let cur_rev = self.current_revision();
+        let compact_rev = self.compact_revision();
+        if revision > cur_rev {
+            return Err(KvError::FutureRevision);
+        }
+        let rev = if revision <= 0 { cur_rev } else { revision };
+        if rev < compact_rev {
+            return Err(KvError::Compacted);
+        }
+        let guard = epoch::pin();
+        let mut hasher = crc32fast::Hasher::new();
+        for entry in self.shared.index.iter() {
+            let versions = entry.value().load(&guard);
+            for v in versions.iter().take_while(|v| v.rev.main <= rev) {
+                hasher.update(&(entry.key().len() as u64).to_le_bytes());
+                hasher.update(entry.key());
+                hasher.update(&v.rev.main.to_le_bytes());
+                hasher.update(&v.rev.sub.to_le_bytes());
+                hasher.update(&[u8::from(v.kind == VersionKind::Put)]);
+                hasher.update(&v.create_revision.to_le_bytes());
+                hasher.update(&v.version.to_le_bytes());
+                hasher.update(&v.lease.to_le_bytes());
+                hasher.update(&(v.value.len() as u64).to_le_bytes());
+                hasher.update(&v.value);
+            }
+        }
+        hasher.update(&compact_rev.to_le_bytes());
+        self.recheck_compacted(rev, cur_rev)?;
+        Ok((hasher.finalize(), compact_rev))
+    }
+}

@@ -1,0 +1,7 @@
+//! Tests beside the code: data-driven scenarios, a model-based property test, checkpoint round
+//! trips and damage, and a concurrency test.
+
+mod checkpoint;
+mod concurrency;
+mod model;
+mod scenario;
