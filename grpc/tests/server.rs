@@ -1,0 +1,1128 @@
+//! End-to-end tests: a glommio executor serves a small test handler on 127.0.0.1:0, driven by
+//! an h2 client (over a glommio TcpStream + compat), raw std sockets and etcdctl.
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream as StdTcpStream};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::{select, Either};
+use glommio::net::{TcpListener, TcpStream};
+use glommio::{LocalExecutorBuilder, Placement};
+use h2::client::SendRequest;
+use h2::RecvStream;
+use http::{HeaderMap, StatusCode};
+use keel_grpc::codec::{encode_message, MessageDecoder};
+use keel_grpc::{
+    serve_connection, unary, Call, CallHead, Code, EtcdError, Handler, HttpRequest, HttpResponse,
+    ResponseSink, Runtime, ServerConfig, ServiceKnown, Status,
+};
+use keel_proto::etcdserverpb::{
+    RangeRequest, RangeResponse, ResponseHeader, WatchRequest, WatchResponse,
+};
+use keel_proto::mvccpb::{Event, KeyValue};
+use prost::Message;
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+
+static HOLD_DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+const PREFACE_TIMEOUT: Duration = Duration::from_millis(500);
+const MAX_RECV_MESSAGE_BYTES: usize = 256 * 1024;
+const BIG_VALUE_BYTES: usize = 1024 * 1024;
+const BIG_VALUE_COUNT: usize = 8;
+
+struct GlommioRuntime;
+
+impl Runtime for GlommioRuntime {
+    fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
+        glommio::spawn_local(task).detach();
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
+        Box::pin(glommio::timer::sleep(duration))
+    }
+}
+
+struct TestHandler;
+
+const SERVICES: [&str; 4] = [
+    "etcdserverpb.KV",
+    "etcdserverpb.Watch",
+    "test.Slow",
+    "test.Big",
+];
+
+fn range_response(key: Bytes) -> RangeResponse {
+    RangeResponse {
+        header: Some(ResponseHeader {
+            cluster_id: 1,
+            member_id: 2,
+            revision: 5,
+            raft_term: 1,
+        }),
+        kvs: vec![KeyValue {
+            key,
+            value: Bytes::from_static(b"bar"),
+            create_revision: 4,
+            mod_revision: 5,
+            version: 2,
+            lease: 0,
+        }],
+        count: 1,
+        more: false,
+    }
+}
+
+async fn range(request: RangeRequest, head: CallHead) -> Result<RangeResponse, Status> {
+    if head
+        .metadata
+        .get("token")
+        .is_some_and(|token| token == "bad")
+    {
+        return Err(EtcdError::InvalidAuthToken.into());
+    }
+    if request.key.is_empty() {
+        return Err(EtcdError::EmptyKey.into());
+    }
+    if request.key.as_ref() == b"compacted" {
+        return Err(EtcdError::Compacted.into());
+    }
+    Ok(range_response(request.key))
+}
+
+/// Bidi: answers each WatchRequest with a WatchResponse echoing its key, ids from 0.
+async fn watch(mut call: Call, sink: &mut ResponseSink) -> Status {
+    let mut watch_id = 0;
+    loop {
+        match call.requests.decode::<WatchRequest>().await {
+            Ok(Some(request)) => {
+                let key = match request.request_union {
+                    Some(keel_proto::etcdserverpb::watch_request::RequestUnion::CreateRequest(
+                        create,
+                    )) => create.key,
+                    _ => Bytes::new(),
+                };
+                // Like etcd: a `created` reply first, then the watch's events.
+                // clientv3 dereferences the header of every watch response.
+                let header = range_response(Bytes::new()).header;
+                let created = WatchResponse {
+                    header,
+                    watch_id,
+                    created: true,
+                    ..Default::default()
+                };
+                let event = WatchResponse {
+                    header,
+                    watch_id,
+                    events: vec![Event {
+                        kv: Some(KeyValue {
+                            key,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                };
+                watch_id += 1;
+                for response in [created, event] {
+                    if let Err(status) = sink.send(&response).await {
+                        return status;
+                    }
+                }
+            }
+            Ok(None) => return Status::ok(),
+            Err(status) => return status,
+        }
+    }
+}
+
+/// Server-streaming: one huge message of 8 MiB, then a small one.
+async fn download(mut call: Call, sink: &mut ResponseSink) -> Status {
+    if let Err(status) = call.requests.decode_one::<RangeRequest>().await {
+        return status;
+    }
+    let big = RangeResponse {
+        kvs: (0..BIG_VALUE_COUNT)
+            .map(|index| KeyValue {
+                key: Bytes::from(format!("k{index}")),
+                value: Bytes::from(vec![index as u8; BIG_VALUE_BYTES]),
+                ..Default::default()
+            })
+            .collect(),
+        count: BIG_VALUE_COUNT as i64,
+        ..Default::default()
+    };
+    for message in [big, range_response(Bytes::from_static(b"tail"))] {
+        if let Err(status) = sink.send(&message).await {
+            return status;
+        }
+    }
+    Status::ok()
+}
+
+impl Handler for TestHandler {
+    async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
+        match call.head.path.as_str() {
+            "/etcdserverpb.KV/Range" => unary(call, sink, range).await,
+            "/etcdserverpb.Watch/Watch" => watch(call, sink).await,
+            "/test.Big/Download" => download(call, sink).await,
+            "/test.Slow/Hold" => {
+                // Counts the handler futures dropped by a client reset.
+                struct Dropped;
+                impl Drop for Dropped {
+                    fn drop(&mut self) {
+                        HOLD_DROPPED.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                let _dropped = Dropped;
+                glommio::timer::sleep(Duration::from_secs(30)).await;
+                Status::ok()
+            }
+            "/test.Slow/Sleep" => {
+                glommio::timer::sleep(Duration::from_secs(30)).await;
+                Status::ok()
+            }
+            path => {
+                let service = path
+                    .trim_start_matches('/')
+                    .rsplit_once('/')
+                    .map(|(s, _)| s);
+                let known = match service {
+                    Some(service) if SERVICES.contains(&service) => ServiceKnown::Yes,
+                    _ => ServiceKnown::No,
+                };
+                Status::unknown_method(path, known)
+            }
+        }
+    }
+
+    async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {
+        match (request.method.as_str(), request.path.as_str()) {
+            ("GET", "/health") => HttpResponse::new(
+                StatusCode::OK,
+                "application/json",
+                "{\"health\":\"true\",\"reason\":\"\"}",
+            ),
+            _ => HttpResponse::not_found(),
+        }
+    }
+}
+
+/// One server for the whole test binary, on its own executor thread.
+fn server_addr() -> SocketAddr {
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let handle = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("grpc-test-server")
+            .io_memory(1 << 20)
+            .spawn(move || async move {
+                let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+                sender
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("send addr");
+                let config = Rc::new(ServerConfig {
+                    max_recv_message_bytes: MAX_RECV_MESSAGE_BYTES,
+                    preface_timeout: PREFACE_TIMEOUT,
+                    ..ServerConfig::default()
+                });
+                let handler = Rc::new(TestHandler);
+                let runtime = Rc::new(GlommioRuntime);
+                loop {
+                    let stream = match listener.accept().await {
+                        Ok(stream) => stream,
+                        Err(_) => continue,
+                    };
+                    // Without TCP_NODELAY, Nagle holds back small frames (WINDOW_UPDATE, PING
+                    // acks) behind delayed ACKs: 40 ms stalls per flow-control round trip.
+                    stream.set_nodelay(true).expect("nodelay");
+                    let connection = serve_connection(
+                        stream.compat(),
+                        handler.clone(),
+                        config.clone(),
+                        runtime.clone(),
+                    );
+                    glommio::spawn_local(async move {
+                        let _ = connection.await;
+                    })
+                    .detach();
+                }
+            })
+            .expect("spawn server executor");
+        // The server runs until the test process exits.
+        std::mem::forget(handle);
+        receiver.recv().expect("server address")
+    })
+}
+
+/// Runs a client future on a fresh executor, failing the test if it takes over 20 s.
+fn run_client<F, Fut, T>(body: F) -> T
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let executor = LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(1 << 20)
+        .make()
+        .expect("client executor");
+    executor.run(async move {
+        let work = std::pin::pin!(body());
+        match select(
+            work,
+            Box::pin(glommio::timer::sleep(Duration::from_secs(20))),
+        )
+        .await
+        {
+            Either::Left((value, _)) => value,
+            Either::Right(_) => panic!("client timed out"),
+        }
+    })
+}
+
+async fn connect() -> SendRequest<Bytes> {
+    let stream = TcpStream::connect(server_addr()).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    // A large connection window gives h2's small-DATA-frame budget room for 200 buffered
+    // replies; the stream window stays at the 64 KiB default to exercise flow control.
+    let (client, connection) = h2::client::Builder::new()
+        .initial_connection_window_size(16 * 1024 * 1024)
+        .handshake(stream.compat())
+        .await
+        .expect("handshake");
+    glommio::spawn_local(async move {
+        let _ = connection.await;
+    })
+    .detach();
+    client.ready().await.expect("ready")
+}
+
+fn grpc_request(path: &str, metadata: &[(&str, &str)]) -> http::Request<()> {
+    let mut builder = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://keel{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in metadata {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).expect("request")
+}
+
+#[derive(Debug)]
+struct Reply {
+    http_status: StatusCode,
+    messages: Vec<Bytes>,
+    code: Code,
+    message: String,
+}
+
+async fn read_reply(response: h2::client::ResponseFuture) -> Reply {
+    let response = response.await.expect("response head");
+    let http_status = response.status();
+    let headers = response.headers().clone();
+    let mut body = response.into_body();
+    let messages = read_messages(&mut body).await;
+    let trailers = if body.is_end_stream() && messages.is_empty() {
+        None
+    } else {
+        body.trailers().await.expect("trailers")
+    };
+    let status_headers: HeaderMap = trailers.unwrap_or(headers);
+    let code = status_headers
+        .get("grpc-status")
+        .map(|value| Code::from_u8(value.to_str().expect("ascii").parse().expect("number")))
+        .expect("grpc-status present");
+    let message = status_headers
+        .get("grpc-message")
+        .map(|value| keel_grpc::status::percent_decode(value.to_str().expect("ascii")))
+        .unwrap_or_default();
+    Reply {
+        http_status,
+        messages,
+        code,
+        message,
+    }
+}
+
+async fn read_messages(body: &mut RecvStream) -> Vec<Bytes> {
+    let mut decoder = MessageDecoder::new(64 * 1024 * 1024);
+    let mut messages = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("data");
+        decoder.push(&chunk);
+        body.flow_control()
+            .release_capacity(chunk.len())
+            .expect("release");
+        while let Some(message) = decoder.next_message().expect("valid frame") {
+            messages.push(message);
+        }
+    }
+    messages
+}
+
+/// Sends one call with the given raw DATA payload (or none) and reads the whole reply.
+async fn call_raw(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+    metadata: &[(&str, &str)],
+    payload: Option<Bytes>,
+) -> Reply {
+    let request = grpc_request(path, metadata);
+    let end_of_stream = payload.is_none();
+    let (response, mut stream) = client.send_request(request, end_of_stream).expect("send");
+    if let Some(payload) = payload {
+        stream.send_data(payload, true).expect("send data");
+    }
+    read_reply(response).await
+}
+
+fn range_request(key: &'static [u8]) -> Bytes {
+    let request = RangeRequest {
+        key: Bytes::from_static(key),
+        ..Default::default()
+    };
+    encode_message(&request, usize::MAX).expect("encode")
+}
+
+#[test]
+fn unary_round_trip_with_metadata_and_error_mapping() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[("hasleader", "true")],
+            Some(range_request(b"foo")),
+        )
+        .await;
+        assert_eq!(reply.http_status, StatusCode::OK);
+        assert_eq!(reply.code, Code::Ok, "{reply:?}");
+        assert_eq!(reply.messages.len(), 1);
+        let response = RangeResponse::decode(reply.messages[0].clone()).expect("decode");
+        assert_eq!(response, range_response(Bytes::from_static(b"foo")));
+
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[("token", "bad")],
+            Some(range_request(b"foo")),
+        )
+        .await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::Unauthenticated, "etcdserver: invalid auth token")
+        );
+        assert!(reply.messages.is_empty());
+
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(range_request(b"")),
+        )
+        .await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::InvalidArgument, "etcdserver: key is not provided")
+        );
+    });
+}
+
+#[test]
+fn many_concurrent_unary_calls_on_one_connection() {
+    run_client(|| async {
+        let client = connect().await;
+        let mut calls = Vec::new();
+        for _ in 0..200 {
+            let mut client = client.clone();
+            calls.push(glommio::spawn_local(async move {
+                call_raw(
+                    &mut client,
+                    "/etcdserverpb.KV/Range",
+                    &[],
+                    Some(range_request(b"k")),
+                )
+                .await
+            }));
+        }
+        for call in calls {
+            let reply = call.await;
+            assert_eq!(reply.code, Code::Ok);
+            assert_eq!(reply.messages.len(), 1);
+        }
+    });
+}
+
+#[test]
+fn bidi_stream_echoes_many_messages_in_order() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let (response, mut stream) = client
+            .send_request(grpc_request("/etcdserverpb.Watch/Watch", &[]), false)
+            .expect("send");
+        // Response headers go out with the first response message, so the first request is
+        // sent before waiting for them (grpc-go clients do the same).
+        let mut response = Some(response);
+        let mut body: Option<RecvStream> = None;
+        let mut decoder = MessageDecoder::new(1 << 20);
+        const MESSAGES: i64 = 500;
+        for index in 0..MESSAGES {
+            let key = Bytes::from(format!("key-{index}"));
+            let request = WatchRequest {
+                request_union: Some(
+                    keel_proto::etcdserverpb::watch_request::RequestUnion::CreateRequest(
+                        keel_proto::etcdserverpb::WatchCreateRequest {
+                            key: key.clone(),
+                            ..Default::default()
+                        },
+                    ),
+                ),
+            };
+            stream
+                .send_data(encode_message(&request, usize::MAX).expect("encode"), false)
+                .expect("send");
+            if let Some(response) = response.take() {
+                let response = response.await.expect("headers");
+                assert_eq!(response.status(), StatusCode::OK);
+                body = Some(response.into_body());
+            }
+            let body = body.as_mut().expect("headers arrived");
+            // Each answer arrives before the next request is sent: a true interleaved stream.
+            let mut responses = Vec::new();
+            while responses.len() < 2 {
+                if let Some(message) = decoder.next_message().expect("frame") {
+                    responses.push(WatchResponse::decode(message).expect("decode"));
+                    continue;
+                }
+                let chunk = body.data().await.expect("open").expect("data");
+                body.flow_control()
+                    .release_capacity(chunk.len())
+                    .expect("release");
+                decoder.push(&chunk);
+            }
+            assert_eq!(responses[0].watch_id, index);
+            assert!(responses[0].created);
+            assert_eq!(responses[1].watch_id, index);
+            assert!(!responses[1].created);
+            let kv = responses[1].events[0].kv.as_ref().expect("kv");
+            assert_eq!(kv.key, key);
+        }
+        stream.send_data(Bytes::new(), true).expect("half-close");
+        let mut body = body.expect("headers arrived");
+        assert!(body.data().await.is_none());
+        let trailers = body.trailers().await.expect("trailers").expect("present");
+        assert_eq!(trailers.get("grpc-status").expect("status"), "0");
+    });
+}
+
+#[test]
+fn unknown_service_and_method_are_unimplemented() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Nope",
+            &[],
+            Some(range_request(b"a")),
+        )
+        .await;
+        assert_eq!(reply.http_status, StatusCode::OK);
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (
+                Code::Unimplemented,
+                "unknown method Nope for service etcdserverpb.KV"
+            )
+        );
+        let reply = call_raw(&mut client, "/foo.Bar/Baz", &[], None).await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::Unimplemented, "unknown service foo.Bar")
+        );
+    });
+}
+
+#[test]
+fn malformed_protobuf_is_internal() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let garbage = keel_grpc::frame_bytes(&[0xff, 0xff, 0xff, 0xff]);
+        let reply = call_raw(&mut client, "/etcdserverpb.KV/Range", &[], Some(garbage)).await;
+        assert_eq!(reply.code, Code::Internal);
+        assert!(
+            reply
+                .message
+                .starts_with("grpc: error unmarshalling request: "),
+            "{}",
+            reply.message
+        );
+    });
+}
+
+#[test]
+fn oversized_message_is_resource_exhausted() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let body = vec![0u8; MAX_RECV_MESSAGE_BYTES + 1];
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(keel_grpc::frame_bytes(&body)),
+        )
+        .await;
+        assert_eq!(reply.code, Code::ResourceExhausted);
+        assert_eq!(
+            reply.message,
+            format!(
+                "grpc: received message larger than max ({} vs. {})",
+                MAX_RECV_MESSAGE_BYTES + 1,
+                MAX_RECV_MESSAGE_BYTES
+            )
+        );
+        // The connection survives: the next call works.
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(range_request(b"a")),
+        )
+        .await;
+        assert_eq!(reply.code, Code::Ok);
+    });
+}
+
+#[test]
+fn compressed_flag_without_encoding_is_internal() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let mut frame = BytesMut::from(&range_request(b"a")[..]);
+        frame[0] = 1;
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(frame.freeze()),
+        )
+        .await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (
+                Code::Internal,
+                "grpc: compressed flag set with identity or empty encoding"
+            )
+        );
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[("grpc-encoding", "gzip")],
+            Some(range_request(b"a")),
+        )
+        .await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (
+                Code::Unimplemented,
+                "grpc: Decompressor is not installed for grpc-encoding \"gzip\""
+            )
+        );
+    });
+}
+
+#[test]
+fn non_grpc_content_type_is_http_415() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let request = http::Request::builder()
+            .method("POST")
+            .uri("http://keel/etcdserverpb.KV/Range")
+            .header("content-type", "application/json")
+            .body(())
+            .expect("request");
+        let (response, _) = client.send_request(request, true).expect("send");
+        let reply = read_reply(response).await;
+        assert_eq!(reply.http_status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(reply.code, Code::InvalidArgument);
+        assert_eq!(
+            reply.message,
+            "invalid gRPC request content-type \"application/json\""
+        );
+    });
+}
+
+#[test]
+fn half_closed_streams_get_a_status() {
+    run_client(|| async {
+        let mut client = connect().await;
+        // END_STREAM on the HEADERS frame: no message at all.
+        let reply = call_raw(&mut client, "/etcdserverpb.KV/Range", &[], None).await;
+        assert_eq!(reply.code, Code::Internal, "{reply:?}");
+        assert!(
+            reply.message.contains("before sending a request message"),
+            "{}",
+            reply.message
+        );
+        // END_STREAM in the middle of a message prefix, then mid-body.
+        for partial in [
+            Bytes::from_static(&[0, 0, 0]),
+            range_request(b"abc").slice(..7),
+        ] {
+            let reply = call_raw(&mut client, "/etcdserverpb.KV/Range", &[], Some(partial)).await;
+            assert_eq!(
+                (reply.code, reply.message.as_str()),
+                (Code::Internal, "unexpected EOF")
+            );
+        }
+        // A bidi stream half-closed after a partial message also ends, with the same status.
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.Watch/Watch",
+            &[],
+            Some(Bytes::from_static(&[0, 0])),
+        )
+        .await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::Internal, "unexpected EOF")
+        );
+    });
+}
+
+#[test]
+fn grpc_timeout_expiry_is_deadline_exceeded() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let started = Instant::now();
+        let reply = call_raw(
+            &mut client,
+            "/test.Slow/Sleep",
+            &[("grpc-timeout", "100m")],
+            Some(range_request(b"a")),
+        )
+        .await;
+        let elapsed = started.elapsed();
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::DeadlineExceeded, "context deadline exceeded")
+        );
+        assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
+        assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+        let reply = call_raw(
+            &mut client,
+            "/test.Slow/Sleep",
+            &[("grpc-timeout", "soon")],
+            None,
+        )
+        .await;
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::Internal, "transport: malformed time-out: \"soon\"")
+        );
+        // A deadline that passes mid-stream, after responses went out, ends in trailers.
+        let (response, mut stream) = client
+            .send_request(
+                grpc_request("/etcdserverpb.Watch/Watch", &[("grpc-timeout", "200m")]),
+                false,
+            )
+            .expect("send");
+        let request = WatchRequest {
+            request_union: Some(
+                keel_proto::etcdserverpb::watch_request::RequestUnion::CreateRequest(
+                    keel_proto::etcdserverpb::WatchCreateRequest {
+                        key: Bytes::from_static(b"k"),
+                        ..Default::default()
+                    },
+                ),
+            ),
+        };
+        stream
+            .send_data(encode_message(&request, usize::MAX).expect("encode"), false)
+            .expect("send data");
+        let reply = read_reply(response).await;
+        assert_eq!(reply.messages.len(), 2);
+        assert_eq!(
+            (reply.code, reply.message.as_str()),
+            (Code::DeadlineExceeded, "context deadline exceeded")
+        );
+    });
+}
+
+#[test]
+fn large_response_streams_under_flow_control() {
+    run_client(|| async {
+        let mut client = connect().await;
+        // The h2 client's default 64 KiB stream window forces the server to wait for capacity.
+        let reply = call_raw(
+            &mut client,
+            "/test.Big/Download",
+            &[],
+            Some(range_request(b"a")),
+        )
+        .await;
+        assert_eq!(reply.code, Code::Ok, "{reply:?}");
+        assert_eq!(reply.messages.len(), 2);
+        let big = RangeResponse::decode(reply.messages[0].clone()).expect("decode");
+        assert_eq!(big.kvs.len(), BIG_VALUE_COUNT);
+        for (index, kv) in big.kvs.iter().enumerate() {
+            assert_eq!(kv.value.len(), BIG_VALUE_BYTES);
+            assert!(kv.value.iter().all(|byte| *byte == index as u8));
+        }
+        let tail = RangeResponse::decode(reply.messages[1].clone()).expect("decode");
+        assert_eq!(tail.kvs[0].key, Bytes::from_static(b"tail"));
+    });
+}
+
+fn read_until_closed(stream: &mut StdTcpStream) -> Vec<u8> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => return received,
+            Ok(count) => received.extend_from_slice(&chunk[..count]),
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return received,
+            Err(error) => panic!("connection was not closed: {error}"),
+        }
+    }
+}
+
+#[test]
+fn garbage_closes_only_that_connection() {
+    // HTTP/2 preface followed by garbage frames: the server must close the connection.
+    let mut broken = StdTcpStream::connect(server_addr()).expect("connect");
+    broken
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .expect("preface");
+    broken
+        .write_all(&[
+            0xde, 0xad, 0xbe, 0xef, 0xff, 0xff, 0xff, 0xff, 0x00, 0x01, 0x02, 0x03,
+        ])
+        .expect("garbage");
+    read_until_closed(&mut broken);
+    // Binary garbage without the preface goes to the HTTP/1.1 parser: 400 then close.
+    let mut junk = StdTcpStream::connect(server_addr()).expect("connect");
+    junk.write_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 garbage\r\n\r\n")
+        .expect("junk");
+    let answer = read_until_closed(&mut junk);
+    assert!(
+        answer.starts_with(b"HTTP/1.1 400 Bad Request\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    // A fresh connection still works.
+    run_client(|| async {
+        let mut client = connect().await;
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(range_request(b"foo")),
+        )
+        .await;
+        assert_eq!(reply.code, Code::Ok);
+    });
+}
+
+#[test]
+fn http1_health_on_the_grpc_port() {
+    let mut stream = StdTcpStream::connect(server_addr()).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: keel\r\n\r\n")
+        .expect("request");
+    let expected_body = b"{\"health\":\"true\",\"reason\":\"\"}";
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !received.ends_with(expected_body) {
+        let count = stream.read(&mut chunk).expect("read");
+        assert!(
+            count > 0,
+            "closed early: {:?}",
+            String::from_utf8_lossy(&received)
+        );
+        received.extend_from_slice(&chunk[..count]);
+    }
+    let text = String::from_utf8(received).expect("utf-8");
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("Content-Type: application/json\r\n"));
+    // Keep-alive: a second request on the same connection, which then asks to close.
+    stream
+        .write_all(b"GET /nope HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let answer = read_until_closed(&mut stream);
+    assert!(
+        answer.starts_with(b"HTTP/1.1 404 Not Found\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+#[test]
+fn etcdctl_reads_a_key_through_our_framing() {
+    let Ok(output) = std::process::Command::new("etcdctl")
+        .arg("version")
+        .output()
+    else {
+        println!("note: etcdctl is not installed; skipping the etcdctl test");
+        return;
+    };
+    assert!(output.status.success());
+    let addr = server_addr();
+    let output = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            &format!("--endpoints={addr}"),
+            "--command-timeout=10s",
+            "get",
+            "foo",
+            "-w",
+            "json",
+        ])
+        .output()
+        .expect("run etcdctl");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Bytes are base64 in etcdctl's JSON: "foo" is Zm9v and "bar" is YmFy.
+    assert!(stdout.contains("\"key\":\"Zm9v\""), "{stdout}");
+    assert!(stdout.contains("\"value\":\"YmFy\""), "{stdout}");
+    assert!(stdout.contains("\"revision\":5"), "{stdout}");
+    // A real client decodes our trailers-only errors, code and percent-decoded text.
+    let endpoints = format!("--endpoints={addr}");
+    let failures = [
+        (
+            vec!["get", "compacted"],
+            "code = OutOfRange desc = etcdserver: mvcc: required revision has been compacted",
+        ),
+        (
+            vec!["put", "foo", "bar"],
+            "code = Unimplemented desc = unknown method Put for service etcdserverpb.KV",
+        ),
+    ];
+    for (args, expected) in failures {
+        let output = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args([endpoints.as_str(), "--command-timeout=10s"])
+            .args(&args)
+            .output()
+            .expect("run etcdctl");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn keepalive_pings_are_answered_without_goaway() {
+    run_client(|| async {
+        let stream = TcpStream::connect(server_addr()).await.expect("connect");
+        let (client, mut connection) = h2::client::handshake(stream.compat())
+            .await
+            .expect("handshake");
+        let mut ping_pong = connection.ping_pong().expect("ping handle");
+        glommio::spawn_local(async move {
+            let _ = connection.await;
+        })
+        .detach();
+        for _ in 0..5 {
+            ping_pong.ping(h2::Ping::opaque()).await.expect("pong");
+        }
+        let mut client = client.ready().await.expect("ready");
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(range_request(b"a")),
+        )
+        .await;
+        assert_eq!(reply.code, Code::Ok);
+    });
+}
+
+#[test]
+fn client_reset_drops_the_handler() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let (_response, mut stream) = client
+            .send_request(grpc_request("/test.Slow/Hold", &[]), false)
+            .expect("send");
+        stream
+            .send_data(range_request(b"a"), false)
+            .expect("send data");
+        glommio::timer::sleep(Duration::from_millis(100)).await;
+        assert_eq!(HOLD_DROPPED.load(Ordering::SeqCst), 0);
+        stream.send_reset(h2::Reason::CANCEL);
+        let started = Instant::now();
+        while HOLD_DROPPED.load(Ordering::SeqCst) == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "handler still running"
+            );
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        // The connection is still usable.
+        let reply = call_raw(
+            &mut client,
+            "/etcdserverpb.KV/Range",
+            &[],
+            Some(range_request(b"b")),
+        )
+        .await;
+        assert_eq!(reply.code, Code::Ok);
+    });
+}
+
+/// Throughput probe, not a CI test: `cargo test -p keel-grpc --test server -- --ignored
+/// --nocapture unary_throughput`. Client and server share the machine's cores.
+#[test]
+#[ignore]
+fn unary_throughput() {
+    const CONNECTIONS: usize = 4;
+    const IN_FLIGHT_PER_CONNECTION: usize = 64;
+    const RUN: Duration = Duration::from_secs(3);
+    let completed = run_client(|| async {
+        let started = Instant::now();
+        let mut workers = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let client = connect().await;
+            for _ in 0..IN_FLIGHT_PER_CONNECTION {
+                let mut client = client.clone();
+                workers.push(glommio::spawn_local(async move {
+                    let mut calls = 0u64;
+                    while started.elapsed() < RUN {
+                        let reply = call_raw(
+                            &mut client,
+                            "/etcdserverpb.KV/Range",
+                            &[],
+                            Some(range_request(b"foo")),
+                        )
+                        .await;
+                        assert_eq!(reply.code, Code::Ok);
+                        calls += 1;
+                    }
+                    calls
+                }));
+            }
+        }
+        let mut completed = 0;
+        for worker in workers {
+            completed += worker.await;
+        }
+        completed
+    });
+    println!(
+        "unary Range: {completed} calls in {RUN:?} = {:.0} calls/s ({CONNECTIONS} connections x {IN_FLIGHT_PER_CONNECTION} in flight)",
+        completed as f64 / RUN.as_secs_f64()
+    );
+    assert!(completed > 0);
+}
+
+#[test]
+fn deadline_mid_message_resets_instead_of_trailers() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let (response, mut stream) = client
+            .send_request(
+                grpc_request("/test.Big/Download", &[("grpc-timeout", "100m")]),
+                false,
+            )
+            .expect("send");
+        stream
+            .send_data(range_request(b"a"), true)
+            .expect("send data");
+        let response = response.await.expect("headers");
+        // Not reading: the 64 KiB stream window stops the 8 MiB message part way.
+        glommio::timer::sleep(Duration::from_millis(300)).await;
+        let mut body = response.into_body();
+        let mut received_bytes = 0;
+        let error = loop {
+            match body.data().await {
+                Some(Ok(chunk)) => {
+                    received_bytes += chunk.len();
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                Some(Err(error)) => break error,
+                None => panic!("stream ended cleanly after a torn message"),
+            }
+        };
+        assert_eq!(error.reason(), Some(h2::Reason::CANCEL), "{error}");
+        assert!(received_bytes < BIG_VALUE_BYTES * BIG_VALUE_COUNT);
+    });
+}
+
+#[test]
+fn silent_connections_are_closed_after_the_preface_timeout() {
+    let started = Instant::now();
+    let mut silent = StdTcpStream::connect(server_addr()).expect("connect");
+    let received = read_until_closed(&mut silent);
+    let elapsed = started.elapsed();
+    assert!(received.is_empty());
+    assert!(elapsed >= PREFACE_TIMEOUT, "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
+fn etcdctl_watch_runs_over_our_bidi_stream() {
+    if std::process::Command::new("etcdctl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        println!("note: etcdctl is not installed; skipping the etcdctl watch test");
+        return;
+    }
+    // The test Watch handler answers a create with created=true and a PUT event for the key.
+    let mut child = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            &format!("--endpoints={}", server_addr()),
+            "watch",
+            "watched-key",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn etcdctl");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 256];
+        while let Ok(count) = stdout.read(&mut chunk) {
+            if count == 0 {
+                break;
+            }
+            seen.extend_from_slice(&chunk[..count]);
+            if String::from_utf8_lossy(&seen).contains("PUT\nwatched-key") {
+                break;
+            }
+        }
+        let _ = sender.send(seen);
+    });
+    let seen = receiver.recv_timeout(Duration::from_secs(10));
+    let _ = child.kill();
+    let mut stderr = String::new();
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    let _ = child.wait();
+    let seen = String::from_utf8_lossy(&seen.expect("etcdctl printed the event")).into_owned();
+    assert!(
+        seen.contains("PUT\nwatched-key"),
+        "stdout: {seen}\nstderr: {stderr}"
+    );
+}
