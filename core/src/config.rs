@@ -23,7 +23,8 @@ pub const QUOTA_BACKEND_BYTES_MAX: u64 = 8 * 1024 * 1024 * 1024;
 /// gRPC's receive limit is max-request-bytes plus this slack, as etcd sets it.
 pub const GRPC_RECV_SLACK_BYTES: u32 = 512 * 1024;
 
-const _: () = assert!(DEFAULT_MAX_REQUEST_BYTES as u64 + (GRPC_RECV_SLACK_BYTES as u64) < u32::MAX as u64);
+const _: () =
+    assert!(DEFAULT_MAX_REQUEST_BYTES as u64 + (GRPC_RECV_SLACK_BYTES as u64) < u32::MAX as u64);
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -46,15 +47,27 @@ pub struct Flags {
     pub wal_dir: Option<PathBuf>,
 
     /// List of URLs to listen on for client traffic.
-    #[arg(long = "listen-client-urls", env = "ETCD_LISTEN_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
+    #[arg(
+        long = "listen-client-urls",
+        env = "ETCD_LISTEN_CLIENT_URLS",
+        default_value = "http://127.0.0.1:2379"
+    )]
     pub listen_client_urls: String,
 
     /// List of this member's client URLs to advertise to the public.
-    #[arg(long = "advertise-client-urls", env = "ETCD_ADVERTISE_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
+    #[arg(
+        long = "advertise-client-urls",
+        env = "ETCD_ADVERTISE_CLIENT_URLS",
+        default_value = "http://127.0.0.1:2379"
+    )]
     pub advertise_client_urls: String,
 
     /// List of URLs to listen on for peer traffic.
-    #[arg(long = "listen-peer-urls", env = "ETCD_LISTEN_PEER_URLS", default_value = "http://127.0.0.1:2380")]
+    #[arg(
+        long = "listen-peer-urls",
+        env = "ETCD_LISTEN_PEER_URLS",
+        default_value = "http://127.0.0.1:2380"
+    )]
     pub listen_peer_urls: String,
 
     /// List of this member's peer URLs to advertise to the rest of the cluster.
@@ -70,11 +83,19 @@ pub struct Flags {
     pub initial_cluster: Option<String>,
 
     /// Initial cluster state ('new' or 'existing').
-    #[arg(long = "initial-cluster-state", env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
+    #[arg(
+        long = "initial-cluster-state",
+        env = "ETCD_INITIAL_CLUSTER_STATE",
+        default_value = "new"
+    )]
     pub initial_cluster_state: String,
 
     /// Initial cluster token for the cluster during bootstrap.
-    #[arg(long = "initial-cluster-token", env = "ETCD_INITIAL_CLUSTER_TOKEN", default_value = "etcd-cluster")]
+    #[arg(
+        long = "initial-cluster-token",
+        env = "ETCD_INITIAL_CLUSTER_TOKEN",
+        default_value = "etcd-cluster"
+    )]
     pub initial_cluster_token: String,
 
     /// Maximum number of operations permitted in a transaction.
@@ -86,19 +107,35 @@ pub struct Flags {
     pub max_request_bytes: u32,
 
     /// Raise alarms when the store exceeds the given quota. 0 means the default (2 GiB).
-    #[arg(long = "quota-backend-bytes", env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0)]
+    #[arg(
+        long = "quota-backend-bytes",
+        env = "ETCD_QUOTA_BACKEND_BYTES",
+        default_value_t = 0
+    )]
     pub quota_backend_bytes: i64,
 
     /// Time (in milliseconds) of a heartbeat interval.
-    #[arg(long = "heartbeat-interval", env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
+    #[arg(
+        long = "heartbeat-interval",
+        env = "ETCD_HEARTBEAT_INTERVAL",
+        default_value_t = 100
+    )]
     pub heartbeat_interval_ms: u64,
 
     /// Time (in milliseconds) for an election to timeout.
-    #[arg(long = "election-timeout", env = "ETCD_ELECTION_TIMEOUT", default_value_t = 1000)]
+    #[arg(
+        long = "election-timeout",
+        env = "ETCD_ELECTION_TIMEOUT",
+        default_value_t = 1000
+    )]
     pub election_timeout_ms: u64,
 
     /// Number of committed entries between two MVCC checkpoints (etcd: snapshots).
-    #[arg(long = "snapshot-count", env = "ETCD_SNAPSHOT_COUNT", default_value_t = 100_000)]
+    #[arg(
+        long = "snapshot-count",
+        env = "ETCD_SNAPSHOT_COUNT",
+        default_value_t = 100_000
+    )]
     pub snapshot_count: u64,
 
     /// Configures log level: debug, info, warn, error, panic or fatal.
@@ -106,11 +143,19 @@ pub struct Flags {
     pub log_level: String,
 
     /// Auto compaction retention (periodic: a duration or hours; revision: a count). 0 disables.
-    #[arg(long = "auto-compaction-retention", env = "ETCD_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    #[arg(
+        long = "auto-compaction-retention",
+        env = "ETCD_AUTO_COMPACTION_RETENTION",
+        default_value = "0"
+    )]
     pub auto_compaction_retention: String,
 
     /// Interpret 'auto-compaction-retention' as 'periodic' or 'revision'.
-    #[arg(long = "auto-compaction-mode", env = "ETCD_AUTO_COMPACTION_MODE", default_value = "periodic")]
+    #[arg(
+        long = "auto-compaction-mode",
+        env = "ETCD_AUTO_COMPACTION_MODE",
+        default_value = "periodic"
+    )]
     pub auto_compaction_mode: String,
 
     /// Keel: number of client-serving shards, each a pinned core with its own executor
@@ -157,15 +202,31 @@ pub struct Flags {
     pub max_snapshots: Option<u64>,
     #[arg(long = "max-wals", env = "ETCD_MAX_WALS", hide = true)]
     pub max_wals: Option<u64>,
-    #[arg(long = "grpc-keepalive-min-time", env = "ETCD_GRPC_KEEPALIVE_MIN_TIME", hide = true)]
+    #[arg(
+        long = "grpc-keepalive-min-time",
+        env = "ETCD_GRPC_KEEPALIVE_MIN_TIME",
+        hide = true
+    )]
     pub grpc_keepalive_min_time: Option<String>,
-    #[arg(long = "grpc-keepalive-interval", env = "ETCD_GRPC_KEEPALIVE_INTERVAL", hide = true)]
+    #[arg(
+        long = "grpc-keepalive-interval",
+        env = "ETCD_GRPC_KEEPALIVE_INTERVAL",
+        hide = true
+    )]
     pub grpc_keepalive_interval: Option<String>,
-    #[arg(long = "grpc-keepalive-timeout", env = "ETCD_GRPC_KEEPALIVE_TIMEOUT", hide = true)]
+    #[arg(
+        long = "grpc-keepalive-timeout",
+        env = "ETCD_GRPC_KEEPALIVE_TIMEOUT",
+        hide = true
+    )]
     pub grpc_keepalive_timeout: Option<String>,
     #[arg(long = "auth-token", env = "ETCD_AUTH_TOKEN", hide = true)]
     pub auth_token: Option<String>,
-    #[arg(long = "experimental-watch-progress-notify-interval", env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL", hide = true)]
+    #[arg(
+        long = "experimental-watch-progress-notify-interval",
+        env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL",
+        hide = true
+    )]
     pub experimental_watch_progress_notify_interval: Option<String>,
 }
 
@@ -220,17 +281,24 @@ impl Config {
     pub fn from_env() -> Result<Config, CoreError> {
         let args = normalize_go_args(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
         let flags = Flags::try_parse_from(args).map_err(|e| match e.kind() {
-            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                e.exit()
+            }
             _ => CoreError::Config(e.to_string()),
         })?;
         Config::from_flags(flags)
     }
 
     pub fn from_flags(f: Flags) -> Result<Config, CoreError> {
-        let tls = [&f.cert_file, &f.key_file, &f.peer_cert_file, &f.peer_key_file]
-            .iter()
-            .any(|v| v.as_deref().is_some_and(|s| !s.is_empty()))
-            || [f.auto_tls, f.peer_auto_tls, f.client_cert_auth].iter().any(|v| *v == Some(true));
+        let tls = [
+            &f.cert_file,
+            &f.key_file,
+            &f.peer_cert_file,
+            &f.peer_key_file,
+        ]
+        .iter()
+        .any(|v| v.as_deref().is_some_and(|s| !s.is_empty()))
+            || [f.auto_tls, f.peer_auto_tls, f.client_cert_auth].contains(&Some(true));
         if tls {
             return Err(CoreError::Config(
                 "TLS flags are not supported yet: refusing to serve plaintext where TLS was asked for".into(),
@@ -239,11 +307,17 @@ impl Config {
         let listen_client_addrs = parse_listen_urls("listen-client-urls", &f.listen_client_urls)?;
         let listen_peer_addrs = parse_listen_urls("listen-peer-urls", &f.listen_peer_urls)?;
         let advertise_client_urls = split_urls("advertise-client-urls", &f.advertise_client_urls)?;
-        let initial_advertise_peer_urls = split_urls("initial-advertise-peer-urls", &f.initial_advertise_peer_urls)?;
+        let initial_advertise_peer_urls = split_urls(
+            "initial-advertise-peer-urls",
+            &f.initial_advertise_peer_urls,
+        )?;
         let initial_cluster = match &f.initial_cluster {
             Some(s) if !s.is_empty() => parse_initial_cluster(s)?,
             // etcd's default is "<name>=<initial-advertise-peer-urls>": a one-member cluster.
-            _ => vec![InitialMember { name: f.name.clone(), peer_urls: initial_advertise_peer_urls.clone() }],
+            _ => vec![InitialMember {
+                name: f.name.clone(),
+                peer_urls: initial_advertise_peer_urls.clone(),
+            }],
         };
         if !initial_cluster.iter().any(|m| m.name == f.name) {
             return Err(CoreError::Config(format!(
@@ -266,27 +340,46 @@ impl Config {
                 f.election_timeout_ms, f.heartbeat_interval_ms
             )));
         }
-        if !matches!(f.log_level.as_str(), "debug" | "info" | "warn" | "error" | "panic" | "fatal") {
-            return Err(CoreError::Config(format!("unknown log level {:?}", f.log_level)));
+        if !matches!(
+            f.log_level.as_str(),
+            "debug" | "info" | "warn" | "error" | "panic" | "fatal"
+        ) {
+            return Err(CoreError::Config(format!(
+                "unknown log level {:?}",
+                f.log_level
+            )));
         }
         let quota_backend_bytes = match f.quota_backend_bytes {
             q if q < 0 => {
-                return Err(CoreError::Config("--quota-backend-bytes must not be negative".into()));
+                return Err(CoreError::Config(
+                    "--quota-backend-bytes must not be negative".into(),
+                ));
             }
             0 => DEFAULT_QUOTA_BACKEND_BYTES,
             q => (q as u64).min(QUOTA_BACKEND_BYTES_MAX),
         };
         if f.max_txn_ops == 0 || f.max_request_bytes == 0 {
-            return Err(CoreError::Config("--max-txn-ops and --max-request-bytes must be positive".into()));
+            return Err(CoreError::Config(
+                "--max-txn-ops and --max-request-bytes must be positive".into(),
+            ));
         }
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
         if raft_cpu >= cpus {
-            return Err(CoreError::Config(format!("--raft-cpu {raft_cpu} is not an available CPU (have {cpus})")));
+            return Err(CoreError::Config(format!(
+                "--raft-cpu {raft_cpu} is not an available CPU (have {cpus})"
+            )));
         }
-        let data_dir = f.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.keel", f.name)));
+        let data_dir = f
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.keel", f.name)));
         let wal_dir = f.wal_dir.clone().unwrap_or_else(|| data_dir.join("wal"));
+        // glommio's Directory::open fails with EBADF on a relative path (the WAL's directory
+        // fsync), so resolve both against the working directory once, here.
+        let data_dir = absolute_path("data-dir", data_dir)?;
+        let wal_dir = absolute_path("wal-dir", wal_dir)?;
         let mut ignored_flags = Vec::new();
         let ignored: [(&'static str, bool); 13] = [
             ("enable-v2", f.enable_v2.is_some()),
@@ -298,8 +391,14 @@ impl Config {
             ("metrics", f.metrics.is_some()),
             ("max-snapshots", f.max_snapshots.is_some()),
             ("max-wals", f.max_wals.is_some()),
-            ("grpc-keepalive-min-time", f.grpc_keepalive_min_time.is_some()),
-            ("grpc-keepalive-interval", f.grpc_keepalive_interval.is_some()),
+            (
+                "grpc-keepalive-min-time",
+                f.grpc_keepalive_min_time.is_some(),
+            ),
+            (
+                "grpc-keepalive-interval",
+                f.grpc_keepalive_interval.is_some(),
+            ),
             ("grpc-keepalive-timeout", f.grpc_keepalive_timeout.is_some()),
             ("auth-token", f.auth_token.is_some()),
         ];
@@ -333,9 +432,17 @@ impl Config {
     }
 }
 
+/// `path` made absolute against the working directory (without resolving symlinks).
+fn absolute_path(flag: &str, path: PathBuf) -> Result<PathBuf, CoreError> {
+    std::path::absolute(&path)
+        .map_err(|e| CoreError::Config(format!("--{flag} {}: {e}", path.display())))
+}
+
 /// CPUs this process may run on (respects taskset/cgroup affinity).
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Rewrites Go-style single-dash long flags (`-name`, `-data-dir=x`) to clap's `--name`.
@@ -355,9 +462,16 @@ pub fn normalize_go_args(args: impl IntoIterator<Item = String>) -> Vec<String> 
 }
 
 fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
-    let urls: Vec<String> = s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+    let urls: Vec<String> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(String::from)
+        .collect();
     if urls.is_empty() {
-        return Err(CoreError::Config(format!("--{flag} must name at least one URL")));
+        return Err(CoreError::Config(format!(
+            "--{flag} must name at least one URL"
+        )));
     }
     for u in &urls {
         url_host_port(flag, u)?;
@@ -370,17 +484,25 @@ pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> 
     let rest = if let Some(r) = url.strip_prefix("http://") {
         r
     } else if url.starts_with("https://") || url.starts_with("unixs://") {
-        return Err(CoreError::Config(format!("--{flag}: {url:?}: TLS is not supported yet")));
+        return Err(CoreError::Config(format!(
+            "--{flag}: {url:?}: TLS is not supported yet"
+        )));
     } else if url.starts_with("unix://") {
-        return Err(CoreError::Config(format!("--{flag}: {url:?}: unix sockets are not supported yet")));
+        return Err(CoreError::Config(format!(
+            "--{flag}: {url:?}: unix sockets are not supported yet"
+        )));
     } else {
-        return Err(CoreError::Config(format!("--{flag}: URL scheme must be http, got {url:?}")));
+        return Err(CoreError::Config(format!(
+            "--{flag}: URL scheme must be http, got {url:?}"
+        )));
     };
     let rest = rest.trim_end_matches('/');
     let (host, port) = rest
         .rsplit_once(':')
         .ok_or_else(|| CoreError::Config(format!("--{flag}: {url:?} has no port")))?;
-    let port: u16 = port.parse().map_err(|_| CoreError::Config(format!("--{flag}: bad port in {url:?}")))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| CoreError::Config(format!("--{flag}: bad port in {url:?}")))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     Ok((host.to_string(), port))
 }
@@ -390,7 +512,11 @@ fn parse_listen_urls(flag: &str, s: &str) -> Result<Vec<SocketAddr>, CoreError> 
     for url in split_urls(flag, s)? {
         let (host, port) = url_host_port(flag, &url)?;
         // "localhost" resolves to both families; etcd binds the first, and so do we.
-        let host = if host == "localhost" { "127.0.0.1".to_string() } else { host };
+        let host = if host == "localhost" {
+            "127.0.0.1".to_string()
+        } else {
+            host
+        };
         let addr = (host.as_str(), port)
             .to_socket_addrs()
             .map_err(|e| CoreError::Config(format!("--{flag}: cannot resolve {url:?}: {e}")))?
@@ -408,13 +534,16 @@ fn parse_listen_urls(flag: &str, s: &str) -> Result<Vec<SocketAddr>, CoreError> 
 pub fn parse_initial_cluster(s: &str) -> Result<Vec<InitialMember>, CoreError> {
     let mut members: Vec<InitialMember> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, url) = part
-            .split_once('=')
-            .ok_or_else(|| CoreError::Config(format!("--initial-cluster: {part:?} is not name=url")))?;
+        let (name, url) = part.split_once('=').ok_or_else(|| {
+            CoreError::Config(format!("--initial-cluster: {part:?} is not name=url"))
+        })?;
         url_host_port("initial-cluster", url)?;
         match members.iter_mut().find(|m| m.name == name) {
             Some(m) => m.peer_urls.push(url.to_string()),
-            None => members.push(InitialMember { name: name.to_string(), peer_urls: vec![url.to_string()] }),
+            None => members.push(InitialMember {
+                name: name.to_string(),
+                peer_urls: vec![url.to_string()],
+            }),
         }
     }
     if members.is_empty() {
@@ -428,15 +557,24 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, CoreError> {
-        let argv = normalize_go_args(std::iter::once("keel".to_string()).chain(args.iter().map(|s| s.to_string())));
-        Config::from_flags(Flags::try_parse_from(argv).map_err(|e| CoreError::Config(e.to_string()))?)
+        let argv = normalize_go_args(
+            std::iter::once("keel".to_string()).chain(args.iter().map(|s| s.to_string())),
+        );
+        Config::from_flags(
+            Flags::try_parse_from(argv).map_err(|e| CoreError::Config(e.to_string()))?,
+        )
     }
 
     #[test]
     fn no_flags_serves_loopback_2379_like_etcd() {
         let c = parse(&[]).expect("defaults are valid");
-        assert_eq!(c.listen_client_addrs, vec!["127.0.0.1:2379".parse::<SocketAddr>().expect("addr")]);
-        assert_eq!(c.data_dir, PathBuf::from("default.keel"));
+        assert_eq!(
+            c.listen_client_addrs,
+            vec!["127.0.0.1:2379".parse::<SocketAddr>().expect("addr")]
+        );
+        let cwd = std::env::current_dir().expect("the test has a working directory");
+        assert_eq!(c.data_dir, cwd.join("default.keel"));
+        assert_eq!(c.wal_dir, cwd.join("default.keel").join("wal"));
         assert_eq!(c.initial_cluster.len(), 1);
         assert_eq!(c.max_txn_ops, 128);
         assert_eq!(c.grpc_recv_bytes_max(), 1_572_864 + 512 * 1024);
@@ -453,8 +591,17 @@ mod tests {
 
     #[test]
     fn initial_cluster_must_name_this_member() {
-        let err = parse(&["--name", "a", "--initial-cluster", "b=http://127.0.0.1:2380"]).expect_err("must fail");
-        assert!(err.to_string().contains("couldn't find local name"), "{err}");
+        let err = parse(&[
+            "--name",
+            "a",
+            "--initial-cluster",
+            "b=http://127.0.0.1:2380",
+        ])
+        .expect_err("must fail");
+        assert!(
+            err.to_string().contains("couldn't find local name"),
+            "{err}"
+        );
         let c = parse(&[
             "--name",
             "a",
@@ -475,7 +622,13 @@ mod tests {
 
     #[test]
     fn ignored_etcd_flags_are_accepted_and_reported() {
-        let c = parse(&["--enable-v2=false", "--logger", "zap", "--metrics=extensive"]).expect("valid");
+        let c = parse(&[
+            "--enable-v2=false",
+            "--logger",
+            "zap",
+            "--metrics=extensive",
+        ])
+        .expect("valid");
         assert_eq!(c.ignored_flags, vec!["enable-v2", "logger", "metrics"]);
     }
 

@@ -47,7 +47,11 @@ pub fn put_request(r: pb::PutRequest) -> kv::PutRequest {
 }
 
 pub fn delete_request(r: pb::DeleteRangeRequest) -> kv::DeleteRangeRequest {
-    kv::DeleteRangeRequest { key: r.key, range_end: r.range_end, prev_kv: r.prev_kv }
+    kv::DeleteRangeRequest {
+        key: r.key,
+        range_end: r.range_end,
+        prev_kv: r.prev_kv,
+    }
 }
 
 pub fn compare(c: pb::Compare) -> kv::Compare {
@@ -82,7 +86,12 @@ pub fn compare(c: pb::Compare) -> kv::Compare {
         3 => kv::CompareResult::NotEqual,
         _ => kv::CompareResult::Equal,
     };
-    kv::Compare { result, target, key: c.key, range_end: c.range_end }
+    kv::Compare {
+        result,
+        target,
+        key: c.key,
+        range_end: c.range_end,
+    }
 }
 
 fn request_op(op: pb::RequestOp) -> Option<kv::RequestOp> {
@@ -122,7 +131,11 @@ pub fn event(e: kv::Event, with_prev_kv: bool) -> mvccpb::Event {
             kv::EventKind::Delete => mvccpb::event::EventType::Delete as i32,
         },
         kv: Some(key_value(e.kv)),
-        prev_kv: if with_prev_kv { e.prev_kv.map(key_value) } else { None },
+        prev_kv: if with_prev_kv {
+            e.prev_kv.map(key_value)
+        } else {
+            None
+        },
     }
 }
 
@@ -147,10 +160,16 @@ impl Header {
 
 /// Inner txn responses carry a header with only the revision set, as etcd's do.
 fn inner_header(revision: i64) -> Option<pb::ResponseHeader> {
-    Some(pb::ResponseHeader { revision, ..Default::default() })
+    Some(pb::ResponseHeader {
+        revision,
+        ..Default::default()
+    })
 }
 
-pub fn range_response(r: kv::RangeResponse, header: Option<pb::ResponseHeader>) -> pb::RangeResponse {
+pub fn range_response(
+    r: kv::RangeResponse,
+    header: Option<pb::ResponseHeader>,
+) -> pb::RangeResponse {
     pb::RangeResponse {
         header,
         kvs: r.kvs.into_iter().map(key_value).collect(),
@@ -160,11 +179,21 @@ pub fn range_response(r: kv::RangeResponse, header: Option<pb::ResponseHeader>) 
 }
 
 pub fn put_response(r: kv::PutResponse, header: Option<pb::ResponseHeader>) -> pb::PutResponse {
-    pb::PutResponse { header, prev_kv: r.prev_kv.map(key_value) }
+    pb::PutResponse {
+        header,
+        prev_kv: r.prev_kv.map(key_value),
+    }
 }
 
-pub fn delete_response(r: kv::DeleteRangeResponse, header: Option<pb::ResponseHeader>) -> pb::DeleteRangeResponse {
-    pb::DeleteRangeResponse { header, deleted: r.deleted, prev_kvs: r.prev_kvs.into_iter().map(key_value).collect() }
+pub fn delete_response(
+    r: kv::DeleteRangeResponse,
+    header: Option<pb::ResponseHeader>,
+) -> pb::DeleteRangeResponse {
+    pb::DeleteRangeResponse {
+        header,
+        deleted: r.deleted,
+        prev_kvs: r.prev_kvs.into_iter().map(key_value).collect(),
+    }
 }
 
 pub fn txn_response(r: kv::TxnResponse, header: Option<pb::ResponseHeader>) -> pb::TxnResponse {
@@ -193,7 +222,11 @@ pub fn txn_response(r: kv::TxnResponse, header: Option<pb::ResponseHeader>) -> p
             }),
         })
         .collect();
-    pb::TxnResponse { header, succeeded: r.succeeded, responses }
+    pb::TxnResponse {
+        header,
+        succeeded: r.succeeded,
+        responses,
+    }
 }
 
 #[cfg(test)]
@@ -202,10 +235,20 @@ mod tests {
 
     #[test]
     fn compare_without_operand_uses_the_zero_value() {
-        let c = compare(pb::Compare { result: 0, target: 2, key: "k".into(), ..Default::default() });
+        let c = compare(pb::Compare {
+            result: 0,
+            target: 2,
+            key: "k".into(),
+            ..Default::default()
+        });
         assert_eq!(c.target, kv::CompareTarget::Mod(0));
         assert_eq!(c.result, kv::CompareResult::Equal);
-        let c = compare(pb::Compare { result: 3, target: 3, key: "k".into(), ..Default::default() });
+        let c = compare(pb::Compare {
+            result: 3,
+            target: 3,
+            key: "k".into(),
+            ..Default::default()
+        });
         assert_eq!(c.target, kv::CompareTarget::Value(bytes::Bytes::new()));
         assert_eq!(c.result, kv::CompareResult::NotEqual);
     }
@@ -215,14 +258,27 @@ mod tests {
         let r = kv::TxnResponse {
             revision: 9,
             succeeded: true,
-            responses: vec![kv::ResponseOp::Put(kv::PutResponse { revision: 9, prev_kv: None })],
+            responses: vec![kv::ResponseOp::Put(kv::PutResponse {
+                revision: 9,
+                prev_kv: None,
+            })],
         };
-        let h = Header { cluster_id: 1, member_id: 2, raft_term: 3 };
+        let h = Header {
+            cluster_id: 1,
+            member_id: 2,
+            raft_term: 3,
+        };
         let p = txn_response(r, h.at(9));
         assert_eq!(p.header.as_ref().map(|h| h.cluster_id), Some(1));
         let Some(pb::response_op::Response::ResponsePut(put)) = &p.responses[0].response else {
             panic!("expected a put response")
         };
-        assert_eq!(put.header, Some(pb::ResponseHeader { revision: 9, ..Default::default() }));
+        assert_eq!(
+            put.header,
+            Some(pb::ResponseHeader {
+                revision: 9,
+                ..Default::default()
+            })
+        );
     }
 }

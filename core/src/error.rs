@@ -8,9 +8,15 @@ pub enum CoreError {
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("data directory {path}: {source}")]
-    DataDir { path: PathBuf, source: std::io::Error },
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("executor: {0}")]
     Executor(String),
     #[error("write-ahead log: {0}")]

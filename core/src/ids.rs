@@ -57,6 +57,8 @@ pub struct Member {
     pub name: String,
     pub peer_urls: Vec<String>,
     pub client_urls: Vec<String>,
+    #[serde(default)]
+    pub is_learner: bool,
 }
 
 /// What is written once into the data directory.
@@ -80,14 +82,26 @@ impl Identity {
                 id: member_id(m, &cfg.initial_cluster_token),
                 name: m.name.clone(),
                 peer_urls: m.peer_urls.clone(),
-                client_urls: if m.name == cfg.name { cfg.advertise_client_urls.clone() } else { Vec::new() },
+                // Client URLs are published through the log once the member runs (MemberAttributes),
+                // so every member learns every member's, not only its own.
+                client_urls: Vec::new(),
+                is_learner: false,
             })
             .collect();
         let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
-        let me = members.iter().find(|m| m.name == cfg.name).expect("config validation checked our name is listed");
+        let me = members
+            .iter()
+            .find(|m| m.name == cfg.name)
+            .expect("config validation checked our name is listed");
         Identity {
             member_id: me.id,
-            cluster_id: cluster_id(&ids),
+            // A member joining an existing cluster cannot compute the cluster's id (it was made
+            // from the founding members): it learns it from the first peer that contacts it.
+            cluster_id: if cfg.initial_cluster_state == crate::config::ClusterState::Existing {
+                0
+            } else {
+                cluster_id(&ids)
+            },
             name: cfg.name.clone(),
             cluster_token: cfg.initial_cluster_token.clone(),
             members,
@@ -101,8 +115,9 @@ impl Identity {
         let fresh = Identity::from_config(cfg);
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let stored: Identity = serde_json::from_slice(&bytes)
-                    .map_err(|e| CoreError::Config(format!("{}: unreadable identity: {e}", path.display())))?;
+                let stored: Identity = serde_json::from_slice(&bytes).map_err(|e| {
+                    CoreError::Config(format!("{}: unreadable identity: {e}", path.display()))
+                })?;
                 if stored.name != cfg.name {
                     return Err(CoreError::Config(format!(
                         "data dir {} belongs to member {:?}, not {:?}",
@@ -111,21 +126,26 @@ impl Identity {
                         cfg.name
                     )));
                 }
-                let mut stored = stored;
-                // Client URLs are advertised, not identity: take the current flags.
-                for m in &mut stored.members {
-                    if m.id == stored.member_id {
-                        m.client_urls = cfg.advertise_client_urls.clone();
-                    }
-                }
                 Ok((stored, Bootstrap::Restart))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                write_durably(&cfg.data_dir, &path, &serde_json::to_vec_pretty(&fresh).expect("identity serializes"))?;
+                write_durably(
+                    &cfg.data_dir,
+                    &path,
+                    &serde_json::to_vec_pretty(&fresh).expect("identity serializes"),
+                )?;
                 Ok((fresh, Bootstrap::New))
             }
             Err(e) => Err(CoreError::DataDir { path, source: e }),
         }
+    }
+}
+
+impl Identity {
+    /// Records the cluster id a joining member learned from its peers.
+    pub fn save(&self, data_dir: &Path) -> Result<(), CoreError> {
+        let path = data_dir.join(IDENTITY_FILE);
+        write_durably(data_dir, &path, &serde_json::to_vec_pretty(self).expect("identity serializes"))
     }
 }
 
@@ -140,14 +160,19 @@ pub enum Bootstrap {
 /// fsyncs the directory, so a crash leaves either the old file or the whole new one.
 pub fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), CoreError> {
     use std::io::Write;
-    let err = |source| CoreError::DataDir { path: path.to_path_buf(), source };
+    let err = |source| CoreError::DataDir {
+        path: path.to_path_buf(),
+        source,
+    };
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
     f.write_all(bytes).map_err(err)?;
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err)?;
     Ok(())
 }
 
@@ -156,14 +181,23 @@ mod tests {
     use super::*;
 
     fn member(name: &str, url: &str) -> InitialMember {
-        InitialMember { name: name.into(), peer_urls: vec![url.into()] }
+        InitialMember {
+            name: name.into(),
+            peer_urls: vec![url.into()],
+        }
     }
 
     #[test]
     fn ids_depend_on_urls_and_token_only() {
         let a = member_id(&member("a", "http://127.0.0.1:2380"), "t");
-        assert_eq!(a, member_id(&member("renamed", "http://127.0.0.1:2380"), "t"));
-        assert_ne!(a, member_id(&member("a", "http://127.0.0.1:2380"), "other-token"));
+        assert_eq!(
+            a,
+            member_id(&member("renamed", "http://127.0.0.1:2380"), "t")
+        );
+        assert_ne!(
+            a,
+            member_id(&member("a", "http://127.0.0.1:2380"), "other-token")
+        );
         assert_ne!(a, member_id(&member("a", "http://127.0.0.1:2381"), "t"));
         assert_eq!(cluster_id(&[3, 1, 2]), cluster_id(&[1, 2, 3]));
         assert_ne!(cluster_id(&[1, 2]), cluster_id(&[1, 2, 3]));

@@ -60,7 +60,13 @@ fn waiter_key(prefix: &[u8], lease: i64) -> Bytes {
 }
 
 async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
-    let out = shared.propose(pb::InternalRaftRequest { txn: Some(t), ..Default::default() }).await.map_err(etcd)?;
+    let out = shared
+        .propose(pb::InternalRaftRequest {
+            txn: Some(t),
+            ..Default::default()
+        })
+        .await
+        .map_err(etcd)?;
     match out.response {
         kv::OpResponse::Txn(r) => {
             let h = Some(pb::ResponseHeader {
@@ -71,14 +77,17 @@ async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
             });
             Ok(convert::txn_response(r, h))
         }
-        _ => Err(Status::new(Code::Internal, "keel: mismatched apply response")),
+        _ => Err(Status::new(
+            Code::Internal,
+            "keel: mismatched apply response",
+        )),
     }
 }
 
 /// A linearizable read, as clientv3's default Get.
 async fn get(shared: &Shared, req: kv::RangeRequest) -> R<pb::RangeResponse> {
     shared.read_barrier().await.map_err(etcd)?;
-    let r = shared.reader.range(&req).map_err(|e| etcd(kv_error(e)))?;
+    let r = shared.reader().range(&req).map_err(|e| etcd(kv_error(e)))?;
     let h = shared.header(r.revision);
     Ok(convert::range_response(r, h))
 }
@@ -107,7 +116,11 @@ fn range_op(r: kv::RangeRequest) -> pb::RequestOp {
                 kv::SortOrder::Descend => 2,
                 kv::SortOrder::None => 0,
             },
-            sort_target: if r.sort_target == kv::SortTarget::Create { 2 } else { 0 },
+            sort_target: if r.sort_target == kv::SortTarget::Create {
+                2
+            } else {
+                0
+            },
             ..Default::default()
         })),
     }
@@ -115,7 +128,12 @@ fn range_op(r: kv::RangeRequest) -> pb::RequestOp {
 
 fn put_op(key: Bytes, value: Bytes, lease: i64) -> pb::RequestOp {
     pb::RequestOp {
-        request: Some(pb::request_op::Request::RequestPut(pb::PutRequest { key, value, lease, ..Default::default() })),
+        request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+            key,
+            value,
+            lease,
+            ..Default::default()
+        })),
     }
 }
 
@@ -141,21 +159,43 @@ async fn session_lease(shared: &Shared, lease: i64) -> R<i64> {
         return Ok(lease);
     }
     let id = shared.new_lease_id();
-    let grant = pb::LeaseGrantRequest { ttl: SESSION_TTL_S, id };
-    let out = shared.propose(pb::InternalRaftRequest { lease_grant: Some(grant), ..Default::default() }).await.map_err(etcd)?;
+    let grant = pb::LeaseGrantRequest {
+        ttl: SESSION_TTL_S,
+        id,
+    };
+    let out = shared
+        .propose(pb::InternalRaftRequest {
+            lease_grant: Some(grant),
+            ..Default::default()
+        })
+        .await
+        .map_err(etcd)?;
     match out.response {
         kv::OpResponse::LeaseGrant(g) => Ok(g.id),
-        _ => Err(Status::new(Code::Internal, "keel: mismatched apply response")),
+        _ => Err(Status::new(
+            Code::Internal,
+            "keel: mismatched apply response",
+        )),
     }
 }
 
 /// Waits until `key` is deleted (or recreated, which is the same for a waiter).
 async fn wait_delete(shared: &Shared, hub: &Rc<Hub>, key: &Bytes, create_rev: i64) -> R<()> {
     loop {
-        let rev = shared.reader.current_revision();
+        let rev = shared.reader().current_revision();
         let changed = hub.wait_change(key.clone(), &[], rev);
-        let r = get(shared, kv::RangeRequest { key: key.clone(), ..Default::default() }).await?;
-        if r.kvs.first().is_none_or(|kv| kv.create_revision != create_rev) {
+        let r = get(
+            shared,
+            kv::RangeRequest {
+                key: key.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        if r.kvs
+            .first()
+            .is_none_or(|kv| kv.create_revision != create_rev)
+        {
             return Ok(());
         }
         let _ = changed.await;
@@ -163,9 +203,18 @@ async fn wait_delete(shared: &Shared, hub: &Rc<Hub>, key: &Bytes, create_rev: i6
 }
 
 /// Waits until no key under `prefix` older than `max_create_rev` remains (etcd's waitDeletes).
-async fn wait_deletes(shared: &Shared, hub: &Rc<Hub>, prefix: &[u8], max_create_rev: i64) -> R<pb::ResponseHeader> {
+async fn wait_deletes(
+    shared: &Shared,
+    hub: &Rc<Hub>,
+    prefix: &[u8],
+    max_create_rev: i64,
+) -> R<pb::ResponseHeader> {
     loop {
-        let r = get(shared, by_create(prefix, kv::SortOrder::Descend, max_create_rev)).await?;
+        let r = get(
+            shared,
+            by_create(prefix, kv::SortOrder::Descend, max_create_rev),
+        )
+        .await?;
         match r.kvs.first() {
             None => return Ok(r.header.unwrap_or_default()),
             Some(kv) => wait_delete(shared, hub, &kv.key, kv.create_revision).await?,
@@ -185,14 +234,26 @@ impl Drop for AbandonGuard {
         if let Some(key) = self.key.take() {
             let shared = self.shared.clone();
             crate::rt::spawn_local(async move {
-                let del = pb::DeleteRangeRequest { key, ..Default::default() };
-                let _ = shared.propose(pb::InternalRaftRequest { delete_range: Some(del), ..Default::default() }).await;
+                let del = pb::DeleteRangeRequest {
+                    key,
+                    ..Default::default()
+                };
+                let _ = shared
+                    .propose(pb::InternalRaftRequest {
+                        delete_range: Some(del),
+                        ..Default::default()
+                    })
+                    .await;
             });
         }
     }
 }
 
-pub async fn lock(shared: &Arc<Shared>, hub: &Rc<Hub>, r: lpb::LockRequest) -> R<lpb::LockResponse> {
+pub async fn lock(
+    shared: &Arc<Shared>,
+    hub: &Rc<Hub>,
+    r: lpb::LockRequest,
+) -> R<lpb::LockResponse> {
     let lease = session_lease(shared, r.lease).await?;
     let mut prefix = r.name.to_vec();
     prefix.push(b'/');
@@ -204,7 +265,10 @@ pub async fn lock(shared: &Arc<Shared>, hub: &Rc<Hub>, r: lpb::LockRequest) -> R
             range_op(by_create(&prefix, kv::SortOrder::Ascend, 0)),
         ],
         failure: vec![
-            range_op(kv::RangeRequest { key: my_key.clone(), ..Default::default() }),
+            range_op(kv::RangeRequest {
+                key: my_key.clone(),
+                ..Default::default()
+            }),
             range_op(by_create(&prefix, kv::SortOrder::Ascend, 0)),
         ],
     };
@@ -213,24 +277,49 @@ pub async fn lock(shared: &Arc<Shared>, hub: &Rc<Hub>, r: lpb::LockRequest) -> R
     let my_rev = if resp.succeeded {
         header.revision
     } else {
-        first_range_kv(&resp, 0).map(|kv| kv.create_revision).ok_or_else(|| etcd(EtcdError::KeyNotFound))?
+        first_range_kv(&resp, 0)
+            .map(|kv| kv.create_revision)
+            .ok_or_else(|| etcd(EtcdError::KeyNotFound))?
     };
     let owner = first_range_kv(&resp, 1);
     if owner.is_none_or(|kv| kv.create_revision == my_rev) {
-        return Ok(lpb::LockResponse { header: Some(header), key: my_key });
+        return Ok(lpb::LockResponse {
+            header: Some(header),
+            key: my_key,
+        });
     }
-    let mut guard = AbandonGuard { shared: shared.clone(), key: Some(my_key.clone()) };
+    let mut guard = AbandonGuard {
+        shared: shared.clone(),
+        key: Some(my_key.clone()),
+    };
     let header = wait_deletes(shared, hub, &prefix, my_rev - 1).await?;
     guard.key = None;
-    Ok(lpb::LockResponse { header: Some(header), key: my_key })
+    Ok(lpb::LockResponse {
+        header: Some(header),
+        key: my_key,
+    })
 }
 
 pub async fn unlock(shared: &Arc<Shared>, r: lpb::UnlockRequest) -> R<lpb::UnlockResponse> {
-    let del = pb::DeleteRangeRequest { key: r.key, ..Default::default() };
-    let out = shared.propose(pb::InternalRaftRequest { delete_range: Some(del), ..Default::default() }).await.map_err(etcd)?;
+    let del = pb::DeleteRangeRequest {
+        key: r.key,
+        ..Default::default()
+    };
+    let out = shared
+        .propose(pb::InternalRaftRequest {
+            delete_range: Some(del),
+            ..Default::default()
+        })
+        .await
+        .map_err(etcd)?;
     match out.response {
-        kv::OpResponse::DeleteRange(d) => Ok(lpb::UnlockResponse { header: shared.header(d.revision) }),
-        _ => Err(Status::new(Code::Internal, "keel: mismatched apply response")),
+        kv::OpResponse::DeleteRange(d) => Ok(lpb::UnlockResponse {
+            header: shared.header(d.revision),
+        }),
+        _ => Err(Status::new(
+            Code::Internal,
+            "keel: mismatched apply response",
+        )),
     }
 }
 
@@ -240,19 +329,29 @@ fn election_prefix(name: &[u8]) -> Vec<u8> {
     p
 }
 
-pub async fn campaign(shared: &Arc<Shared>, hub: &Rc<Hub>, r: epb::CampaignRequest) -> R<epb::CampaignResponse> {
+pub async fn campaign(
+    shared: &Arc<Shared>,
+    hub: &Rc<Hub>,
+    r: epb::CampaignRequest,
+) -> R<epb::CampaignResponse> {
     let lease = session_lease(shared, r.lease).await?;
     let prefix = election_prefix(&r.name);
     let key = waiter_key(&prefix, lease);
     let t = pb::TxnRequest {
         compare: vec![create_rev_is(key.clone(), 0)],
         success: vec![put_op(key.clone(), r.value.clone(), lease)],
-        failure: vec![range_op(kv::RangeRequest { key: key.clone(), ..Default::default() })],
+        failure: vec![range_op(kv::RangeRequest {
+            key: key.clone(),
+            ..Default::default()
+        })],
     };
     let resp = txn(shared, t).await?;
     let header = resp.header.unwrap_or_default();
     let mut leader_rev = header.revision;
-    let mut guard = AbandonGuard { shared: shared.clone(), key: Some(key.clone()) };
+    let mut guard = AbandonGuard {
+        shared: shared.clone(),
+        key: Some(key.clone()),
+    };
     if !resp.succeeded {
         let kv = first_range_kv(&resp, 0).ok_or_else(|| etcd(EtcdError::KeyNotFound))?;
         leader_rev = kv.create_revision;
@@ -264,11 +363,22 @@ pub async fn campaign(shared: &Arc<Shared>, hub: &Rc<Hub>, r: epb::CampaignReque
     guard.key = None;
     Ok(epb::CampaignResponse {
         header: Some(header),
-        leader: Some(epb::LeaderKey { name: r.name, key, rev: leader_rev, lease }),
+        leader: Some(epb::LeaderKey {
+            name: r.name,
+            key,
+            rev: leader_rev,
+            lease,
+        }),
     })
 }
 
-async fn proclaim_value(shared: &Shared, key: &Bytes, rev: i64, lease: i64, value: Bytes) -> R<pb::ResponseHeader> {
+async fn proclaim_value(
+    shared: &Shared,
+    key: &Bytes,
+    rev: i64,
+    lease: i64,
+    value: Bytes,
+) -> R<pb::ResponseHeader> {
     let t = pb::TxnRequest {
         compare: vec![create_rev_is(key.clone(), rev)],
         success: vec![put_op(key.clone(), value, lease)],
@@ -284,14 +394,23 @@ async fn proclaim_value(shared: &Shared, key: &Bytes, rev: i64, lease: i64, valu
 pub async fn proclaim(shared: &Arc<Shared>, r: epb::ProclaimRequest) -> R<epb::ProclaimResponse> {
     let leader = r.leader.ok_or_else(missing_leader_key)?;
     let header = proclaim_value(shared, &leader.key, leader.rev, leader.lease, r.value).await?;
-    Ok(epb::ProclaimResponse { header: Some(header) })
+    Ok(epb::ProclaimResponse {
+        header: Some(header),
+    })
 }
 
 pub async fn leader(shared: &Arc<Shared>, r: epb::LeaderRequest) -> R<epb::LeaderResponse> {
-    let resp = get(shared, by_create(&election_prefix(&r.name), kv::SortOrder::Ascend, 0)).await?;
+    let resp = get(
+        shared,
+        by_create(&election_prefix(&r.name), kv::SortOrder::Ascend, 0),
+    )
+    .await?;
     match resp.kvs.into_iter().next() {
         None => Err(election_no_leader()),
-        Some(kv) => Ok(epb::LeaderResponse { header: resp.header, kv: Some(kv) }),
+        Some(kv) => Ok(epb::LeaderResponse {
+            header: resp.header,
+            kv: Some(kv),
+        }),
     }
 }
 
@@ -300,21 +419,33 @@ pub async fn resign(shared: &Arc<Shared>, r: epb::ResignRequest) -> R<epb::Resig
     let t = pb::TxnRequest {
         compare: vec![create_rev_is(leader.key.clone(), leader.rev)],
         success: vec![pb::RequestOp {
-            request: Some(pb::request_op::Request::RequestDeleteRange(pb::DeleteRangeRequest {
-                key: leader.key,
-                ..Default::default()
-            })),
+            request: Some(pb::request_op::Request::RequestDeleteRange(
+                pb::DeleteRangeRequest {
+                    key: leader.key,
+                    ..Default::default()
+                },
+            )),
         }],
         failure: vec![],
     };
     let resp = txn(shared, t).await?;
-    Ok(epb::ResignResponse { header: resp.header })
+    Ok(epb::ResignResponse {
+        header: resp.header,
+    })
 }
 
 /// Streams the election's leader: the current one, every value it proclaims, and each
 /// successor, until the client goes away.
-pub async fn observe(shared: &Arc<Shared>, hub: &Rc<Hub>, call: Call, sink: &mut ResponseSink) -> Status {
-    let Call { head: _, mut requests } = call;
+pub async fn observe(
+    shared: &Arc<Shared>,
+    hub: &Rc<Hub>,
+    call: Call,
+    sink: &mut ResponseSink,
+) -> Status {
+    let Call {
+        head: _,
+        mut requests,
+    } = call;
     let req: epb::LeaderRequest = match requests.decode_one().await {
         Ok(r) => r,
         Err(status) => return status,
@@ -323,7 +454,7 @@ pub async fn observe(shared: &Arc<Shared>, hub: &Rc<Hub>, call: Call, sink: &mut
     let end = prefix_end(&prefix);
     let mut last_sent: Option<(Bytes, i64)> = None;
     loop {
-        let rev = shared.reader.current_revision();
+        let rev = shared.reader().current_revision();
         let changed = hub.wait_change(Bytes::copy_from_slice(&prefix), &end, rev);
         let resp = match get(shared, by_create(&prefix, kv::SortOrder::Ascend, 0)).await {
             Ok(r) => r,
@@ -332,7 +463,10 @@ pub async fn observe(shared: &Arc<Shared>, hub: &Rc<Hub>, call: Call, sink: &mut
         if let Some(kv) = resp.kvs.first() {
             let seen = (kv.key.clone(), kv.mod_revision);
             if last_sent.as_ref() != Some(&seen) {
-                let out = epb::LeaderResponse { header: resp.header, kv: Some(kv.clone()) };
+                let out = epb::LeaderResponse {
+                    header: resp.header,
+                    kv: Some(kv.clone()),
+                };
                 if let Err(status) = sink.send(&out).await {
                     return status;
                 }
@@ -356,6 +490,9 @@ mod tests {
 
     #[test]
     fn waiter_keys_use_lowercase_hex_leases() {
-        assert_eq!(waiter_key(b"lock/", 0x694d7e3b1c2aa20a), Bytes::from_static(b"lock/694d7e3b1c2aa20a"));
+        assert_eq!(
+            waiter_key(b"lock/", 0x694d7e3b1c2aa20a),
+            Bytes::from_static(b"lock/694d7e3b1c2aa20a")
+        );
     }
 }

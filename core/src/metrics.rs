@@ -12,17 +12,53 @@ use crate::shared::Shared;
 const METHODS: [(&str, &str, &str); 14] = [
     ("/etcdserverpb.KV/Range", "etcdserverpb.KV", "Range"),
     ("/etcdserverpb.KV/Put", "etcdserverpb.KV", "Put"),
-    ("/etcdserverpb.KV/DeleteRange", "etcdserverpb.KV", "DeleteRange"),
+    (
+        "/etcdserverpb.KV/DeleteRange",
+        "etcdserverpb.KV",
+        "DeleteRange",
+    ),
     ("/etcdserverpb.KV/Txn", "etcdserverpb.KV", "Txn"),
     ("/etcdserverpb.KV/Compact", "etcdserverpb.KV", "Compact"),
-    ("/etcdserverpb.Lease/LeaseGrant", "etcdserverpb.Lease", "LeaseGrant"),
-    ("/etcdserverpb.Lease/LeaseRevoke", "etcdserverpb.Lease", "LeaseRevoke"),
-    ("/etcdserverpb.Maintenance/Status", "etcdserverpb.Maintenance", "Status"),
-    ("/etcdserverpb.Maintenance/Alarm", "etcdserverpb.Maintenance", "Alarm"),
-    ("/etcdserverpb.Maintenance/Defragment", "etcdserverpb.Maintenance", "Defragment"),
-    ("/etcdserverpb.Maintenance/HashKV", "etcdserverpb.Maintenance", "HashKV"),
-    ("/etcdserverpb.Cluster/MemberList", "etcdserverpb.Cluster", "MemberList"),
-    ("/grpc.health.v1.Health/Check", "grpc.health.v1.Health", "Check"),
+    (
+        "/etcdserverpb.Lease/LeaseGrant",
+        "etcdserverpb.Lease",
+        "LeaseGrant",
+    ),
+    (
+        "/etcdserverpb.Lease/LeaseRevoke",
+        "etcdserverpb.Lease",
+        "LeaseRevoke",
+    ),
+    (
+        "/etcdserverpb.Maintenance/Status",
+        "etcdserverpb.Maintenance",
+        "Status",
+    ),
+    (
+        "/etcdserverpb.Maintenance/Alarm",
+        "etcdserverpb.Maintenance",
+        "Alarm",
+    ),
+    (
+        "/etcdserverpb.Maintenance/Defragment",
+        "etcdserverpb.Maintenance",
+        "Defragment",
+    ),
+    (
+        "/etcdserverpb.Maintenance/HashKV",
+        "etcdserverpb.Maintenance",
+        "HashKV",
+    ),
+    (
+        "/etcdserverpb.Cluster/MemberList",
+        "etcdserverpb.Cluster",
+        "MemberList",
+    ),
+    (
+        "/grpc.health.v1.Health/Check",
+        "grpc.health.v1.Health",
+        "Check",
+    ),
     ("", "unknown", "unknown"),
 ];
 const CODES: usize = 17;
@@ -52,7 +88,11 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics { handled: (0..METHODS.len() * CODES).map(|_| AtomicU64::new(0)).collect() }
+        Metrics {
+            handled: (0..METHODS.len() * CODES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
     }
 }
 
@@ -62,7 +102,10 @@ impl Metrics {
     }
 
     pub fn record_grpc(&self, path: &str, code: Code) {
-        let m = METHODS.iter().position(|(p, _, _)| *p == path).unwrap_or(METHODS.len() - 1);
+        let m = METHODS
+            .iter()
+            .position(|(p, _, _)| *p == path)
+            .unwrap_or(METHODS.len() - 1);
         let c = (code as usize).min(CODES - 1);
         self.handled[m * CODES + c].fetch_add(1, Ordering::Relaxed);
     }
@@ -71,7 +114,12 @@ impl Metrics {
     pub fn render(&self, shared: &Shared) -> String {
         let mut out = String::with_capacity(4096);
         let leader = shared.leader_id.load(Ordering::Acquire);
-        gauge(&mut out, "etcd_server_has_leader", "Whether or not a leader exists. 1 is existence, 0 is not.", u64::from(leader != 0));
+        gauge(
+            &mut out,
+            "etcd_server_has_leader",
+            "Whether or not a leader exists. 1 is existence, 0 is not.",
+            u64::from(leader != 0),
+        );
         gauge(
             &mut out,
             "etcd_server_is_leader",
@@ -90,7 +138,12 @@ impl Metrics {
             "The total number of consensus proposals applied.",
             shared.applied_index.load(Ordering::Acquire),
         );
-        gauge(&mut out, "etcd_server_term", "Current raft term.", shared.raft_term.load(Ordering::Acquire));
+        gauge(
+            &mut out,
+            "etcd_server_term",
+            "Current raft term.",
+            shared.raft_term.load(Ordering::Acquire),
+        );
         gauge(
             &mut out,
             "etcd_mvcc_db_total_size_in_bytes",
@@ -107,7 +160,7 @@ impl Metrics {
             &mut out,
             "etcd_debugging_mvcc_current_revision",
             "The current revision of store.",
-            shared.reader.current_revision().max(0) as u64,
+            shared.reader().current_revision().max(0) as u64,
         );
         gauge(
             &mut out,
@@ -133,5 +186,8 @@ impl Metrics {
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+    );
 }

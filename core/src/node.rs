@@ -21,16 +21,18 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     // Block the stop signals before any thread exists, so every thread inherits the mask and
     // only `sigwait` below sees them.
     let signals = block_stop_signals();
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|source| CoreError::DataDir { path: config.data_dir.clone(), source })?;
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| CoreError::DataDir {
+        path: config.data_dir.clone(),
+        source,
+    })?;
     let _lock = lock_data_dir(&config)?;
-    let (identity, bootstrap) = Identity::load_or_create(&config)?;
+    let (identity, _bootstrap) = Identity::load_or_create(&config)?;
 
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CoreError>>();
     let raft_config = config.clone();
     let raft_identity = identity.clone();
     let raft = rt::spawn_pinned("keel-raft", config.raft_cpu, move || async move {
-        let opened = raftcore::open(&raft_config, &raft_identity, bootstrap).await;
+        let opened = raftcore::open(&raft_config, &raft_identity).await;
         let (parts, reader) = match opened {
             Ok(x) => x,
             Err(e) => {
@@ -39,14 +41,26 @@ pub fn run(config: Config) -> Result<(), CoreError> {
             }
         };
         let shared = Arc::new(Shared::new(raft_config, raft_identity, reader));
-        let core = RaftCore::new(parts, shared.clone());
+        let core = match RaftCore::new(parts, shared.clone()) {
+            Ok(core) => core,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return Ok(());
+            }
+        };
         let _ = ready_tx.send(Ok(shared));
         core.run().await
     })?;
     let shared = match ready_rx.recv() {
         Ok(Ok(shared)) => shared,
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(raft.join().and_then(|r| r).err().unwrap_or(CoreError::Executor("raft core exited".into()))),
+        Err(_) => {
+            return Err(raft
+                .join()
+                .and_then(|r| r)
+                .err()
+                .unwrap_or(CoreError::Executor("raft core exited".into())))
+        }
     };
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
@@ -117,11 +131,17 @@ fn lock_data_dir(config: &Config) -> Result<std::fs::File, CoreError> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|source| CoreError::DataDir { path: path.clone(), source })?;
+        .map_err(|source| CoreError::DataDir {
+            path: path.clone(),
+            source,
+        })?;
     // SAFETY: the fd is valid for the life of `file`.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
-        return Err(CoreError::DataDir { path, source: std::io::Error::last_os_error() });
+        return Err(CoreError::DataDir {
+            path,
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(file)
 }

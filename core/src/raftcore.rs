@@ -1,37 +1,45 @@
-//! The raft core: one pinned executor that owns the raft state machine, the WAL and the MVCC
-//! writer, and turns proposals from every shard into durable, applied writes.
+//! The raft core: one pinned executor that owns the raft state machine, the WAL, the MVCC
+//! writer and the peer transport, and turns proposals from every shard into durable, applied
+//! writes.
 //!
-//! One loop iteration: drain the proposal and read mailboxes (everything that arrived while the
-//! previous WAL write was in flight forms this batch: group commit), step raft, write the Ready's
-//! hard state and entries as ONE WAL append (one O_DIRECT write plus one fdatasync), advance,
-//! apply the committed entries to keel-kv and complete each waiting call on its shard.
+//! One loop iteration: step what peers sent, drain the proposal, read and query mailboxes
+//! (everything that arrived while the previous WAL write was in flight forms this batch: group
+//! commit), then handle raft's Ready: send the messages that may go out at once, write the hard
+//! state, entries and any received snapshot as ONE WAL append (one O_DIRECT write plus one
+//! fdatasync), send the messages that vouch for durable state, advance, apply the committed
+//! entries to keel-kv and complete each waiting call on its shard.
 //!
 //! Architecture invariant: only this executor mutates raft, the WAL and the MVCC store. A reply
 //! is sent only after the entry it answers is durable and applied.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_channel::oneshot;
 use keel_grpc::EtcdError;
 use keel_io::{DmaStore, Record, Wal, WalConfig};
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_raft::{
-    ConfState, Durability, Entry, EntryType, HardState, MemStorage, RawNode, Role, Snapshot, SnapshotMetadata,
-    Storage,
+    ConfChange, ConfChangeType, Durability, Entry, EntryType, HardState, MemStorage, RawNode, Role, Snapshot,
+    SnapshotMetadata, Storage,
 };
 use prost::Message;
+use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::checkpoint;
+use crate::config::{ClusterState, Config};
 use crate::convert;
 use crate::error::CoreError;
-use crate::ids::{write_durably, Bootstrap, Identity};
+use crate::ids::{write_durably, Identity, Member};
+use crate::peer::Transport;
 use crate::rt;
-use crate::shared::{kv_error, LeaseStatus, Outcome, Query, ReadWait, Reply, Shared};
+use crate::shared::{kv_error, LeaseStatus, MemberChange, Outcome, Query, ReadWait, Reply, Shared};
 use crate::watch::WatchBatch;
 
 /// WAL record kinds. The WAL frames and checksums them; these say what the payload is.
@@ -45,9 +53,16 @@ const PROPOSALS_PER_BATCH_MAX: usize = 4096;
 const PROPOSAL_BYTES_PER_BATCH_MAX: usize = 768 * 1024;
 /// Keys the compactor visits per step, so a step stays well under a millisecond.
 const COMPACT_KEYS_PER_STEP: usize = 256;
+/// Log entries kept behind a checkpoint for followers that are only slightly behind.
+const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
 
-const CHECKPOINT_MAGIC: &[u8; 8] = b"KEELCKPT";
-const CHECKPOINT_VERSION: u32 = 1;
+/// The membership change a ConfChange entry carries, as its context.
+#[derive(Debug, Serialize, Deserialize)]
+struct ConfChangeContext {
+    /// Matches the waiting MemberAdd/Remove/Promote call on the member that proposed it.
+    request_id: u64,
+    member: Option<Member>,
+}
 
 /// Everything the raft core owns, opened on its own executor (the WAL is `!Send`).
 pub struct RaftCore {
@@ -56,13 +71,20 @@ pub struct RaftCore {
     wal: Wal<DmaStore>,
     writer: kv::Writer,
     snap_dir: PathBuf,
-    /// Proposals of this member waiting to be applied, by proposal id.
-    waiting: HashMap<u64, Reply>,
+    transport: Rc<Transport>,
+    members: Vec<Member>,
+    /// Proposals of this member waiting to be applied, by proposal id, with their deadline.
+    waiting: HashMap<u64, (Reply, Instant)>,
+    /// Membership changes waiting to be applied, by request id.
+    member_waiting: HashMap<u64, (oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>, u64, Instant)>,
+    /// A leadership transfer waiting for the new leader.
+    transfer_waiting: Option<(u64, oneshot::Sender<Result<(), EtcdError>>, Instant)>,
     /// Reads waiting for their ReadIndex answer, by context.
-    reads_in_round: HashMap<u64, Vec<ReadWait>>,
+    reads_in_round: HashMap<u64, (Vec<ReadWait>, Instant)>,
     /// Reads whose ReadIndex is known, waiting for apply to reach it (ascending index).
     reads_to_apply: VecDeque<(u64, Vec<ReadWait>)>,
     next_read_ctx: u64,
+    next_request_id: u64,
     applied_since_checkpoint: u64,
     last_checkpoint_index: u64,
     /// When each lease expires, by the leader's clock. Only a leader expires leases.
@@ -70,53 +92,71 @@ pub struct RaftCore {
     /// Leases whose revoke was proposed and when, so expiry proposes each once per second.
     lease_revoking: HashMap<i64, Instant>,
     is_leader: bool,
+    /// This member's name and client URLs are in the applied membership.
+    attributes_published: bool,
+    request_timeout: Duration,
+}
+
+/// The opened pieces, before the shared state exists.
+pub struct RaftCoreParts {
+    node: RawNode<MemStorage>,
+    wal: Wal<DmaStore>,
+    writer: kv::Writer,
+    snap_dir: PathBuf,
+    members: Vec<Member>,
+    last_checkpoint_index: u64,
 }
 
 /// Opens the data directory: the newest valid checkpoint, then the WAL after it. Returns the
 /// core ready to run and the MVCC reader for the shards.
-pub async fn open(config: &Config, identity: &Identity, bootstrap: Bootstrap) -> Result<(RaftCoreParts, kv::Reader), CoreError> {
+pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts, kv::Reader), CoreError> {
     let snap_dir = config.data_dir.join("snap");
     std::fs::create_dir_all(&snap_dir).map_err(|source| CoreError::DataDir { path: snap_dir.clone(), source })?;
     std::fs::create_dir_all(&config.wal_dir)
         .map_err(|source| CoreError::DataDir { path: config.wal_dir.clone(), source })?;
 
-    let checkpoint = load_newest_checkpoint(&snap_dir)?;
-    let (writer, reader, snap_meta) = match checkpoint {
-        Some((meta, kv_bytes)) => {
-            let (w, r) = kv::Store::restore(&kv_bytes).map_err(|e| CoreError::Store(e.to_string()))?;
-            assert_eq!(w.applied_index(), meta.index, "checkpoint header and store disagree on the applied index");
-            (w, r, Some(meta))
-        }
-        None => {
-            let (w, r) = kv::Store::new();
-            (w, r, None)
-        }
-    };
-
     let (wal, records) = Wal::open(DmaStore::new(&config.wal_dir), WalConfig::default())
         .await
         .map_err(|e| CoreError::Wal(e.to_string()))?;
+    let checkpoint = checkpoint::load_newest(&snap_dir)?;
 
-    let voters: Vec<u64> = identity.members.iter().map(|m| m.id).collect();
-    let mut storage = MemStorage::new_with_voters(&voters);
-    if bootstrap == Bootstrap::Restart && records.is_empty() && snap_meta.is_none() {
-        tracing::warn!("data directory has an identity but an empty log: starting from an empty store");
-    }
-    // A new cluster's storage starts from a bootstrap snapshot holding the membership (the
-    // log starts after it), so that snapshot counts as applied too.
-    let applied = snap_meta.as_ref().map_or(storage.first_index() - 1, |m| m.index);
-    if let Some(meta) = &snap_meta {
-        storage.set_conf_state(meta.conf_state.clone());
-        storage.apply_snapshot(Snapshot { metadata: meta.clone(), data: Bytes::new() });
-    }
+    // A founding member starts from a bootstrap snapshot at index 1 holding the initial voters.
+    // A member joining an existing cluster starts empty and learns everything from the leader.
+    let joining = config.initial_cluster_state == ClusterState::Existing;
+    let mut storage = if joining {
+        MemStorage::new()
+    } else {
+        let voters: Vec<u64> = identity.members.iter().map(|m| m.id).collect();
+        MemStorage::new_with_voters(&voters)
+    };
+    let mut members = identity.members.clone();
+    let (writer, reader) = match checkpoint {
+        Some(cp) => {
+            let (w, r) = kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+            assert_eq!(w.applied_index(), cp.meta.index, "checkpoint header and store disagree on the applied index");
+            members = cp.members.clone();
+            storage.set_conf_state(cp.meta.conf_state.clone());
+            // The checkpoint file is also what a far-behind follower receives as a snapshot.
+            let data = Bytes::from(checkpoint::encode(cp.meta.index, cp.meta.term, &cp.meta.conf_state, &cp.members, &cp.kv_image));
+            storage.apply_snapshot(Snapshot { metadata: cp.meta, data });
+            (w, r)
+        }
+        None => kv::Store::new(),
+    };
+    let applied = storage.first_index() - 1;
+
+    // Replay: entries as raft last wrote them (a later entry at an index overwrites the tail
+    // from there); a snapshot record discards everything before it.
+    let mut entries: Vec<Entry> = Vec::new();
     let mut hard_state: Option<HardState> = None;
     for rec in records {
         match rec.kind {
             WAL_KIND_ENTRY => {
                 let e = Entry::decode(&rec.payload).map_err(|e| CoreError::Wal(format!("bad entry record: {e}")))?;
-                if e.index > applied {
-                    storage.append(std::slice::from_ref(&e));
+                while entries.last().is_some_and(|last| last.index >= e.index) {
+                    entries.pop();
                 }
+                entries.push(e);
             }
             WAL_KIND_HARD_STATE => {
                 hard_state = Some(
@@ -126,21 +166,38 @@ pub async fn open(config: &Config, identity: &Identity, bootstrap: Bootstrap) ->
             WAL_KIND_SNAPSHOT => {
                 let meta = SnapshotMetadata::decode(&rec.payload)
                     .map_err(|e| CoreError::Wal(format!("bad snapshot record: {e}")))?;
+                entries.clear();
                 if meta.index > applied {
-                    // A snapshot received from a leader whose state was not checkpointed
-                    // yet cannot be rebuilt from the log alone.
-                    return Err(CoreError::Wal(format!(
-                        "WAL names snapshot {} past the newest checkpoint {applied}",
-                        meta.index
-                    )));
+                    // Snapshots with state are checkpointed before their WAL record is written;
+                    // only the empty bootstrap snapshot (index 1) has no checkpoint.
+                    if meta.index > 1 {
+                        return Err(CoreError::Wal(format!(
+                            "WAL names snapshot {} past the newest checkpoint {applied}",
+                            meta.index
+                        )));
+                    }
+                    storage.set_conf_state(meta.conf_state.clone());
+                    storage.apply_snapshot(Snapshot { metadata: meta, data: Bytes::new() });
                 }
             }
             other => return Err(CoreError::Wal(format!("unknown WAL record kind {other}"))),
         }
     }
-    // The commit index may trail what the log holds (it is persisted lazily); it never
-    // points past the last entry we have, and never below what the checkpoint applied.
+    let applied = storage.first_index() - 1;
+    let tail: Vec<Entry> = entries.into_iter().filter(|e| e.index > applied).collect();
+    if let Some(first) = tail.first() {
+        if first.index != applied + 1 {
+            return Err(CoreError::Wal(format!(
+                "WAL entries start at {} but the checkpoint ends at {applied}: a gap",
+                first.index
+            )));
+        }
+        storage.append(&tail);
+    }
+    // The commit index may trail what the log holds (it is persisted lazily); it never points
+    // past the last entry we have, and never below what the checkpoint applied.
     let mut hard_state = hard_state.unwrap_or_else(|| storage.hard_state());
+    hard_state.term = hard_state.term.max(storage.hard_state().term);
     hard_state.commit = hard_state.commit.clamp(applied, storage.last_index().max(applied));
     storage.set_hard_state(hard_state);
 
@@ -148,7 +205,7 @@ pub async fn open(config: &Config, identity: &Identity, bootstrap: Bootstrap) ->
     rc.heartbeat_tick = 1;
     rc.election_tick = (config.election_timeout_ms / config.heartbeat_interval_ms).max(2) as usize;
     rc.applied = applied;
-    rc.seed = identity.member_id ^ identity.cluster_id;
+    rc.seed = identity.member_id;
     let node = RawNode::new(&rc, storage).map_err(|e| CoreError::Raft(e.to_string()))?;
     tracing::info!(
         applied_index = applied,
@@ -157,38 +214,203 @@ pub async fn open(config: &Config, identity: &Identity, bootstrap: Bootstrap) ->
         commit = hard_state.commit,
         "recovered raft log"
     );
-    Ok((RaftCoreParts { node, wal, writer, snap_dir, last_checkpoint_index: applied }, reader))
-}
-
-/// The opened pieces, before the shared state exists.
-pub struct RaftCoreParts {
-    node: RawNode<MemStorage>,
-    wal: Wal<DmaStore>,
-    writer: kv::Writer,
-    snap_dir: PathBuf,
-    last_checkpoint_index: u64,
+    Ok((RaftCoreParts { node, wal, writer, snap_dir, members, last_checkpoint_index: applied }, reader))
 }
 
 impl RaftCore {
-    pub fn new(parts: RaftCoreParts, shared: Arc<Shared>) -> RaftCore {
-        let RaftCoreParts { node, wal, writer, snap_dir, last_checkpoint_index } = parts;
+    /// Builds the core on its executor; binds the peer listeners.
+    pub fn new(parts: RaftCoreParts, shared: Arc<Shared>) -> Result<RaftCore, CoreError> {
+        let RaftCoreParts { node, wal, writer, snap_dir, members, last_checkpoint_index } = parts;
         publish_store_size(&shared, &writer);
         shared.applied_index.store(writer.applied_index(), Ordering::Release);
-        RaftCore {
+        let transport = Transport::new(shared.member_id(), shared.cluster_id());
+        for addr in &shared.config.listen_peer_addrs {
+            transport
+                .listen(*addr)
+                .map_err(|source| CoreError::Listen { addr: *addr, source })?;
+        }
+        let request_timeout = Duration::from_secs(5) + 2 * Duration::from_millis(shared.config.election_timeout_ms);
+        let mut core = RaftCore {
             shared,
             node,
             wal,
             writer,
             snap_dir,
+            transport,
+            members: Vec::new(),
             waiting: HashMap::new(),
+            member_waiting: HashMap::new(),
+            transfer_waiting: None,
             reads_in_round: HashMap::new(),
             reads_to_apply: VecDeque::new(),
             next_read_ctx: 1,
+            next_request_id: 1,
             applied_since_checkpoint: 0,
             last_checkpoint_index,
             lease_deadlines: HashMap::new(),
             lease_revoking: HashMap::new(),
             is_leader: false,
+            attributes_published: false,
+            request_timeout,
+        };
+        core.set_members(members);
+        Ok(core)
+    }
+
+    fn set_members(&mut self, members: Vec<Member>) {
+        let peers: Vec<(u64, Vec<String>)> = members.iter().map(|m| (m.id, m.peer_urls.clone())).collect();
+        self.transport.set_peers(&peers);
+        let me = self.shared.member_id();
+        let mine = members.iter().find(|m| m.id == me);
+        self.shared.is_learner.store(mine.is_some_and(|m| m.is_learner), Ordering::Release);
+        self.attributes_published = mine.is_some_and(|m| {
+            m.name == self.shared.config.name && m.client_urls == self.shared.config.advertise_client_urls
+        });
+        *self.shared.members.lock().expect("members lock is never poisoned") = members.clone();
+        self.members = members;
+    }
+
+    /// Runs until the node is asked to stop; then writes a checkpoint so the next start is fast.
+    pub async fn run(mut self) -> Result<(), CoreError> {
+        let tick = Duration::from_millis(self.shared.config.heartbeat_interval_ms);
+        let mut next_tick = Instant::now() + tick;
+        // A lone voter need not wait an election timeout to lead its own cluster.
+        if self.node.raft().conf_state().voters == [self.shared.member_id()] {
+            self.node.campaign();
+        }
+        self.restart_lease_clocks();
+        loop {
+            if self.shared.stopping.load(Ordering::Acquire) {
+                break;
+            }
+            let idle = !self.node.has_ready()
+                && self.shared.proposals.is_empty()
+                && self.shared.reads.is_empty()
+                && self.shared.queries.is_empty()
+                && !self.transport.has_inbox()
+                && !self.writer.compaction_pending();
+            if idle {
+                let wait = next_tick.saturating_duration_since(Instant::now());
+                let proposals = self.shared.proposals.clone();
+                let reads = self.shared.reads.clone();
+                let queries = self.shared.queries.clone();
+                let transport = self.transport.clone();
+                futures_lite::future::or(
+                    futures_lite::future::or(proposals.ready(), reads.ready()),
+                    futures_lite::future::or(
+                        futures_lite::future::or(queries.ready(), transport.inbox_ready()),
+                        rt::sleep(wait),
+                    ),
+                )
+                .await;
+            }
+            self.step_peers();
+            let now = Instant::now();
+            if now >= next_tick {
+                while now >= next_tick {
+                    self.node.tick();
+                    next_tick += tick;
+                }
+                self.expire_leases();
+                self.expire_waiting(now);
+                self.publish_attributes();
+            }
+            self.answer_queries();
+            self.take_proposals();
+            self.take_reads();
+            if self.node.has_ready() {
+                self.handle_ready().await?;
+            } else if self.writer.compaction_pending() {
+                // Compaction runs in bounded steps between batches, never as one long pause.
+                self.writer.compact_step(COMPACT_KEYS_PER_STEP);
+                publish_store_size(&self.shared, &self.writer);
+                futures_lite::future::yield_now().await;
+            }
+        }
+        self.fail_all_waiting(EtcdError::Stopped);
+        if self.writer.applied_index() > self.last_checkpoint_index {
+            self.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    fn step_peers(&mut self) {
+        for m in self.transport.take_inbox() {
+            if let Err(e) = self.node.step(m) {
+                tracing::debug!(error = %e, "peer message refused");
+            }
+        }
+        let (unreachable, snapshots) = self.transport.take_reports();
+        for id in unreachable {
+            self.node.report_unreachable(id);
+        }
+        for (id, status) in snapshots {
+            self.node.report_snapshot(id, status);
+        }
+        if let Some(cid) = self.transport.learned_cluster_id() {
+            if self.shared.cluster_id() == 0 {
+                tracing::info!(cluster_id = format!("{cid:x}"), "joined the cluster");
+                self.shared.set_cluster_id(cid);
+                let mut identity = self.shared.identity.clone();
+                identity.cluster_id = cid;
+                if let Err(e) = identity.save(&self.shared.config.data_dir) {
+                    tracing::error!(error = %e, "cannot record the cluster id");
+                }
+            }
+        }
+    }
+
+    /// Calls that waited longer than etcd's request timeout get "request timed out".
+    fn expire_waiting(&mut self, now: Instant) {
+        let expired: Vec<u64> = self.waiting.iter().filter(|(_, (_, d))| *d <= now).map(|(id, _)| *id).collect();
+        for id in expired {
+            if let Some((reply, _)) = self.waiting.remove(&id) {
+                let _ = reply.send(Err(EtcdError::Timeout));
+            }
+        }
+        let expired: Vec<u64> = self.member_waiting.iter().filter(|(_, (_, _, d))| *d <= now).map(|(id, _)| *id).collect();
+        for id in expired {
+            if let Some((reply, _, _)) = self.member_waiting.remove(&id) {
+                let _ = reply.send(Err(EtcdError::Timeout));
+            }
+        }
+        if self.transfer_waiting.as_ref().is_some_and(|(_, _, d)| *d <= now) {
+            if let Some((_, reply, _)) = self.transfer_waiting.take() {
+                let _ = reply.send(Err(EtcdError::Timeout));
+            }
+        }
+        let expired: Vec<u64> = self.reads_in_round.iter().filter(|(_, (_, d))| *d <= now).map(|(c, _)| *c).collect();
+        for ctx in expired {
+            if let Some((waits, _)) = self.reads_in_round.remove(&ctx) {
+                for w in waits {
+                    let _ = w.reply.send(Err(EtcdError::Timeout));
+                }
+            }
+        }
+    }
+
+    /// Once a leader is known, a member makes sure the cluster knows its name and client URLs
+    /// (MemberList reports them; etcdctl dials them), as etcd publishes its attributes.
+    fn publish_attributes(&mut self) {
+        if self.attributes_published || !self.shared.has_leader() || self.node.raft().soft_state().leader_id == 0 {
+            return;
+        }
+        let me = self.shared.member_id();
+        if !self.members.iter().any(|m| m.id == me) {
+            return;
+        }
+        let req = pb::InternalRaftRequest {
+            header: Some(pb::RequestHeader::default()),
+            keel_member_attributes: Some(pb::MemberAttributes {
+                id: me,
+                name: self.shared.config.name.clone(),
+                client_urls: self.shared.config.advertise_client_urls.clone(),
+            }),
+            ..Default::default()
+        };
+        if self.node.propose(Bytes::from(req.encode_to_vec())).is_ok() {
+            // Assume it lands; the membership apply re-arms this if it did not.
+            self.attributes_published = true;
         }
     }
 
@@ -267,76 +489,122 @@ impl RaftCore {
                 Query::Leases { reply } => {
                     let _ = reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
                 }
+                Query::Member { change, reply } => self.propose_member_change(change, reply),
+                Query::TransferLeader { to, reply } => {
+                    if !self.is_leader {
+                        let _ = reply.send(Err(not_leader));
+                    } else if to == self.shared.member_id() {
+                        let _ = reply.send(Ok(()));
+                    } else if !self.node.raft().conf_state().voters.contains(&to) {
+                        let _ = reply.send(Err(EtcdError::BadLeaderTransferee));
+                    } else {
+                        self.node.transfer_leader(to);
+                        self.transfer_waiting = Some((to, reply, Instant::now() + self.request_timeout));
+                    }
+                }
             }
         }
     }
 
-    /// Runs until the node is asked to stop; then writes a checkpoint so the next start is fast.
-    pub async fn run(mut self) -> Result<(), CoreError> {
-        let tick = Duration::from_millis(self.shared.config.heartbeat_interval_ms);
-        let mut next_tick = Instant::now() + tick;
-        // A lone voter need not wait an election timeout to lead its own cluster.
-        if self.node.raft().conf_state().voters == [self.shared.member_id()] {
-            self.node.campaign();
-        }
-        self.restart_lease_clocks();
-        loop {
-            if self.shared.stopping.load(Ordering::Acquire) {
-                break;
-            }
-            let idle = !self.node.has_ready()
-                && self.shared.proposals.is_empty()
-                && self.shared.reads.is_empty()
-                && self.shared.queries.is_empty()
-                && !self.writer.compaction_pending();
-            if idle {
-                let wait = next_tick.saturating_duration_since(Instant::now());
-                let proposals = self.shared.proposals.clone();
-                let reads = self.shared.reads.clone();
-                let queries = self.shared.queries.clone();
-                futures_lite::future::or(
-                    futures_lite::future::or(proposals.ready(), reads.ready()),
-                    futures_lite::future::or(queries.ready(), rt::sleep(wait)),
-                )
-                .await;
-            }
-            let now = Instant::now();
-            if now >= next_tick {
-                while now >= next_tick {
-                    self.node.tick();
-                    next_tick += tick;
+    fn propose_member_change(
+        &mut self,
+        change: MemberChange,
+        reply: oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>,
+    ) {
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let find = |id: u64| self.members.iter().find(|m| m.id == id).cloned();
+        let result = match &change {
+            MemberChange::Add { peer_urls, learner } => {
+                if self.members.iter().any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u))) {
+                    Err(EtcdError::PeerUrlExist)
+                } else {
+                    let probe = crate::config::InitialMember { name: String::new(), peer_urls: peer_urls.clone() };
+                    let id = crate::ids::member_id(&probe, &self.shared.identity.cluster_token);
+                    if find(id).is_some() {
+                        Err(EtcdError::MemberExist)
+                    } else {
+                        let member = Member {
+                            id,
+                            name: String::new(),
+                            peer_urls: peer_urls.clone(),
+                            client_urls: Vec::new(),
+                            is_learner: *learner,
+                        };
+                        let change_type =
+                            if *learner { ConfChangeType::AddLearnerNode } else { ConfChangeType::AddNode };
+                        Ok((change_type, id, Some(member)))
+                    }
                 }
-                self.expire_leases();
             }
-            self.answer_queries();
-            self.take_proposals();
-            self.take_reads();
-            if self.node.has_ready() {
-                self.handle_ready().await?;
-            } else if self.writer.compaction_pending() {
-                // Compaction runs in bounded steps between batches, never as one long pause.
-                self.writer.compact_step(COMPACT_KEYS_PER_STEP);
-                publish_store_size(&self.shared, &self.writer);
-                futures_lite::future::yield_now().await;
+            MemberChange::Remove { id } => match find(*id) {
+                None => Err(EtcdError::MemberNotFound),
+                Some(m) => Ok((ConfChangeType::RemoveNode, *id, Some(m))),
+            },
+            MemberChange::Promote { id } => match find(*id) {
+                None => Err(EtcdError::MemberNotFound),
+                Some(m) if !m.is_learner => Err(EtcdError::MemberNotLearner),
+                Some(m) => Ok((ConfChangeType::AddNode, *id, Some(Member { is_learner: false, ..m }))),
+            },
+            MemberChange::Update { id, peer_urls } => match find(*id) {
+                None => Err(EtcdError::MemberNotFound),
+                Some(_) => {
+                    // A URL change is not a raft membership change: it travels as a normal
+                    // entry, applied in order with everything else.
+                    let req = pb::InternalRaftRequest {
+                        header: Some(pb::RequestHeader { id: request_id, ..Default::default() }),
+                        keel_member_update: Some(pb::MemberUpdateRequest { id: *id, peer_ur_ls: peer_urls.clone() }),
+                        ..Default::default()
+                    };
+                    match self.node.propose(Bytes::from(req.encode_to_vec())) {
+                        Ok(()) => {
+                            self.member_waiting.insert(request_id, (reply, *id, Instant::now() + self.request_timeout));
+                        }
+                        Err(_) => {
+                            let _ = reply.send(Err(EtcdError::NoLeader));
+                        }
+                    }
+                    return;
+                }
+            },
+        };
+        let (change_type, node_id, member) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let context = serde_json::to_vec(&ConfChangeContext { request_id, member }).expect("context serializes");
+        let cc = ConfChange { change_type, node_id, context: context.into() };
+        match self.node.propose_conf_change(&cc) {
+            Ok(()) => {
+                self.member_waiting.insert(request_id, (reply, node_id, Instant::now() + self.request_timeout));
+            }
+            Err(keel_raft::Error::LearnerNotCaughtUp(_)) => {
+                let _ = reply.send(Err(EtcdError::LearnerNotReady));
+            }
+            Err(keel_raft::Error::ConfChangePending) => {
+                let _ = reply.send(Err(EtcdError::TooManyRequests));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "membership change refused");
+                let _ = reply.send(Err(if self.shared.has_leader() { EtcdError::NotLeader } else { EtcdError::NoLeader }));
             }
         }
-        self.fail_all_waiting(EtcdError::Stopped);
-        if self.writer.applied_index() > self.last_checkpoint_index {
-            self.checkpoint().await?;
-        }
-        Ok(())
     }
 
     fn take_proposals(&mut self) {
         let mut count = 0;
         let mut bytes = 0;
+        let deadline = Instant::now() + self.request_timeout;
         while count < PROPOSALS_PER_BATCH_MAX && bytes < PROPOSAL_BYTES_PER_BATCH_MAX {
             let Some(p) = self.shared.proposals.try_recv() else { break };
             count += 1;
             bytes += p.data.len();
             match self.node.propose(p.data) {
                 Ok(()) => {
-                    let previous = self.waiting.insert(p.id, p.reply);
+                    let previous = self.waiting.insert(p.id, (p.reply, deadline));
                     assert!(previous.is_none(), "proposal id {} used twice", p.id);
                 }
                 Err(keel_raft::Error::ProposalDropped(why)) => {
@@ -365,7 +633,7 @@ impl RaftCore {
         self.next_read_ctx += 1;
         match self.node.read_index(Bytes::copy_from_slice(&ctx.to_be_bytes())) {
             Ok(()) => {
-                self.reads_in_round.insert(ctx, batch);
+                self.reads_in_round.insert(ctx, (batch, Instant::now() + self.request_timeout));
             }
             Err(_) => {
                 let err = if self.shared.has_leader() { EtcdError::TooManyRequests } else { EtcdError::NoLeader };
@@ -385,21 +653,26 @@ impl RaftCore {
             if self.is_leader && !was_leader {
                 self.restart_lease_clocks();
             }
-            if ss.role != Role::Leader {
-                // Reads this member promised as leader can no longer be confirmed.
-                for (_, waits) in self.reads_in_round.drain() {
-                    for w in waits {
-                        let _ = w.reply.send(Err(EtcdError::LeaderChanged));
+            if let Some((to, _, _)) = &self.transfer_waiting {
+                if ss.leader_id == *to {
+                    if let Some((_, reply, _)) = self.transfer_waiting.take() {
+                        let _ = reply.send(Ok(()));
                     }
                 }
             }
-            tracing::info!(leader = ss.leader_id, role = ?ss.role, "raft role changed");
+            tracing::info!(leader = format!("{:x}", ss.leader_id), role = ?ss.role, "raft role changed");
         }
-        // Peer messages (clusters) would go out here; a single member has none.
-        debug_assert!(rd.messages.is_empty() || self.node.raft().conf_state().voters.len() > 1);
+        // Appends and heartbeats go out while our own write is in flight: the leader's own
+        // log counts toward the quorum only after advance().
+        for m in rd.messages {
+            self.transport.send(m);
+        }
 
         let mut records = Vec::with_capacity(rd.entries.len() + 2);
         if let Some(snap) = &rd.snapshot {
+            // The snapshot's state is made durable as a checkpoint BEFORE its WAL record, so
+            // a restart that finds the record always finds the state.
+            self.persist_snapshot(snap).await?;
             let mut buf = Vec::new();
             snap.metadata.encode(&mut buf);
             records.push(Record { kind: WAL_KIND_SNAPSHOT, index: snap.metadata.index, payload: buf.into() });
@@ -426,15 +699,18 @@ impl RaftCore {
             // the process inside keel-io, so an error here is an I/O error before the sync.
             self.wal.append(records).await.map_err(|e| CoreError::Wal(e.to_string()))?;
         }
+        // Votes and append responses vouch for durable state: only now may they go out.
+        for m in rd.persisted_messages {
+            self.transport.send(m);
+        }
         self.node.advance();
         if let Some(snap) = rd.snapshot {
-            // Installing a leader's snapshot needs the peer transport's MVCC image (cluster issue).
-            return Err(CoreError::Raft(format!("snapshot install at {} is not supported yet", snap.metadata.index)));
+            self.install_snapshot(snap)?;
         }
         self.apply(rd.committed_entries);
         for rs in rd.read_states {
             let ctx = u64::from_be_bytes(rs.context.as_ref().try_into().expect("read contexts are 8 bytes we made"));
-            if let Some(waits) = self.reads_in_round.remove(&ctx) {
+            if let Some((waits, _)) = self.reads_in_round.remove(&ctx) {
                 self.reads_to_apply.push_back((rs.index, waits));
             }
         }
@@ -445,22 +721,84 @@ impl RaftCore {
         Ok(())
     }
 
+    /// Writes a leader's snapshot as our newest checkpoint (durably).
+    async fn persist_snapshot(&mut self, snap: &Snapshot) -> Result<(), CoreError> {
+        if snap.data.is_empty() {
+            return Ok(());
+        }
+        let index = snap.metadata.index;
+        let dir = self.snap_dir.clone();
+        let path = dir.join(checkpoint::file_name(index));
+        let data = snap.data.clone();
+        glommio::executor().spawn_blocking(move || write_durably(&dir, &path, &data)).await?;
+        Ok(())
+    }
+
+    /// Replaces the store with a leader's snapshot. Shards switch readers; their watchers
+    /// resynchronize from the new store's history.
+    fn install_snapshot(&mut self, snap: Snapshot) -> Result<(), CoreError> {
+        let index = snap.metadata.index;
+        if snap.data.is_empty() {
+            // The bootstrap snapshot: an empty store whose membership is in the metadata.
+            let ids = snap.metadata.conf_state.voters.iter().chain(snap.metadata.conf_state.learners.iter());
+            let known = self.members.clone();
+            let members = ids
+                .map(|id| {
+                    known.iter().find(|m| m.id == *id).cloned().unwrap_or(Member {
+                        id: *id,
+                        name: String::new(),
+                        peer_urls: Vec::new(),
+                        client_urls: Vec::new(),
+                        is_learner: snap.metadata.conf_state.learners.contains(id),
+                    })
+                })
+                .collect();
+            self.set_members(members);
+            return Ok(());
+        }
+        let cp = checkpoint::decode(&snap.data).map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
+        let (writer, reader) = kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+        self.writer = writer;
+        self.shared.replace_reader(reader);
+        self.set_members(cp.members);
+        self.last_checkpoint_index = index;
+        self.applied_since_checkpoint = 0;
+        self.shared.applied_index.store(index, Ordering::Release);
+        publish_store_size(&self.shared, &self.writer);
+        for (shard, flag) in self.shared.watch_overflow.iter().enumerate() {
+            flag.store(true, Ordering::Release);
+            self.shared.watch_batches[shard].nudge();
+        }
+        self.restart_lease_clocks();
+        checkpoint::remove_older(&self.snap_dir, index);
+        tracing::info!(index, "installed the leader's snapshot");
+        Ok(())
+    }
+
     fn apply(&mut self, entries: Vec<Entry>) {
         let term = self.shared.raft_term.load(Ordering::Acquire);
         let mut events = Vec::new();
         for e in entries {
+            if e.index <= self.writer.applied_index() {
+                // Already in the store (a snapshot covered it).
+                continue;
+            }
             self.applied_since_checkpoint += 1;
             match e.entry_type {
                 EntryType::ConfChange => {
-                    // Membership changes come with the cluster issue; the entry still occupies
-                    // its index in the store so applied indexes stay contiguous.
+                    self.apply_conf_change(&e);
                     self.writer.apply_empty(e.index);
                 }
                 EntryType::Normal if e.data.is_empty() => self.writer.apply_empty(e.index),
                 EntryType::Normal => {
                     let req = pb::InternalRaftRequest::decode(e.data.clone())
-                        .expect("log entries are InternalRaftRequests this node or a peer encoded and checksummed");
+                        .expect("log entries are InternalRaftRequests a member encoded and checksummed");
                     let id = req.header.as_ref().map_or(req.id, |h| h.id);
+                    if req.keel_member_attributes.is_some() || req.keel_member_update.is_some() {
+                        self.apply_member_request(req, id);
+                        self.writer.apply_empty(e.index);
+                        continue;
+                    }
                     let result = match request_op(req) {
                         Some(op) => {
                             let r = self.writer.apply(e.index, &op).map_err(kv_error);
@@ -478,7 +816,7 @@ impl RaftCore {
                         events.extend(applied.events);
                         Outcome { response: applied.response, raft_term: term }
                     });
-                    if let Some(reply) = self.waiting.remove(&id) {
+                    if let Some((reply, _)) = self.waiting.remove(&id) {
                         let _ = reply.send(result);
                     }
                 }
@@ -491,6 +829,76 @@ impl RaftCore {
         let quota = self.shared.config.quota_backend_bytes;
         if self.shared.db_size_bytes.load(Ordering::Relaxed) > quota && !self.shared.nospace.swap(true, Ordering::AcqRel) {
             tracing::warn!(quota_bytes = quota, "store exceeds its quota: NOSPACE alarm raised");
+        }
+    }
+
+    fn apply_conf_change(&mut self, e: &Entry) {
+        let cc = match ConfChange::decode(&e.data) {
+            Ok(cc) => cc,
+            Err(err) => {
+                tracing::error!(index = e.index, error = %err, "undecodable configuration change skipped");
+                return;
+            }
+        };
+        let cs = self.node.apply_conf_change(&cc);
+        let ctx: Option<ConfChangeContext> = serde_json::from_slice(&cc.context).ok();
+        let mut members = self.members.clone();
+        match cc.change_type {
+            ConfChangeType::RemoveNode => members.retain(|m| m.id != cc.node_id),
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                let learner = cc.change_type == ConfChangeType::AddLearnerNode;
+                match members.iter_mut().find(|m| m.id == cc.node_id) {
+                    Some(m) => m.is_learner = learner,
+                    None => {
+                        let mut m = ctx.as_ref().and_then(|c| c.member.clone()).unwrap_or(Member {
+                            id: cc.node_id,
+                            name: String::new(),
+                            peer_urls: Vec::new(),
+                            client_urls: Vec::new(),
+                            is_learner: learner,
+                        });
+                        m.is_learner = learner;
+                        members.push(m);
+                    }
+                }
+            }
+        }
+        // Raft's view decides who is in: drop anyone it no longer lists.
+        members.retain(|m| cs.voters.contains(&m.id) || cs.learners.contains(&m.id));
+        tracing::info!(change = ?cc.change_type, node = format!("{:x}", cc.node_id), voters = cs.voters.len(), learners = cs.learners.len(), "membership changed");
+        self.set_members(members);
+        if let Some(ctx) = ctx {
+            if let Some((reply, node, _)) = self.member_waiting.remove(&ctx.request_id) {
+                let _ = reply.send(Ok((node, self.members.clone())));
+            }
+        }
+        if cc.change_type == ConfChangeType::RemoveNode && cc.node_id == self.shared.member_id() {
+            tracing::warn!("this member was removed from the cluster; stopping");
+            self.shared.stopping.store(true, Ordering::Release);
+        }
+    }
+
+    fn apply_member_request(&mut self, req: pb::InternalRaftRequest, request_id: u64) {
+        let mut members = self.members.clone();
+        if let Some(a) = req.keel_member_attributes {
+            if let Some(m) = members.iter_mut().find(|m| m.id == a.id) {
+                m.name = a.name;
+                m.client_urls = a.client_urls;
+            }
+        }
+        let mut updated = None;
+        if let Some(u) = req.keel_member_update {
+            if let Some(m) = members.iter_mut().find(|m| m.id == u.id) {
+                m.peer_urls = u.peer_ur_ls;
+                updated = Some(u.id);
+            }
+        }
+        self.set_members(members);
+        if let Some((reply, node, _)) = self.member_waiting.remove(&request_id) {
+            let _ = reply.send(match updated {
+                Some(_) => Ok((node, self.members.clone())),
+                None => Err(EtcdError::MemberNotFound),
+            });
         }
     }
 
@@ -541,10 +949,16 @@ impl RaftCore {
     }
 
     fn fail_all_waiting(&mut self, err: EtcdError) {
-        for (_, reply) in self.waiting.drain() {
+        for (_, (reply, _)) in self.waiting.drain() {
             let _ = reply.send(Err(err));
         }
-        for (_, waits) in self.reads_in_round.drain() {
+        for (_, (reply, _, _)) in self.member_waiting.drain() {
+            let _ = reply.send(Err(err));
+        }
+        if let Some((_, reply, _)) = self.transfer_waiting.take() {
+            let _ = reply.send(Err(err));
+        }
+        for (_, (waits, _)) in self.reads_in_round.drain() {
             for w in waits {
                 let _ = w.reply.send(Err(err));
             }
@@ -563,7 +977,7 @@ impl RaftCore {
     }
 
     /// Writes the MVCC image at the applied index, then lets the WAL and the raft log drop
-    /// what it covers.
+    /// what it covers. The same bytes become the snapshot a far-behind follower receives.
     async fn checkpoint(&mut self) -> Result<(), CoreError> {
         let index = self.writer.applied_index();
         if index == 0 || index <= self.last_checkpoint_index {
@@ -571,28 +985,44 @@ impl RaftCore {
         }
         let term = self.node.store().term(index).map_err(|e| CoreError::Raft(e.to_string()))?;
         let conf_state = self.node.raft().conf_state();
-        let kv_bytes = self.writer.checkpoint();
-        let file = encode_checkpoint(index, term, &conf_state, &kv_bytes);
+        // Capturing the image takes microseconds; serializing and writing it run on the
+        // executor's blocking thread while this loop keeps applying (no stop-the-world pause).
+        let source = self.writer.checkpoint_source();
         let dir = self.snap_dir.clone();
-        let path = dir.join(format!("checkpoint-{index:016x}.keel"));
+        let path = dir.join(checkpoint::file_name(index));
         let started = Instant::now();
-        // The write and its fsync run on the executor's blocking thread, off the event loop.
-        let write_path = path.clone();
-        glommio::executor()
-            .spawn_blocking(move || write_durably(&dir, &write_path, &file))
+        let conf = conf_state.clone();
+        let members = self.members.clone();
+        let written = glommio::executor()
+            .spawn_blocking(move || -> Result<Option<Vec<u8>>, CoreError> {
+                let kv_image = match source.serialize() {
+                    Ok(b) => b,
+                    // A compaction began meanwhile and trimmed what the image needed: the
+                    // next checkpoint tries again.
+                    Err(_) => return Ok(None),
+                };
+                let file = checkpoint::encode(index, term, &conf, &members, &kv_image);
+                write_durably(&dir, &path, &file)?;
+                Ok(Some(file))
+            })
             .await?;
-        tracing::info!(index, bytes = kv_bytes.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint written");
+        let Some(file) = written else {
+            tracing::info!(index, "checkpoint skipped: a compaction raced it");
+            return Ok(());
+        };
+        tracing::info!(index, bytes = file.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint written");
         self.last_checkpoint_index = index;
         self.applied_since_checkpoint = 0;
         let storage = self.node.store_mut();
-        storage.create_snapshot(index, conf_state, Bytes::new()).map_err(|e| CoreError::Raft(e.to_string()))?;
-        // Keep a tail of entries for followers that are slightly behind.
-        let keep = 1000;
-        if index > keep {
-            let _ = storage.compact(index - keep);
+        storage.create_snapshot(index, conf_state, Bytes::from(file)).map_err(|e| CoreError::Raft(e.to_string()))?;
+        if index > LOG_TAIL_KEPT_ENTRIES {
+            let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
         }
-        self.wal.release_before(index.saturating_sub(keep)).await.map_err(|e| CoreError::Wal(e.to_string()))?;
-        remove_older_checkpoints(&self.snap_dir, index);
+        self.wal
+            .release_before(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES))
+            .await
+            .map_err(|e| CoreError::Wal(e.to_string()))?;
+        checkpoint::remove_older(&self.snap_dir, index);
         Ok(())
     }
 }
@@ -623,116 +1053,4 @@ fn request_op(req: pb::InternalRaftRequest) -> Option<kv::Op> {
         return Some(kv::Op::LeaseRevoke(kv::LeaseRevokeRequest { id: r.id }));
     }
     None
-}
-
-fn encode_checkpoint(index: u64, term: u64, conf_state: &ConfState, kv_bytes: &[u8]) -> Vec<u8> {
-    let mut conf = Vec::new();
-    conf_state.encode(&mut conf);
-    let mut out = Vec::with_capacity(kv_bytes.len() + conf.len() + 64);
-    out.extend_from_slice(CHECKPOINT_MAGIC);
-    out.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
-    out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(&term.to_le_bytes());
-    out.extend_from_slice(&(conf.len() as u32).to_le_bytes());
-    out.extend_from_slice(&conf);
-    out.extend_from_slice(&(kv_bytes.len() as u64).to_le_bytes());
-    out.extend_from_slice(kv_bytes);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
-}
-
-/// Parses a checkpoint file; any damage (length, crc, version) is an error, never a guess.
-fn decode_checkpoint(bytes: &[u8]) -> Result<(SnapshotMetadata, Vec<u8>), String> {
-    const FIXED: usize = 8 + 4 + 8 + 8 + 4;
-    if bytes.len() < FIXED + 8 + 4 {
-        return Err("too short".into());
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-    if crc32fast::hash(body) != crc {
-        return Err("crc mismatch".into());
-    }
-    if &body[..8] != CHECKPOINT_MAGIC {
-        return Err("bad magic".into());
-    }
-    let u32_at = |o: usize| u32::from_le_bytes(body[o..o + 4].try_into().expect("4 bytes"));
-    let u64_at = |o: usize| u64::from_le_bytes(body[o..o + 8].try_into().expect("8 bytes"));
-    if u32_at(8) != CHECKPOINT_VERSION {
-        return Err(format!("unknown version {}", u32_at(8)));
-    }
-    let index = u64_at(12);
-    let term = u64_at(20);
-    let conf_len = u32_at(28) as usize;
-    let conf_end = FIXED + conf_len;
-    if body.len() < conf_end + 8 {
-        return Err("conf state overruns the file".into());
-    }
-    let conf_state = ConfState::decode(&body[FIXED..conf_end]).map_err(|e| e.to_string())?;
-    let kv_len = u64_at(conf_end) as usize;
-    if body.len() != conf_end + 8 + kv_len {
-        return Err("store image length does not match the file".into());
-    }
-    Ok((SnapshotMetadata { conf_state, index, term }, body[conf_end + 8..].to_vec()))
-}
-
-fn checkpoint_files(dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let hex = name.strip_prefix("checkpoint-")?.strip_suffix(".keel")?;
-            Some((u64::from_str_radix(hex, 16).ok()?, e.path()))
-        })
-        .collect();
-    files.sort_by(|a, b| b.0.cmp(&a.0));
-    files
-}
-
-/// The newest checkpoint that validates. A damaged newer one is skipped (it was being written
-/// when the process died) in favour of an older valid one; the WAL still covers the gap
-/// because segments are released only after a checkpoint is durable.
-fn load_newest_checkpoint(dir: &Path) -> Result<Option<(SnapshotMetadata, Vec<u8>)>, CoreError> {
-    for (index, path) in checkpoint_files(dir) {
-        let bytes = std::fs::read(&path).map_err(|source| CoreError::DataDir { path: path.clone(), source })?;
-        match decode_checkpoint(&bytes) {
-            Ok((meta, kv)) if meta.index == index => return Ok(Some((meta, kv))),
-            Ok(_) => tracing::warn!(path = %path.display(), "checkpoint name and contents disagree; skipped"),
-            Err(why) => tracing::warn!(path = %path.display(), why, "damaged checkpoint skipped"),
-        }
-    }
-    Ok(None)
-}
-
-fn remove_older_checkpoints(dir: &Path, newest: u64) {
-    for (index, path) in checkpoint_files(dir) {
-        if index < newest {
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot remove an old checkpoint");
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn checkpoint_file_round_trips_and_rejects_damage() {
-        let conf = ConfState { voters: vec![7], learners: vec![] };
-        let file = encode_checkpoint(42, 3, &conf, b"store image");
-        let (meta, kv) = decode_checkpoint(&file).expect("valid");
-        assert_eq!((meta.index, meta.term, meta.conf_state), (42, 3, conf));
-        assert_eq!(kv, b"store image");
-        let mut flipped = file.clone();
-        flipped[30] ^= 1;
-        assert!(decode_checkpoint(&flipped).is_err());
-        assert!(decode_checkpoint(&file[..file.len() - 1]).is_err());
-        let mut padded = file.clone();
-        padded.extend_from_slice(&[0; 16]);
-        assert!(decode_checkpoint(&padded).is_err());
-    }
 }

@@ -34,7 +34,9 @@ where
         // No spin_before_park: busy-spinning starves the kernel's io_uring fsync workers that
         // share the raft core's CPU (FIELD-NOTES: fdatasync got 4x slower).
         .spawn(main)
-        .map_err(|e| CoreError::Executor(format!("cannot start executor {name} on cpu {cpu}: {e}")))?;
+        .map_err(|e| {
+            CoreError::Executor(format!("cannot start executor {name} on cpu {cpu}: {e}"))
+        })?;
     Ok(Pinned(handle))
 }
 
@@ -43,7 +45,9 @@ pub struct Pinned<T: Send + 'static>(glommio::ExecutorJoinHandle<T>);
 
 impl<T: Send + 'static> Pinned<T> {
     pub fn join(self) -> Result<T, CoreError> {
-        self.0.join().map_err(|e| CoreError::Executor(e.to_string()))
+        self.0
+            .join()
+            .map_err(|e| CoreError::Executor(e.to_string()))
     }
 }
 
@@ -59,7 +63,11 @@ pub struct Mailbox<T> {
 impl<T> Mailbox<T> {
     pub fn new(capacity: usize) -> Arc<Mailbox<T>> {
         assert!(capacity > 0, "a mailbox needs room for at least one item");
-        Arc::new(Mailbox { queue: ArrayQueue::new(capacity), waker: AtomicWaker::new(), closed: AtomicBool::new(false) })
+        Arc::new(Mailbox {
+            queue: ArrayQueue::new(capacity),
+            waker: AtomicWaker::new(),
+            closed: AtomicBool::new(false),
+        })
     }
 
     /// Enqueues without waiting; gives the item back when the mailbox is full or closed.
@@ -171,7 +179,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(consumer.join().expect("consumer finishes"), (0..100).sum::<u64>());
+        assert_eq!(
+            consumer.join().expect("consumer finishes"),
+            (0..100).sum::<u64>()
+        );
     }
 
     #[test]

@@ -9,14 +9,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use http::StatusCode;
-use keel_grpc::{unary, Call, CallHead, EtcdError, Handler, HttpRequest, HttpResponse, ResponseSink, ServiceKnown, Status};
+use keel_grpc::{
+    unary, Call, CallHead, EtcdError, Handler, HttpRequest, HttpResponse, ResponseSink,
+    ServiceKnown, Status,
+};
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_proto::health;
 
 use crate::convert;
 use crate::metrics::Metrics;
-use crate::shared::{kv_error, Query, Shared};
+use crate::ids::Member;
+use crate::shared::{kv_error, MemberChange, Query, Shared};
 use crate::watch::Hub;
 
 /// The version Status and /version report. kube-apiserver enables RequestProgress only from
@@ -34,7 +38,11 @@ pub struct Api {
 
 impl Api {
     pub fn new(shared: Arc<Shared>, metrics: Arc<Metrics>, hub: Rc<Hub>) -> Api {
-        Api { shared, metrics, hub }
+        Api {
+            shared,
+            metrics,
+            hub,
+        }
     }
 }
 
@@ -45,17 +53,15 @@ fn etcd(e: EtcdError) -> Status {
 }
 
 impl Handler for Api {
-    fn grpc<'a>(self: Rc<Self>, call: Call, sink: &'a mut ResponseSink) -> impl std::future::Future<Output = Status> + 'a {
-        async move {
-            let path = call.head.path.clone();
-            let status = self.dispatch(&path, call, sink).await;
-            self.metrics.record_grpc(&path, status.code);
-            status
-        }
+    async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
+        let path = call.head.path.clone();
+        let status = self.dispatch(&path, call, sink).await;
+        self.metrics.record_grpc(&path, status.code);
+        status
     }
 
-    fn http(self: Rc<Self>, request: HttpRequest) -> impl std::future::Future<Output = HttpResponse> + 'static {
-        async move { crate::http::serve(&self.shared, &self.metrics, request) }
+    async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {
+        crate::http::serve(&self.shared, &self.metrics, request)
     }
 }
 
@@ -67,49 +73,113 @@ impl Api {
         }
         let this = self.clone();
         match path {
-            "/etcdserverpb.KV/Range" => unary(call, sink, |r, _| async move { this.range(r).await }).await,
-            "/etcdserverpb.KV/Put" => unary(call, sink, |r, _| async move { this.put(r).await }).await,
-            "/etcdserverpb.KV/DeleteRange" => unary(call, sink, |r, _| async move { this.delete_range(r).await }).await,
-            "/etcdserverpb.KV/Txn" => unary(call, sink, |r, _| async move { this.txn(r).await }).await,
-            "/etcdserverpb.KV/Compact" => unary(call, sink, |r, _| async move { this.compact(r).await }).await,
-            "/etcdserverpb.Lease/LeaseGrant" => unary(call, sink, |r, _| async move { this.lease_grant(r).await }).await,
+            "/etcdserverpb.KV/Range" => {
+                unary(call, sink, |r, _| async move { this.range(r).await }).await
+            }
+            "/etcdserverpb.KV/Put" => {
+                unary(call, sink, |r, _| async move { this.put(r).await }).await
+            }
+            "/etcdserverpb.KV/DeleteRange" => {
+                unary(call, sink, |r, _| async move { this.delete_range(r).await }).await
+            }
+            "/etcdserverpb.KV/Txn" => {
+                unary(call, sink, |r, _| async move { this.txn(r).await }).await
+            }
+            "/etcdserverpb.KV/Compact" => {
+                unary(call, sink, |r, _| async move { this.compact(r).await }).await
+            }
+            "/etcdserverpb.Lease/LeaseGrant" => {
+                unary(call, sink, |r, _| async move { this.lease_grant(r).await }).await
+            }
             "/etcdserverpb.Lease/LeaseRevoke" => {
                 unary(call, sink, |r, _| async move { this.lease_revoke(r).await }).await
             }
             "/etcdserverpb.Watch/Watch" => self.hub.serve(call, sink).await,
             "/etcdserverpb.Lease/LeaseKeepAlive" => self.lease_keep_alive(call, sink).await,
             "/etcdserverpb.Lease/LeaseTimeToLive" => {
-                unary(call, sink, |r, _| async move { this.lease_time_to_live(r).await }).await
+                unary(call, sink, |r, _| async move {
+                    this.lease_time_to_live(r).await
+                })
+                .await
             }
-            "/etcdserverpb.Lease/LeaseLeases" => unary(call, sink, |r, _| async move { this.lease_leases(r).await }).await,
-            "/v3lockpb.Lock/Lock" => unary(call, sink, |r, _| async move { crate::lock::lock(&this.shared, &this.hub, r).await }).await,
+            "/etcdserverpb.Lease/LeaseLeases" => {
+                unary(call, sink, |r, _| async move { this.lease_leases(r).await }).await
+            }
+            "/v3lockpb.Lock/Lock" => {
+                unary(call, sink, |r, _| async move {
+                    crate::lock::lock(&this.shared, &this.hub, r).await
+                })
+                .await
+            }
             "/v3lockpb.Lock/Unlock" => {
-                unary(call, sink, |r, _| async move { crate::lock::unlock(&this.shared, r).await }).await
+                unary(call, sink, |r, _| async move {
+                    crate::lock::unlock(&this.shared, r).await
+                })
+                .await
             }
             "/v3electionpb.Election/Campaign" => {
-                unary(call, sink, |r, _| async move { crate::lock::campaign(&this.shared, &this.hub, r).await }).await
+                unary(call, sink, |r, _| async move {
+                    crate::lock::campaign(&this.shared, &this.hub, r).await
+                })
+                .await
             }
             "/v3electionpb.Election/Proclaim" => {
-                unary(call, sink, |r, _| async move { crate::lock::proclaim(&this.shared, r).await }).await
+                unary(call, sink, |r, _| async move {
+                    crate::lock::proclaim(&this.shared, r).await
+                })
+                .await
             }
             "/v3electionpb.Election/Leader" => {
-                unary(call, sink, |r, _| async move { crate::lock::leader(&this.shared, r).await }).await
+                unary(call, sink, |r, _| async move {
+                    crate::lock::leader(&this.shared, r).await
+                })
+                .await
             }
             "/v3electionpb.Election/Resign" => {
-                unary(call, sink, |r, _| async move { crate::lock::resign(&this.shared, r).await }).await
+                unary(call, sink, |r, _| async move {
+                    crate::lock::resign(&this.shared, r).await
+                })
+                .await
             }
-            "/v3electionpb.Election/Observe" => crate::lock::observe(&self.shared, &self.hub, call, sink).await,
-            "/etcdserverpb.Maintenance/Status" => unary(call, sink, |r, _| async move { this.status(r) }).await,
-            "/etcdserverpb.Maintenance/Alarm" => unary(call, sink, |r, _| async move { this.alarm(r) }).await,
+            "/v3electionpb.Election/Observe" => {
+                crate::lock::observe(&self.shared, &self.hub, call, sink).await
+            }
+            "/etcdserverpb.Maintenance/Status" => {
+                unary(call, sink, |r, _| async move { this.status(r) }).await
+            }
+            "/etcdserverpb.Maintenance/Alarm" => {
+                unary(call, sink, |r, _| async move { this.alarm(r) }).await
+            }
             "/etcdserverpb.Maintenance/Defragment" => {
                 // The store has no free pages to give back: compaction already reclaims the value
                 // log in the background. etcd answers Defragment without a header.
-                unary(call, sink, |_r: pb::DefragmentRequest, _| async move { Ok(pb::DefragmentResponse { header: None }) })
-                    .await
+                unary(call, sink, |_r: pb::DefragmentRequest, _| async move {
+                    Ok(pb::DefragmentResponse { header: None })
+                })
+                .await
             }
-            "/etcdserverpb.Maintenance/HashKV" => unary(call, sink, |r, _| async move { this.hash_kv(r) }).await,
-            "/etcdserverpb.Cluster/MemberList" => unary(call, sink, |r, _| async move { this.member_list(r) }).await,
-            "/grpc.health.v1.Health/Check" => unary(call, sink, |r, _| async move { this.health_check(r) }).await,
+            "/etcdserverpb.Maintenance/HashKV" => {
+                unary(call, sink, |r, _| async move { this.hash_kv(r) }).await
+            }
+            "/etcdserverpb.Cluster/MemberAdd" => unary(call, sink, |r, _| async move { this.member_add(r).await }).await,
+            "/etcdserverpb.Cluster/MemberRemove" => {
+                unary(call, sink, |r, _| async move { this.member_remove(r).await }).await
+            }
+            "/etcdserverpb.Cluster/MemberUpdate" => {
+                unary(call, sink, |r, _| async move { this.member_update(r).await }).await
+            }
+            "/etcdserverpb.Cluster/MemberPromote" => {
+                unary(call, sink, |r, _| async move { this.member_promote(r).await }).await
+            }
+            "/etcdserverpb.Maintenance/MoveLeader" => {
+                unary(call, sink, |r, _| async move { this.move_leader(r).await }).await
+            }
+            "/etcdserverpb.Cluster/MemberList" => {
+                unary(call, sink, |r, _| async move { this.member_list(r) }).await
+            }
+            "/grpc.health.v1.Health/Check" => {
+                unary(call, sink, |r, _| async move { this.health_check(r) }).await
+            }
             _ => Status::unknown_method(path, service_known(path)),
         }
     }
@@ -120,7 +190,11 @@ impl Api {
         if !req.serializable {
             self.shared.read_barrier().await.map_err(etcd)?;
         }
-        let resp = self.shared.reader.range(&req).map_err(|e| etcd(kv_error(e)))?;
+        let resp = self
+            .shared
+            .reader()
+            .range(&req)
+            .map_err(|e| etcd(kv_error(e)))?;
         let header = self.shared.header(resp.revision);
         Ok(convert::range_response(resp, header))
     }
@@ -136,7 +210,14 @@ impl Api {
         // Validate a converted copy: conversion only moves the Bytes handles.
         kv::validate_put(&convert::put_request(r.clone())).map_err(|e| etcd(kv_error(e)))?;
         self.check_space()?;
-        let out = self.shared.propose(pb::InternalRaftRequest { put: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                put: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
         match out.response {
             kv::OpResponse::Put(p) => {
                 let h = self.header_at(p.revision, out.raft_term);
@@ -147,9 +228,16 @@ impl Api {
     }
 
     async fn delete_range(&self, r: pb::DeleteRangeRequest) -> R<pb::DeleteRangeResponse> {
-        kv::validate_delete_range(&convert::delete_request(r.clone())).map_err(|e| etcd(kv_error(e)))?;
-        let out =
-            self.shared.propose(pb::InternalRaftRequest { delete_range: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        kv::validate_delete_range(&convert::delete_request(r.clone()))
+            .map_err(|e| etcd(kv_error(e)))?;
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                delete_range: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
         match out.response {
             kv::OpResponse::DeleteRange(d) => {
                 let h = self.header_at(d.revision, out.raft_term);
@@ -161,11 +249,19 @@ impl Api {
 
     async fn txn(&self, r: pb::TxnRequest) -> R<pb::TxnResponse> {
         let req = convert::txn_request(r.clone());
-        kv::validate_txn(&req, self.shared.config.max_txn_ops as usize).map_err(|e| etcd(kv_error(e)))?;
+        kv::validate_txn(&req, self.shared.config.max_txn_ops as usize)
+            .map_err(|e| etcd(kv_error(e)))?;
         if txn_writes(&req) {
             self.check_space()?;
         }
-        let out = self.shared.propose(pb::InternalRaftRequest { txn: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                txn: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
         match out.response {
             kv::OpResponse::Txn(t) => {
                 let h = self.header_at(t.revision, out.raft_term);
@@ -176,10 +272,18 @@ impl Api {
     }
 
     async fn compact(&self, r: pb::CompactionRequest) -> R<pb::CompactionResponse> {
-        let out =
-            self.shared.propose(pb::InternalRaftRequest { compaction: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                compaction: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::Compact(c) => Ok(pb::CompactionResponse { header: self.header_at(c.revision, out.raft_term) }),
+            kv::OpResponse::Compact(c) => Ok(pb::CompactionResponse {
+                header: self.header_at(c.revision, out.raft_term),
+            }),
             other => unreachable_response("Compact", &other),
         }
     }
@@ -192,9 +296,19 @@ impl Api {
         }
         // Leases must outlive an election; etcd raises short TTLs the same way.
         r.ttl = r.ttl.max(self.shared.lease_ttl_min_s());
-        kv::validate_lease_grant(&kv::LeaseGrantRequest { id: r.id, ttl_s: r.ttl }).map_err(|e| etcd(kv_error(e)))?;
-        let out =
-            self.shared.propose(pb::InternalRaftRequest { lease_grant: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        kv::validate_lease_grant(&kv::LeaseGrantRequest {
+            id: r.id,
+            ttl_s: r.ttl,
+        })
+        .map_err(|e| etcd(kv_error(e)))?;
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                lease_grant: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
         match out.response {
             kv::OpResponse::LeaseGrant(g) => Ok(pb::LeaseGrantResponse {
                 header: self.header_at(g.revision, out.raft_term),
@@ -206,13 +320,26 @@ impl Api {
         }
     }
 
-    async fn lease_time_to_live(&self, r: pb::LeaseTimeToLiveRequest) -> R<pb::LeaseTimeToLiveResponse> {
+    async fn lease_time_to_live(
+        &self,
+        r: pb::LeaseTimeToLiveRequest,
+    ) -> R<pb::LeaseTimeToLiveResponse> {
         let id = r.id;
-        let status = self.shared.query(|reply| Query::TimeToLive { id, reply }).await.map_err(etcd)?;
-        let header = self.shared.header(self.shared.reader.current_revision());
+        let status = self
+            .shared
+            .query(|reply| Query::TimeToLive { id, reply })
+            .await
+            .map_err(etcd)?;
+        let header = self.shared.header(self.shared.reader().current_revision());
         Ok(match status {
             // etcd answers an unknown lease with TTL -1, not an error.
-            None => pb::LeaseTimeToLiveResponse { header, id, ttl: -1, granted_ttl: 0, keys: Vec::new() },
+            None => pb::LeaseTimeToLiveResponse {
+                header,
+                id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            },
             Some(st) => pb::LeaseTimeToLiveResponse {
                 header,
                 id,
@@ -224,16 +351,23 @@ impl Api {
     }
 
     async fn lease_leases(&self, _r: pb::LeaseLeasesRequest) -> R<pb::LeaseLeasesResponse> {
-        let ids = self.shared.query(|reply| Query::Leases { reply }).await.map_err(etcd)?;
+        let ids = self
+            .shared
+            .query(|reply| Query::Leases { reply })
+            .await
+            .map_err(etcd)?;
         Ok(pb::LeaseLeasesResponse {
-            header: self.shared.header(self.shared.reader.current_revision()),
+            header: self.shared.header(self.shared.reader().current_revision()),
             leases: ids.into_iter().map(|id| pb::LeaseStatus { id }).collect(),
         })
     }
 
     /// The keep-alive stream: one answer per request, in order. An unknown lease answers TTL 0.
     async fn lease_keep_alive(&self, call: Call, sink: &mut ResponseSink) -> Status {
-        let Call { head: _, mut requests } = call;
+        let Call {
+            head: _,
+            mut requests,
+        } = call;
         loop {
             let req = match requests.decode::<pb::LeaseKeepAliveRequest>().await {
                 Ok(Some(r)) => r,
@@ -241,11 +375,19 @@ impl Api {
                 Err(status) => return status,
             };
             let id = req.id;
-            let ttl = match self.shared.query(|reply| Query::KeepAlive { id, reply }).await {
+            let ttl = match self
+                .shared
+                .query(|reply| Query::KeepAlive { id, reply })
+                .await
+            {
                 Ok(ttl) => ttl,
                 Err(e) => return etcd(e),
             };
-            let resp = pb::LeaseKeepAliveResponse { header: self.shared.header(self.shared.reader.current_revision()), id, ttl };
+            let resp = pb::LeaseKeepAliveResponse {
+                header: self.shared.header(self.shared.reader().current_revision()),
+                id,
+                ttl,
+            };
             if let Err(status) = sink.send(&resp).await {
                 return status;
             }
@@ -253,10 +395,18 @@ impl Api {
     }
 
     async fn lease_revoke(&self, r: pb::LeaseRevokeRequest) -> R<pb::LeaseRevokeResponse> {
-        let out =
-            self.shared.propose(pb::InternalRaftRequest { lease_revoke: Some(r), ..Default::default() }).await.map_err(etcd)?;
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                lease_revoke: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::LeaseRevoke(v) => Ok(pb::LeaseRevokeResponse { header: self.header_at(v.revision, out.raft_term) }),
+            kv::OpResponse::LeaseRevoke(v) => Ok(pb::LeaseRevokeResponse {
+                header: self.header_at(v.revision, out.raft_term),
+            }),
             other => unreachable_response("LeaseRevoke", &other),
         }
     }
@@ -268,7 +418,7 @@ impl Api {
             errors.push(format!("memberID:{} alarm:NOSPACE ", s.member_id()));
         }
         Ok(pb::StatusResponse {
-            header: s.header(s.reader.current_revision()),
+            header: s.header(s.reader().current_revision()),
             version: ETCD_VERSION.to_string(),
             db_size: s.db_size_bytes.load(Ordering::Acquire) as i64,
             leader: s.leader_id.load(Ordering::Acquire),
@@ -277,7 +427,7 @@ impl Api {
             raft_applied_index: s.applied_index.load(Ordering::Acquire),
             errors,
             db_size_in_use: s.db_size_in_use_bytes.load(Ordering::Acquire) as i64,
-            is_learner: false,
+            is_learner: s.is_learner.load(Ordering::Acquire),
         })
     }
 
@@ -300,32 +450,73 @@ impl Api {
         }
         let mut alarms = Vec::new();
         if s.nospace.load(Ordering::Acquire) {
-            alarms.push(pb::AlarmMember { member_id: s.member_id(), alarm: nospace });
+            alarms.push(pb::AlarmMember {
+                member_id: s.member_id(),
+                alarm: nospace,
+            });
         }
-        Ok(pb::AlarmResponse { header: s.header(s.reader.current_revision()), alarms })
+        Ok(pb::AlarmResponse {
+            header: s.header(s.reader().current_revision()),
+            alarms,
+        })
     }
 
     fn hash_kv(&self, r: pb::HashKvRequest) -> R<pb::HashKvResponse> {
-        let (hash, compact_revision) = self.shared.reader.hash_kv(r.revision).map_err(|e| etcd(kv_error(e)))?;
-        Ok(pb::HashKvResponse { header: self.shared.header(self.shared.reader.current_revision()), hash, compact_revision })
+        let (hash, compact_revision) = self
+            .shared
+            .reader()
+            .hash_kv(r.revision)
+            .map_err(|e| etcd(kv_error(e)))?;
+        Ok(pb::HashKvResponse {
+            header: self.shared.header(self.shared.reader().current_revision()),
+            hash,
+            compact_revision,
+        })
     }
 
     fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {
         let s = &self.shared;
-        let members = s
-            .identity
-            .members
-            .iter()
-            .map(|m| pb::Member {
-                id: m.id,
-                name: m.name.clone(),
-                peer_ur_ls: m.peer_urls.clone(),
-                client_ur_ls: m.client_urls.clone(),
-                is_learner: false,
-            })
-            .collect();
         // etcd's MemberList header carries no revision.
-        Ok(pb::MemberListResponse { header: s.header(0), members })
+        Ok(pb::MemberListResponse { header: s.header(0), members: pb_members(&s.members()) })
+    }
+
+    async fn member_change(&self, change: MemberChange) -> Result<(u64, Vec<pb::Member>), Status> {
+        let (id, members) = self.shared.query(|reply| Query::Member { change, reply }).await.map_err(etcd)?;
+        Ok((id, pb_members(&members)))
+    }
+
+    async fn member_add(&self, r: pb::MemberAddRequest) -> R<pb::MemberAddResponse> {
+        for url in &r.peer_ur_ls {
+            if crate::config::url_host_port("peer-urls", url).is_err() {
+                return Err(Status::new(keel_grpc::Code::InvalidArgument, "etcdserver: given member URLs are invalid"));
+            }
+        }
+        let change = MemberChange::Add { peer_urls: r.peer_ur_ls.clone(), learner: r.is_learner };
+        let (id, members) = self.member_change(change).await?;
+        let member = members.iter().find(|m| m.id == id).cloned();
+        Ok(pb::MemberAddResponse { header: self.shared.header(0), member, members })
+    }
+
+    async fn member_remove(&self, r: pb::MemberRemoveRequest) -> R<pb::MemberRemoveResponse> {
+        let (_, members) = self.member_change(MemberChange::Remove { id: r.id }).await?;
+        Ok(pb::MemberRemoveResponse { header: self.shared.header(0), members })
+    }
+
+    async fn member_update(&self, r: pb::MemberUpdateRequest) -> R<pb::MemberUpdateResponse> {
+        let (_, members) = self.member_change(MemberChange::Update { id: r.id, peer_urls: r.peer_ur_ls }).await?;
+        Ok(pb::MemberUpdateResponse { header: self.shared.header(0), members })
+    }
+
+    async fn member_promote(&self, r: pb::MemberPromoteRequest) -> R<pb::MemberPromoteResponse> {
+        let (_, members) = self.member_change(MemberChange::Promote { id: r.id }).await?;
+        Ok(pb::MemberPromoteResponse { header: self.shared.header(0), members })
+    }
+
+    async fn move_leader(&self, r: pb::MoveLeaderRequest) -> R<pb::MoveLeaderResponse> {
+        let to = r.target_id;
+        self.shared.query(|reply| Query::TransferLeader { to, reply }).await.map_err(etcd)?;
+        // etcd answers MoveLeader without a header.
+        Ok(pb::MoveLeaderResponse { header: None })
     }
 
     fn health_check(&self, r: health::HealthCheckRequest) -> R<health::HealthCheckResponse> {
@@ -338,7 +529,9 @@ impl Api {
         } else {
             health::health_check_response::ServingStatus::NotServing
         };
-        Ok(health::HealthCheckResponse { status: serving as i32 })
+        Ok(health::HealthCheckResponse {
+            status: serving as i32,
+        })
     }
 
     fn header_at(&self, revision: i64, raft_term: u64) -> Option<pb::ResponseHeader> {
@@ -352,7 +545,9 @@ impl Api {
 }
 
 fn requires_leader(head: &CallHead) -> bool {
-    head.metadata.get("hasleader").is_some_and(|v| v.as_bytes() == b"true")
+    head.metadata
+        .get("hasleader")
+        .is_some_and(|v| v.as_bytes() == b"true")
 }
 
 fn service_known(path: &str) -> ServiceKnown {
@@ -386,10 +581,26 @@ fn unreachable_response<T>(method: &str, got: &kv::OpResponse) -> R<T> {
     // The raft core answers each proposal with the response of the op it carried; anything
     // else is a programmer error, reported rather than crashing a shard.
     tracing::error!(method, ?got, "mismatched apply response");
-    Err(Status::new(keel_grpc::Code::Internal, "keel: mismatched apply response"))
+    Err(Status::new(
+        keel_grpc::Code::Internal,
+        "keel: mismatched apply response",
+    ))
 }
 
 /// An HTTP answer with a JSON body.
 pub fn json(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::new(status, "application/json", body)
+}
+
+fn pb_members(members: &[Member]) -> Vec<pb::Member> {
+    members
+        .iter()
+        .map(|m| pb::Member {
+            id: m.id,
+            name: m.name.clone(),
+            peer_ur_ls: m.peer_urls.clone(),
+            client_ur_ls: m.client_urls.clone(),
+            is_learner: m.is_learner,
+        })
+        .collect()
 }

@@ -38,7 +38,11 @@ impl Runtime for Glommio {
 
 /// Starts `count` shards; returns once every shard has bound every client address (or the
 /// first bind error).
-pub fn start(shared: Arc<Shared>, metrics: Arc<Metrics>, count: usize) -> Result<Vec<rt::Pinned<()>>, CoreError> {
+pub fn start(
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    count: usize,
+) -> Result<Vec<rt::Pinned<()>>, CoreError> {
     assert!(count > 0, "a node needs at least one shard");
     let cpus = crate::config::available_cpus();
     let (bound_tx, bound_rx) = mpsc::channel::<Result<(), CoreError>>();
@@ -47,9 +51,13 @@ pub fn start(shared: Arc<Shared>, metrics: Arc<Metrics>, count: usize) -> Result
         let shared = shared.clone();
         let metrics = metrics.clone();
         let bound_tx = bound_tx.clone();
-        let handle = rt::spawn_pinned(&format!("keel-shard-{shard}"), shard % cpus, move || async move {
-            run(shard, shared, metrics, bound_tx).await;
-        })?;
+        let handle = rt::spawn_pinned(
+            &format!("keel-shard-{shard}"),
+            shard % cpus,
+            move || async move {
+                run(shard, shared, metrics, bound_tx).await;
+            },
+        )?;
         handles.push(handle);
     }
     drop(bound_tx);
@@ -64,10 +72,18 @@ pub fn start(shared: Arc<Shared>, metrics: Arc<Metrics>, count: usize) -> Result
 }
 
 fn server_config(shared: &Shared) -> ServerConfig {
-    ServerConfig { max_recv_message_bytes: shared.config.grpc_recv_bytes_max(), ..ServerConfig::default() }
+    ServerConfig {
+        max_recv_message_bytes: shared.config.grpc_recv_bytes_max(),
+        ..ServerConfig::default()
+    }
 }
 
-async fn run(shard: usize, shared: Arc<Shared>, metrics: Arc<Metrics>, bound: mpsc::Sender<Result<(), CoreError>>) {
+async fn run(
+    shard: usize,
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    bound: mpsc::Sender<Result<(), CoreError>>,
+) {
     let mut listeners = Vec::new();
     for addr in shared.config.listen_client_addrs.clone() {
         match TcpListener::bind(addr) {
@@ -88,7 +104,9 @@ async fn run(shard: usize, shared: Arc<Shared>, metrics: Arc<Metrics>, bound: mp
     let mut tasks = Vec::new();
     for (addr, listener) in listeners {
         let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
-        tasks.push(glommio::spawn_local(accept_loop(shard, addr, listener, api, config, runtime)));
+        tasks.push(glommio::spawn_local(accept_loop(
+            shard, addr, listener, api, config, runtime,
+        )));
     }
     for t in tasks {
         t.await;

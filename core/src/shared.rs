@@ -6,9 +6,10 @@
 //! one-shot replies.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures_channel::oneshot;
 use keel_grpc::EtcdError;
@@ -17,7 +18,7 @@ use keel_proto::etcdserverpb as pb;
 use prost::Message;
 
 use crate::config::Config;
-use crate::ids::Identity;
+use crate::ids::{Identity, Member};
 use crate::rt::Mailbox;
 use crate::watch::WatchBatch;
 
@@ -48,11 +49,37 @@ pub struct Proposal {
 /// Questions only the raft core can answer: lease state lives with the leader's clock.
 pub enum Query {
     /// Renews a lease; answers its TTL in seconds, or 0 when the lease is unknown.
-    KeepAlive { id: i64, reply: oneshot::Sender<Result<i64, EtcdError>> },
+    KeepAlive {
+        id: i64,
+        reply: oneshot::Sender<Result<i64, EtcdError>>,
+    },
     /// Remaining and granted TTL and attached keys; None when the lease is unknown.
-    TimeToLive { id: i64, reply: oneshot::Sender<Result<Option<LeaseStatus>, EtcdError>> },
+    TimeToLive {
+        id: i64,
+        reply: oneshot::Sender<Result<Option<LeaseStatus>, EtcdError>>,
+    },
     /// Every lease id.
-    Leases { reply: oneshot::Sender<Result<Vec<i64>, EtcdError>> },
+    Leases {
+        reply: oneshot::Sender<Result<Vec<i64>, EtcdError>>,
+    },
+    /// A membership change; answers the member it concerned and the membership after it.
+    Member {
+        change: MemberChange,
+        reply: oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>,
+    },
+    /// Hands leadership to another voter; answers once it leads.
+    TransferLeader {
+        to: u64,
+        reply: oneshot::Sender<Result<(), EtcdError>>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub enum MemberChange {
+    Add { peer_urls: Vec<String>, learner: bool },
+    Remove { id: u64 },
+    Update { id: u64, peer_urls: Vec<String> },
+    Promote { id: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -77,7 +104,8 @@ pub struct ReadWait {
 pub struct Shared {
     pub config: Config,
     pub identity: Identity,
-    pub reader: kv::Reader,
+    /// The MVCC reader. Swapped whole when a follower installs a leader's snapshot.
+    reader: ArcSwap<kv::Reader>,
     pub proposals: Arc<Mailbox<Proposal>>,
     pub reads: Arc<Mailbox<ReadWait>>,
     pub queries: Arc<Mailbox<Query>>,
@@ -87,6 +115,11 @@ pub struct Shared {
     pub watch_overflow: Vec<AtomicBool>,
     /// Watchers on all shards; the raft core encodes events only when some exist.
     pub watchers_total: AtomicUsize,
+    /// The cluster's id; 0 only on a joining member that has not heard from a peer yet.
+    cluster_id: AtomicU64,
+    /// The membership as last applied (MemberList reads it; it changes rarely).
+    pub members: Mutex<Vec<Member>>,
+    pub is_learner: AtomicBool,
     pub leader_id: AtomicU64,
     pub raft_term: AtomicU64,
     pub commit_index: AtomicU64,
@@ -103,6 +136,8 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(config: Config, identity: Identity, reader: kv::Reader) -> Shared {
+        let cluster_id = identity.cluster_id;
+        let members = identity.members.clone();
         // etcd's id generator: the member id's low 16 bits, then milliseconds since the epoch,
         // then a counter, so ids from different members and from restarts do not collide.
         let now_ms = std::time::SystemTime::now()
@@ -115,13 +150,18 @@ impl Shared {
         Shared {
             config,
             identity,
-            reader,
+            reader: ArcSwap::from_pointee(reader),
             proposals: Mailbox::new(PROPOSAL_QUEUE_MAX),
             reads: Mailbox::new(READ_QUEUE_MAX),
             queries: Mailbox::new(QUERY_QUEUE_MAX),
-            watch_batches: (0..shards).map(|_| Mailbox::new(WATCH_BATCH_QUEUE_MAX)).collect(),
+            watch_batches: (0..shards)
+                .map(|_| Mailbox::new(WATCH_BATCH_QUEUE_MAX))
+                .collect(),
             watch_overflow: (0..shards).map(|_| AtomicBool::new(false)).collect(),
             watchers_total: AtomicUsize::new(0),
+            cluster_id: AtomicU64::new(cluster_id),
+            members: Mutex::new(members),
+            is_learner: AtomicBool::new(false),
             leader_id: AtomicU64::new(0),
             raft_term: AtomicU64::new(0),
             commit_index: AtomicU64::new(0),
@@ -135,12 +175,30 @@ impl Shared {
         }
     }
 
+    /// The current MVCC reader (lock-free; valid for the whole request that loaded it).
+    pub fn reader(&self) -> arc_swap::Guard<Arc<kv::Reader>> {
+        self.reader.load()
+    }
+
+    /// Replaces the store shards read from (snapshot install on a follower).
+    pub fn replace_reader(&self, reader: kv::Reader) {
+        self.reader.store(Arc::new(reader));
+    }
+
     pub fn member_id(&self) -> u64 {
         self.identity.member_id
     }
 
     pub fn cluster_id(&self) -> u64 {
-        self.identity.cluster_id
+        self.cluster_id.load(Ordering::Acquire)
+    }
+
+    pub fn set_cluster_id(&self, id: u64) {
+        self.cluster_id.store(id, Ordering::Release);
+    }
+
+    pub fn members(&self) -> Vec<Member> {
+        self.members.lock().expect("members lock is never poisoned: no panics while held").clone()
     }
 
     pub fn has_leader(&self) -> bool {
@@ -164,19 +222,29 @@ impl Shared {
 
     /// Puts a request into the log and waits until it is committed on a quorum, durable and
     /// applied; returns what applying it answered.
-    pub async fn propose(&self, mut request: pb::InternalRaftRequest) -> Result<Outcome, EtcdError> {
+    pub async fn propose(
+        &self,
+        mut request: pb::InternalRaftRequest,
+    ) -> Result<Outcome, EtcdError> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(EtcdError::Stopped);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        request.header = Some(pb::RequestHeader { id, ..Default::default() });
+        request.header = Some(pb::RequestHeader {
+            id,
+            ..Default::default()
+        });
         let data = Bytes::from(request.encode_to_vec());
         // etcd measures the marshalled internal request against max-request-bytes.
         if data.len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
         let (reply, rx) = oneshot::channel();
-        if self.proposals.try_send(Proposal { data, id, reply }).is_err() {
+        if self
+            .proposals
+            .try_send(Proposal { data, id, reply })
+            .is_err()
+        {
             return Err(if self.stopping.load(Ordering::Acquire) {
                 EtcdError::Stopped
             } else {
@@ -193,7 +261,11 @@ impl Shared {
     ) -> Result<T, EtcdError> {
         let (reply, rx) = oneshot::channel();
         if self.queries.try_send(make(reply)).is_err() {
-            return Err(if self.stopping.load(Ordering::Acquire) { EtcdError::Stopped } else { EtcdError::TooManyRequests });
+            return Err(if self.stopping.load(Ordering::Acquire) {
+                EtcdError::Stopped
+            } else {
+                EtcdError::TooManyRequests
+            });
         }
         rx.await.unwrap_or(Err(EtcdError::Stopped))
     }

@@ -87,7 +87,13 @@ impl WatchBatch {
                 } else {
                     with_prev.clone()
                 };
-                WireEvent { key, kind, mod_revision, plain, with_prev }
+                WireEvent {
+                    key,
+                    kind,
+                    mod_revision,
+                    plain,
+                    with_prev,
+                }
             })
             .collect();
         WatchBatch { revision, events }
@@ -232,7 +238,7 @@ pub struct Hub {
 
 impl Hub {
     pub fn new(shard: usize, shared: Arc<Shared>) -> Rc<Hub> {
-        let rev = shared.reader.current_revision();
+        let rev = shared.reader().current_revision();
         Rc::new(Hub {
             shard,
             shared,
@@ -270,9 +276,13 @@ impl Hub {
 
     fn add_watcher_count(&self, delta: isize) {
         if delta > 0 {
-            self.shared.watchers_total.fetch_add(delta as usize, Ordering::SeqCst);
+            self.shared
+                .watchers_total
+                .fetch_add(delta as usize, Ordering::SeqCst);
         } else {
-            self.shared.watchers_total.fetch_sub((-delta) as usize, Ordering::SeqCst);
+            self.shared
+                .watchers_total
+                .fetch_sub((-delta) as usize, Ordering::SeqCst);
         }
         // Pairs with the raft core's fence between publishing a revision and reading the
         // count: either it sees this watcher, or this watcher's first history read sees the
@@ -282,8 +292,18 @@ impl Hub {
 
     fn index_add(&self, stream: u64, id: i64, range: &KeyRange) {
         match range {
-            KeyRange::Single(k) => self.single.borrow_mut().entry(k.clone()).or_default().push((stream, id)),
-            _ => self.ranges.borrow_mut().entry(range.start().clone()).or_default().push((stream, id)),
+            KeyRange::Single(k) => self
+                .single
+                .borrow_mut()
+                .entry(k.clone())
+                .or_default()
+                .push((stream, id)),
+            _ => self
+                .ranges
+                .borrow_mut()
+                .entry(range.start().clone())
+                .or_default()
+                .push((stream, id)),
         }
     }
 
@@ -313,7 +333,10 @@ impl Hub {
 
     /// The shard lost batches: every watcher catches up from history, every waiter re-checks.
     fn overflowed(&self) {
-        tracing::warn!(shard = self.shard, "watch batches dropped for a slow shard; watchers catch up from history");
+        tracing::warn!(
+            shard = self.shard,
+            "watch batches dropped for a slow shard; watchers catch up from history"
+        );
         for s in self.streams.borrow().values() {
             for w in s.watchers.borrow_mut().values_mut() {
                 s.mark_unsynced(w, self.delivered_rev.get());
@@ -333,7 +356,10 @@ impl Hub {
                 let mut i = 0;
                 while i < waiters.len() {
                     let w = &waiters[i];
-                    let hit = batch.events.iter().any(|e| e.mod_revision > w.after_rev && w.range.contains(&e.key));
+                    let hit = batch
+                        .events
+                        .iter()
+                        .any(|e| e.mod_revision > w.after_rev && w.range.contains(&e.key));
                     if hit || w.tx.is_canceled() {
                         let w = waiters.swap_remove(i);
                         let _ = w.tx.send(());
@@ -364,16 +390,22 @@ impl Hub {
         }
         let streams = self.streams.borrow();
         for ((sid, wid), idxs) in matched {
-            let Some(stream) = streams.get(&sid) else { continue };
+            let Some(stream) = streams.get(&sid) else {
+                continue;
+            };
             let mut watchers = stream.watchers.borrow_mut();
-            let Some(w) = watchers.get_mut(&wid) else { continue };
+            let Some(w) = watchers.get_mut(&wid) else {
+                continue;
+            };
             if !w.synced {
                 continue;
             }
             let events: Vec<&Bytes> = idxs
                 .iter()
                 .map(|&i| &batch.events[i])
-                .filter(|e| e.mod_revision >= w.next_rev && w.range.contains(&e.key) && w.wants(e.kind))
+                .filter(|e| {
+                    e.mod_revision >= w.next_rev && w.range.contains(&e.key) && w.wants(e.kind)
+                })
                 .map(|e| if w.prev_kv { &e.with_prev } else { &e.plain })
                 .collect();
             if events.is_empty() {
@@ -386,21 +418,33 @@ impl Hub {
                 continue;
             }
             let header = self.shared.header(batch.revision);
-            for frame in responses(header, wid, &events, w.fragment, self.shared.config.max_request_bytes as usize) {
+            for frame in responses(
+                header,
+                wid,
+                &events,
+                w.fragment,
+                self.shared.config.max_request_bytes as usize,
+            ) {
                 stream.push(frame);
             }
             w.sent_since_progress = true;
         }
         // Synced watchers need no bookkeeping here: later batches only carry later revisions,
         // and a watcher that falls out of sync resumes after `delivered_rev`.
-        self.delivered_rev.set(self.delivered_rev.get().max(batch.revision));
+        self.delivered_rev
+            .set(self.delivered_rev.get().max(batch.revision));
     }
 
     /// Resolves after any change to `key` (or, with a non-empty `range_end`, to the range, in
     /// etcd's range_end forms) at a revision above `after_rev`, or spuriously after an
     /// overflow. Callers re-read before trusting what changed. Register BEFORE the read that
     /// decides to wait, so no change between the two is missed.
-    pub fn wait_change(&self, key: Bytes, range_end: &[u8], after_rev: i64) -> oneshot::Receiver<()> {
+    pub fn wait_change(
+        &self,
+        key: Bytes,
+        range_end: &[u8],
+        after_rev: i64,
+    ) -> oneshot::Receiver<()> {
         let range = if range_end.is_empty() {
             KeyRange::Single(key)
         } else if range_end == b"\0" {
@@ -410,7 +454,11 @@ impl Hub {
         };
         let (tx, rx) = oneshot::channel();
         self.add_watcher_count(1);
-        self.waiters.borrow_mut().push(ChangeWaiter { range, after_rev, tx });
+        self.waiters.borrow_mut().push(ChangeWaiter {
+            range,
+            after_rev,
+            tx,
+        });
         rx
     }
 
@@ -446,8 +494,16 @@ impl Hub {
         }
     }
 
-    async fn serve_stream(&self, stream: &Rc<Stream>, call: Call, sink: &mut ResponseSink) -> Status {
-        let Call { head: _, mut requests } = call;
+    async fn serve_stream(
+        &self,
+        stream: &Rc<Stream>,
+        call: Call,
+        sink: &mut ResponseSink,
+    ) -> Status {
+        let Call {
+            head: _,
+            mut requests,
+        } = call;
         let interval = PROGRESS_NOTIFY_INTERVAL;
         let mut next_progress = Instant::now() + interval;
         let mut client_done = false;
@@ -519,7 +575,7 @@ impl Hub {
                     }
                     self.add_watcher_count(-1);
                     let resp = pb::WatchResponse {
-                        header: self.shared.header(self.shared.reader.current_revision()),
+                        header: self.shared.header(self.shared.reader().current_revision()),
                         watch_id: c.watch_id,
                         canceled: true,
                         ..Default::default()
@@ -536,7 +592,7 @@ impl Hub {
     }
 
     fn create(&self, stream: &Rc<Stream>, c: pb::WatchCreateRequest) {
-        let rev_now = self.shared.reader.current_revision();
+        let rev_now = self.shared.reader().current_revision();
         let reject = |reason: &str, watch_id: i64| pb::WatchResponse {
             header: self.shared.header(rev_now),
             watch_id,
@@ -546,7 +602,11 @@ impl Hub {
             ..Default::default()
         };
         // etcd: an empty key is "\0", the smallest key; range_end "\0" means every key >= key.
-        let key = if c.key.is_empty() { Bytes::from_static(b"\0") } else { c.key.clone() };
+        let key = if c.key.is_empty() {
+            Bytes::from_static(b"\0")
+        } else {
+            c.key.clone()
+        };
         let range = if c.range_end.is_empty() {
             KeyRange::Single(key)
         } else if c.range_end.as_ref() == b"\0" {
@@ -576,15 +636,22 @@ impl Hub {
             c.watch_id
         };
         if stream.watchers.borrow().len() >= WATCHERS_PER_STREAM_MAX {
-            stream.push(frame_of(&reject("keel: too many watchers on this stream", WATCH_ID_INVALID)));
+            stream.push(frame_of(&reject(
+                "keel: too many watchers on this stream",
+                WATCH_ID_INVALID,
+            )));
             return;
         }
         self.add_watcher_count(1);
         // Read the revision only after the count is visible to the raft core (see
         // add_watcher_count): every later revision reaches this hub as a batch.
-        let current = self.shared.reader.current_revision();
+        let current = self.shared.reader().current_revision();
         let synced = c.start_revision == 0 || c.start_revision > current;
-        let next_rev = if synced { (current + 1).max(c.start_revision) } else { c.start_revision };
+        let next_rev = if synced {
+            (current + 1).max(c.start_revision)
+        } else {
+            c.start_revision
+        };
         let filters = &c.filters;
         let w = Watcher {
             range: range.clone(),
@@ -614,25 +681,37 @@ impl Hub {
 
     /// One bounded history read for each unsynced watcher of the stream.
     fn catch_up_step(&self, stream: &Rc<Stream>) {
-        let ids: Vec<i64> =
-            stream.watchers.borrow().iter().filter(|(_, w)| !w.synced).map(|(id, _)| *id).collect();
+        let ids: Vec<i64> = stream
+            .watchers
+            .borrow()
+            .iter()
+            .filter(|(_, w)| !w.synced)
+            .map(|(id, _)| *id)
+            .collect();
         for id in ids {
             let (range, next_rev) = {
                 let watchers = stream.watchers.borrow();
                 let Some(w) = watchers.get(&id) else { continue };
                 (w.range.clone(), w.next_rev)
             };
-            let read = self.shared.reader.range_events(next_rev, range.start(), &range.kv_end(), CATCHUP_EVENTS_PER_STEP);
+            let read = self.shared.reader().range_events(
+                next_rev,
+                range.start(),
+                &range.kv_end(),
+                CATCHUP_EVENTS_PER_STEP,
+            );
             let mut watchers = stream.watchers.borrow_mut();
-            let Some(w) = watchers.get_mut(&id) else { continue };
+            let Some(w) = watchers.get_mut(&id) else {
+                continue;
+            };
             match read {
                 Err(_) => {
                     // Compacted past what the watcher needs: cancel it with the compact revision.
                     let resp = pb::WatchResponse {
-                        header: self.shared.header(self.shared.reader.current_revision()),
+                        header: self.shared.header(self.shared.reader().current_revision()),
                         watch_id: id,
                         canceled: true,
-                        compact_revision: self.shared.reader.compact_revision(),
+                        compact_revision: self.shared.reader().compact_revision(),
                         ..Default::default()
                     };
                     watchers.remove(&id);
@@ -651,8 +730,14 @@ impl Hub {
                         .collect();
                     if !encoded.is_empty() {
                         let refs: Vec<&Bytes> = encoded.iter().collect();
-                        let header = self.shared.header(self.shared.reader.current_revision());
-                        for frame in responses(header, id, &refs, w.fragment, self.shared.config.max_request_bytes as usize) {
+                        let header = self.shared.header(self.shared.reader().current_revision());
+                        for frame in responses(
+                            header,
+                            id,
+                            &refs,
+                            w.fragment,
+                            self.shared.config.max_request_bytes as usize,
+                        ) {
                             stream.push(frame);
                         }
                         w.sent_since_progress = true;
@@ -672,7 +757,11 @@ impl Hub {
         let mut frames = Vec::new();
         for (id, w) in stream.watchers.borrow_mut().iter_mut() {
             if w.progress_notify && w.synced && !w.sent_since_progress {
-                frames.push(frame_of(&pb::WatchResponse { header: self.shared.header(rev), watch_id: *id, ..Default::default() }));
+                frames.push(frame_of(&pb::WatchResponse {
+                    header: self.shared.header(rev),
+                    watch_id: *id,
+                    ..Default::default()
+                }));
             }
             w.sent_since_progress = false;
         }
@@ -683,22 +772,31 @@ impl Hub {
 }
 
 fn frame_of(resp: &pb::WatchResponse) -> Bytes {
-    keel_grpc::frame_bytes(&resp.encode_to_vec())
+    response_with_events_of(resp, &[])
 }
 
 /// Appends `events` (each an encoded `mvccpb.Event`) to an encoded WatchResponse as field 11,
-/// without decoding or re-encoding them.
+/// without decoding or re-encoding them, behind the gRPC 5-byte prefix: one allocation.
 fn response_with_events(header: Option<pb::ResponseHeader>, watch_id: i64, fragment: bool, events: &[&Bytes]) -> Bytes {
+    response_with_events_of(&pb::WatchResponse { header, watch_id, fragment, ..Default::default() }, events)
+}
+
+fn response_with_events_of(head: &pb::WatchResponse, events: &[&Bytes]) -> Bytes {
     const EVENTS_TAG: u8 = (11 << 3) | 2;
-    let head = pb::WatchResponse { header, watch_id, fragment, ..Default::default() };
-    let mut body = BytesMut::with_capacity(head.encoded_len() + events.iter().map(|e| e.len() + 6).sum::<usize>());
-    head.encode(&mut body).expect("BytesMut grows as needed");
+    const PREFIX_BYTES: usize = 5;
+    let body_bytes = head.encoded_len() + events.iter().map(|e| e.len() + 1 + prost::length_delimiter_len(e.len())).sum::<usize>();
+    let mut buf = BytesMut::with_capacity(PREFIX_BYTES + body_bytes);
+    // Uncompressed flag, then the big-endian body length.
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(body_bytes).expect("watch responses stay far below 4 GiB"));
+    head.encode(&mut buf).expect("BytesMut grows as needed");
     for e in events {
-        body.put_u8(EVENTS_TAG);
-        prost::encoding::encode_varint(e.len() as u64, &mut body);
-        body.put_slice(e);
+        buf.put_u8(EVENTS_TAG);
+        prost::encoding::encode_varint(e.len() as u64, &mut buf);
+        buf.put_slice(e);
     }
-    keel_grpc::frame_bytes(&body)
+    assert_eq!(buf.len(), PREFIX_BYTES + body_bytes, "encoded_len and the encoding agree");
+    buf.freeze()
 }
 
 /// Responses for one watcher's events: one, or fragments when the client asked for them and
@@ -724,7 +822,12 @@ fn responses(
             end += 1;
         }
         let more = end < events.len();
-        out.push(response_with_events(header, watch_id, more, &events[start..end]));
+        out.push(response_with_events(
+            header,
+            watch_id,
+            more,
+            &events[start..end],
+        ));
         start = end;
     }
     out
@@ -743,7 +846,11 @@ mod tests {
         Bytes::from(
             mvccpb::Event {
                 r#type: 0,
-                kv: Some(mvccpb::KeyValue { key: key.as_bytes().to_vec().into(), mod_revision: rev, ..Default::default() }),
+                kv: Some(mvccpb::KeyValue {
+                    key: key.as_bytes().to_vec().into(),
+                    mod_revision: rev,
+                    ..Default::default()
+                }),
                 prev_kv: None,
             }
             .encode_to_vec(),
@@ -753,11 +860,22 @@ mod tests {
     #[test]
     fn spliced_events_decode_as_a_normal_response() {
         let (a, b) = (event("a", 5), event("b", 5));
-        let f = response_with_events(Some(pb::ResponseHeader { revision: 5, ..Default::default() }), 3, false, &[&a, &b]);
+        let f = response_with_events(
+            Some(pb::ResponseHeader {
+                revision: 5,
+                ..Default::default()
+            }),
+            3,
+            false,
+            &[&a, &b],
+        );
         let r = decode(&f);
         assert_eq!(r.watch_id, 3);
         assert_eq!(r.events.len(), 2);
-        assert_eq!(r.events[1].kv.as_ref().map(|kv| kv.key.as_ref()), Some(&b"b"[..]));
+        assert_eq!(
+            r.events[1].kv.as_ref().map(|kv| kv.key.as_ref()),
+            Some(&b"b"[..])
+        );
     }
 
     #[test]

@@ -55,13 +55,21 @@ mod tests {
             bytes,
             vec![0x0a, 3, b'f', b'o', b'o', 0x12, 3, b'b', b'a', b'r', 0x18, 5, 0x20, 1]
         );
-        assert_eq!(PutRequest::decode(bytes.as_slice()).expect("round trip"), req);
+        assert_eq!(
+            PutRequest::decode(bytes.as_slice()).expect("round trip"),
+            req
+        );
     }
 
     #[test]
     fn range_round_trip_keeps_nested_messages() {
         let resp = RangeResponse {
-            header: Some(ResponseHeader { cluster_id: 1, member_id: 2, revision: 3, raft_term: 4 }),
+            header: Some(ResponseHeader {
+                cluster_id: 1,
+                member_id: 2,
+                revision: 3,
+                raft_term: 4,
+            }),
             kvs: vec![KeyValue {
                 key: "k".into(),
                 create_revision: 2,
@@ -75,7 +83,14 @@ mod tests {
         };
         let back = RangeResponse::decode(resp.encode_to_vec().as_slice()).expect("round trip");
         assert_eq!(back, resp);
-        let req = RangeRequest { key: "a".into(), range_end: vec![0].into(), ..Default::default() };
-        assert_eq!(RangeRequest::decode(req.encode_to_vec().as_slice()).expect("decode"), req);
+        let req = RangeRequest {
+            key: "a".into(),
+            range_end: vec![0].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            RangeRequest::decode(req.encode_to_vec().as_slice()).expect("decode"),
+            req
+        );
     }
 }

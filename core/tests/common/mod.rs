@@ -63,8 +63,13 @@ static PORTS: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 pub fn free_port() -> u16 {
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-        let port = listener.local_addr().expect("a bound listener has an address").port();
-        let mut ports = PORTS.lock().expect("no test panics while holding the port set");
+        let port = listener
+            .local_addr()
+            .expect("a bound listener has an address")
+            .port();
+        let mut ports = PORTS
+            .lock()
+            .expect("no test panics while holding the port set");
         if ports.get_or_insert_with(HashSet::new).insert(port) {
             return port;
         }
@@ -73,7 +78,12 @@ pub fn free_port() -> u16 {
 
 /// Fails the test with a clear message when `tool` is not on PATH.
 pub fn require_tool(tool: &str) {
-    let found = Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
     assert!(
         found,
         "`{tool}` is not installed or not on PATH: the end-to-end tests need etcd 3.4's etcd and etcdctl \
@@ -90,13 +100,18 @@ pub fn etcdctl_at(endpoints: &str, args: &[&str], stdin: Option<&str>) -> Output
         .arg("--dial-timeout=5s")
         .arg("--command-timeout=10s")
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("etcdctl starts");
     if let Some(input) = stdin {
         let mut pipe = child.stdin.take().expect("stdin was piped");
-        pipe.write_all(input.as_bytes()).expect("etcdctl reads its stdin");
+        pipe.write_all(input.as_bytes())
+            .expect("etcdctl reads its stdin");
     }
     let out = child.wait_with_output().expect("etcdctl finishes");
     Output {
@@ -146,7 +161,10 @@ impl Server {
         if kind == Kind::Etcd {
             require_tool("etcd");
         }
-        let dir = tempfile::Builder::new().prefix("keel-e2e-").tempdir().expect("a temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("keel-e2e-")
+            .tempdir()
+            .expect("a temp dir");
         let data_dir = dir.path().join("data");
         let mut server = Server {
             kind,
@@ -207,7 +225,10 @@ impl Server {
     }
 
     fn launch(&mut self) {
-        assert!(self.child.is_none(), "launch while the previous process still runs");
+        assert!(
+            self.child.is_none(),
+            "launch while the previous process still runs"
+        );
         self.launches += 1;
         let log = std::fs::File::create(self.log_path(self.launches)).expect("the log file opens");
         let log_err = log.try_clone().expect("the log file handle clones");
@@ -234,18 +255,41 @@ impl Server {
     pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().expect("waitpid works")) {
-                panic!("{:?} exited with {status} before it answered:\n{}", self.kind, self.log_tail());
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().expect("waitpid works"))
+            {
+                panic!(
+                    "{:?} exited with {status} before it answered:\n{}",
+                    self.kind,
+                    self.log_tail()
+                );
             }
             let connects = TcpStream::connect_timeout(
-                &format!("127.0.0.1:{}", self.client_port).parse().expect("a loopback address"),
+                &format!("127.0.0.1:{}", self.client_port)
+                    .parse()
+                    .expect("a loopback address"),
                 Duration::from_millis(200),
             )
             .is_ok();
-            if connects && etcdctl_at(&self.endpoint(), &["endpoint", "health", "--command-timeout=2s"], None).code == 0 {
+            if connects
+                && etcdctl_at(
+                    &self.endpoint(),
+                    &["endpoint", "health", "--command-timeout=2s"],
+                    None,
+                )
+                .code
+                    == 0
+            {
                 return;
             }
-            assert!(Instant::now() < deadline, "{:?} did not become healthy in {READY_TIMEOUT:?}:\n{}", self.kind, self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "{:?} did not become healthy in {READY_TIMEOUT:?}:\n{}",
+                self.kind,
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -319,19 +363,32 @@ impl Drop for Server {
 /// GET `path` with HTTP/1.1 over a fresh TCP connection (Connection: close).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("the server accepts TCP");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("set a read timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("the request is sent");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("set a read timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("the request is sent");
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
     let status: u16 = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status code in {head:?}"));
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(body) } else { body.to_string() };
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     (status, body)
 }
 
@@ -369,7 +426,10 @@ pub fn b64(bytes: &str) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.as_bytes().chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
@@ -384,7 +444,9 @@ pub fn b64(bytes: &str) -> String {
 /// The keys of a `-w json` range answer, decoded.
 pub fn json_keys(v: &serde_json::Value) -> Vec<String> {
     let kvs = v["kvs"].as_array().cloned().unwrap_or_default();
-    kvs.iter().map(|kv| unb64(kv["key"].as_str().expect("a key is a base64 string"))).collect()
+    kvs.iter()
+        .map(|kv| unb64(kv["key"].as_str().expect("a key is a base64 string")))
+        .collect()
 }
 
 /// Decodes standard base64 (the inverse of [`b64`]), for keys and values in `-w json`.
@@ -414,13 +476,17 @@ pub fn unb64(text: &str) -> String {
 
 /// Connects the `etcd-client` crate to `server`.
 pub async fn client(server: &Server) -> etcd_client::Client {
-    etcd_client::Client::connect([server.client_url()], None).await.expect("etcd-client connects")
+    etcd_client::Client::connect([server.client_url()], None)
+        .await
+        .expect("etcd-client connects")
 }
 
 /// The gRPC code (as its name, e.g. "InvalidArgument") and message of a failed call.
 pub fn grpc_error<T: std::fmt::Debug>(result: Result<T, etcd_client::Error>) -> (String, String) {
     match result {
-        Err(etcd_client::Error::GRpcStatus(status)) => (format!("{:?}", status.code()), status.message().to_string()),
+        Err(etcd_client::Error::GRpcStatus(status)) => {
+            (format!("{:?}", status.code()), status.message().to_string())
+        }
         other => panic!("expected a gRPC error status, got {other:?}"),
     }
 }

@@ -2,8 +2,8 @@
 //! errors, leases, maintenance status and the member list.
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, LeaseGrantOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, LeaseGrantOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
 use crate::common::{client, grpc_error, Server};
@@ -18,46 +18,141 @@ async fn kv_put_get_delete_and_old_revisions() {
     let mut c = client(&server).await;
     let r = c.put("k", "v1", None).await.expect("put");
     assert_eq!(revision_of(r.header()), 2);
-    let r = c.put("k", "v2", Some(PutOptions::new().with_prev_key())).await.expect("put with prev_kv");
+    let r = c
+        .put("k", "v2", Some(PutOptions::new().with_prev_key()))
+        .await
+        .expect("put with prev_kv");
     let prev = r.prev_key().expect("prev_kv was asked for");
-    assert_eq!((prev.value(), prev.mod_revision(), prev.version()), (&b"v1"[..], 2, 1));
-    let r = c.put("fresh", "x", Some(PutOptions::new().with_prev_key())).await.expect("put");
+    assert_eq!(
+        (prev.value(), prev.mod_revision(), prev.version()),
+        (&b"v1"[..], 2, 1)
+    );
+    let r = c
+        .put("fresh", "x", Some(PutOptions::new().with_prev_key()))
+        .await
+        .expect("put");
     assert!(r.prev_key().is_none(), "a new key has no prev_kv");
 
     let r = c.get("k", None).await.expect("get");
     assert_eq!(r.kvs().len(), 1);
-    assert_eq!((r.kvs()[0].value(), r.kvs()[0].version(), r.kvs()[0].create_revision()), (&b"v2"[..], 2, 2));
-    let r = c.get("k", Some(GetOptions::new().with_revision(2))).await.expect("get at revision 2");
+    assert_eq!(
+        (
+            r.kvs()[0].value(),
+            r.kvs()[0].version(),
+            r.kvs()[0].create_revision()
+        ),
+        (&b"v2"[..], 2, 2)
+    );
+    let r = c
+        .get("k", Some(GetOptions::new().with_revision(2)))
+        .await
+        .expect("get at revision 2");
     assert_eq!(r.kvs()[0].value(), b"v1");
-    assert_eq!(revision_of(r.header()), 4, "the header carries the current revision, not the one read");
-    let r = c.get("fresh", Some(GetOptions::new().with_revision(3))).await.expect("get at revision 3");
+    assert_eq!(
+        revision_of(r.header()),
+        4,
+        "the header carries the current revision, not the one read"
+    );
+    let r = c
+        .get("fresh", Some(GetOptions::new().with_revision(3)))
+        .await
+        .expect("get at revision 3");
     assert!(r.kvs().is_empty(), "fresh was written at revision 4");
 
     for i in 0..5 {
-        c.put(format!("p/{i}"), format!("{}", 9 - i), None).await.expect("put");
+        c.put(format!("p/{i}"), format!("{}", 9 - i), None)
+            .await
+            .expect("put");
     }
-    let r = c.get("p/", Some(GetOptions::new().with_prefix().with_count_only())).await.expect("count only");
-    assert_eq!((r.count(), r.kvs().len()), (5, 0));
-    let r = c.get("p/", Some(GetOptions::new().with_prefix().with_keys_only().with_limit(2))).await.expect("keys only");
-    assert_eq!((r.count(), r.more(), r.kvs().len()), (5, true, 2));
-    assert!(r.kvs().iter().all(|kv| kv.value().is_empty()), "keys_only drops values");
     let r = c
-        .get("p/", Some(GetOptions::new().with_prefix().with_sort(SortTarget::Value, SortOrder::Ascend).with_limit(3)))
+        .get(
+            "p/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count only");
+    assert_eq!((r.count(), r.kvs().len()), (5, 0));
+    let r = c
+        .get(
+            "p/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(2),
+            ),
+        )
+        .await
+        .expect("keys only");
+    assert_eq!((r.count(), r.more(), r.kvs().len()), (5, true, 2));
+    assert!(
+        r.kvs().iter().all(|kv| kv.value().is_empty()),
+        "keys_only drops values"
+    );
+    let r = c
+        .get(
+            "p/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Value, SortOrder::Ascend)
+                    .with_limit(3),
+            ),
+        )
         .await
         .expect("sorted by value");
-    let keys: Vec<&str> = r.kvs().iter().map(|kv| kv.key_str().expect("utf-8")).collect();
+    let keys: Vec<&str> = r
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().expect("utf-8"))
+        .collect();
     assert_eq!(keys, vec!["p/4", "p/3", "p/2"]);
-    let r = c.get("p/", Some(GetOptions::new().with_prefix().with_min_mod_revision(7).with_serializable())).await.expect("get");
-    let keys: Vec<&str> = r.kvs().iter().map(|kv| kv.key_str().expect("utf-8")).collect();
-    assert_eq!(keys, vec!["p/2", "p/3", "p/4"], "p/2 was written at revision 7");
+    let r = c
+        .get(
+            "p/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_min_mod_revision(7)
+                    .with_serializable(),
+            ),
+        )
+        .await
+        .expect("get");
+    let keys: Vec<&str> = r
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().expect("utf-8"))
+        .collect();
+    assert_eq!(
+        keys,
+        vec!["p/2", "p/3", "p/4"],
+        "p/2 was written at revision 7"
+    );
     assert_eq!(r.count(), 5, "count ignores the min/max filters");
 
-    let r = c.delete("p/", Some(DeleteOptions::new().with_prefix().with_prev_key())).await.expect("delete");
+    let r = c
+        .delete(
+            "p/",
+            Some(DeleteOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .expect("delete");
     assert_eq!((r.deleted(), r.prev_kvs().len()), (5, 5));
     assert_eq!(revision_of(r.header()), 10);
-    let r = c.delete("p/", Some(DeleteOptions::new().with_prefix())).await.expect("delete nothing");
-    assert_eq!((r.deleted(), revision_of(r.header())), (0, 10), "deleting nothing leaves the revision alone");
-    let r = c.get("p/0", Some(GetOptions::new().with_revision(9))).await.expect("a deleted key at an old revision");
+    let r = c
+        .delete("p/", Some(DeleteOptions::new().with_prefix()))
+        .await
+        .expect("delete nothing");
+    assert_eq!(
+        (r.deleted(), revision_of(r.header())),
+        (0, 10),
+        "deleting nothing leaves the revision alone"
+    );
+    let r = c
+        .get("p/0", Some(GetOptions::new().with_revision(9)))
+        .await
+        .expect("a deleted key at an old revision");
     assert_eq!(r.kvs()[0].value(), b"9");
 }
 
@@ -77,8 +172,14 @@ async fn txn_compares_branches_and_nesting() {
     assert_eq!(revision_of(r.header()), 2);
     let r = c.txn(create("second")).await.expect("txn");
     assert!(!r.succeeded());
-    assert_eq!(revision_of(r.header()), 2, "a txn that only reads keeps the revision");
-    let TxnOpResponse::Get(get) = &r.op_responses()[0] else { panic!("expected a range response") };
+    assert_eq!(
+        revision_of(r.header()),
+        2,
+        "a txn that only reads keeps the revision"
+    );
+    let TxnOpResponse::Get(get) = &r.op_responses()[0] else {
+        panic!("expected a range response")
+    };
     assert_eq!(get.kvs()[0].value(), b"first");
 
     // Every compare target with every result.
@@ -92,9 +193,18 @@ async fn txn_compares_branches_and_nesting() {
         (Compare::value("a", CompareOp::Less, "1"), false),
         (Compare::value("missing", CompareOp::Equal, ""), false),
         (Compare::lease("a", CompareOp::Equal, 0), true),
-        (Compare::version("a", CompareOp::Greater, 0).with_prefix(), true),
-        (Compare::version("", CompareOp::Greater, 0).with_range("b"), true),
-        (Compare::version("", CompareOp::Greater, 1).with_range("z"), false),
+        (
+            Compare::version("a", CompareOp::Greater, 0).with_prefix(),
+            true,
+        ),
+        (
+            Compare::version("a", CompareOp::Greater, 0).with_range("b"),
+            true,
+        ),
+        (
+            Compare::version("a", CompareOp::Greater, 1).with_range("z"),
+            false,
+        ),
     ];
     for (i, (compare, want)) in compares.into_iter().enumerate() {
         let r = c.txn(Txn::new().when([compare])).await.expect("txn");
@@ -102,7 +212,9 @@ async fn txn_compares_branches_and_nesting() {
     }
 
     // A nested txn and a delete in one revision; inner headers carry only the revision.
-    let inner = Txn::new().when([Compare::value("a", CompareOp::Equal, "10")]).and_then([TxnOp::put("b", "from-inner", None)]);
+    let inner = Txn::new()
+        .when([Compare::value("a", CompareOp::Equal, "10")])
+        .and_then([TxnOp::put("b", "from-inner", None)]);
     let r = c
         .txn(Txn::new().and_then([
             TxnOp::txn(inner),
@@ -114,14 +226,35 @@ async fn txn_compares_branches_and_nesting() {
     assert!(r.succeeded());
     assert_eq!(revision_of(r.header()), 4);
     let ops = r.op_responses();
-    let TxnOpResponse::Txn(nested) = &ops[0] else { panic!("expected a txn response") };
+    let TxnOpResponse::Txn(nested) = &ops[0] else {
+        panic!("expected a txn response")
+    };
     assert!(nested.succeeded());
-    let TxnOpResponse::Delete(del) = &ops[1] else { panic!("expected a delete response") };
-    assert_eq!((del.deleted(), del.prev_kvs()[0].value()), (1, &b"first"[..]));
-    let TxnOpResponse::Get(get) = &ops[2] else { panic!("expected a range response") };
-    assert_eq!(get.kvs()[0].value(), b"from-inner", "later ops see earlier writes of the same txn");
+    let TxnOpResponse::Delete(del) = &ops[1] else {
+        panic!("expected a delete response")
+    };
+    assert_eq!(
+        (del.deleted(), del.prev_kvs()[0].value()),
+        (1, &b"first"[..])
+    );
+    let TxnOpResponse::Get(get) = &ops[2] else {
+        panic!("expected a range response")
+    };
+    assert_eq!(
+        get.kvs()[0].value(),
+        b"from-inner",
+        "later ops see earlier writes of the same txn"
+    );
     let header = get.header().expect("inner responses have a header");
-    assert_eq!((header.revision(), header.cluster_id(), header.member_id(), header.raft_term()), (4, 0, 0, 0));
+    assert_eq!(
+        (
+            header.revision(),
+            header.cluster_id(),
+            header.member_id(),
+            header.raft_term()
+        ),
+        (4, 0, 0, 0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,18 +266,54 @@ async fn compaction_errors_match_etcd() {
     }
     c.compact(3, None).await.expect("compact");
     let e = grpc_error(c.get("k", Some(GetOptions::new().with_revision(2))).await);
-    assert_eq!(e, ("OutOfRange".into(), "etcdserver: mvcc: required revision has been compacted".into()));
+    assert_eq!(
+        e,
+        (
+            "OutOfRange".into(),
+            "etcdserver: mvcc: required revision has been compacted".into()
+        )
+    );
     let e = grpc_error(c.compact(3, None).await);
-    assert_eq!(e, ("OutOfRange".into(), "etcdserver: mvcc: required revision has been compacted".into()));
+    assert_eq!(
+        e,
+        (
+            "OutOfRange".into(),
+            "etcdserver: mvcc: required revision has been compacted".into()
+        )
+    );
     let e = grpc_error(c.compact(5, None).await);
-    assert_eq!(e, ("OutOfRange".into(), "etcdserver: mvcc: required revision is a future revision".into()));
+    assert_eq!(
+        e,
+        (
+            "OutOfRange".into(),
+            "etcdserver: mvcc: required revision is a future revision".into()
+        )
+    );
     let e = grpc_error(c.get("k", Some(GetOptions::new().with_revision(5))).await);
-    assert_eq!(e, ("OutOfRange".into(), "etcdserver: mvcc: required revision is a future revision".into()));
-    let r = c.get("k", Some(GetOptions::new().with_revision(3))).await.expect("the compacted revision is readable");
+    assert_eq!(
+        e,
+        (
+            "OutOfRange".into(),
+            "etcdserver: mvcc: required revision is a future revision".into()
+        )
+    );
+    let r = c
+        .get("k", Some(GetOptions::new().with_revision(3)))
+        .await
+        .expect("the compacted revision is readable");
     assert_eq!(r.kvs()[0].value(), b"2");
     // A txn reading below the compacted revision fails the whole txn.
-    let e = grpc_error(c.txn(Txn::new().and_then([TxnOp::get("k", Some(GetOptions::new().with_revision(1)))])).await);
-    assert_eq!(e, ("OutOfRange".into(), "etcdserver: mvcc: required revision has been compacted".into()));
+    let e = grpc_error(
+        c.txn(Txn::new().and_then([TxnOp::get("k", Some(GetOptions::new().with_revision(1)))]))
+            .await,
+    );
+    assert_eq!(
+        e,
+        (
+            "OutOfRange".into(),
+            "etcdserver: mvcc: required revision has been compacted".into()
+        )
+    );
     let r = c.hash_kv(0).await.expect("hash_kv");
     assert_eq!(r.compact_version(), 3);
     assert_ne!(r.hash(), 0);
@@ -157,17 +326,46 @@ async fn lease_grant_revoke_and_errors() {
     let g = c.lease_grant(60, None).await.expect("grant");
     assert!(g.id() > 0);
     assert_eq!(g.ttl(), 60);
-    c.put("leased", "v", Some(PutOptions::new().with_lease(g.id()))).await.expect("put with lease");
+    c.put("leased", "v", Some(PutOptions::new().with_lease(g.id())))
+        .await
+        .expect("put with lease");
     let r = c.get("leased", None).await.expect("get");
     assert_eq!(r.kvs()[0].lease(), g.id());
-    let e = grpc_error(c.put("k", "v", Some(PutOptions::new().with_lease(g.id() + 1))).await);
-    assert_eq!(e, ("NotFound".into(), "etcdserver: requested lease not found".into()));
+    let e = grpc_error(
+        c.put("k", "v", Some(PutOptions::new().with_lease(g.id() + 1)))
+            .await,
+    );
+    assert_eq!(
+        e,
+        (
+            "NotFound".into(),
+            "etcdserver: requested lease not found".into()
+        )
+    );
 
-    let e = grpc_error(c.lease_grant(10, Some(LeaseGrantOptions::new().with_id(g.id()))).await);
-    assert_eq!(e, ("FailedPrecondition".into(), "etcdserver: lease already exists".into()));
+    let e = grpc_error(
+        c.lease_grant(10, Some(LeaseGrantOptions::new().with_id(g.id())))
+            .await,
+    );
+    assert_eq!(
+        e,
+        (
+            "FailedPrecondition".into(),
+            "etcdserver: lease already exists".into()
+        )
+    );
     let e = grpc_error(c.lease_grant(9_000_000_001, None).await);
-    assert_eq!(e, ("OutOfRange".into(), "etcdserver: too large lease TTL".into()));
-    let mine = c.lease_grant(30, Some(LeaseGrantOptions::new().with_id(0x1234))).await.expect("grant with an id");
+    assert_eq!(
+        e,
+        (
+            "OutOfRange".into(),
+            "etcdserver: too large lease TTL".into()
+        )
+    );
+    let mine = c
+        .lease_grant(30, Some(LeaseGrantOptions::new().with_id(0x1234)))
+        .await
+        .expect("grant with an id");
     assert_eq!(mine.id(), 0x1234);
 
     let before = revision_of(c.get("leased", None).await.expect("get").header());
@@ -176,10 +374,22 @@ async fn lease_grant_revoke_and_errors() {
     assert!(r.kvs().is_empty(), "revoke deletes the attached key");
     assert_eq!(revision_of(r.header()), before + 1);
     let e = grpc_error(c.lease_revoke(g.id()).await);
-    assert_eq!(e, ("NotFound".into(), "etcdserver: requested lease not found".into()));
-    c.lease_revoke(0x1234).await.expect("revoke a lease with no keys");
+    assert_eq!(
+        e,
+        (
+            "NotFound".into(),
+            "etcdserver: requested lease not found".into()
+        )
+    );
+    c.lease_revoke(0x1234)
+        .await
+        .expect("revoke a lease with no keys");
     let r = c.get("leased", None).await.expect("get");
-    assert_eq!(revision_of(r.header()), before + 1, "revoking a lease without keys writes nothing");
+    assert_eq!(
+        revision_of(r.header()),
+        before + 1,
+        "revoking a lease without keys writes nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,10 +400,18 @@ async fn maintenance_status_and_member_list() {
     let s = c.status().await.expect("status");
     let header = s.header().expect("status has a header").clone();
     assert_eq!(header.revision(), 2);
-    assert_eq!(s.leader(), header.member_id(), "a single member leads itself");
+    assert_eq!(
+        s.leader(),
+        header.member_id(),
+        "a single member leads itself"
+    );
     assert!(s.db_size() > 0, "kube-apiserver refuses a zero dbSize");
     assert!(s.raft_index() >= 2 && s.raft_term() >= 1, "{s:?}");
-    let parts: Vec<u64> = s.version().split('.').map(|p| p.parse().expect("semver")).collect();
+    let parts: Vec<u64> = s
+        .version()
+        .split('.')
+        .map(|p| p.parse().expect("semver"))
+        .collect();
     assert_eq!(parts.len(), 3, "version {}", s.version());
     assert!(parts[0] == 3 && parts[1] >= 4, "version {}", s.version());
 
@@ -203,10 +421,20 @@ async fn maintenance_status_and_member_list() {
     assert_eq!(me.id(), header.member_id());
     assert_eq!(me.name(), "e2e");
     assert_eq!(me.client_urls(), [server.client_url()]);
-    assert_eq!(me.peer_urls(), [format!("http://127.0.0.1:{}", server.peer_port)]);
+    assert_eq!(
+        me.peer_urls(),
+        [format!("http://127.0.0.1:{}", server.peer_port)]
+    );
     assert!(!me.is_learner());
 
-    let a = c.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.expect("alarm list");
+    let a = c
+        .alarm(
+            etcd_client::AlarmAction::Get,
+            etcd_client::AlarmType::None,
+            None,
+        )
+        .await
+        .expect("alarm list");
     assert!(a.alarms().is_empty());
     c.defragment().await.expect("defragment");
     let h = c.hash_kv(0).await.expect("hash_kv");

@@ -19,15 +19,30 @@ type Ack = (String, i64);
 
 /// Puts sequential keys `w{writer}/{n:08}` until `stop` is set or the server goes away;
 /// records every acknowledged put.
-async fn writer(endpoint: String, writer: usize, first: usize, stop: Arc<AtomicBool>, acks: Arc<Mutex<Vec<Ack>>>) {
-    let Ok(mut c) = etcd_client::Client::connect([endpoint], None).await else { return };
+async fn writer(
+    endpoint: String,
+    writer: usize,
+    first: usize,
+    stop: Arc<AtomicBool>,
+    acks: Arc<Mutex<Vec<Ack>>>,
+) {
+    let Ok(mut c) = etcd_client::Client::connect([endpoint], None).await else {
+        return;
+    };
     let mut n = first;
     while !stop.load(Ordering::Acquire) {
         let key = format!("w{writer}/{n:08}");
-        match tokio::time::timeout(Duration::from_secs(5), c.put(key.clone(), key.clone(), None)).await {
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            c.put(key.clone(), key.clone(), None),
+        )
+        .await
+        {
             Ok(Ok(r)) => {
                 let revision = r.header().expect("a put answers a header").revision();
-                acks.lock().expect("no writer panics holding the lock").push((key, revision));
+                acks.lock()
+                    .expect("no writer panics holding the lock")
+                    .push((key, revision));
                 n += 1;
             }
             // The server was killed: whatever was not acknowledged may or may not be there.
@@ -45,11 +60,20 @@ async fn sigkill_loses_no_acknowledged_write() {
         let stop = Arc::new(AtomicBool::new(false));
         let acks = Arc::new(Mutex::new(Vec::new()));
         let tasks: Vec<_> = (0..WRITERS)
-            .map(|w| tokio::spawn(writer(server.client_url(), w, next[w], stop.clone(), acks.clone())))
+            .map(|w| {
+                tokio::spawn(writer(
+                    server.client_url(),
+                    w,
+                    next[w],
+                    stop.clone(),
+                    acks.clone(),
+                ))
+            })
             .collect();
         // Let the writers get going, then kill the server under them.
         let started = std::time::Instant::now();
-        while acks.lock().expect("lock").len() < 200 && started.elapsed() < Duration::from_secs(20) {
+        while acks.lock().expect("lock").len() < 200 && started.elapsed() < Duration::from_secs(20)
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tokio::task::block_in_place(|| server.kill9());
@@ -58,35 +82,61 @@ async fn sigkill_loses_no_acknowledged_write() {
             t.await.expect("a writer task ends");
         }
         let acks = std::mem::take(&mut *acks.lock().expect("lock"));
-        assert!(acks.len() >= 200, "cycle {cycle}: only {} writes were acknowledged before the kill", acks.len());
+        assert!(
+            acks.len() >= 200,
+            "cycle {cycle}: only {} writes were acknowledged before the kill",
+            acks.len()
+        );
         tokio::task::block_in_place(|| server.restart());
 
         let mut c = client(&server).await;
         for (key, revision) in &acks {
             let r = c.get(key.as_str(), None).await.expect("get after restart");
-            let kv = r.kvs().first().unwrap_or_else(|| panic!("cycle {cycle}: acknowledged {key}@{revision} is lost"));
-            assert_eq!(kv.mod_revision(), *revision, "cycle {cycle}: {key} came back at another revision");
+            let kv = r
+                .kvs()
+                .first()
+                .unwrap_or_else(|| panic!("cycle {cycle}: acknowledged {key}@{revision} is lost"));
+            assert_eq!(
+                kv.mod_revision(),
+                *revision,
+                "cycle {cycle}: {key} came back at another revision"
+            );
             assert_eq!(kv.value(), key.as_bytes());
         }
         all_acks.extend(acks);
         // Every key is written once, so the mod revisions of all keys must be exactly
         // 2..=current: a gap would be a lost or reordered write.
-        let r = c.get("", Some(GetOptions::new().with_all_keys().with_keys_only())).await.expect("list all keys");
+        let r = c
+            .get("", Some(GetOptions::new().with_all_keys().with_keys_only()))
+            .await
+            .expect("list all keys");
         let current = r.header().expect("a header").revision();
         let mut revisions: Vec<i64> = r.kvs().iter().map(|kv| kv.mod_revision()).collect();
         revisions.sort_unstable();
         let expected: Vec<i64> = (2..=current).collect();
-        assert_eq!(revisions, expected, "cycle {cycle}: the revisions have gaps");
+        assert_eq!(
+            revisions, expected,
+            "cycle {cycle}: the revisions have gaps"
+        );
         assert!(all_acks.iter().all(|(_, rev)| *rev <= current));
         // Unacknowledged writes that made it are kept: continue each writer after its last key.
         for (w, n) in next.iter_mut().enumerate() {
             let prefix = format!("w{w}/");
-            let r = c.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())).await.expect("count");
+            let r = c
+                .get(
+                    prefix.as_str(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .expect("count");
             *n = r.count() as usize;
         }
         // The server takes new writes at the next revision (a new key, so the gap check of the
         // next cycle still sees every revision).
-        let r = c.put(format!("after-restart-{cycle}"), "x", None).await.expect("put after restart");
+        let r = c
+            .put(format!("after-restart-{cycle}"), "x", None)
+            .await
+            .expect("put after restart");
         assert_eq!(r.header().expect("a header").revision(), current + 1);
     }
 }
@@ -96,28 +146,57 @@ async fn sigterm_restart_keeps_data_and_revision() {
     let mut server = Server::keel(&[]);
     let mut c = client(&server).await;
     for i in 0..50 {
-        c.put(format!("k{i:03}"), format!("v{i}"), None).await.expect("put");
+        c.put(format!("k{i:03}"), format!("v{i}"), None)
+            .await
+            .expect("put");
     }
     c.delete("k000", None).await.expect("delete");
     c.compact(10, None).await.expect("compact");
-    let before = c.get("", Some(GetOptions::new().with_all_keys())).await.expect("get all");
+    let before = c
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .expect("get all");
     drop(c);
     let status = tokio::task::block_in_place(|| server.stop());
-    assert!(status.success(), "a clean shutdown exits 0: {status}\n{}", server.log_tail());
+    assert!(
+        status.success(),
+        "a clean shutdown exits 0: {status}\n{}",
+        server.log_tail()
+    );
     tokio::task::block_in_place(|| server.restart());
     let mut c = client(&server).await;
-    let after = c.get("", Some(GetOptions::new().with_all_keys())).await.expect("get all");
-    assert_eq!(after.header().map(|h| h.revision()), before.header().map(|h| h.revision()));
+    let after = c
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .expect("get all");
+    assert_eq!(
+        after.header().map(|h| h.revision()),
+        before.header().map(|h| h.revision())
+    );
     let summary = |r: &etcd_client::GetResponse| {
         r.kvs()
             .iter()
-            .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.version()))
+            .map(|kv| {
+                (
+                    kv.key().to_vec(),
+                    kv.value().to_vec(),
+                    kv.create_revision(),
+                    kv.mod_revision(),
+                    kv.version(),
+                )
+            })
             .collect::<Vec<_>>()
     };
     assert_eq!(summary(&after), summary(&before));
     assert_eq!(after.count(), 49);
-    let e = crate::common::grpc_error(c.get("k001", Some(GetOptions::new().with_revision(5))).await);
-    assert_eq!(e.1, "etcdserver: mvcc: required revision has been compacted", "the compaction survives a restart");
+    let e = crate::common::grpc_error(
+        c.get("k001", Some(GetOptions::new().with_revision(5)))
+            .await,
+    );
+    assert_eq!(
+        e.1, "etcdserver: mvcc: required revision has been compacted",
+        "the compaction survives a restart"
+    );
     let r = c.put("new", "x", None).await.expect("put after restart");
     assert_eq!(r.header().map(|h| h.revision()), Some(53));
 }
@@ -127,18 +206,36 @@ fn http_health_version_and_metrics() {
     let server = Server::keel(&[]);
     server.etcdctl(&["put", "a", "1"]).ok();
     let (code, body) = server.http_get("/health");
-    assert_eq!((code, body.as_str()), (200, r#"{"health":"true","reason":""}"#));
+    assert_eq!(
+        (code, body.as_str()),
+        (200, r#"{"health":"true","reason":""}"#)
+    );
     let (code, body) = server.http_get("/version");
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&body).expect("/version is JSON");
-    assert!(v["etcdserver"].as_str().is_some_and(|s| s.starts_with("3.")), "{body}");
-    assert!(v["etcdcluster"].as_str().is_some_and(|s| s.ends_with(".0")), "{body}");
+    assert!(
+        v["etcdserver"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("3.")),
+        "{body}"
+    );
+    assert!(
+        v["etcdcluster"].as_str().is_some_and(|s| s.ends_with(".0")),
+        "{body}"
+    );
     let (code, body) = server.http_get("/metrics");
     assert_eq!(code, 200);
-    for name in ["etcd_server_has_leader 1", "etcd_server_is_leader 1", "etcd_mvcc_db_total_size_in_bytes"] {
+    for name in [
+        "etcd_server_has_leader 1",
+        "etcd_server_is_leader 1",
+        "etcd_mvcc_db_total_size_in_bytes",
+    ] {
         assert!(body.contains(name), "/metrics lacks {name:?}:\n{body}");
     }
-    assert!(body.contains("grpc_server_handled_total{"), "/metrics lacks the gRPC counters:\n{body}");
+    assert!(
+        body.contains("grpc_server_handled_total{"),
+        "/metrics lacks the gRPC counters:\n{body}"
+    );
     let (code, _) = server.http_get("/no-such-page");
     assert_eq!(code, 404);
     // HTTP/1.1 and gRPC share the port: gRPC still works after the HTTP requests.
@@ -147,7 +244,9 @@ fn http_health_version_and_metrics() {
 
 #[test]
 fn no_flags_serves_127_0_0_1_2379_with_default_data_dir() {
-    if std::net::TcpListener::bind("127.0.0.1:2379").is_err() || std::net::TcpListener::bind("127.0.0.1:2380").is_err() {
+    if std::net::TcpListener::bind("127.0.0.1:2379").is_err()
+        || std::net::TcpListener::bind("127.0.0.1:2380").is_err()
+    {
         println!("note: 127.0.0.1:2379 or :2380 is taken, skipping the no-flag default test");
         return;
     }
@@ -169,12 +268,26 @@ fn no_flags_serves_127_0_0_1_2379_with_default_data_dir() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let put = crate::common::etcdctl_at("127.0.0.1:2379", &["put", "default", "yes"], None);
-    let get = crate::common::etcdctl_at("127.0.0.1:2379", &["get", "default", "--print-value-only"], None);
+    let get = crate::common::etcdctl_at(
+        "127.0.0.1:2379",
+        &["get", "default", "--print-value-only"],
+        None,
+    );
     // SAFETY: kill(2) on our own, unreaped child.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let status = child.wait().expect("keel exits");
-    assert!(healthy, "keel without flags did not answer on 127.0.0.1:2379");
-    assert_eq!((put.code, get.stdout.as_str()), (0, "yes\n"), "{put:?} {get:?}");
+    assert!(
+        healthy,
+        "keel without flags did not answer on 127.0.0.1:2379"
+    );
+    assert_eq!(
+        (put.code, get.stdout.as_str()),
+        (0, "yes\n"),
+        "{put:?} {get:?}"
+    );
     assert!(status.success(), "{status}");
-    assert!(cwd.path().join("default.keel").is_dir(), "the default data dir is <name>.keel in the working directory");
+    assert!(
+        cwd.path().join("default.keel").is_dir(),
+        "the default data dir is <name>.keel in the working directory"
+    );
 }

@@ -1,0 +1,403 @@
+//! The peer transport: persistent TCP connections between members carrying framed, batched raft
+//! messages. It runs on the raft core's executor.
+//!
+//! Each peer has one outgoing connection, driven by its own task: it connects with backoff,
+//! introduces itself (cluster id, sender, recipient), then writes whatever the raft core queued,
+//! many frames per write. The queue is bounded in messages and bytes; when it is full, or the
+//! peer is down, messages are dropped, and raft's retries and probes recover. A member therefore
+//! never waits for a slow or dead peer. Incoming connections are read into a bounded inbox the
+//! raft loop drains.
+//!
+//! Frame: u32 big-endian length, then the payload (a handshake, then one `keel_raft::Message`
+//! in its own binary encoding per frame). A snapshot travels as one large frame, which TCP
+//! streams in chunks; both sides bound its size.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use keel_raft::{Message, MessageType, SnapshotStatus};
+
+use crate::config::url_host_port;
+use crate::rt;
+
+/// Messages queued for one peer before new ones are dropped.
+pub const PEER_QUEUE_MSGS_MAX: usize = 16 * 1024;
+/// Bytes queued for one peer before new messages are dropped (a snapshot may exceed it alone).
+pub const PEER_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest frame accepted: bounds what a peer can make us allocate.
+pub const FRAME_BYTES_MAX: usize = 1024 * 1024 * 1024;
+/// Messages received but not yet stepped.
+pub const INBOX_MSGS_MAX: usize = 64 * 1024;
+/// Bytes written per syscall batch.
+const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const HANDSHAKE_MAGIC: &[u8; 8] = b"KEELPEER";
+const PROTOCOL_VERSION: u32 = 1;
+const HANDSHAKE_BYTES: usize = 8 + 4 + 8 + 8 + 8;
+
+/// A local wake-up flag for a task on this executor.
+#[derive(Default)]
+struct Signal {
+    woken: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Signal {
+    fn wake(&self) {
+        self.woken.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+    async fn wait(&self) {
+        poll_fn(|cx| {
+            if self.woken.replace(false) {
+                Poll::Ready(())
+            } else {
+                *self.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+struct Peer {
+    id: u64,
+    addrs: RefCell<Vec<String>>,
+    queue: RefCell<VecDeque<(Bytes, Option<u64>)>>,
+    queue_bytes: Cell<usize>,
+    signal: Signal,
+    removed: Cell<bool>,
+}
+
+/// What the peer tasks report back to the raft loop.
+#[derive(Default)]
+struct Reports {
+    unreachable: Vec<u64>,
+    snapshots: Vec<(u64, SnapshotStatus)>,
+}
+
+pub struct Transport {
+    me: u64,
+    /// 0 until a joining member hears the cluster's id from a peer.
+    cluster_id: Cell<u64>,
+    learned_cluster_id: Cell<Option<u64>>,
+    peers: RefCell<HashMap<u64, Rc<Peer>>>,
+    inbox: RefCell<VecDeque<Message>>,
+    inbox_signal: Signal,
+    reports: RefCell<Reports>,
+}
+
+impl Transport {
+    pub fn new(me: u64, cluster_id: u64) -> Rc<Transport> {
+        Rc::new(Transport {
+            me,
+            cluster_id: Cell::new(cluster_id),
+            learned_cluster_id: Cell::new(None),
+            peers: RefCell::new(HashMap::new()),
+            inbox: RefCell::new(VecDeque::new()),
+            inbox_signal: Signal::default(),
+            reports: RefCell::new(Reports::default()),
+        })
+    }
+
+    /// Serves incoming peer connections on `addr`, forever.
+    pub fn listen(self: &Rc<Self>, addr: SocketAddr) -> std::io::Result<()> {
+        let listener = TcpListener::bind(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let this = self.clone();
+        rt::spawn_local(async move {
+            loop {
+                match listener.accept().await {
+                    Ok(stream) => {
+                        let _ = stream.set_nodelay(true);
+                        let this = this.clone();
+                        rt::spawn_local(async move {
+                            if let Err(e) = this.read_peer(stream).await {
+                                tracing::debug!(error = %e, "peer connection ended");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(%addr, error = %e, "peer accept failed");
+                        rt::sleep(BACKOFF_MIN).await;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Makes the set of peers match `members` (id and peer URLs), starting a sender task for
+    /// each new one and stopping those no longer listed.
+    pub fn set_peers(self: &Rc<Self>, members: &[(u64, Vec<String>)]) {
+        let mut peers = self.peers.borrow_mut();
+        for (id, urls) in members {
+            if *id == self.me {
+                continue;
+            }
+            match peers.get(id) {
+                Some(p) => *p.addrs.borrow_mut() = urls.clone(),
+                None => {
+                    let peer = Rc::new(Peer {
+                        id: *id,
+                        addrs: RefCell::new(urls.clone()),
+                        queue: RefCell::new(VecDeque::new()),
+                        queue_bytes: Cell::new(0),
+                        signal: Signal::default(),
+                        removed: Cell::new(false),
+                    });
+                    peers.insert(*id, peer.clone());
+                    let this = self.clone();
+                    rt::spawn_local(async move { this.send_loop(peer).await });
+                }
+            }
+        }
+        let keep: Vec<u64> = members.iter().map(|(id, _)| *id).collect();
+        peers.retain(|id, p| {
+            let stay = keep.contains(id);
+            if !stay {
+                p.removed.set(true);
+                p.signal.wake();
+            }
+            stay
+        });
+    }
+
+    /// Queues a message for its recipient; drops it when the peer is unknown or its queue is
+    /// full (raft retries).
+    pub fn send(&self, m: Message) {
+        let peers = self.peers.borrow();
+        let Some(peer) = peers.get(&m.to) else {
+            tracing::debug!(to = m.to, "message for an unknown peer dropped");
+            return;
+        };
+        let snapshot_to = (m.msg_type == MessageType::Snapshot).then_some(m.to);
+        let mut buf = Vec::with_capacity(64 + m.entries.iter().map(|e| e.data.len() + 32).sum::<usize>());
+        buf.extend_from_slice(&[0; 4]);
+        m.encode(&mut buf);
+        let len = u32::try_from(buf.len() - 4).expect("frames stay below FRAME_BYTES_MAX");
+        buf[..4].copy_from_slice(&len.to_be_bytes());
+        let full = peer.queue.borrow().len() >= PEER_QUEUE_MSGS_MAX
+            || (peer.queue_bytes.get() + buf.len() > PEER_QUEUE_BYTES_MAX && !peer.queue.borrow().is_empty());
+        if full {
+            if let Some(to) = snapshot_to {
+                self.reports.borrow_mut().snapshots.push((to, SnapshotStatus::Failure));
+            }
+            return;
+        }
+        peer.queue_bytes.set(peer.queue_bytes.get() + buf.len());
+        peer.queue.borrow_mut().push_back((Bytes::from(buf), snapshot_to));
+        peer.signal.wake();
+    }
+
+    /// Messages received since the last call (at most the inbox bound).
+    pub fn take_inbox(&self) -> Vec<Message> {
+        self.inbox.borrow_mut().drain(..).collect()
+    }
+
+    pub fn has_inbox(&self) -> bool {
+        !self.inbox.borrow().is_empty()
+    }
+
+    /// Resolves when a message arrived (or a report is waiting).
+    pub async fn inbox_ready(&self) {
+        if self.has_inbox() {
+            return;
+        }
+        self.inbox_signal.wait().await;
+    }
+
+    /// The cluster id learned from a peer since the last call (joining members only).
+    pub fn learned_cluster_id(&self) -> Option<u64> {
+        self.learned_cluster_id.take()
+    }
+
+    /// Peers whose connection failed, and snapshot transfers that finished or failed.
+    pub fn take_reports(&self) -> (Vec<u64>, Vec<(u64, SnapshotStatus)>) {
+        let mut r = self.reports.borrow_mut();
+        (std::mem::take(&mut r.unreachable), std::mem::take(&mut r.snapshots))
+    }
+
+    async fn send_loop(self: Rc<Self>, peer: Rc<Peer>) {
+        let mut backoff = BACKOFF_MIN;
+        while !peer.removed.get() {
+            let stream = match self.connect(&peer).await {
+                Some(s) => s,
+                None => {
+                    self.drop_queue(&peer);
+                    self.reports.borrow_mut().unreachable.push(peer.id);
+                    self.inbox_signal.wake();
+                    rt::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+            };
+            backoff = BACKOFF_MIN;
+            if let Err(e) = self.write_loop(&peer, stream).await {
+                tracing::debug!(peer = format!("{:x}", peer.id), error = %e, "peer connection lost");
+                self.drop_queue(&peer);
+                self.reports.borrow_mut().unreachable.push(peer.id);
+                self.inbox_signal.wake();
+            }
+        }
+    }
+
+    /// Dropped messages are lost like any on a broken network; snapshot senders are told.
+    fn drop_queue(&self, peer: &Peer) {
+        let mut q = peer.queue.borrow_mut();
+        for (_, snap) in q.drain(..) {
+            if let Some(to) = snap {
+                self.reports.borrow_mut().snapshots.push((to, SnapshotStatus::Failure));
+            }
+        }
+        peer.queue_bytes.set(0);
+    }
+
+    async fn connect(&self, peer: &Peer) -> Option<TcpStream> {
+        let urls = peer.addrs.borrow().clone();
+        for url in urls {
+            let Ok((host, port)) = url_host_port("peer-urls", &url) else { continue };
+            let host = if host == "localhost" { "127.0.0.1".to_string() } else { host };
+            let addr = format!("{host}:{port}");
+            if let Ok(mut s) = TcpStream::connect(addr.as_str()).await {
+                let _ = s.set_nodelay(true);
+                let mut hello = Vec::with_capacity(4 + HANDSHAKE_BYTES);
+                hello.extend_from_slice(&(HANDSHAKE_BYTES as u32).to_be_bytes());
+                hello.extend_from_slice(HANDSHAKE_MAGIC);
+                hello.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+                hello.extend_from_slice(&self.cluster_id.get().to_be_bytes());
+                hello.extend_from_slice(&self.me.to_be_bytes());
+                hello.extend_from_slice(&peer.id.to_be_bytes());
+                if s.write_all(&hello).await.is_ok() {
+                    return Some(s);
+                }
+            }
+        }
+        None
+    }
+
+    async fn write_loop(&self, peer: &Peer, mut stream: TcpStream) -> std::io::Result<()> {
+        let mut batch = Vec::with_capacity(WRITE_BATCH_BYTES);
+        loop {
+            if peer.removed.get() {
+                return Ok(());
+            }
+            let mut snapshots = Vec::new();
+            {
+                let mut q = peer.queue.borrow_mut();
+                while let Some((frame, snap)) = q.pop_front() {
+                    peer.queue_bytes.set(peer.queue_bytes.get() - frame.len());
+                    if let Some(to) = snap {
+                        snapshots.push(to);
+                    }
+                    if batch.is_empty() && frame.len() >= WRITE_BATCH_BYTES {
+                        // A large frame (a snapshot) is written from its own buffer.
+                        drop(q);
+                        let r = stream.write_all(&frame).await;
+                        self.report_snapshots(&snapshots, r.is_ok());
+                        r?;
+                        snapshots.clear();
+                        q = peer.queue.borrow_mut();
+                        continue;
+                    }
+                    batch.extend_from_slice(&frame);
+                    if batch.len() >= WRITE_BATCH_BYTES {
+                        break;
+                    }
+                }
+            }
+            if batch.is_empty() {
+                peer.signal.wait().await;
+                continue;
+            }
+            let r = stream.write_all(&batch).await;
+            batch.clear();
+            self.report_snapshots(&snapshots, r.is_ok());
+            r?;
+        }
+    }
+
+    fn report_snapshots(&self, to: &[u64], ok: bool) {
+        if to.is_empty() {
+            return;
+        }
+        let status = if ok { SnapshotStatus::Finish } else { SnapshotStatus::Failure };
+        let mut r = self.reports.borrow_mut();
+        for id in to {
+            r.snapshots.push((*id, status));
+        }
+        drop(r);
+        self.inbox_signal.wake();
+    }
+
+    async fn read_peer(&self, mut stream: TcpStream) -> std::io::Result<()> {
+        let hello = read_frame(&mut stream, HANDSHAKE_BYTES).await?;
+        if hello.len() != HANDSHAKE_BYTES || &hello[..8] != HANDSHAKE_MAGIC {
+            return Err(std::io::Error::other("not a keel peer"));
+        }
+        let u64_at = |o: usize| u64::from_be_bytes(hello[o..o + 8].try_into().expect("8 bytes"));
+        let version = u32::from_be_bytes(hello[8..12].try_into().expect("4 bytes"));
+        let (cluster_id, from, to) = (u64_at(12), u64_at(20), u64_at(28));
+        if version != PROTOCOL_VERSION {
+            return Err(std::io::Error::other(format!("peer protocol version {version} is not ours")));
+        }
+        let ours = self.cluster_id.get();
+        if ours == 0 && cluster_id != 0 {
+            // We are joining: the first member of the cluster to reach us tells us its id.
+            self.cluster_id.set(cluster_id);
+            self.learned_cluster_id.set(Some(cluster_id));
+            self.inbox_signal.wake();
+        }
+        // A joining member does not know the id yet and sends 0; it must be a member we know.
+        let joining_peer = cluster_id == 0 && self.peers.borrow().contains_key(&from);
+        if cluster_id != self.cluster_id.get() && !joining_peer {
+            // A member of another cluster (or one started with another token) must never mix
+            // its log with ours.
+            tracing::warn!(
+                remote_cluster = format!("{cluster_id:x}"),
+                local_cluster = format!("{:x}", self.cluster_id.get()),
+                from = format!("{from:x}"),
+                "refused a peer connection from a different cluster"
+            );
+            return Err(std::io::Error::other("cluster id mismatch"));
+        }
+        if to != self.me {
+            return Err(std::io::Error::other("peer connection meant for another member"));
+        }
+        loop {
+            let frame = read_frame(&mut stream, FRAME_BYTES_MAX).await?;
+            let m = Message::decode(&frame).map_err(|e| std::io::Error::other(e.to_string()))?;
+            if m.from != from {
+                return Err(std::io::Error::other("message sender does not match the connection"));
+            }
+            let mut inbox = self.inbox.borrow_mut();
+            if inbox.len() < INBOX_MSGS_MAX {
+                inbox.push_back(m);
+            }
+            drop(inbox);
+            self.inbox_signal.wake();
+        }
+    }
+}
+
+async fn read_frame(stream: &mut TcpStream, max_bytes: usize) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max_bytes {
+        return Err(std::io::Error::other(format!("peer frame of {len} bytes exceeds {max_bytes}")));
+    }
+    let mut buf = vec![0u8; len];
+    stream.read_exact(&mut buf).await?;
+    Ok(buf)
+}
