@@ -1,0 +1,1195 @@
+//! `compare`: etcd and Keel side by side on the DESIGN.md "Targets" workloads.
+//!
+//! Each repeat measures the disk floor, then starts each system in turn (the order alternates
+//! between repeats so neither always runs on a warmer machine) with a fresh data directory on
+//! free ports, runs every workload against it, and stops it. The table reports medians of the
+//! repeats and Keel/etcd ratios. "Keel" is any binary that accepts etcd's flags, so the whole
+//! path can be exercised with etcd standing in for Keel; a missing or failing Keel binary is
+//! reported and the etcd numbers are still printed.
+
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::net::TcpListener;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use keel_proto::etcdserverpb::{PutRequest, PutResponse, RangeRequest};
+use serde::{Deserialize, Serialize};
+
+use crate::client::{self, Caller, Connection};
+use crate::report::{self, median, Percentiles, Summary};
+use crate::workloads::{self, PutArgs, RangeArgs, Target, WatchLatencyArgs};
+use crate::Error;
+
+/// The floor's write unit: one 4 KiB block, the WAL's smallest aligned append.
+pub const FLOOR_BLOCK_BYTES: usize = 4096;
+/// The floor file is preallocated and written once, so the loop rewrites allocated blocks.
+pub const FLOOR_FILE_BYTES: usize = 4 << 20;
+// Masks instead of `%`: the block size is a power of two, and this keeps clippy and MSRV 1.85 happy.
+const _: () = assert!(FLOOR_BLOCK_BYTES.is_power_of_two());
+const _: () = assert!(FLOOR_FILE_BYTES & (FLOOR_BLOCK_BYTES - 1) == 0);
+const _: () = assert!(
+    FLOOR_BLOCK_BYTES & 511 == 0,
+    "O_DIRECT needs sector alignment"
+);
+
+/// Key and value the range rows read.
+const RANGE_KEY: &str = "keel-bench-range";
+const VALUE_BYTES: usize = 256;
+/// Bounded wait for a stopped server before SIGKILL.
+const STOP_TIMEOUT_MS: u64 = 10_000;
+const LOG_TAIL_BYTES: usize = 2000;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The etcd binary (Debian's etcd 3.4)
+    #[arg(long, default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+    /// The Keel binary (default: `keel` beside this binary); any binary taking etcd's flags works
+    #[arg(long)]
+    pub keel_bin: Option<PathBuf>,
+    /// Name printed for the second system (e.g. "etcd-b" when --keel-bin is etcd itself)
+    #[arg(long, default_value = "keel")]
+    pub keel_label: String,
+    /// Rounds; each round runs both systems, alternating which goes first
+    #[arg(long, default_value_t = 3)]
+    pub repeats: u32,
+    /// Directory for compare.json and compare.svg
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Directory for data dirs and the disk-floor file (default: the system temp dir)
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Puts in the throughput row
+    #[arg(long, default_value_t = 100_000)]
+    pub put_total: u64,
+    /// Clients in the put throughput row
+    #[arg(long, default_value_t = 1000)]
+    pub put_clients: usize,
+    /// Connections in the put throughput row
+    #[arg(long, default_value_t = 100)]
+    pub put_conns: usize,
+    /// Puts in the one-client latency row
+    #[arg(long, default_value_t = 2000)]
+    pub latency_total: u64,
+    /// Reads in each range row
+    #[arg(long, default_value_t = 100_000)]
+    pub range_total: u64,
+    /// Clients in the range rows
+    #[arg(long, default_value_t = 100)]
+    pub range_clients: usize,
+    /// Connections in the range rows
+    #[arg(long, default_value_t = 10)]
+    pub range_conns: usize,
+    /// Keys stored (256-byte values) before reading RSS for the memory row
+    #[arg(long, default_value_t = 100_000)]
+    pub mem_keys: usize,
+    /// Watch streams in the watch row
+    #[arg(long, default_value_t = 100)]
+    pub watch_streams: usize,
+    /// Watchers per stream in the watch row (default 100 x 100 = 10,000 watchers)
+    #[arg(long, default_value_t = 100)]
+    pub watch_watchers_per_stream: usize,
+    /// Puts in the watch row
+    #[arg(long, default_value_t = 100)]
+    pub watch_puts: u64,
+    /// Puts per second in the watch row
+    #[arg(long, default_value_t = 10.0)]
+    pub watch_put_rate: f64,
+    /// 4 KiB write + fdatasync operations for the disk floor
+    #[arg(long, default_value_t = 1000)]
+    pub floor_ops: u64,
+    /// How long a server may take to answer its first Range
+    #[arg(long, default_value_t = 30)]
+    pub start_timeout_s: u64,
+}
+
+/// Memory row: resident bytes of the server process per stored key.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemoryReport {
+    pub keys: usize,
+    pub rss_before_bytes: u64,
+    pub rss_after_bytes: u64,
+    /// (after - before) / keys: what storing the keys cost, without the empty server's baseline.
+    pub bytes_per_key: f64,
+}
+
+/// Every workload's result against one server in one repeat.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SystemRun {
+    pub system: String,
+    pub repeat: u32,
+    pub memory: MemoryReport,
+    pub put_throughput: Summary,
+    pub put_latency: Summary,
+    pub range_serializable: Summary,
+    pub range_linearizable: Summary,
+    pub watch: Summary,
+}
+
+/// The disk floor of one repeat.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FloorReport {
+    pub repeat: u32,
+    pub ops: u64,
+    pub latency_us: Percentiles,
+}
+
+/// One line of the ratio table; values are medians over the repeats.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Row {
+    pub name: String,
+    pub unit: String,
+    pub target: String,
+    pub etcd: Option<f64>,
+    pub keel: Option<f64>,
+    /// keel / etcd.
+    pub ratio: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CompareResult {
+    pub started_unix_s: u64,
+    pub etcd_bin: String,
+    pub keel_bin: String,
+    pub keel_label: String,
+    /// Why the second system has no numbers, if it has none (or stopped having them).
+    pub keel_unavailable: Option<String>,
+    pub repeats: u32,
+    pub work_dir: String,
+    pub floors: Vec<FloorReport>,
+    pub runs: Vec<SystemRun>,
+    pub table: Vec<Row>,
+    /// Files written under --out.
+    pub files: Vec<String>,
+}
+
+/// Which of the two systems.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Etcd,
+    Keel,
+}
+
+/// Runs the whole comparison.
+pub async fn run(args: &CompareArgs) -> Result<CompareResult, Error> {
+    if args.repeats == 0 {
+        return Err(Error::InvalidArgument(
+            "--repeats must be at least 1".into(),
+        ));
+    }
+    let started_unix_s = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let work_root = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let work_dir = work_root.join(format!(
+        "keel-bench-{}-{started_unix_s}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&work_dir)?;
+    let keel_bin = match &args.keel_bin {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .map(|dir| dir.join("keel"))
+            .unwrap_or_else(|| PathBuf::from("keel")),
+    };
+    let keel_unavailable = if args.keel_bin.is_none() && !keel_bin.exists() {
+        Some(format!("no Keel binary at {}", keel_bin.display()))
+    } else {
+        None
+    };
+    let measured = run_repeats(args, &work_dir, &keel_bin, keel_unavailable).await;
+    // The scratch directory goes whether or not the runs succeeded.
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let (floors, runs, keel_unavailable) = measured?;
+    let mut result = CompareResult {
+        started_unix_s,
+        etcd_bin: args.etcd_bin.display().to_string(),
+        keel_bin: keel_bin.display().to_string(),
+        keel_label: args.keel_label.clone(),
+        keel_unavailable,
+        repeats: args.repeats,
+        work_dir: work_root.display().to_string(),
+        table: Vec::new(),
+        floors,
+        runs,
+        files: Vec::new(),
+    };
+    result.table = table(&result);
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out)?;
+        let json_path = out.join("compare.json");
+        let svg_path = out.join("compare.svg");
+        result.files = vec![
+            json_path.display().to_string(),
+            svg_path.display().to_string(),
+        ];
+        draw_chart(&result, &svg_path)?;
+        std::fs::write(&json_path, serde_json::to_vec_pretty(&result)?)?;
+    }
+    Ok(result)
+}
+
+/// Every repeat: the floor, then each available system. An etcd failure ends the comparison;
+/// a Keel failure marks Keel unavailable and the rest runs etcd-only.
+async fn run_repeats(
+    args: &CompareArgs,
+    work_dir: &Path,
+    keel_bin: &Path,
+    mut keel_unavailable: Option<String>,
+) -> Result<(Vec<FloorReport>, Vec<SystemRun>, Option<String>), Error> {
+    let mut floors = Vec::new();
+    let mut runs = Vec::new();
+    for repeat in 0..args.repeats {
+        let floor = measure_disk_floor(work_dir, args.floor_ops)?;
+        floors.push(FloorReport {
+            repeat,
+            ops: args.floor_ops,
+            latency_us: Percentiles::of(&floor),
+        });
+        let order = if repeat % 2 == 0 {
+            [Side::Etcd, Side::Keel]
+        } else {
+            [Side::Keel, Side::Etcd]
+        };
+        for side in order {
+            let (bin, label) = match side {
+                Side::Etcd => (args.etcd_bin.as_path(), "etcd"),
+                Side::Keel if keel_unavailable.is_some() => continue,
+                Side::Keel => (keel_bin, args.keel_label.as_str()),
+            };
+            let dir = work_dir.join(format!("r{repeat}-{}", sanitize(label)));
+            match run_system(args, bin, label, repeat, &dir).await {
+                Ok(run) => runs.push(run),
+                Err(error) if side == Side::Keel => {
+                    eprintln!("keel-bench: {label} unavailable: {error}");
+                    keel_unavailable = Some(error.to_string());
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+    Ok((floors, runs, keel_unavailable))
+}
+
+fn sanitize(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Starts one system, runs every workload against it, stops it.
+async fn run_system(
+    args: &CompareArgs,
+    bin: &Path,
+    label: &str,
+    repeat: u32,
+    dir: &Path,
+) -> Result<SystemRun, Error> {
+    let mut server = Server::start(bin, label, dir)?;
+    let result = run_workloads(args, &mut server, label, repeat).await;
+    let stopped = server.stop();
+    let _ = std::fs::remove_dir_all(dir);
+    let run = result?;
+    stopped?;
+    Ok(run)
+}
+
+async fn run_workloads(
+    args: &CompareArgs,
+    server: &mut Server,
+    label: &str,
+    repeat: u32,
+) -> Result<SystemRun, Error> {
+    server
+        .wait_ready(Duration::from_secs(args.start_timeout_s))
+        .await?;
+    let endpoints = vec![server.endpoint.clone()];
+    let target = |clients: usize, conns: usize| Target {
+        endpoints: endpoints.clone(),
+        conns: conns.max(1),
+        clients: clients.max(1),
+    };
+    let put_args = |total: u64| PutArgs {
+        key_size: 8,
+        val_size: VALUE_BYTES,
+        total,
+        key_space_size: args.mem_keys.max(1),
+        sequential_keys: true,
+        rate: 0.0,
+    };
+    let rss_before_bytes = server.rss_bytes()?;
+    // Store mem_keys keys once, sequentially, before anything else grows the server.
+    let load = workloads::put(
+        &target(args.range_clients, args.range_conns),
+        &put_args(args.mem_keys as u64),
+    )
+    .await?;
+    check_errors(label, &load)?;
+    let rss_after_bytes = server.rss_bytes()?;
+    let memory = MemoryReport {
+        keys: args.mem_keys,
+        rss_before_bytes,
+        rss_after_bytes,
+        bytes_per_key: rss_after_bytes.saturating_sub(rss_before_bytes) as f64
+            / args.mem_keys.max(1) as f64,
+    };
+    let put_throughput = workloads::put(
+        &target(args.put_clients, args.put_conns),
+        &put_args(args.put_total),
+    )
+    .await?;
+    let put_latency = workloads::put(&target(1, 1), &put_args(args.latency_total)).await?;
+    put_once(&server.endpoint, RANGE_KEY, &[b'v'; VALUE_BYTES]).await?;
+    let range_args = |consistency: &str| RangeArgs {
+        key: RANGE_KEY.into(),
+        end: None,
+        consistency: consistency.into(),
+        limit: 0,
+        count_only: false,
+        keys_only: false,
+        prefix: false,
+        total: args.range_total,
+        rate: 0.0,
+    };
+    let range_target = target(args.range_clients, args.range_conns);
+    let range_serializable = workloads::range(&range_target, &range_args("s")).await?;
+    let range_linearizable = workloads::range(&range_target, &range_args("l")).await?;
+    let watch = workloads::watch_latency(
+        &target(1, args.watch_streams.clamp(1, 100)),
+        &WatchLatencyArgs {
+            streams: args.watch_streams,
+            watchers_per_stream: args.watch_watchers_per_stream,
+            put_total: args.watch_puts,
+            put_rate: args.watch_put_rate,
+            key_size: 32,
+            val_size: 32,
+        },
+    )
+    .await?;
+    let run = SystemRun {
+        system: label.to_string(),
+        repeat,
+        memory,
+        put_throughput,
+        put_latency,
+        range_serializable,
+        range_linearizable,
+        watch,
+    };
+    for summary in [
+        &run.put_throughput,
+        &run.put_latency,
+        &run.range_serializable,
+        &run.range_linearizable,
+        &run.watch,
+    ] {
+        check_errors(label, summary)?;
+    }
+    Ok(run)
+}
+
+/// A run with failed requests does not measure what it claims to: refuse it.
+fn check_errors(label: &str, summary: &Summary) -> Result<(), Error> {
+    if summary.total_errors() == 0 {
+        return Ok(());
+    }
+    let first = summary
+        .classes
+        .iter()
+        .find_map(|c| c.first_error.clone())
+        .unwrap_or_default();
+    Err(Error::Server {
+        label: label.to_string(),
+        reason: format!(
+            "{}: {} failed requests (first: {first})",
+            summary.workload,
+            summary.total_errors()
+        ),
+    })
+}
+
+async fn put_once(endpoint: &str, key: &str, value: &[u8]) -> Result<(), Error> {
+    let connection = Connection::connect(endpoint).await?;
+    let request = PutRequest {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        value: Bytes::copy_from_slice(value),
+        ..Default::default()
+    };
+    let _: PutResponse = Caller::new(&connection)
+        .unary(client::KV_PUT, &request)
+        .await?;
+    Ok(())
+}
+
+/// A port nobody listens on right now (the kernel picks it; we release it for the server).
+pub fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    assert_ne!(port, 0);
+    Ok(port)
+}
+
+/// A server process started with etcd's flags in a fresh data directory.
+pub struct Server {
+    label: String,
+    child: Option<Child>,
+    pub endpoint: String,
+    log_path: PathBuf,
+}
+
+impl Server {
+    /// Starts `bin` with a fresh data dir under `dir` and free client and peer ports.
+    pub fn start(bin: &Path, label: &str, dir: &Path) -> Result<Server, Error> {
+        std::fs::create_dir_all(dir)?;
+        let data_dir = dir.join("data");
+        let client_port = free_port()?;
+        let mut peer_port = free_port()?;
+        while peer_port == client_port {
+            peer_port = free_port()?;
+        }
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let log_path = dir.join("server.log");
+        let log = File::create(&log_path)?;
+        let mut command = Command::new(bin);
+        // SAFETY: the hook runs between fork and exec and calls only prctl, which is
+        // async-signal-safe. It makes the kernel SIGTERM the server if keel-bench dies
+        // (even by SIGKILL), so no orphaned server keeps loading the machine.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|error| Error::Server {
+                label: label.to_string(),
+                reason: format!("cannot start {}: {error}", bin.display()),
+            })?;
+        Ok(Server {
+            label: label.to_string(),
+            child: Some(child),
+            endpoint: format!("127.0.0.1:{client_port}"),
+            log_path,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .expect("a running server has its child")
+            .id()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read(&self.log_path).unwrap_or_default();
+        let start = log.len().saturating_sub(LOG_TAIL_BYTES);
+        String::from_utf8_lossy(&log[start..]).into_owned()
+    }
+
+    /// Waits until a linearizable Range succeeds (so a leader exists), or the process exits.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let probe = RangeRequest {
+            key: Bytes::from_static(b"keel-bench-ready"),
+            ..Default::default()
+        };
+        let mut last_error = String::from("no attempt yet");
+        while Instant::now() < deadline {
+            let child = self.child.as_mut().expect("a running server has its child");
+            if let Some(status) = child.try_wait()? {
+                return Err(Error::Server {
+                    label: self.label.clone(),
+                    reason: format!(
+                        "exited with {status} before answering; log tail:\n{}",
+                        self.log_tail()
+                    ),
+                });
+            }
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                workloads::range_once(&self.endpoint, &probe),
+            )
+            .await
+            {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(error)) => last_error = error.to_string(),
+                Err(_) => last_error = "Range probe timed out".into(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(Error::Server {
+            label: self.label.clone(),
+            reason: format!(
+                "no answer within {} s (last: {last_error}); log tail:\n{}",
+                timeout.as_secs(),
+                self.log_tail()
+            ),
+        })
+    }
+
+    /// The process's resident set, from /proc/PID/status VmRSS.
+    pub fn rss_bytes(&self) -> Result<u64, Error> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        parse_vm_rss_bytes(&status).ok_or_else(|| Error::Server {
+            label: self.label.clone(),
+            reason: "no VmRSS line in /proc/PID/status".into(),
+        })
+    }
+
+    /// SIGTERM, then SIGKILL after `STOP_TIMEOUT_MS`; reaps the process.
+    pub fn stop(mut self) -> Result<(), Error> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<(), Error> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        let pid = libc::pid_t::try_from(child.id()).expect("pids fit pid_t");
+        // SAFETY: kill only sends a signal to the child we started and have not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_millis(STOP_TIMEOUT_MS);
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}
+
+/// `VmRSS:   123456 kB` → bytes.
+pub fn parse_vm_rss_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let value: u64 = fields.next()?.parse().ok()?;
+    match fields.next()? {
+        "kB" => Some(value * 1024),
+        _ => None,
+    }
+}
+
+/// An O_DIRECT file descriptor, closed on drop.
+struct DirectFile {
+    fd: libc::c_int,
+    path: CString,
+}
+
+impl Drop for DirectFile {
+    fn drop(&mut self) {
+        // SAFETY: fd is ours and open; the path is a valid C string.
+        unsafe {
+            libc::close(self.fd);
+            libc::unlink(self.path.as_ptr());
+        }
+    }
+}
+
+/// A 4 KiB-aligned 4 KiB buffer from posix_memalign, freed on drop.
+struct AlignedBlock {
+    ptr: *mut libc::c_void,
+}
+
+impl AlignedBlock {
+    fn new(fill: u8) -> Result<AlignedBlock, Error> {
+        let mut ptr: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: posix_memalign writes ptr only on success; alignment is a power of two.
+        let rc = unsafe { libc::posix_memalign(&mut ptr, FLOOR_BLOCK_BYTES, FLOOR_BLOCK_BYTES) };
+        if rc != 0 {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(rc)));
+        }
+        assert!(!ptr.is_null() && (ptr as usize) & (FLOOR_BLOCK_BYTES - 1) == 0);
+        // SAFETY: ptr points at FLOOR_BLOCK_BYTES bytes we own.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), fill, FLOOR_BLOCK_BYTES) };
+        Ok(AlignedBlock { ptr })
+    }
+}
+
+impl Drop for AlignedBlock {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from posix_memalign and is freed once.
+        unsafe { libc::free(self.ptr) };
+    }
+}
+
+fn pwrite_block(file: &DirectFile, block: &AlignedBlock, offset: usize) -> Result<(), Error> {
+    let offset = libc::off_t::try_from(offset).expect("floor file offsets are small");
+    // SAFETY: block is FLOOR_BLOCK_BYTES long and aligned; fd is open for writing.
+    let written = unsafe { libc::pwrite(file.fd, block.ptr, FLOOR_BLOCK_BYTES, offset) };
+    if written < 0 {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    if written as usize != FLOOR_BLOCK_BYTES {
+        return Err(Error::Io(std::io::Error::other("short O_DIRECT write")));
+    }
+    Ok(())
+}
+
+fn fdatasync(file: &DirectFile) -> Result<(), Error> {
+    // SAFETY: fd is open.
+    if unsafe { libc::fdatasync(file.fd) } != 0 {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The disk's own latency for one 4 KiB O_DIRECT pwrite + fdatasync, in `dir`'s filesystem:
+/// the physical floor under any durable put. The file is preallocated by writing it fully once.
+pub fn measure_disk_floor(dir: &Path, ops: u64) -> Result<Histogram<u64>, Error> {
+    if ops == 0 {
+        return Err(Error::InvalidArgument(
+            "--floor-ops must be positive".into(),
+        ));
+    }
+    let path = dir.join(format!("keel-bench-floor-{}", std::process::id()));
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::InvalidArgument(format!("path {} has a NUL byte", path.display())))?;
+    // SAFETY: path is a valid C string; the flags and mode are plain integers.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_DIRECT | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(Error::Io(std::io::Error::new(
+            error.kind(),
+            format!("open O_DIRECT in {}: {error}", dir.display()),
+        )));
+    }
+    let file = DirectFile { fd, path };
+    let zeros = AlignedBlock::new(0)?;
+    for offset in (0..FLOOR_FILE_BYTES).step_by(FLOOR_BLOCK_BYTES) {
+        pwrite_block(&file, &zeros, offset)?;
+    }
+    fdatasync(&file)?;
+    let block = AlignedBlock::new(0xa5)?;
+    let blocks = (FLOOR_FILE_BYTES / FLOOR_BLOCK_BYTES) as u64;
+    let mut histogram = report::new_histogram();
+    for i in 0..ops {
+        let offset = ((i % blocks) as usize) * FLOOR_BLOCK_BYTES;
+        let start = Instant::now();
+        pwrite_block(&file, &block, offset)?;
+        fdatasync(&file)?;
+        report::record_latency(&mut histogram, start.elapsed());
+    }
+    assert_eq!(histogram.len(), ops);
+    Ok(histogram)
+}
+
+/// Medians over one system's runs of `metric`.
+fn median_of(
+    runs: &[SystemRun],
+    system: &str,
+    metric: impl Fn(&SystemRun) -> Option<f64>,
+) -> Option<f64> {
+    let values: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.system == system)
+        .filter_map(&metric)
+        .collect();
+    median(&values)
+}
+
+fn throughput(summary: &Summary) -> Option<f64> {
+    summary.classes.first().map(|c| c.throughput_per_s)
+}
+
+/// The ratio table of DESIGN.md's "Targets".
+pub fn table(result: &CompareResult) -> Vec<Row> {
+    let runs = &result.runs;
+    let etcd = "etcd";
+    let keel = result.keel_label.as_str();
+    let floor_p50 = median(
+        &result
+            .floors
+            .iter()
+            .map(|f| f.latency_us.p50 as f64)
+            .collect::<Vec<_>>(),
+    );
+    let row = |name: &str, unit: &str, target: &str, metric: &dyn Fn(&SystemRun) -> Option<f64>| {
+        let e = median_of(runs, etcd, metric);
+        let k = median_of(runs, keel, metric);
+        Row {
+            name: name.to_string(),
+            unit: unit.to_string(),
+            target: target.to_string(),
+            etcd: e,
+            keel: k,
+            ratio: match (e, k) {
+                (Some(e), Some(k)) if e > 0.0 => Some(k / e),
+                _ => None,
+            },
+        }
+    };
+    let put_p50 = |r: &SystemRun| {
+        r.put_latency
+            .classes
+            .first()
+            .map(|c| c.latency_us.p50 as f64)
+    };
+    let mut rows = vec![
+        row(
+            "put throughput, 1000 clients/100 conns, 256 B",
+            "req/s",
+            ">= 5x",
+            &|r| throughput(&r.put_throughput),
+        ),
+        row("put latency p50, 1 client", "us", "", &put_p50),
+        row("put p50 / disk floor p50", "x floor", "keel <= 1.3", &|r| {
+            Some(put_p50(r)? / floor_p50.filter(|f| *f > 0.0)?)
+        }),
+        row("serializable range throughput", "req/s", ">= 5x", &|r| {
+            throughput(&r.range_serializable)
+        }),
+        row("linearizable range throughput", "req/s", "", &|r| {
+            throughput(&r.range_linearizable)
+        }),
+        row("linearizable / serializable", "x", "keel >= 0.8", &|r| {
+            Some(throughput(&r.range_linearizable)? / throughput(&r.range_serializable)?)
+        }),
+        row(
+            "memory per stored key (RSS delta)",
+            "bytes",
+            "<= 0.5x",
+            &|r| Some(r.memory.bytes_per_key),
+        ),
+        row("watch latency p99", "us", "keel < 5000 us", &|r| {
+            r.watch.class("watch").map(|c| c.latency_us.p99 as f64)
+        }),
+    ];
+    rows.push(Row {
+        name: "disk floor p50 (4 KiB O_DIRECT write + fdatasync)".into(),
+        unit: "us".into(),
+        target: String::new(),
+        etcd: floor_p50,
+        keel: None,
+        ratio: None,
+    });
+    assert!(rows.iter().all(|r| !r.name.is_empty()));
+    rows
+}
+
+fn cell(value: Option<f64>) -> String {
+    match value {
+        Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.2}"),
+        None => "n/a".into(),
+    }
+}
+
+/// The human report: header, Keel's availability, and the ratio table.
+pub fn to_text(result: &CompareResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "keel-bench compare: etcd ({}) vs {} ({}), {} repeats, work dir {}",
+        result.etcd_bin, result.keel_label, result.keel_bin, result.repeats, result.work_dir
+    );
+    if let Some(reason) = &result.keel_unavailable {
+        let _ = writeln!(out, "{} unavailable: {reason}", result.keel_label);
+        let _ = writeln!(out, "(etcd-only numbers below; ratios are n/a)");
+    }
+    let _ = writeln!(
+        out,
+        "{:<52} {:>8} {:>12} {:>12} {:>10}  target",
+        "row (median of repeats)", "unit", "etcd", result.keel_label, "ratio"
+    );
+    for row in &result.table {
+        let _ = writeln!(
+            out,
+            "{:<52} {:>8} {:>12} {:>12} {:>10}  {}",
+            row.name,
+            row.unit,
+            cell(row.etcd),
+            cell(row.keel),
+            row.ratio.map_or("n/a".into(), |r| format!("{r:.2}x")),
+            row.target
+        );
+    }
+    for run in &result.runs {
+        let cpu = [&run.put_throughput, &run.range_serializable]
+            .iter()
+            .map(|s| format!("{} {:.0}%", s.workload, s.client_cpu.pct_of_all_cores))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "  {} repeat {}: client CPU of all cores: {cpu}",
+            run.system, run.repeat
+        );
+    }
+    for file in &result.files {
+        let _ = writeln!(out, "wrote {file}");
+    }
+    out
+}
+
+fn chart_error(error: impl std::fmt::Display) -> Error {
+    Error::Chart(error.to_string())
+}
+
+/// Throughput bars (top) and latency percentiles (bottom, log scale), medians of repeats.
+pub fn draw_chart(result: &CompareResult, path: &Path) -> Result<(), Error> {
+    use plotters::prelude::*;
+
+    let systems: Vec<&str> = {
+        let mut names: Vec<&str> = Vec::new();
+        for run in &result.runs {
+            if !names.contains(&run.system.as_str()) {
+                names.push(&run.system);
+            }
+        }
+        names
+    };
+    type Pick = fn(&SystemRun) -> &Summary;
+    let workloads: [(&str, Pick); 5] = [
+        ("put 1000c", |r| &r.put_throughput),
+        ("put 1c", |r| &r.put_latency),
+        ("range s", |r| &r.range_serializable),
+        ("range l", |r| &r.range_linearizable),
+        ("watch", |r| &r.watch),
+    ];
+    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN];
+    let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(chart_error)?;
+    let (upper, lower) = root.split_vertically(420);
+
+    // Top: throughput bars, one group per workload (watch has no throughput meaning: skipped).
+    let bars: Vec<(usize, usize, f64)> = workloads[..4]
+        .iter()
+        .enumerate()
+        .flat_map(|(w, (_, pick))| {
+            systems.iter().enumerate().filter_map(move |(s, system)| {
+                median_of(&result.runs, system, |r| throughput(pick(r))).map(|t| (w, s, t))
+            })
+        })
+        .collect();
+    let y_max = bars.iter().map(|b| b.2).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&upper)
+        .caption("throughput (req/s, median of repeats)", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(30)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..4f64, 0f64..y_max)
+        .map_err(chart_error)?;
+    // Group names are drawn over each group: axis labels would sit between bars.
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .draw()
+        .map_err(chart_error)?;
+    chart
+        .draw_series(workloads[..4].iter().enumerate().map(|(w, (name, _))| {
+            Text::new(
+                name.to_string(),
+                (w as f64 + 0.3, y_max * 0.97),
+                ("sans-serif", 16),
+            )
+        }))
+        .map_err(chart_error)?;
+    let width = 0.8 / systems.len().max(1) as f64;
+    for (s, system) in systems.iter().enumerate() {
+        let color = colors[s % colors.len()];
+        chart
+            .draw_series(bars.iter().filter(|b| b.1 == s).map(|&(w, _, t)| {
+                let x0 = w as f64 + 0.1 + s as f64 * width;
+                Rectangle::new([(x0, 0.0), (x0 + width * 0.9, t)], color.filled())
+            }))
+            .map_err(chart_error)?
+            .label(*system)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .draw()
+        .map_err(chart_error)?;
+
+    // Bottom: p50, p90, p99, p99.9 per system and workload, log scale.
+    let percentile_names = ["p50", "p90", "p99", "p99.9"];
+    // (legend, colour index, points) per system and workload.
+    type Line = (String, usize, Vec<(f64, f64)>);
+    let mut lines: Vec<Line> = Vec::new();
+    for (s, system) in systems.iter().enumerate() {
+        for (w, (name, pick)) in workloads.iter().enumerate() {
+            let class = |r: &SystemRun| pick(r).classes.first().map(|c| c.latency_us.clone());
+            let points: Vec<(f64, f64)> = (0..4)
+                .filter_map(|p| {
+                    median_of(&result.runs, system, |r| {
+                        class(r).map(|l| [l.p50, l.p90, l.p99, l.p999][p] as f64 / 1000.0)
+                    })
+                    .map(|v| (p as f64, v.max(0.001)))
+                })
+                .collect();
+            if !points.is_empty() {
+                lines.push((format!("{system} {name}"), s * workloads.len() + w, points));
+            }
+        }
+    }
+    let floor: Vec<(f64, f64)> = (0..4)
+        .filter_map(|p| {
+            let values: Vec<f64> = result
+                .floors
+                .iter()
+                .map(|f| {
+                    [
+                        f.latency_us.p50,
+                        f.latency_us.p90,
+                        f.latency_us.p99,
+                        f.latency_us.p999,
+                    ][p] as f64
+                        / 1000.0
+                })
+                .collect();
+            median(&values).map(|v| (p as f64, v.max(0.001)))
+        })
+        .collect();
+    let all = lines.iter().flat_map(|l| l.2.iter()).chain(floor.iter());
+    let (lo, hi) = all.fold((f64::MAX, 0.0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
+    let (lo, hi) = if hi > 0.0 {
+        (lo * 0.8, hi * 1.25)
+    } else {
+        (0.001, 1.0)
+    };
+    let mut chart = ChartBuilder::on(&lower)
+        .caption("latency percentiles (ms, log scale)", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(30)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..3f64, (lo..hi).log_scale())
+        .map_err(chart_error)?;
+    chart
+        .configure_mesh()
+        .x_labels(4)
+        .x_label_formatter(&|x| {
+            percentile_names
+                .get(x.round() as usize)
+                .map_or(String::new(), |n| n.to_string())
+        })
+        .draw()
+        .map_err(chart_error)?;
+    let palette = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK, YELLOW];
+    for (label, index, points) in lines {
+        let system_index = index / workloads.len();
+        let color = palette[index % palette.len()];
+        let style = if system_index == 0 {
+            color.stroke_width(2)
+        } else {
+            color.stroke_width(1)
+        };
+        chart
+            .draw_series(LineSeries::new(points, style))
+            .map_err(chart_error)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], style));
+    }
+    if !floor.is_empty() {
+        chart
+            .draw_series(LineSeries::new(floor, BLACK.stroke_width(3)))
+            .map_err(chart_error)?
+            .label("disk floor")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK.stroke_width(3)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .draw()
+        .map_err(chart_error)?;
+    root.present().map_err(chart_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_rss_is_parsed_in_bytes() {
+        let status = "Name:\tetcd\nVmPeak:\t 999 kB\nVmRSS:\t   2048 kB\nThreads: 9\n";
+        assert_eq!(parse_vm_rss_bytes(status), Some(2048 * 1024));
+        assert_eq!(parse_vm_rss_bytes("Name: x\n"), None);
+    }
+
+    #[test]
+    fn disk_floor_writes_and_syncs() {
+        // The crate's own directory is on the real filesystem (not tmpfs, which refuses O_DIRECT).
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let histogram =
+            measure_disk_floor(dir, 20).expect("O_DIRECT works on the build filesystem");
+        assert_eq!(histogram.len(), 20);
+        assert!(histogram.min() >= 1);
+        let leftover = std::fs::read_dir(dir)
+            .expect("readable")
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("keel-bench-floor")
+            });
+        assert!(!leftover, "the floor file is removed");
+        assert!(measure_disk_floor(dir, 0).is_err());
+    }
+
+    fn fake_run(system: &str, repeat: u32, put_rate: f64, p50_us: u64) -> SystemRun {
+        let summary = |rate: f64, p50: u64| Summary {
+            workload: "w".into(),
+            classes: vec![report::ClassSummary {
+                name: "watch".into(),
+                throughput_per_s: rate,
+                latency_us: Percentiles {
+                    p50,
+                    p90: p50,
+                    p99: p50 * 2,
+                    p999: p50 * 3,
+                    max: p50 * 4,
+                    mean: p50 as f64,
+                },
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        SystemRun {
+            system: system.into(),
+            repeat,
+            memory: MemoryReport {
+                keys: 10,
+                rss_before_bytes: 0,
+                rss_after_bytes: 1000,
+                bytes_per_key: 100.0,
+            },
+            put_throughput: summary(put_rate, p50_us),
+            put_latency: summary(put_rate, p50_us),
+            range_serializable: summary(2.0 * put_rate, p50_us),
+            range_linearizable: summary(put_rate, p50_us),
+            watch: summary(1.0, p50_us),
+        }
+    }
+
+    fn fake_result(runs: Vec<SystemRun>) -> CompareResult {
+        CompareResult {
+            started_unix_s: 0,
+            etcd_bin: "etcd".into(),
+            keel_bin: "keel".into(),
+            keel_label: "keel".into(),
+            keel_unavailable: None,
+            repeats: 3,
+            work_dir: "/tmp".into(),
+            floors: vec![FloorReport {
+                repeat: 0,
+                ops: 1,
+                latency_us: Percentiles {
+                    p50: 100,
+                    ..Default::default()
+                },
+            }],
+            runs,
+            table: Vec::new(),
+            files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn table_reports_medians_and_ratios() {
+        let result = fake_result(vec![
+            fake_run("etcd", 0, 100.0, 200),
+            fake_run("etcd", 1, 300.0, 400),
+            fake_run("etcd", 2, 200.0, 300),
+            fake_run("keel", 0, 1000.0, 100),
+            fake_run("keel", 1, 900.0, 120),
+            fake_run("keel", 2, 5000.0, 110),
+        ]);
+        let rows = table(&result);
+        let put = &rows[0];
+        assert_eq!(put.etcd, Some(200.0), "median, not mean");
+        assert_eq!(put.keel, Some(1000.0));
+        assert_eq!(put.ratio, Some(5.0));
+        let floor_ratio = rows
+            .iter()
+            .find(|r| r.name.contains("floor p50"))
+            .expect("row");
+        assert_eq!(floor_ratio.etcd, Some(3.0));
+        assert_eq!(floor_ratio.keel, Some(1.1));
+        let ls = rows
+            .iter()
+            .find(|r| r.name.starts_with("linearizable /"))
+            .expect("row");
+        assert_eq!(ls.keel, Some(0.5));
+        let text = to_text(&CompareResult {
+            table: rows,
+            ..result
+        });
+        assert!(text.contains("5.00x"), "{text}");
+    }
+
+    #[test]
+    fn table_without_keel_has_no_ratios_and_chart_draws() {
+        let mut result = fake_result(vec![fake_run("etcd", 0, 100.0, 200)]);
+        result.keel_unavailable = Some("no Keel binary at /x/keel".into());
+        result.table = table(&result);
+        assert!(result
+            .table
+            .iter()
+            .all(|r| r.keel.is_none() && r.ratio.is_none()));
+        let text = to_text(&result);
+        assert!(text.contains("keel unavailable: no Keel binary"), "{text}");
+        let dir = std::env::temp_dir().join(format!("keel-bench-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let svg = dir.join("c.svg");
+        draw_chart(&result, &svg).expect("chart draws");
+        let body = std::fs::read_to_string(&svg).expect("svg written");
+        assert!(
+            body.starts_with("<svg") && body.contains("etcd put 1000c"),
+            "{}",
+            &body[..200.min(body.len())]
+        );
+        // Each throughput group is named once over its bars and once in the latency legend.
+        for group in ["put 1000c", "put 1c", "range s", "range l"] {
+            assert!(body.matches(group).count() >= 2, "{group} label missing");
+        }
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

@@ -1,0 +1,130 @@
+//! The `keel-bench` command line: etcd's benchmark workloads plus `compare`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use keel_bench::compare::{self, CompareArgs};
+use keel_bench::report::{Precision, Summary};
+use keel_bench::workloads::{self, Target};
+use keel_bench::{client, Error};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "keel-bench",
+    version,
+    about = "etcd v3 benchmark workloads, and etcd-vs-Keel comparison"
+)]
+struct Cli {
+    /// gRPC endpoints, comma separated, with or without http://
+    #[arg(long, global = true, default_value = "127.0.0.1:2379")]
+    endpoints: String,
+    /// Total number of HTTP/2 connections
+    #[arg(long, global = true, default_value_t = 1)]
+    conns: usize,
+    /// Total number of concurrent clients (spread over the connections)
+    #[arg(long, global = true, default_value_t = 1)]
+    clients: usize,
+    /// Print the result as JSON on stdout instead of the human summary
+    #[arg(long, global = true)]
+    json: bool,
+    /// Print latencies with full floating point precision
+    #[arg(long, global = true)]
+    precise: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Benchmark put
+    Put(workloads::PutArgs),
+    /// Benchmark range: KEY [END]
+    Range(workloads::RangeArgs),
+    /// Benchmark txn with puts
+    TxnPut(workloads::TxnPutArgs),
+    /// Benchmark a mixed load of txn-put and txn-range
+    TxnMixed(workloads::TxnMixedArgs),
+    /// Benchmark the latency from a put's acknowledgement to its watch event
+    WatchLatency(workloads::WatchLatencyArgs),
+    /// Benchmark lease keepalives over a stream
+    LeaseKeepalive(workloads::LeaseKeepaliveArgs),
+    /// Start etcd and Keel side by side and compare them on DESIGN.md's targets
+    Compare(CompareArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("keel-bench: cannot start the tokio runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("keel-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    let precision = if cli.precise {
+        Precision::Full
+    } else {
+        Precision::Short
+    };
+    let output = if cli.json {
+        Output::Json
+    } else {
+        Output::Text(precision)
+    };
+    if let Command::Compare(args) = &cli.command {
+        let result = compare::run(args).await?;
+        match output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+            Output::Text(_) => print!("{}", compare::to_text(&result)),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let target = Target {
+        endpoints: client::parse_endpoints(&cli.endpoints)?,
+        conns: cli.conns,
+        clients: cli.clients,
+    };
+    let summary = match &cli.command {
+        Command::Put(args) => workloads::put(&target, args).await?,
+        Command::Range(args) => workloads::range(&target, args).await?,
+        Command::TxnPut(args) => workloads::txn_put(&target, args).await?,
+        Command::TxnMixed(args) => workloads::txn_mixed(&target, args).await?,
+        Command::WatchLatency(args) => workloads::watch_latency(&target, args).await?,
+        Command::LeaseKeepalive(args) => workloads::lease_keepalive(&target, args).await?,
+        Command::Compare(_) => unreachable!("handled above"),
+    };
+    print_summary(&summary, output)?;
+    // Errors are reported in the summary; the exit status also says so, for scripts.
+    Ok(if summary.total_errors() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Output {
+    Json,
+    Text(Precision),
+}
+
+fn print_summary(summary: &Summary, output: Output) -> Result<(), Error> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(summary)?),
+        Output::Text(precision) => print!("{}", summary.to_text(precision)),
+    }
+    Ok(())
+}

@@ -1,0 +1,297 @@
+//! Results: HDR histograms in, human summary and JSON out, plus the client's own CPU use.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Latencies are recorded in microseconds, up to one hour, with 3 significant digits.
+pub const LATENCY_US_MAX: u64 = 3_600_000_000;
+const SIGNIFICANT_DIGITS: u8 = 3;
+
+/// A fresh latency histogram with the crate's bounds.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, SIGNIFICANT_DIGITS)
+        .expect("constant bounds are valid")
+}
+
+/// Records one latency, clamped into the histogram's range (a sub-microsecond reply counts as 1 µs).
+pub fn record_latency(histogram: &mut Histogram<u64>, latency: Duration) {
+    let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+    histogram.saturating_record(us.clamp(1, LATENCY_US_MAX));
+}
+
+/// CPU time this process spent, from getrusage(RUSAGE_SELF).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuTimes {
+    pub user_s: f64,
+    pub sys_s: f64,
+}
+
+impl CpuTimes {
+    pub fn now() -> CpuTimes {
+        // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is always valid.
+        let usage = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            let rc = libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+            assert_eq!(rc, 0, "getrusage(RUSAGE_SELF) cannot fail");
+            usage
+        };
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        CpuTimes {
+            user_s: seconds(usage.ru_utime),
+            sys_s: seconds(usage.ru_stime),
+        }
+    }
+}
+
+/// The client's CPU use over one run, so a client bottleneck is not mistaken for a server one.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuUsage {
+    pub user_s: f64,
+    pub sys_s: f64,
+    /// (user + sys) / wall time, in percent of one core.
+    pub pct_of_one_core: f64,
+    /// The same divided by the cores this process may use.
+    pub pct_of_all_cores: f64,
+    pub cores: usize,
+}
+
+impl CpuUsage {
+    pub fn between(start: CpuTimes, end: CpuTimes, wall: Duration) -> CpuUsage {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(cores >= 1);
+        let user_s = (end.user_s - start.user_s).max(0.0);
+        let sys_s = (end.sys_s - start.sys_s).max(0.0);
+        let wall_s = wall.as_secs_f64().max(1e-9);
+        let pct_of_one_core = (user_s + sys_s) / wall_s * 100.0;
+        CpuUsage {
+            user_s,
+            sys_s,
+            pct_of_one_core,
+            pct_of_all_cores: pct_of_one_core / cores as f64,
+            cores,
+        }
+    }
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Percentiles {
+    pub mean: f64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl Percentiles {
+    pub fn of(histogram: &Histogram<u64>) -> Percentiles {
+        if histogram.is_empty() {
+            return Percentiles::default();
+        }
+        let p = Percentiles {
+            mean: histogram.mean(),
+            p50: histogram.value_at_quantile(0.50),
+            p90: histogram.value_at_quantile(0.90),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            max: histogram.max(),
+        };
+        assert!(p.p50 <= p.p90 && p.p90 <= p.p99 && p.p99 <= p.p999);
+        p
+    }
+}
+
+/// One class of requests in a run (most workloads have one; txn-mixed has "read" and "write").
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClassSummary {
+    pub name: String,
+    /// Requests completed (successes plus errors).
+    pub total: u64,
+    pub errors: u64,
+    /// Successful requests per second of wall time.
+    pub throughput_per_s: f64,
+    pub latency_us: Percentiles,
+    /// The first error seen, to say why `errors` is not zero.
+    pub first_error: Option<String>,
+}
+
+/// A whole run: what `--json` prints.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub workload: String,
+    pub elapsed_s: f64,
+    pub clients: usize,
+    pub conns: usize,
+    /// Requested rate in requests per second (open loop), or None for closed loop.
+    pub rate_per_s: Option<f64>,
+    pub classes: Vec<ClassSummary>,
+    pub client_cpu: CpuUsage,
+}
+
+impl Summary {
+    pub fn class(&self, name: &str) -> Option<&ClassSummary> {
+        self.classes.iter().find(|c| c.name == name)
+    }
+
+    pub fn total_errors(&self) -> u64 {
+        self.classes.iter().map(|c| c.errors).sum()
+    }
+
+    /// The human summary. `Precision::Full` prints every digit, as etcd's `--precise`.
+    pub fn to_text(&self, precision: Precision) -> String {
+        let ms = |us: f64| match precision {
+            Precision::Full => format!("{}", us / 1000.0),
+            Precision::Short => format!("{:.3}", us / 1000.0),
+        };
+        let mut out = String::new();
+        let mode = match self.rate_per_s {
+            Some(rate) => format!("open loop at {rate} req/s"),
+            None => "closed loop".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{}: {} clients over {} connections, {mode}, {:.3} s",
+            self.workload, self.clients, self.conns, self.elapsed_s
+        );
+        for class in &self.classes {
+            let l = &class.latency_us;
+            let _ = writeln!(
+                out,
+                "  {:<8} total {}  errors {}  throughput {:.1} req/s",
+                class.name, class.total, class.errors, class.throughput_per_s
+            );
+            let _ = writeln!(
+                out,
+                "  {:<8} latency ms: p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  mean {}",
+                "",
+                ms(l.p50 as f64),
+                ms(l.p90 as f64),
+                ms(l.p99 as f64),
+                ms(l.p999 as f64),
+                ms(l.max as f64),
+                ms(l.mean)
+            );
+            if let Some(error) = &class.first_error {
+                let _ = writeln!(out, "  {:<8} first error: {error}", "");
+            }
+        }
+        let cpu = &self.client_cpu;
+        let _ = writeln!(
+            out,
+            "  client CPU: user {:.2} s + sys {:.2} s = {:.0}% of one core, {:.0}% of {} cores",
+            cpu.user_s, cpu.sys_s, cpu.pct_of_one_core, cpu.pct_of_all_cores, cpu.cores
+        );
+        out
+    }
+}
+
+/// How many digits the human summary prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Short,
+    Full,
+}
+
+/// The class's summary from its histogram and counters.
+pub fn summarize_class(
+    name: &str,
+    histogram: &Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    elapsed: Duration,
+) -> ClassSummary {
+    let successes = histogram.len();
+    let elapsed_s = elapsed.as_secs_f64().max(1e-9);
+    ClassSummary {
+        name: name.to_string(),
+        total: successes + errors,
+        errors,
+        throughput_per_s: successes as f64 / elapsed_s,
+        latency_us: Percentiles::of(histogram),
+        first_error,
+    }
+}
+
+/// The median of `values` (mean of the middle two for an even count); None when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let mid = sorted.len() / 2;
+    let m = if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    };
+    assert!(m >= sorted[0] && m <= sorted[sorted.len() - 1]);
+    Some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_follow_the_recorded_distribution() {
+        let mut h = new_histogram();
+        for us in 1..=1000u64 {
+            record_latency(&mut h, Duration::from_micros(us));
+        }
+        let p = Percentiles::of(&h);
+        // Three significant digits: each percentile is within 0.1% of the exact value.
+        assert!((499..=501).contains(&p.p50), "{p:?}");
+        assert!((899..=901).contains(&p.p90), "{p:?}");
+        assert!((989..=991).contains(&p.p99), "{p:?}");
+        assert!((998..=1000).contains(&p.p999), "{p:?}");
+        assert!((999..=1001).contains(&p.max), "{p:?}");
+        record_latency(&mut h, Duration::from_nanos(10));
+        assert_eq!(h.min(), 1, "sub-microsecond latencies clamp to 1 µs");
+    }
+
+    #[test]
+    fn class_summary_counts_errors_but_not_their_latency() {
+        let mut h = new_histogram();
+        for _ in 0..90 {
+            record_latency(&mut h, Duration::from_millis(2));
+        }
+        let c = summarize_class("put", &h, 10, Some("boom".into()), Duration::from_secs(3));
+        assert_eq!(c.total, 100);
+        assert_eq!(c.errors, 10);
+        assert!((c.throughput_per_s - 30.0).abs() < 1e-9);
+        let text = Summary {
+            workload: "put".into(),
+            classes: vec![c],
+            ..Default::default()
+        }
+        .to_text(Precision::Short);
+        assert!(text.contains("p99.9 2.00"), "{text}");
+        assert!(text.contains("first error: boom"), "{text}");
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn cpu_usage_measures_busy_work() {
+        let start_cpu = CpuTimes::now();
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let usage = CpuUsage::between(start_cpu, CpuTimes::now(), start.elapsed());
+        // A spinning thread uses most of one core; allow for a shared, noisy machine.
+        assert!(usage.pct_of_one_core > 20.0, "{usage:?}");
+        assert!(usage.pct_of_all_cores <= usage.pct_of_one_core);
+    }
+}
