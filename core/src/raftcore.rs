@@ -668,6 +668,16 @@ impl RaftCore {
             self.transport.send(m);
         }
 
+        // Entries committed earlier are already durable here: apply them (and answer their
+        // callers) now, before this Ready's own write, so a batch's replies never wait for the
+        // next batch's fdatasync. A snapshot must be installed first, so then they wait.
+        let mut committed = Some(rd.committed_entries);
+        let mut read_states = Some(rd.read_states);
+        if rd.snapshot.is_none() {
+            self.apply(committed.take().unwrap_or_default());
+            self.note_read_states(read_states.take().unwrap_or_default());
+        }
+
         let mut records = Vec::with_capacity(rd.entries.len() + 2);
         if let Some(snap) = &rd.snapshot {
             // The snapshot's state is made durable as a checkpoint BEFORE its WAL record, so
@@ -707,18 +717,26 @@ impl RaftCore {
         if let Some(snap) = rd.snapshot {
             self.install_snapshot(snap)?;
         }
-        self.apply(rd.committed_entries);
-        for rs in rd.read_states {
+        if let Some(entries) = committed {
+            self.apply(entries);
+        }
+        if let Some(rs) = read_states {
+            self.note_read_states(rs);
+        }
+        if self.applied_since_checkpoint >= self.shared.config.snapshot_count {
+            self.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    fn note_read_states(&mut self, read_states: Vec<keel_raft::ReadState>) {
+        for rs in read_states {
             let ctx = u64::from_be_bytes(rs.context.as_ref().try_into().expect("read contexts are 8 bytes we made"));
             if let Some((waits, _)) = self.reads_in_round.remove(&ctx) {
                 self.reads_to_apply.push_back((rs.index, waits));
             }
         }
         self.answer_reads();
-        if self.applied_since_checkpoint >= self.shared.config.snapshot_count {
-            self.checkpoint().await?;
-        }
-        Ok(())
     }
 
     /// Writes a leader's snapshot as our newest checkpoint (durably).
@@ -1011,6 +1029,9 @@ impl RaftCore {
             return Ok(());
         };
         tracing::info!(index, bytes = file.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint written");
+        // The previous checkpoint stays, with the WAL after it, so a damaged newest file can
+        // still be recovered from (restart falls back to the older one and replays more).
+        let previous = self.last_checkpoint_index;
         self.last_checkpoint_index = index;
         self.applied_since_checkpoint = 0;
         let storage = self.node.store_mut();
@@ -1018,11 +1039,9 @@ impl RaftCore {
         if index > LOG_TAIL_KEPT_ENTRIES {
             let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
         }
-        self.wal
-            .release_before(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES))
-            .await
-            .map_err(|e| CoreError::Wal(e.to_string()))?;
-        checkpoint::remove_older(&self.snap_dir, index);
+        let wal_keep_from = previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1;
+        self.wal.release_before(wal_keep_from).await.map_err(|e| CoreError::Wal(e.to_string()))?;
+        checkpoint::remove_older(&self.snap_dir, previous);
         Ok(())
     }
 }

@@ -81,7 +81,10 @@ enum Format {
 impl Step {
     fn format(&self) -> Format {
         let json = self.args.windows(2).any(|w| w[0] == "-w" && w[1] == "json")
-            || self.args.iter().any(|a| a == "--write-out=json" || a == "-w=json");
+            || self
+                .args
+                .iter()
+                .any(|a| a == "--write-out=json" || a == "-w=json");
         if json {
             Format::Json
         } else {
@@ -117,7 +120,8 @@ fn normalise(out: &Output, format: Format, endpoint: &str) -> String {
             Ok(serde_json::Value::Object(mut map)) if map.contains_key("level") => {
                 map.remove("ts");
                 map.remove("target");
-                writeln!(text, "stderr {}", serde_json::Value::Object(map)).expect("writing to a String");
+                writeln!(text, "stderr {}", serde_json::Value::Object(map))
+                    .expect("writing to a String");
             }
             _ => writeln!(text, "stderr {line}").expect("writing to a String"),
         }
@@ -144,6 +148,42 @@ fn split_words_handles_quotes_and_empty_words() {
         vec!["get", "", "--from-key"]
     );
     assert_eq!(split_words("a 'b c'  d"), vec!["a", "b c", "d"]);
+}
+
+#[test]
+fn normalise_drops_only_member_specific_fields() {
+    let out = |stdout: &str, stderr: &str| Output {
+        code: 1,
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+    };
+    let a = r#"{"header":{"cluster_id":1,"member_id":2,"revision":7,"raft_term":3},"count":1}"#;
+    let b = r#"{"header":{"cluster_id":9,"member_id":8,"revision":7,"raft_term":4},"count":1}"#;
+    let c = r#"{"header":{"cluster_id":1,"member_id":2,"revision":8,"raft_term":3},"count":1}"#;
+    let log = |ts: &str| format!(r#"{{"level":"warn","ts":"{ts}","target":"x","error":"e"}}"#);
+    let n =
+        |stdout: &str, stderr: &str| normalise(&out(stdout, stderr), Format::Json, "127.0.0.1:1");
+    assert_eq!(
+        n(a, &log("t1")),
+        n(b, &log("t2")),
+        "ids, term, time and target are member-specific"
+    );
+    assert_ne!(n(a, ""), n(c, ""), "the revision is not");
+    assert_ne!(
+        n(a, "Error: x"),
+        n(a, "Error: y"),
+        "stderr text is compared"
+    );
+    let text = |code: i32| Output {
+        code,
+        stdout: "OK\n".into(),
+        stderr: String::new(),
+    };
+    assert_ne!(
+        normalise(&text(0), Format::Text, "e"),
+        normalise(&text(1), Format::Text, "e"),
+        "exit status is compared"
+    );
 }
 
 #[test]

@@ -346,8 +346,8 @@ fn lease_revoke_deletes_attached_keys() {
     );
 }
 
-/// etcdctl 3.4 dials a URL endpoint ("http://host:port") for `endpoint status` (and so for
-/// `--cluster`, which takes the URLs from the member list) and sends that whole URL as the
+/// etcdctl 3.4 dials a URL endpoint ("http://host:port") for `endpoint status` and `endpoint
+/// hashkv` (and so for `--cluster`, which takes the URLs from the member list) and sends that whole URL as the
 /// HTTP/2 :authority. grpc-go's server accepts it; the h2 crate rejects the stream as malformed
 /// (RST_STREAM PROTOCOL_ERROR), which keel's gRPC layer cannot see or override.
 #[test]
@@ -358,6 +358,11 @@ fn endpoint_status_with_url_endpoints() {
         .ok()
         .json();
     assert_eq!(v[0]["Endpoint"], s.client_url());
+    let out = crate::common::etcdctl_at(&s.client_url(), &["endpoint", "hashkv"], None).ok();
+    assert!(
+        out.stdout.starts_with(&format!("{}, ", s.client_url())),
+        "{out:?}"
+    );
     let v = s
         .etcdctl(&["endpoint", "status", "--cluster", "-w", "json"])
         .ok()

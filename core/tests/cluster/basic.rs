@@ -1,0 +1,67 @@
+//! Replication on a healthy cluster: a write through any member is visible to a linearizable
+//! read through every member, immediately.
+
+use std::time::Duration;
+
+use crate::common::{json_of, unb64};
+use crate::harness::{Cluster, Net};
+
+fn write_everywhere_read_everywhere(count: usize) {
+    let c = Cluster::start(count, Net::Loopback, &[]);
+    let all: Vec<usize> = (0..count).collect();
+    let (leader, status, _) = c.wait_leader(&all, Duration::from_secs(10));
+    // Every member agrees on who leads.
+    for i in 0..count {
+        let s = c.status(i).expect("a healthy member answers status");
+        assert_eq!(
+            s.leader, status.member_id,
+            "member {i} follows {:x}, not the leader n{leader}",
+            s.leader
+        );
+    }
+    for i in 0..count {
+        c.etcdctl(i, &["put", &format!("from/n{i}"), &format!("value-{i}")])
+            .ok();
+        // Read-your-writes across members: the very next linearizable read elsewhere sees it.
+        let other = (i + 1) % count;
+        let out = c
+            .etcdctl(other, &["get", &format!("from/n{i}"), "--print-value-only"])
+            .ok();
+        assert_eq!(
+            out.stdout.trim(),
+            format!("value-{i}"),
+            "member {other} missed the write just acknowledged by member {i}"
+        );
+    }
+    for reader in 0..count {
+        let out = c
+            .etcdctl(reader, &["get", "from/", "--prefix", "-w", "json"])
+            .ok();
+        let v = json_of(&out.stdout).expect("get -w json prints JSON");
+        let kvs = v["kvs"].as_array().cloned().unwrap_or_default();
+        let got: Vec<(String, String)> = kvs
+            .iter()
+            .map(|kv| {
+                (
+                    unb64(kv["key"].as_str().expect("a key")),
+                    unb64(kv["value"].as_str().expect("a value")),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String)> = (0..count)
+            .map(|i| (format!("from/n{i}"), format!("value-{i}")))
+            .collect();
+        assert_eq!(got, want, "member {reader} reads a different set of keys");
+    }
+    c.wait_converged(&all, Duration::from_secs(10));
+}
+
+#[test]
+fn three_members_replicate_writes_from_every_member() {
+    write_everywhere_read_everywhere(3);
+}
+
+#[test]
+fn five_members_replicate_writes_from_every_member() {
+    write_everywhere_read_everywhere(5);
+}

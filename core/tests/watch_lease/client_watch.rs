@@ -1,0 +1,327 @@
+//! The Watch service through the etcd-client crate: created first, prev_kv, start revisions,
+//! filters, cancel, progress requests, and the stream rules of COMPAT.md "Watch".
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd_client::{EventType, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
+
+use crate::common::{client, Server};
+use crate::support::{
+    assert_no_response, collect_events, expect_created, next_response, revision, seen_of, Seen,
+};
+
+fn put_rev(r: &etcd_client::PutResponse) -> i64 {
+    r.header().expect("a put has a header").revision()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prev_kv_start_revision_filters_cancel_and_progress() {
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    let r1 = put_rev(&c.put("a", "1", None).await.expect("put"));
+    let r2 = put_rev(&c.put("a", "2", None).await.expect("put"));
+
+    let opts = WatchOptions::new().with_start_revision(r1).with_prev_key();
+    let mut stream = c.watch("a", Some(opts)).await.expect("watch");
+    let created = expect_created(&mut stream).await;
+    assert_eq!(created.watch_id(), 0, "auto ids start at 0 on each stream");
+    assert_eq!(created.header().expect("header").revision(), r2);
+    let events = collect_events(&mut stream, 2).await;
+    let want = |kind, value: &str, rev, prev: Option<&str>| Seen {
+        watch_id: 0,
+        kind,
+        key: b"a".to_vec(),
+        value: value.as_bytes().to_vec(),
+        mod_revision: rev,
+        prev_value: prev.map(|p| p.as_bytes().to_vec()),
+    };
+    assert_eq!(
+        events,
+        vec![
+            want(EventType::Put, "1", r1, None),
+            want(EventType::Put, "2", r2, Some("1")),
+        ]
+    );
+
+    // Two more watchers on the same stream: the next auto id is 1, then 2.
+    stream
+        .watch(
+            "a",
+            Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
+        )
+        .await
+        .expect("watch");
+    assert_eq!(expect_created(&mut stream).await.watch_id(), 1);
+    stream
+        .watch(
+            "a",
+            Some(WatchOptions::new().with_filters([WatchFilterType::NoDelete])),
+        )
+        .await
+        .expect("watch");
+    assert_eq!(expect_created(&mut stream).await.watch_id(), 2);
+
+    let r3 = put_rev(&c.put("a", "3", None).await.expect("put"));
+    let r4 = c
+        .delete("a", None)
+        .await
+        .expect("delete")
+        .header()
+        .expect("header")
+        .revision();
+    let mut got = collect_events(&mut stream, 4).await;
+    got.sort_by_key(|s| (s.watch_id, s.mod_revision));
+    let pick = |s: &Seen| (s.watch_id, s.kind, s.mod_revision, s.prev_value.clone());
+    assert_eq!(
+        got.iter().map(pick).collect::<Vec<_>>(),
+        vec![
+            (0, EventType::Put, r3, Some(b"2".to_vec())),
+            (0, EventType::Delete, r4, Some(b"3".to_vec())),
+            // Watchers 1 and 2 did not ask for prev_kv.
+            (1, EventType::Delete, r4, None),
+            (2, EventType::Put, r3, None),
+        ]
+    );
+
+    // Progress: every watcher is synced, so the reply says the current revision.
+    stream.request_progress().await.expect("progress request");
+    let p = next_response(&mut stream).await;
+    assert!(p.events().is_empty() && !p.created() && !p.canceled(), "{p:?}");
+    assert_eq!(p.watch_id(), -1);
+    assert_eq!(p.header().expect("header").revision(), r4);
+
+    // Cancel watcher 0: a canceled reply, then nothing more for it.
+    stream.cancel(0).await.expect("cancel");
+    let cancel = next_response(&mut stream).await;
+    assert!(cancel.canceled() && cancel.watch_id() == 0, "{cancel:?}");
+    let r5 = put_rev(&c.put("a", "5", None).await.expect("put"));
+    let after = collect_events(&mut stream, 1).await;
+    assert_eq!(
+        (after[0].watch_id, after[0].mod_revision),
+        (2, r5),
+        "only the NODELETE watcher sees the put"
+    );
+    assert_no_response(&mut stream, Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_create_rules_ids_reasons_and_compaction() {
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    for i in 0..5 {
+        c.put("k", format!("v{i}"), None).await.expect("put");
+    }
+    let mut stream = c
+        .watch("k", Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .expect("watch");
+    assert_eq!(expect_created(&mut stream).await.watch_id(), 7);
+
+    // Auto ids count from 0 and skip ids in use.
+    for want in [0, 1] {
+        stream.watch("k", None).await.expect("watch");
+        assert_eq!(expect_created(&mut stream).await.watch_id(), want);
+    }
+
+    let rejected = |r: &etcd_client::WatchResponse| {
+        (
+            r.created(),
+            r.canceled(),
+            r.watch_id(),
+            r.cancel_reason().to_string(),
+        )
+    };
+    stream
+        .watch("k", Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .expect("watch");
+    assert_eq!(
+        rejected(&next_response(&mut stream).await),
+        (
+            true,
+            true,
+            -1,
+            "mvcc: duplicate watch ID provided on the WatchStream".into()
+        )
+    );
+    stream
+        .watch("b", Some(WatchOptions::new().with_range("a")))
+        .await
+        .expect("watch");
+    assert_eq!(
+        rejected(&next_response(&mut stream).await),
+        (true, true, -1, "mvcc: watcher range is empty".into())
+    );
+    stream
+        .watch("k", Some(WatchOptions::new().with_start_revision(-1)))
+        .await
+        .expect("watch");
+    assert_eq!(
+        rejected(&next_response(&mut stream).await),
+        (
+            true,
+            true,
+            -1,
+            "etcdserver: mvcc: required revision has been compacted".into()
+        )
+    );
+
+    // Cancel of an unknown id: no reply at all.
+    stream.cancel(99).await.expect("cancel");
+    assert_no_response(&mut stream, Duration::from_millis(300)).await;
+
+    // Below the compacted revision: created, then canceled with the compact revision.
+    let now = revision(&mut c).await;
+    c.compact(now - 1, None).await.expect("compact");
+    stream
+        .watch("k", Some(WatchOptions::new().with_start_revision(2)))
+        .await
+        .expect("watch");
+    let created = expect_created(&mut stream).await;
+    assert_eq!(created.watch_id(), 2);
+    let canceled = next_response(&mut stream).await;
+    assert!(
+        canceled.canceled() && canceled.watch_id() == 2,
+        "{canceled:?}"
+    );
+    assert_eq!(canceled.compact_revision(), now - 1);
+
+    // A future start revision waits for it.
+    let future = now + 3;
+    stream
+        .watch(
+            "k",
+            Some(WatchOptions::new().with_start_revision(future).with_watch_id(50)),
+        )
+        .await
+        .expect("watch");
+    assert_eq!(expect_created(&mut stream).await.watch_id(), 50);
+    // Watchers 7, 0 and 1 see every put; 50 only the one at `future`.
+    let mut per_watch: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for i in 0..3 {
+        c.put("k", format!("w{i}"), None).await.expect("put");
+    }
+    for s in collect_events(&mut stream, 3 * 3 + 1).await {
+        per_watch.entry(s.watch_id).or_default().push(s.mod_revision);
+    }
+    let all = vec![now + 1, now + 2, now + 3];
+    assert_eq!(
+        per_watch,
+        BTreeMap::from([
+            (0, all.clone()),
+            (1, all.clone()),
+            (7, all),
+            (50, vec![future])
+        ])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_watchers_on_one_stream_get_every_event_once_in_order() {
+    const WATCHERS: i64 = 200;
+    const PUTS: i64 = 5;
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    let mut stream = c
+        .watch("many/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    expect_created(&mut stream).await;
+    for _ in 1..WATCHERS {
+        stream
+            .watch("many/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch");
+    }
+    for want in 1..WATCHERS {
+        assert_eq!(expect_created(&mut stream).await.watch_id(), want);
+    }
+    let mut revs = Vec::new();
+    for i in 0..PUTS {
+        revs.push(put_rev(&c.put(format!("many/{i}"), "x", None).await.expect("put")));
+    }
+    let mut per_watch: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for s in collect_events(&mut stream, (WATCHERS * PUTS) as usize).await {
+        per_watch.entry(s.watch_id).or_default().push(s.mod_revision);
+    }
+    assert_eq!(per_watch.len(), WATCHERS as usize);
+    assert!(per_watch.values().all(|v| *v == revs), "{per_watch:?}");
+    assert_no_response(&mut stream, Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_from_last_revision_plus_one_gets_exactly_the_missed_events() {
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    let base = revision(&mut c).await;
+    let mut stream = c
+        .watch(
+            "r/",
+            Some(WatchOptions::new().with_prefix().with_start_revision(base + 1)),
+        )
+        .await
+        .expect("watch");
+    expect_created(&mut stream).await;
+    // Writes: puts, a multi-key txn (one revision) and a delete.
+    let mut written: Vec<(i64, String)> = Vec::new();
+    for i in 0..10 {
+        let r = put_rev(&c.put(format!("r/{}", i % 4), format!("{i}"), None).await.expect("put"));
+        written.push((r, format!("r/{}", i % 4)));
+    }
+    let first = collect_events(&mut stream, 6).await;
+    let last = first.last().expect("six events").mod_revision;
+    drop(stream);
+    let txn = Txn::new().and_then([
+        TxnOp::put("r/x", "1", None),
+        TxnOp::put("r/y", "2", Some(PutOptions::new())),
+    ]);
+    let tr = c.txn(txn).await.expect("txn").header().expect("header").revision();
+    written.push((tr, "r/x".into()));
+    written.push((tr, "r/y".into()));
+    let dr = c
+        .delete("r/0", None)
+        .await
+        .expect("delete")
+        .header()
+        .expect("header")
+        .revision();
+    written.push((dr, "r/0".into()));
+
+    let mut resumed = c
+        .watch(
+            "r/",
+            Some(WatchOptions::new().with_prefix().with_start_revision(last + 1)),
+        )
+        .await
+        .expect("watch");
+    expect_created(&mut resumed).await;
+    let missed: Vec<(i64, String)> = written
+        .iter()
+        .filter(|(r, _)| *r > last)
+        .cloned()
+        .collect();
+    // The txn's two events arrive in one response, never split.
+    let mut got = Vec::new();
+    while got.len() < missed.len() {
+        let r = next_response(&mut resumed).await;
+        let evs = seen_of(&r);
+        let revs: Vec<i64> = evs.iter().map(|s| s.mod_revision).collect();
+        if revs.contains(&tr) {
+            assert_eq!(revs.iter().filter(|r| **r == tr).count(), 2, "{evs:?}");
+        }
+        got.extend(evs);
+    }
+    let got: Vec<(i64, String)> = got
+        .into_iter()
+        .map(|s| (s.mod_revision, String::from_utf8(s.key).expect("utf-8")))
+        .collect();
+    assert_eq!(got, missed);
+    assert_no_response(&mut resumed, Duration::from_millis(300)).await;
+    // Everything before the resume point was seen exactly once by the first stream.
+    let before: Vec<i64> = written.iter().map(|(r, _)| *r).filter(|r| *r <= last).collect();
+    assert_eq!(
+        first.iter().map(|s| s.mod_revision).collect::<Vec<_>>(),
+        before
+    );
+}
