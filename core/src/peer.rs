@@ -43,6 +43,25 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const HANDSHAKE_MAGIC: &[u8; 8] = b"KEELPEER";
 const PROTOCOL_VERSION: u32 = 1;
 const HANDSHAKE_BYTES: usize = 8 + 4 + 8 + 8 + 8;
+/// Frame kinds: the first byte of every frame after the handshake.
+const FRAME_RAFT: u8 = 0;
+const FRAME_KEEPALIVE: u8 = 1;
+const FRAME_KEEPALIVE_REPLY: u8 = 2;
+
+/// Peer requests that are not raft messages: lease keep-alives a follower forwards to the
+/// leader, whose clock owns lease expiry.
+#[derive(Debug, Clone, Copy)]
+pub enum Control {
+    KeepAlive {
+        from: u64,
+        request_id: u64,
+        lease: i64,
+    },
+    KeepAliveReply {
+        request_id: u64,
+        ttl: i64,
+    },
+}
 
 /// A local wake-up flag for a task on this executor.
 #[derive(Default)]
@@ -94,6 +113,7 @@ pub struct Transport {
     learned_cluster_id: Cell<Option<u64>>,
     peers: RefCell<HashMap<u64, Rc<Peer>>>,
     inbox: RefCell<VecDeque<Message>>,
+    control: RefCell<VecDeque<Control>>,
     inbox_signal: Signal,
     reports: RefCell<Reports>,
 }
@@ -106,6 +126,7 @@ impl Transport {
             learned_cluster_id: Cell::new(None),
             peers: RefCell::new(HashMap::new()),
             inbox: RefCell::new(VecDeque::new()),
+            control: RefCell::new(VecDeque::new()),
             inbox_signal: Signal::default(),
             reports: RefCell::new(Reports::default()),
         })
@@ -176,27 +197,65 @@ impl Transport {
     /// Queues a message for its recipient; drops it when the peer is unknown or its queue is
     /// full (raft retries).
     pub fn send(&self, m: Message) {
+        let snapshot_to = (m.msg_type == MessageType::Snapshot).then_some(m.to);
+        let mut buf =
+            Vec::with_capacity(64 + m.entries.iter().map(|e| e.data.len() + 32).sum::<usize>());
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(FRAME_RAFT);
+        m.encode(&mut buf);
+        self.enqueue(m.to, buf, snapshot_to);
+    }
+
+    /// Asks `to` (the leader) to renew a lease for a client of this member.
+    pub fn send_keepalive(&self, to: u64, request_id: u64, lease: i64) {
+        let mut buf = Vec::with_capacity(4 + 17);
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(FRAME_KEEPALIVE);
+        buf.extend_from_slice(&request_id.to_be_bytes());
+        buf.extend_from_slice(&lease.to_be_bytes());
+        self.enqueue(to, buf, None);
+    }
+
+    /// Answers a forwarded keep-alive with the lease's TTL (0: unknown, -1: not leader).
+    pub fn send_keepalive_reply(&self, to: u64, request_id: u64, ttl: i64) {
+        let mut buf = Vec::with_capacity(4 + 17);
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(FRAME_KEEPALIVE_REPLY);
+        buf.extend_from_slice(&request_id.to_be_bytes());
+        buf.extend_from_slice(&ttl.to_be_bytes());
+        self.enqueue(to, buf, None);
+    }
+
+    /// Forwarded keep-alives and their replies received since the last call.
+    pub fn take_control(&self) -> Vec<Control> {
+        self.control.borrow_mut().drain(..).collect()
+    }
+
+    /// Queues a frame whose first 4 bytes are reserved for its length.
+    fn enqueue(&self, to: u64, mut buf: Vec<u8>, snapshot_to: Option<u64>) {
         let peers = self.peers.borrow();
-        let Some(peer) = peers.get(&m.to) else {
-            tracing::debug!(to = m.to, "message for an unknown peer dropped");
+        let Some(peer) = peers.get(&to) else {
+            tracing::debug!(to, "frame for an unknown peer dropped");
             return;
         };
-        let snapshot_to = (m.msg_type == MessageType::Snapshot).then_some(m.to);
-        let mut buf = Vec::with_capacity(64 + m.entries.iter().map(|e| e.data.len() + 32).sum::<usize>());
-        buf.extend_from_slice(&[0; 4]);
-        m.encode(&mut buf);
         let len = u32::try_from(buf.len() - 4).expect("frames stay below FRAME_BYTES_MAX");
         buf[..4].copy_from_slice(&len.to_be_bytes());
         let full = peer.queue.borrow().len() >= PEER_QUEUE_MSGS_MAX
-            || (peer.queue_bytes.get() + buf.len() > PEER_QUEUE_BYTES_MAX && !peer.queue.borrow().is_empty());
+            || (peer.queue_bytes.get() + buf.len() > PEER_QUEUE_BYTES_MAX
+                && !peer.queue.borrow().is_empty());
         if full {
             if let Some(to) = snapshot_to {
-                self.reports.borrow_mut().snapshots.push((to, SnapshotStatus::Failure));
+                self.reports
+                    .borrow_mut()
+                    .snapshots
+                    .push((to, SnapshotStatus::Failure));
             }
             return;
         }
         peer.queue_bytes.set(peer.queue_bytes.get() + buf.len());
-        peer.queue.borrow_mut().push_back((Bytes::from(buf), snapshot_to));
+        peer.queue
+            .borrow_mut()
+            .push_back((Bytes::from(buf), snapshot_to));
         peer.signal.wake();
     }
 
@@ -206,7 +265,7 @@ impl Transport {
     }
 
     pub fn has_inbox(&self) -> bool {
-        !self.inbox.borrow().is_empty()
+        !self.inbox.borrow().is_empty() || !self.control.borrow().is_empty()
     }
 
     /// Resolves when a message arrived (or a report is waiting).
@@ -225,7 +284,10 @@ impl Transport {
     /// Peers whose connection failed, and snapshot transfers that finished or failed.
     pub fn take_reports(&self) -> (Vec<u64>, Vec<(u64, SnapshotStatus)>) {
         let mut r = self.reports.borrow_mut();
-        (std::mem::take(&mut r.unreachable), std::mem::take(&mut r.snapshots))
+        (
+            std::mem::take(&mut r.unreachable),
+            std::mem::take(&mut r.snapshots),
+        )
     }
 
     async fn send_loop(self: Rc<Self>, peer: Rc<Peer>) {
@@ -257,7 +319,10 @@ impl Transport {
         let mut q = peer.queue.borrow_mut();
         for (_, snap) in q.drain(..) {
             if let Some(to) = snap {
-                self.reports.borrow_mut().snapshots.push((to, SnapshotStatus::Failure));
+                self.reports
+                    .borrow_mut()
+                    .snapshots
+                    .push((to, SnapshotStatus::Failure));
             }
         }
         peer.queue_bytes.set(0);
@@ -266,8 +331,14 @@ impl Transport {
     async fn connect(&self, peer: &Peer) -> Option<TcpStream> {
         let urls = peer.addrs.borrow().clone();
         for url in urls {
-            let Ok((host, port)) = url_host_port("peer-urls", &url) else { continue };
-            let host = if host == "localhost" { "127.0.0.1".to_string() } else { host };
+            let Ok((host, port)) = url_host_port("peer-urls", &url) else {
+                continue;
+            };
+            let host = if host == "localhost" {
+                "127.0.0.1".to_string()
+            } else {
+                host
+            };
             let addr = format!("{host}:{port}");
             if let Ok(mut s) = TcpStream::connect(addr.as_str()).await {
                 let _ = s.set_nodelay(true);
@@ -331,7 +402,11 @@ impl Transport {
         if to.is_empty() {
             return;
         }
-        let status = if ok { SnapshotStatus::Finish } else { SnapshotStatus::Failure };
+        let status = if ok {
+            SnapshotStatus::Finish
+        } else {
+            SnapshotStatus::Failure
+        };
         let mut r = self.reports.borrow_mut();
         for id in to {
             r.snapshots.push((*id, status));
@@ -349,7 +424,9 @@ impl Transport {
         let version = u32::from_be_bytes(hello[8..12].try_into().expect("4 bytes"));
         let (cluster_id, from, to) = (u64_at(12), u64_at(20), u64_at(28));
         if version != PROTOCOL_VERSION {
-            return Err(std::io::Error::other(format!("peer protocol version {version} is not ours")));
+            return Err(std::io::Error::other(format!(
+                "peer protocol version {version} is not ours"
+            )));
         }
         let ours = self.cluster_id.get();
         if ours == 0 && cluster_id != 0 {
@@ -372,19 +449,55 @@ impl Transport {
             return Err(std::io::Error::other("cluster id mismatch"));
         }
         if to != self.me {
-            return Err(std::io::Error::other("peer connection meant for another member"));
+            return Err(std::io::Error::other(
+                "peer connection meant for another member",
+            ));
         }
         loop {
             let frame = read_frame(&mut stream, FRAME_BYTES_MAX).await?;
-            let m = Message::decode(&frame).map_err(|e| std::io::Error::other(e.to_string()))?;
-            if m.from != from {
-                return Err(std::io::Error::other("message sender does not match the connection"));
+            let Some((&kind, body)) = frame.split_first() else {
+                return Err(std::io::Error::other("empty peer frame"));
+            };
+            match kind {
+                FRAME_RAFT => {
+                    let m =
+                        Message::decode(body).map_err(|e| std::io::Error::other(e.to_string()))?;
+                    if m.from != from {
+                        return Err(std::io::Error::other(
+                            "message sender does not match the connection",
+                        ));
+                    }
+                    let mut inbox = self.inbox.borrow_mut();
+                    if inbox.len() < INBOX_MSGS_MAX {
+                        inbox.push_back(m);
+                    }
+                }
+                FRAME_KEEPALIVE | FRAME_KEEPALIVE_REPLY if body.len() == 16 => {
+                    let request_id = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
+                    let value = i64::from_be_bytes(body[8..].try_into().expect("8 bytes"));
+                    let c = if kind == FRAME_KEEPALIVE {
+                        Control::KeepAlive {
+                            from,
+                            request_id,
+                            lease: value,
+                        }
+                    } else {
+                        Control::KeepAliveReply {
+                            request_id,
+                            ttl: value,
+                        }
+                    };
+                    let mut control = self.control.borrow_mut();
+                    if control.len() < INBOX_MSGS_MAX {
+                        control.push_back(c);
+                    }
+                }
+                _ => {
+                    return Err(std::io::Error::other(format!(
+                        "unknown peer frame kind {kind}"
+                    )))
+                }
             }
-            let mut inbox = self.inbox.borrow_mut();
-            if inbox.len() < INBOX_MSGS_MAX {
-                inbox.push_back(m);
-            }
-            drop(inbox);
             self.inbox_signal.wake();
         }
     }
@@ -395,7 +508,9 @@ async fn read_frame(stream: &mut TcpStream, max_bytes: usize) -> std::io::Result
     stream.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
     if len > max_bytes {
-        return Err(std::io::Error::other(format!("peer frame of {len} bytes exceeds {max_bytes}")));
+        return Err(std::io::Error::other(format!(
+            "peer frame of {len} bytes exceeds {max_bytes}"
+        )));
     }
     let mut buf = vec![0u8; len];
     stream.read_exact(&mut buf).await?;

@@ -26,8 +26,8 @@ use keel_io::{DmaStore, Record, Wal, WalConfig};
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_raft::{
-    ConfChange, ConfChangeType, Durability, Entry, EntryType, HardState, MemStorage, RawNode, Role, Snapshot,
-    SnapshotMetadata, Storage,
+    ConfChange, ConfChangeType, Durability, Entry, EntryType, HardState, MemStorage, RawNode, Role,
+    Snapshot, SnapshotMetadata, Storage,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -37,7 +37,7 @@ use crate::config::{ClusterState, Config};
 use crate::convert;
 use crate::error::CoreError;
 use crate::ids::{write_durably, Identity, Member};
-use crate::peer::Transport;
+use crate::peer::{Control, Transport};
 use crate::rt;
 use crate::shared::{kv_error, LeaseStatus, MemberChange, Outcome, Query, ReadWait, Reply, Shared};
 use crate::watch::WatchBatch;
@@ -53,6 +53,8 @@ const PROPOSALS_PER_BATCH_MAX: usize = 4096;
 const PROPOSAL_BYTES_PER_BATCH_MAX: usize = 768 * 1024;
 /// Keys the compactor visits per step, so a step stays well under a millisecond.
 const COMPACT_KEYS_PER_STEP: usize = 256;
+/// The TTL a member that is not the leader answers to a forwarded keep-alive.
+const KEEPALIVE_NOT_LEADER: i64 = -1;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
 
@@ -76,7 +78,16 @@ pub struct RaftCore {
     /// Proposals of this member waiting to be applied, by proposal id, with their deadline.
     waiting: HashMap<u64, (Reply, Instant)>,
     /// Membership changes waiting to be applied, by request id.
-    member_waiting: HashMap<u64, (oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>, u64, Instant)>,
+    member_waiting: HashMap<
+        u64,
+        (
+            oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>,
+            u64,
+            Instant,
+        ),
+    >,
+    /// Keep-alives forwarded to the leader, by request id.
+    keepalive_waiting: HashMap<u64, (oneshot::Sender<Result<i64, EtcdError>>, Instant)>,
     /// A leadership transfer waiting for the new leader.
     transfer_waiting: Option<(u64, oneshot::Sender<Result<(), EtcdError>>, Instant)>,
     /// Reads waiting for their ReadIndex answer, by context.
@@ -109,11 +120,19 @@ pub struct RaftCoreParts {
 
 /// Opens the data directory: the newest valid checkpoint, then the WAL after it. Returns the
 /// core ready to run and the MVCC reader for the shards.
-pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts, kv::Reader), CoreError> {
+pub async fn open(
+    config: &Config,
+    identity: &Identity,
+) -> Result<(RaftCoreParts, kv::Reader), CoreError> {
     let snap_dir = config.data_dir.join("snap");
-    std::fs::create_dir_all(&snap_dir).map_err(|source| CoreError::DataDir { path: snap_dir.clone(), source })?;
-    std::fs::create_dir_all(&config.wal_dir)
-        .map_err(|source| CoreError::DataDir { path: config.wal_dir.clone(), source })?;
+    std::fs::create_dir_all(&snap_dir).map_err(|source| CoreError::DataDir {
+        path: snap_dir.clone(),
+        source,
+    })?;
+    std::fs::create_dir_all(&config.wal_dir).map_err(|source| CoreError::DataDir {
+        path: config.wal_dir.clone(),
+        source,
+    })?;
 
     let (wal, records) = Wal::open(DmaStore::new(&config.wal_dir), WalConfig::default())
         .await
@@ -132,13 +151,27 @@ pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts
     let mut members = identity.members.clone();
     let (writer, reader) = match checkpoint {
         Some(cp) => {
-            let (w, r) = kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
-            assert_eq!(w.applied_index(), cp.meta.index, "checkpoint header and store disagree on the applied index");
+            let (w, r) =
+                kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+            assert_eq!(
+                w.applied_index(),
+                cp.meta.index,
+                "checkpoint header and store disagree on the applied index"
+            );
             members = cp.members.clone();
             storage.set_conf_state(cp.meta.conf_state.clone());
             // The checkpoint file is also what a far-behind follower receives as a snapshot.
-            let data = Bytes::from(checkpoint::encode(cp.meta.index, cp.meta.term, &cp.meta.conf_state, &cp.members, &cp.kv_image));
-            storage.apply_snapshot(Snapshot { metadata: cp.meta, data });
+            let data = Bytes::from(checkpoint::encode(
+                cp.meta.index,
+                cp.meta.term,
+                &cp.meta.conf_state,
+                &cp.members,
+                &cp.kv_image,
+            ));
+            storage.apply_snapshot(Snapshot {
+                metadata: cp.meta,
+                data,
+            });
             (w, r)
         }
         None => kv::Store::new(),
@@ -152,7 +185,8 @@ pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts
     for rec in records {
         match rec.kind {
             WAL_KIND_ENTRY => {
-                let e = Entry::decode(&rec.payload).map_err(|e| CoreError::Wal(format!("bad entry record: {e}")))?;
+                let e = Entry::decode(&rec.payload)
+                    .map_err(|e| CoreError::Wal(format!("bad entry record: {e}")))?;
                 while entries.last().is_some_and(|last| last.index >= e.index) {
                     entries.pop();
                 }
@@ -160,7 +194,8 @@ pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts
             }
             WAL_KIND_HARD_STATE => {
                 hard_state = Some(
-                    HardState::decode(&rec.payload).map_err(|e| CoreError::Wal(format!("bad hard state record: {e}")))?,
+                    HardState::decode(&rec.payload)
+                        .map_err(|e| CoreError::Wal(format!("bad hard state record: {e}")))?,
                 );
             }
             WAL_KIND_SNAPSHOT => {
@@ -177,7 +212,10 @@ pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts
                         )));
                     }
                     storage.set_conf_state(meta.conf_state.clone());
-                    storage.apply_snapshot(Snapshot { metadata: meta, data: Bytes::new() });
+                    storage.apply_snapshot(Snapshot {
+                        metadata: meta,
+                        data: Bytes::new(),
+                    });
                 }
             }
             other => return Err(CoreError::Wal(format!("unknown WAL record kind {other}"))),
@@ -198,7 +236,9 @@ pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts
     // past the last entry we have, and never below what the checkpoint applied.
     let mut hard_state = hard_state.unwrap_or_else(|| storage.hard_state());
     hard_state.term = hard_state.term.max(storage.hard_state().term);
-    hard_state.commit = hard_state.commit.clamp(applied, storage.last_index().max(applied));
+    hard_state.commit = hard_state
+        .commit
+        .clamp(applied, storage.last_index().max(applied));
     storage.set_hard_state(hard_state);
 
     let mut rc = keel_raft::Config::new(identity.member_id);
@@ -214,22 +254,45 @@ pub async fn open(config: &Config, identity: &Identity) -> Result<(RaftCoreParts
         commit = hard_state.commit,
         "recovered raft log"
     );
-    Ok((RaftCoreParts { node, wal, writer, snap_dir, members, last_checkpoint_index: applied }, reader))
+    Ok((
+        RaftCoreParts {
+            node,
+            wal,
+            writer,
+            snap_dir,
+            members,
+            last_checkpoint_index: applied,
+        },
+        reader,
+    ))
 }
 
 impl RaftCore {
     /// Builds the core on its executor; binds the peer listeners.
     pub fn new(parts: RaftCoreParts, shared: Arc<Shared>) -> Result<RaftCore, CoreError> {
-        let RaftCoreParts { node, wal, writer, snap_dir, members, last_checkpoint_index } = parts;
+        let RaftCoreParts {
+            node,
+            wal,
+            writer,
+            snap_dir,
+            members,
+            last_checkpoint_index,
+        } = parts;
         publish_store_size(&shared, &writer);
-        shared.applied_index.store(writer.applied_index(), Ordering::Release);
+        shared
+            .applied_index
+            .store(writer.applied_index(), Ordering::Release);
         let transport = Transport::new(shared.member_id(), shared.cluster_id());
         for addr in &shared.config.listen_peer_addrs {
             transport
                 .listen(*addr)
-                .map_err(|source| CoreError::Listen { addr: *addr, source })?;
+                .map_err(|source| CoreError::Listen {
+                    addr: *addr,
+                    source,
+                })?;
         }
-        let request_timeout = Duration::from_secs(5) + 2 * Duration::from_millis(shared.config.election_timeout_ms);
+        let request_timeout =
+            Duration::from_secs(5) + 2 * Duration::from_millis(shared.config.election_timeout_ms);
         let mut core = RaftCore {
             shared,
             node,
@@ -240,6 +303,7 @@ impl RaftCore {
             members: Vec::new(),
             waiting: HashMap::new(),
             member_waiting: HashMap::new(),
+            keepalive_waiting: HashMap::new(),
             transfer_waiting: None,
             reads_in_round: HashMap::new(),
             reads_to_apply: VecDeque::new(),
@@ -258,15 +322,25 @@ impl RaftCore {
     }
 
     fn set_members(&mut self, members: Vec<Member>) {
-        let peers: Vec<(u64, Vec<String>)> = members.iter().map(|m| (m.id, m.peer_urls.clone())).collect();
+        let peers: Vec<(u64, Vec<String>)> = members
+            .iter()
+            .map(|m| (m.id, m.peer_urls.clone()))
+            .collect();
         self.transport.set_peers(&peers);
         let me = self.shared.member_id();
         let mine = members.iter().find(|m| m.id == me);
-        self.shared.is_learner.store(mine.is_some_and(|m| m.is_learner), Ordering::Release);
+        self.shared
+            .is_learner
+            .store(mine.is_some_and(|m| m.is_learner), Ordering::Release);
         self.attributes_published = mine.is_some_and(|m| {
-            m.name == self.shared.config.name && m.client_urls == self.shared.config.advertise_client_urls
+            m.name == self.shared.config.name
+                && m.client_urls == self.shared.config.advertise_client_urls
         });
-        *self.shared.members.lock().expect("members lock is never poisoned") = members.clone();
+        *self
+            .shared
+            .members
+            .lock()
+            .expect("members lock is never poisoned") = members.clone();
         self.members = members;
     }
 
@@ -340,6 +414,31 @@ impl RaftCore {
                 tracing::debug!(error = %e, "peer message refused");
             }
         }
+        for c in self.transport.take_control() {
+            match c {
+                Control::KeepAlive {
+                    from,
+                    request_id,
+                    lease,
+                } => {
+                    let ttl = if self.is_leader {
+                        self.renew_lease(lease)
+                    } else {
+                        KEEPALIVE_NOT_LEADER
+                    };
+                    self.transport.send_keepalive_reply(from, request_id, ttl);
+                }
+                Control::KeepAliveReply { request_id, ttl } => {
+                    if let Some((reply, _)) = self.keepalive_waiting.remove(&request_id) {
+                        let _ = reply.send(if ttl == KEEPALIVE_NOT_LEADER {
+                            Err(EtcdError::NotLeader)
+                        } else {
+                            Ok(ttl)
+                        });
+                    }
+                }
+            }
+        }
         let (unreachable, snapshots) = self.transport.take_reports();
         for id in unreachable {
             self.node.report_unreachable(id);
@@ -362,24 +461,54 @@ impl RaftCore {
 
     /// Calls that waited longer than etcd's request timeout get "request timed out".
     fn expire_waiting(&mut self, now: Instant) {
-        let expired: Vec<u64> = self.waiting.iter().filter(|(_, (_, d))| *d <= now).map(|(id, _)| *id).collect();
+        let expired: Vec<u64> = self
+            .waiting
+            .iter()
+            .filter(|(_, (_, d))| *d <= now)
+            .map(|(id, _)| *id)
+            .collect();
         for id in expired {
             if let Some((reply, _)) = self.waiting.remove(&id) {
                 let _ = reply.send(Err(EtcdError::Timeout));
             }
         }
-        let expired: Vec<u64> = self.member_waiting.iter().filter(|(_, (_, _, d))| *d <= now).map(|(id, _)| *id).collect();
+        let expired: Vec<u64> = self
+            .member_waiting
+            .iter()
+            .filter(|(_, (_, _, d))| *d <= now)
+            .map(|(id, _)| *id)
+            .collect();
         for id in expired {
             if let Some((reply, _, _)) = self.member_waiting.remove(&id) {
                 let _ = reply.send(Err(EtcdError::Timeout));
             }
         }
-        if self.transfer_waiting.as_ref().is_some_and(|(_, _, d)| *d <= now) {
+        let expired: Vec<u64> = self
+            .keepalive_waiting
+            .iter()
+            .filter(|(_, (_, d))| *d <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some((reply, _)) = self.keepalive_waiting.remove(&id) {
+                let _ = reply.send(Err(EtcdError::Timeout));
+            }
+        }
+        if self
+            .transfer_waiting
+            .as_ref()
+            .is_some_and(|(_, _, d)| *d <= now)
+        {
             if let Some((_, reply, _)) = self.transfer_waiting.take() {
                 let _ = reply.send(Err(EtcdError::Timeout));
             }
         }
-        let expired: Vec<u64> = self.reads_in_round.iter().filter(|(_, (_, d))| *d <= now).map(|(c, _)| *c).collect();
+        let expired: Vec<u64> = self
+            .reads_in_round
+            .iter()
+            .filter(|(_, (_, d))| *d <= now)
+            .map(|(c, _)| *c)
+            .collect();
         for ctx in expired {
             if let Some((waits, _)) = self.reads_in_round.remove(&ctx) {
                 for w in waits {
@@ -392,7 +521,10 @@ impl RaftCore {
     /// Once a leader is known, a member makes sure the cluster knows its name and client URLs
     /// (MemberList reports them; etcdctl dials them), as etcd publishes its attributes.
     fn publish_attributes(&mut self) {
-        if self.attributes_published || !self.shared.has_leader() || self.node.raft().soft_state().leader_id == 0 {
+        if self.attributes_published
+            || !self.shared.has_leader()
+            || self.node.raft().soft_state().leader_id == 0
+        {
             return;
         }
         let me = self.shared.member_id();
@@ -427,6 +559,20 @@ impl RaftCore {
         self.lease_revoking.clear();
     }
 
+    /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown.
+    fn renew_lease(&mut self, id: i64) -> i64 {
+        match self.writer.lease(id) {
+            Some(l) => {
+                self.lease_deadlines.insert(
+                    id,
+                    Instant::now() + Duration::from_secs(l.ttl_s.max(0) as u64),
+                );
+                l.ttl_s
+            }
+            None => 0,
+        }
+    }
+
     /// Proposes a revoke for every lease past its deadline (leader only).
     fn expire_leases(&mut self) {
         if !self.is_leader {
@@ -438,7 +584,10 @@ impl RaftCore {
             .iter()
             .filter(|(id, deadline)| {
                 **deadline <= now
-                    && self.lease_revoking.get(id).is_none_or(|at| now.duration_since(*at) > Duration::from_secs(1))
+                    && self
+                        .lease_revoking
+                        .get(id)
+                        .is_none_or(|at| now.duration_since(*at) > Duration::from_secs(1))
             })
             .map(|(id, _)| *id)
             .collect();
@@ -453,41 +602,54 @@ impl RaftCore {
                     tracing::debug!(lease = id, "lease expired; revoke proposed");
                     self.lease_revoking.insert(id, now);
                 }
-                Err(e) => tracing::warn!(lease = id, error = %e, "cannot propose the revoke of an expired lease"),
+                Err(e) => {
+                    tracing::warn!(lease = id, error = %e, "cannot propose the revoke of an expired lease")
+                }
             }
         }
     }
 
     fn answer_queries(&mut self) {
         while let Some(q) = self.shared.queries.try_recv() {
-            let not_leader = if self.shared.has_leader() { EtcdError::NotLeader } else { EtcdError::NoLeader };
+            let not_leader = if self.shared.has_leader() {
+                EtcdError::NotLeader
+            } else {
+                EtcdError::NoLeader
+            };
             match q {
                 Query::KeepAlive { id, reply } => {
-                    if !self.is_leader {
+                    if self.is_leader {
+                        let _ = reply.send(Ok(self.renew_lease(id)));
+                        continue;
+                    }
+                    // Only the leader's clock renews leases: forward, as etcd does.
+                    let leader = self.shared.leader_id.load(Ordering::Acquire);
+                    if leader == 0 {
                         let _ = reply.send(Err(not_leader));
                         continue;
                     }
-                    let ttl = match self.writer.lease(id) {
-                        Some(l) => {
-                            self.lease_deadlines.insert(id, Instant::now() + Duration::from_secs(l.ttl_s.max(0) as u64));
-                            l.ttl_s
-                        }
-                        None => 0,
-                    };
-                    let _ = reply.send(Ok(ttl));
+                    let request_id = self.next_request_id;
+                    self.next_request_id += 1;
+                    self.transport.send_keepalive(leader, request_id, id);
+                    self.keepalive_waiting
+                        .insert(request_id, (reply, Instant::now() + self.request_timeout));
                 }
                 Query::TimeToLive { id, reply } => {
                     let status = self.writer.lease(id).map(|l| {
-                        let remaining = self
-                            .lease_deadlines
-                            .get(&id)
-                            .map_or(l.ttl_s, |d| d.saturating_duration_since(Instant::now()).as_secs() as i64);
-                        LeaseStatus { remaining_ttl_s: remaining, granted_ttl_s: l.ttl_s, keys: l.keys }
+                        let remaining = self.lease_deadlines.get(&id).map_or(l.ttl_s, |d| {
+                            d.saturating_duration_since(Instant::now()).as_secs() as i64
+                        });
+                        LeaseStatus {
+                            remaining_ttl_s: remaining,
+                            granted_ttl_s: l.ttl_s,
+                            keys: l.keys,
+                        }
                     });
                     let _ = reply.send(Ok(status));
                 }
                 Query::Leases { reply } => {
-                    let _ = reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
+                    let _ =
+                        reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
                 }
                 Query::Member { change, reply } => self.propose_member_change(change, reply),
                 Query::TransferLeader { to, reply } => {
@@ -499,7 +661,8 @@ impl RaftCore {
                         let _ = reply.send(Err(EtcdError::BadLeaderTransferee));
                     } else {
                         self.node.transfer_leader(to);
-                        self.transfer_waiting = Some((to, reply, Instant::now() + self.request_timeout));
+                        self.transfer_waiting =
+                            Some((to, reply, Instant::now() + self.request_timeout));
                     }
                 }
             }
@@ -516,10 +679,17 @@ impl RaftCore {
         let find = |id: u64| self.members.iter().find(|m| m.id == id).cloned();
         let result = match &change {
             MemberChange::Add { peer_urls, learner } => {
-                if self.members.iter().any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u))) {
+                if self
+                    .members
+                    .iter()
+                    .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+                {
                     Err(EtcdError::PeerUrlExist)
                 } else {
-                    let probe = crate::config::InitialMember { name: String::new(), peer_urls: peer_urls.clone() };
+                    let probe = crate::config::InitialMember {
+                        name: String::new(),
+                        peer_urls: peer_urls.clone(),
+                    };
                     let id = crate::ids::member_id(&probe, &self.shared.identity.cluster_token);
                     if find(id).is_some() {
                         Err(EtcdError::MemberExist)
@@ -531,8 +701,11 @@ impl RaftCore {
                             client_urls: Vec::new(),
                             is_learner: *learner,
                         };
-                        let change_type =
-                            if *learner { ConfChangeType::AddLearnerNode } else { ConfChangeType::AddNode };
+                        let change_type = if *learner {
+                            ConfChangeType::AddLearnerNode
+                        } else {
+                            ConfChangeType::AddNode
+                        };
                         Ok((change_type, id, Some(member)))
                     }
                 }
@@ -544,7 +717,14 @@ impl RaftCore {
             MemberChange::Promote { id } => match find(*id) {
                 None => Err(EtcdError::MemberNotFound),
                 Some(m) if !m.is_learner => Err(EtcdError::MemberNotLearner),
-                Some(m) => Ok((ConfChangeType::AddNode, *id, Some(Member { is_learner: false, ..m }))),
+                Some(m) => Ok((
+                    ConfChangeType::AddNode,
+                    *id,
+                    Some(Member {
+                        is_learner: false,
+                        ..m
+                    }),
+                )),
             },
             MemberChange::Update { id, peer_urls } => match find(*id) {
                 None => Err(EtcdError::MemberNotFound),
@@ -552,13 +732,22 @@ impl RaftCore {
                     // A URL change is not a raft membership change: it travels as a normal
                     // entry, applied in order with everything else.
                     let req = pb::InternalRaftRequest {
-                        header: Some(pb::RequestHeader { id: request_id, ..Default::default() }),
-                        keel_member_update: Some(pb::MemberUpdateRequest { id: *id, peer_ur_ls: peer_urls.clone() }),
+                        header: Some(pb::RequestHeader {
+                            id: request_id,
+                            ..Default::default()
+                        }),
+                        keel_member_update: Some(pb::MemberUpdateRequest {
+                            id: *id,
+                            peer_ur_ls: peer_urls.clone(),
+                        }),
                         ..Default::default()
                     };
                     match self.node.propose(Bytes::from(req.encode_to_vec())) {
                         Ok(()) => {
-                            self.member_waiting.insert(request_id, (reply, *id, Instant::now() + self.request_timeout));
+                            self.member_waiting.insert(
+                                request_id,
+                                (reply, *id, Instant::now() + self.request_timeout),
+                            );
                         }
                         Err(_) => {
                             let _ = reply.send(Err(EtcdError::NoLeader));
@@ -575,11 +764,19 @@ impl RaftCore {
                 return;
             }
         };
-        let context = serde_json::to_vec(&ConfChangeContext { request_id, member }).expect("context serializes");
-        let cc = ConfChange { change_type, node_id, context: context.into() };
+        let context = serde_json::to_vec(&ConfChangeContext { request_id, member })
+            .expect("context serializes");
+        let cc = ConfChange {
+            change_type,
+            node_id,
+            context: context.into(),
+        };
         match self.node.propose_conf_change(&cc) {
             Ok(()) => {
-                self.member_waiting.insert(request_id, (reply, node_id, Instant::now() + self.request_timeout));
+                self.member_waiting.insert(
+                    request_id,
+                    (reply, node_id, Instant::now() + self.request_timeout),
+                );
             }
             Err(keel_raft::Error::LearnerNotCaughtUp(_)) => {
                 let _ = reply.send(Err(EtcdError::LearnerNotReady));
@@ -589,7 +786,11 @@ impl RaftCore {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "membership change refused");
-                let _ = reply.send(Err(if self.shared.has_leader() { EtcdError::NotLeader } else { EtcdError::NoLeader }));
+                let _ = reply.send(Err(if self.shared.has_leader() {
+                    EtcdError::NotLeader
+                } else {
+                    EtcdError::NoLeader
+                }));
             }
         }
     }
@@ -599,7 +800,9 @@ impl RaftCore {
         let mut bytes = 0;
         let deadline = Instant::now() + self.request_timeout;
         while count < PROPOSALS_PER_BATCH_MAX && bytes < PROPOSAL_BYTES_PER_BATCH_MAX {
-            let Some(p) = self.shared.proposals.try_recv() else { break };
+            let Some(p) = self.shared.proposals.try_recv() else {
+                break;
+            };
             count += 1;
             bytes += p.data.len();
             match self.node.propose(p.data) {
@@ -609,7 +812,11 @@ impl RaftCore {
                 }
                 Err(keel_raft::Error::ProposalDropped(why)) => {
                     tracing::debug!(why, "proposal dropped");
-                    let err = if self.shared.has_leader() { EtcdError::TooManyRequests } else { EtcdError::NoLeader };
+                    let err = if self.shared.has_leader() {
+                        EtcdError::TooManyRequests
+                    } else {
+                        EtcdError::NoLeader
+                    };
                     let _ = p.reply.send(Err(err));
                 }
                 Err(e) => {
@@ -631,12 +838,20 @@ impl RaftCore {
         // One ReadIndex round serves every read that arrived since the last one.
         let ctx = self.next_read_ctx;
         self.next_read_ctx += 1;
-        match self.node.read_index(Bytes::copy_from_slice(&ctx.to_be_bytes())) {
+        match self
+            .node
+            .read_index(Bytes::copy_from_slice(&ctx.to_be_bytes()))
+        {
             Ok(()) => {
-                self.reads_in_round.insert(ctx, (batch, Instant::now() + self.request_timeout));
+                self.reads_in_round
+                    .insert(ctx, (batch, Instant::now() + self.request_timeout));
             }
             Err(_) => {
-                let err = if self.shared.has_leader() { EtcdError::TooManyRequests } else { EtcdError::NoLeader };
+                let err = if self.shared.has_leader() {
+                    EtcdError::TooManyRequests
+                } else {
+                    EtcdError::NoLeader
+                };
                 for r in batch {
                     let _ = r.reply.send(Err(err));
                 }
@@ -685,12 +900,20 @@ impl RaftCore {
             self.persist_snapshot(snap).await?;
             let mut buf = Vec::new();
             snap.metadata.encode(&mut buf);
-            records.push(Record { kind: WAL_KIND_SNAPSHOT, index: snap.metadata.index, payload: buf.into() });
+            records.push(Record {
+                kind: WAL_KIND_SNAPSHOT,
+                index: snap.metadata.index,
+                payload: buf.into(),
+            });
         }
         for e in &rd.entries {
             let mut buf = Vec::with_capacity(e.data.len() + 32);
             e.encode(&mut buf);
-            records.push(Record { kind: WAL_KIND_ENTRY, index: e.index, payload: buf.into() });
+            records.push(Record {
+                kind: WAL_KIND_ENTRY,
+                index: e.index,
+                payload: buf.into(),
+            });
         }
         if let Some(hs) = rd.hard_state {
             self.shared.raft_term.store(hs.term, Ordering::Release);
@@ -700,14 +923,24 @@ impl RaftCore {
             if rd.durability == Durability::Sync {
                 let mut buf = Vec::new();
                 hs.encode(&mut buf);
-                let index = rd.entries.last().map_or(self.node.store().last_index(), |e| e.index);
-                records.push(Record { kind: WAL_KIND_HARD_STATE, index, payload: buf.into() });
+                let index = rd
+                    .entries
+                    .last()
+                    .map_or(self.node.store().last_index(), |e| e.index);
+                records.push(Record {
+                    kind: WAL_KIND_HARD_STATE,
+                    index,
+                    payload: buf.into(),
+                });
             }
         }
         if rd.durability == Durability::Sync && !records.is_empty() {
             // Returns only after the write and its fdatasync completed; a failed fsync aborts
             // the process inside keel-io, so an error here is an I/O error before the sync.
-            self.wal.append(records).await.map_err(|e| CoreError::Wal(e.to_string()))?;
+            self.wal
+                .append(records)
+                .await
+                .map_err(|e| CoreError::Wal(e.to_string()))?;
         }
         // Votes and append responses vouch for durable state: only now may they go out.
         for m in rd.persisted_messages {
@@ -731,7 +964,12 @@ impl RaftCore {
 
     fn note_read_states(&mut self, read_states: Vec<keel_raft::ReadState>) {
         for rs in read_states {
-            let ctx = u64::from_be_bytes(rs.context.as_ref().try_into().expect("read contexts are 8 bytes we made"));
+            let ctx = u64::from_be_bytes(
+                rs.context
+                    .as_ref()
+                    .try_into()
+                    .expect("read contexts are 8 bytes we made"),
+            );
             if let Some((waits, _)) = self.reads_in_round.remove(&ctx) {
                 self.reads_to_apply.push_back((rs.index, waits));
             }
@@ -748,7 +986,9 @@ impl RaftCore {
         let dir = self.snap_dir.clone();
         let path = dir.join(checkpoint::file_name(index));
         let data = snap.data.clone();
-        glommio::executor().spawn_blocking(move || write_durably(&dir, &path, &data)).await?;
+        glommio::executor()
+            .spawn_blocking(move || write_durably(&dir, &path, &data))
+            .await?;
         Ok(())
     }
 
@@ -758,24 +998,35 @@ impl RaftCore {
         let index = snap.metadata.index;
         if snap.data.is_empty() {
             // The bootstrap snapshot: an empty store whose membership is in the metadata.
-            let ids = snap.metadata.conf_state.voters.iter().chain(snap.metadata.conf_state.learners.iter());
+            let ids = snap
+                .metadata
+                .conf_state
+                .voters
+                .iter()
+                .chain(snap.metadata.conf_state.learners.iter());
             let known = self.members.clone();
             let members = ids
                 .map(|id| {
-                    known.iter().find(|m| m.id == *id).cloned().unwrap_or(Member {
-                        id: *id,
-                        name: String::new(),
-                        peer_urls: Vec::new(),
-                        client_urls: Vec::new(),
-                        is_learner: snap.metadata.conf_state.learners.contains(id),
-                    })
+                    known
+                        .iter()
+                        .find(|m| m.id == *id)
+                        .cloned()
+                        .unwrap_or(Member {
+                            id: *id,
+                            name: String::new(),
+                            peer_urls: Vec::new(),
+                            client_urls: Vec::new(),
+                            is_learner: snap.metadata.conf_state.learners.contains(id),
+                        })
                 })
                 .collect();
             self.set_members(members);
             return Ok(());
         }
-        let cp = checkpoint::decode(&snap.data).map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
-        let (writer, reader) = kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+        let cp = checkpoint::decode(&snap.data)
+            .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
+        let (writer, reader) =
+            kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
         self.writer = writer;
         self.shared.replace_reader(reader);
         self.set_members(cp.members);
@@ -809,8 +1060,9 @@ impl RaftCore {
                 }
                 EntryType::Normal if e.data.is_empty() => self.writer.apply_empty(e.index),
                 EntryType::Normal => {
-                    let req = pb::InternalRaftRequest::decode(e.data.clone())
-                        .expect("log entries are InternalRaftRequests a member encoded and checksummed");
+                    let req = pb::InternalRaftRequest::decode(e.data.clone()).expect(
+                        "log entries are InternalRaftRequests a member encoded and checksummed",
+                    );
                     let id = req.header.as_ref().map_or(req.id, |h| h.id);
                     if req.keel_member_attributes.is_some() || req.keel_member_update.is_some() {
                         self.apply_member_request(req, id);
@@ -832,7 +1084,10 @@ impl RaftCore {
                     };
                     let result = result.map(|applied| {
                         events.extend(applied.events);
-                        Outcome { response: applied.response, raft_term: term }
+                        Outcome {
+                            response: applied.response,
+                            raft_term: term,
+                        }
                     });
                     if let Some((reply, _)) = self.waiting.remove(&id) {
                         let _ = reply.send(result);
@@ -845,8 +1100,13 @@ impl RaftCore {
         publish_store_size(&self.shared, &self.writer);
         self.publish_events(events);
         let quota = self.shared.config.quota_backend_bytes;
-        if self.shared.db_size_bytes.load(Ordering::Relaxed) > quota && !self.shared.nospace.swap(true, Ordering::AcqRel) {
-            tracing::warn!(quota_bytes = quota, "store exceeds its quota: NOSPACE alarm raised");
+        if self.shared.db_size_bytes.load(Ordering::Relaxed) > quota
+            && !self.shared.nospace.swap(true, Ordering::AcqRel)
+        {
+            tracing::warn!(
+                quota_bytes = quota,
+                "store exceeds its quota: NOSPACE alarm raised"
+            );
         }
     }
 
@@ -868,13 +1128,16 @@ impl RaftCore {
                 match members.iter_mut().find(|m| m.id == cc.node_id) {
                     Some(m) => m.is_learner = learner,
                     None => {
-                        let mut m = ctx.as_ref().and_then(|c| c.member.clone()).unwrap_or(Member {
-                            id: cc.node_id,
-                            name: String::new(),
-                            peer_urls: Vec::new(),
-                            client_urls: Vec::new(),
-                            is_learner: learner,
-                        });
+                        let mut m = ctx
+                            .as_ref()
+                            .and_then(|c| c.member.clone())
+                            .unwrap_or(Member {
+                                id: cc.node_id,
+                                name: String::new(),
+                                peer_urls: Vec::new(),
+                                client_urls: Vec::new(),
+                                is_learner: learner,
+                            });
                         m.is_learner = learner;
                         members.push(m);
                     }
@@ -923,7 +1186,10 @@ impl RaftCore {
     fn lease_applied(&mut self, op: &kv::Op) {
         match op {
             kv::Op::LeaseGrant(g) => {
-                self.lease_deadlines.insert(g.id, Instant::now() + Duration::from_secs(g.ttl_s.max(0) as u64));
+                self.lease_deadlines.insert(
+                    g.id,
+                    Instant::now() + Duration::from_secs(g.ttl_s.max(0) as u64),
+                );
             }
             kv::Op::LeaseRevoke(r) => {
                 self.lease_deadlines.remove(&r.id);
@@ -1001,7 +1267,11 @@ impl RaftCore {
         if index == 0 || index <= self.last_checkpoint_index {
             return Ok(());
         }
-        let term = self.node.store().term(index).map_err(|e| CoreError::Raft(e.to_string()))?;
+        let term = self
+            .node
+            .store()
+            .term(index)
+            .map_err(|e| CoreError::Raft(e.to_string()))?;
         let conf_state = self.node.raft().conf_state();
         // Capturing the image takes microseconds; serializing and writing it run on the
         // executor's blocking thread while this loop keeps applying (no stop-the-world pause).
@@ -1028,27 +1298,41 @@ impl RaftCore {
             tracing::info!(index, "checkpoint skipped: a compaction raced it");
             return Ok(());
         };
-        tracing::info!(index, bytes = file.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint written");
+        tracing::info!(
+            index,
+            bytes = file.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checkpoint written"
+        );
         // The previous checkpoint stays, with the WAL after it, so a damaged newest file can
         // still be recovered from (restart falls back to the older one and replays more).
         let previous = self.last_checkpoint_index;
         self.last_checkpoint_index = index;
         self.applied_since_checkpoint = 0;
         let storage = self.node.store_mut();
-        storage.create_snapshot(index, conf_state, Bytes::from(file)).map_err(|e| CoreError::Raft(e.to_string()))?;
+        storage
+            .create_snapshot(index, conf_state, Bytes::from(file))
+            .map_err(|e| CoreError::Raft(e.to_string()))?;
         if index > LOG_TAIL_KEPT_ENTRIES {
             let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
         }
         let wal_keep_from = previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1;
-        self.wal.release_before(wal_keep_from).await.map_err(|e| CoreError::Wal(e.to_string()))?;
+        self.wal
+            .release_before(wal_keep_from)
+            .await
+            .map_err(|e| CoreError::Wal(e.to_string()))?;
         checkpoint::remove_older(&self.snap_dir, previous);
         Ok(())
     }
 }
 
 fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
-    shared.db_size_bytes.store(writer.value_log_bytes().max(4096), Ordering::Release);
-    shared.db_size_in_use_bytes.store(writer.value_log_bytes_live().max(4096), Ordering::Release);
+    shared
+        .db_size_bytes
+        .store(writer.value_log_bytes().max(4096), Ordering::Release);
+    shared
+        .db_size_in_use_bytes
+        .store(writer.value_log_bytes_live().max(4096), Ordering::Release);
 }
 
 /// The MVCC operation an entry carries (None for requests this member cannot apply).
@@ -1063,10 +1347,16 @@ fn request_op(req: pb::InternalRaftRequest) -> Option<kv::Op> {
         return Some(kv::Op::Txn(convert::txn_request(r)));
     }
     if let Some(r) = req.compaction {
-        return Some(kv::Op::Compact(kv::CompactionRequest { revision: r.revision, physical: r.physical }));
+        return Some(kv::Op::Compact(kv::CompactionRequest {
+            revision: r.revision,
+            physical: r.physical,
+        }));
     }
     if let Some(r) = req.lease_grant {
-        return Some(kv::Op::LeaseGrant(kv::LeaseGrantRequest { id: r.id, ttl_s: r.ttl }));
+        return Some(kv::Op::LeaseGrant(kv::LeaseGrantRequest {
+            id: r.id,
+            ttl_s: r.ttl,
+        }));
     }
     if let Some(r) = req.lease_revoke {
         return Some(kv::Op::LeaseRevoke(kv::LeaseRevokeRequest { id: r.id }));
