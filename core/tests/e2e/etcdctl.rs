@@ -348,10 +348,9 @@ fn lease_revoke_deletes_attached_keys() {
 
 /// etcdctl 3.4 dials a URL endpoint ("http://host:port") for `endpoint status` and `endpoint
 /// hashkv` (and so for `--cluster`, which takes the URLs from the member list) and sends that whole URL as the
-/// HTTP/2 :authority. grpc-go's server accepts it; the h2 crate rejects the stream as malformed
-/// (RST_STREAM PROTOCOL_ERROR), which keel's gRPC layer cannot see or override.
+/// HTTP/2 :authority. grpc-go's server accepts it; upstream h2 rejects the stream as malformed,
+/// so Keel builds with a patched h2 (third_party/README.md). This test pins that patch.
 #[test]
-#[ignore = "known bug: h2 rejects the :authority \"http://127.0.0.1:P\" that etcdctl sends"]
 fn endpoint_status_with_url_endpoints() {
     let s = Server::under_test(&[]);
     let v = crate::common::etcdctl_at(&s.client_url(), &["endpoint", "status", "-w", "json"], None)

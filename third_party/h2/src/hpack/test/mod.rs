@@ -1,0 +1,2 @@
+mod fixture;
+mod fuzz;
