@@ -25,7 +25,13 @@ pub struct Checkpoint {
     pub kv_image: Vec<u8>,
 }
 
-pub fn encode(index: u64, term: u64, conf_state: &ConfState, members: &[Member], kv_image: &[u8]) -> Vec<u8> {
+pub fn encode(
+    index: u64,
+    term: u64,
+    conf_state: &ConfState,
+    members: &[Member],
+    kv_image: &[u8],
+) -> Vec<u8> {
     let mut conf = Vec::new();
     conf_state.encode(&mut conf);
     let members = serde_json::to_vec(members).expect("members serialize");
@@ -53,16 +59,24 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|e| *e <= self.bytes.len()).ok_or("truncated")?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|e| *e <= self.bytes.len())
+            .ok_or("truncated")?;
         let s = &self.bytes[self.at..end];
         self.at = end;
         Ok(s)
     }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 }
 
@@ -87,13 +101,22 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
     let conf_len = c.u32()? as usize;
     let conf_state = ConfState::decode(c.take(conf_len)?).map_err(|e| e.to_string())?;
     let members_len = c.u32()? as usize;
-    let members: Vec<Member> = serde_json::from_slice(c.take(members_len)?).map_err(|e| e.to_string())?;
+    let members: Vec<Member> =
+        serde_json::from_slice(c.take(members_len)?).map_err(|e| e.to_string())?;
     let kv_len = usize::try_from(c.u64()?).map_err(|_| "store image too large")?;
     let kv_image = c.take(kv_len)?.to_vec();
     if c.at != body.len() {
         return Err("trailing bytes after the store image".into());
     }
-    Ok(Checkpoint { meta: SnapshotMetadata { conf_state, index, term }, members, kv_image })
+    Ok(Checkpoint {
+        meta: SnapshotMetadata {
+            conf_state,
+            index,
+            term,
+        },
+        members,
+        kv_image,
+    })
 }
 
 pub fn file_name(index: u64) -> String {
@@ -121,10 +144,15 @@ pub fn files(dir: &Path) -> Vec<(u64, PathBuf)> {
 /// segments are released only after a checkpoint is durable.
 pub fn load_newest(dir: &Path) -> Result<Option<Checkpoint>, CoreError> {
     for (index, path) in files(dir) {
-        let bytes = std::fs::read(&path).map_err(|source| CoreError::DataDir { path: path.clone(), source })?;
+        let bytes = std::fs::read(&path).map_err(|source| CoreError::DataDir {
+            path: path.clone(),
+            source,
+        })?;
         match decode(&bytes) {
             Ok(cp) if cp.meta.index == index => return Ok(Some(cp)),
-            Ok(_) => tracing::warn!(path = %path.display(), "checkpoint name and contents disagree; skipped"),
+            Ok(_) => {
+                tracing::warn!(path = %path.display(), "checkpoint name and contents disagree; skipped")
+            }
             Err(why) => tracing::warn!(path = %path.display(), why, "damaged checkpoint skipped"),
         }
     }
@@ -147,7 +175,10 @@ mod tests {
 
     #[test]
     fn round_trips_and_rejects_damage() {
-        let conf = ConfState { voters: vec![7], learners: vec![9] };
+        let conf = ConfState {
+            voters: vec![7],
+            learners: vec![9],
+        };
         let members = vec![Member {
             id: 7,
             name: "a".into(),
@@ -157,7 +188,10 @@ mod tests {
         }];
         let file = encode(42, 3, &conf, &members, b"store image");
         let cp = decode(&file).expect("valid");
-        assert_eq!((cp.meta.index, cp.meta.term, cp.meta.conf_state), (42, 3, conf));
+        assert_eq!(
+            (cp.meta.index, cp.meta.term, cp.meta.conf_state),
+            (42, 3, conf)
+        );
         assert_eq!(cp.members, members);
         assert_eq!(cp.kv_image, b"store image");
         for i in [0, 9, 13, 30, file.len() - 5] {

@@ -145,7 +145,11 @@ impl Identity {
     /// Records the cluster id a joining member learned from its peers.
     pub fn save(&self, data_dir: &Path) -> Result<(), CoreError> {
         let path = data_dir.join(IDENTITY_FILE);
-        write_durably(data_dir, &path, &serde_json::to_vec_pretty(self).expect("identity serializes"))
+        write_durably(
+            data_dir,
+            &path,
+            &serde_json::to_vec_pretty(self).expect("identity serializes"),
+        )
     }
 }
 

@@ -363,7 +363,10 @@ impl Transport {
             if peer.removed.get() {
                 return Ok(());
             }
+            // Small frames are gathered into one write; a large frame (a snapshot) ends the
+            // gathering and is written from its own buffer after them, keeping the order.
             let mut snapshots = Vec::new();
+            let mut large = None;
             {
                 let mut q = peer.queue.borrow_mut();
                 while let Some((frame, snap)) = q.pop_front() {
@@ -371,15 +374,9 @@ impl Transport {
                     if let Some(to) = snap {
                         snapshots.push(to);
                     }
-                    if batch.is_empty() && frame.len() >= WRITE_BATCH_BYTES {
-                        // A large frame (a snapshot) is written from its own buffer.
-                        drop(q);
-                        let r = stream.write_all(&frame).await;
-                        self.report_snapshots(&snapshots, r.is_ok());
-                        r?;
-                        snapshots.clear();
-                        q = peer.queue.borrow_mut();
-                        continue;
+                    if frame.len() >= WRITE_BATCH_BYTES {
+                        large = Some(frame);
+                        break;
                     }
                     batch.extend_from_slice(&frame);
                     if batch.len() >= WRITE_BATCH_BYTES {
@@ -387,14 +384,20 @@ impl Transport {
                     }
                 }
             }
-            if batch.is_empty() {
+            if batch.is_empty() && large.is_none() {
                 peer.signal.wait().await;
                 continue;
             }
-            let r = stream.write_all(&batch).await;
-            batch.clear();
-            self.report_snapshots(&snapshots, r.is_ok());
-            r?;
+            let mut result = Ok(());
+            if !batch.is_empty() {
+                result = stream.write_all(&batch).await;
+                batch.clear();
+            }
+            if let (Ok(()), Some(frame)) = (&result, large) {
+                result = stream.write_all(&frame).await;
+            }
+            self.report_snapshots(&snapshots, result.is_ok());
+            result?;
         }
     }
 

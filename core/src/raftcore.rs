@@ -58,6 +58,11 @@ const KEEPALIVE_NOT_LEADER: i64 = -1;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
 
+/// Where the answer to a membership change goes: the member concerned and the new membership.
+type MemberReply = oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>;
+/// Where the answer to a leadership transfer goes.
+type TransferReply = oneshot::Sender<Result<(), EtcdError>>;
+
 /// The membership change a ConfChange entry carries, as its context.
 #[derive(Debug, Serialize, Deserialize)]
 struct ConfChangeContext {
@@ -78,18 +83,11 @@ pub struct RaftCore {
     /// Proposals of this member waiting to be applied, by proposal id, with their deadline.
     waiting: HashMap<u64, (Reply, Instant)>,
     /// Membership changes waiting to be applied, by request id.
-    member_waiting: HashMap<
-        u64,
-        (
-            oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>,
-            u64,
-            Instant,
-        ),
-    >,
+    member_waiting: HashMap<u64, (MemberReply, u64, Instant)>,
     /// Keep-alives forwarded to the leader, by request id.
     keepalive_waiting: HashMap<u64, (oneshot::Sender<Result<i64, EtcdError>>, Instant)>,
     /// A leadership transfer waiting for the new leader.
-    transfer_waiting: Option<(u64, oneshot::Sender<Result<(), EtcdError>>, Instant)>,
+    transfer_waiting: Option<(u64, TransferReply, Instant)>,
     /// Reads waiting for their ReadIndex answer, by context.
     reads_in_round: HashMap<u64, (Vec<ReadWait>, Instant)>,
     /// Reads whose ReadIndex is known, waiting for apply to reach it (ascending index).
@@ -669,11 +667,7 @@ impl RaftCore {
         }
     }
 
-    fn propose_member_change(
-        &mut self,
-        change: MemberChange,
-        reply: oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>,
-    ) {
+    fn propose_member_change(&mut self, change: MemberChange, reply: MemberReply) {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let find = |id: u64| self.members.iter().find(|m| m.id == id).cloned();

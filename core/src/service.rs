@@ -18,8 +18,8 @@ use keel_proto::etcdserverpb as pb;
 use keel_proto::health;
 
 use crate::convert;
-use crate::metrics::Metrics;
 use crate::ids::Member;
+use crate::metrics::Metrics;
 use crate::shared::{kv_error, MemberChange, Query, Shared};
 use crate::watch::Hub;
 
@@ -161,15 +161,32 @@ impl Api {
             "/etcdserverpb.Maintenance/HashKV" => {
                 unary(call, sink, |r, _| async move { this.hash_kv(r) }).await
             }
-            "/etcdserverpb.Cluster/MemberAdd" => unary(call, sink, |r, _| async move { this.member_add(r).await }).await,
+            "/etcdserverpb.Cluster/MemberAdd" => {
+                unary(call, sink, |r, _| async move { this.member_add(r).await }).await
+            }
             "/etcdserverpb.Cluster/MemberRemove" => {
-                unary(call, sink, |r, _| async move { this.member_remove(r).await }).await
+                unary(
+                    call,
+                    sink,
+                    |r, _| async move { this.member_remove(r).await },
+                )
+                .await
             }
             "/etcdserverpb.Cluster/MemberUpdate" => {
-                unary(call, sink, |r, _| async move { this.member_update(r).await }).await
+                unary(
+                    call,
+                    sink,
+                    |r, _| async move { this.member_update(r).await },
+                )
+                .await
             }
             "/etcdserverpb.Cluster/MemberPromote" => {
-                unary(call, sink, |r, _| async move { this.member_promote(r).await }).await
+                unary(
+                    call,
+                    sink,
+                    |r, _| async move { this.member_promote(r).await },
+                )
+                .await
             }
             "/etcdserverpb.Maintenance/MoveLeader" => {
                 unary(call, sink, |r, _| async move { this.move_leader(r).await }).await
@@ -477,44 +494,82 @@ impl Api {
     fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {
         let s = &self.shared;
         // etcd's MemberList header carries no revision.
-        Ok(pb::MemberListResponse { header: s.header(0), members: pb_members(&s.members()) })
+        Ok(pb::MemberListResponse {
+            header: s.header(0),
+            members: pb_members(&s.members()),
+        })
     }
 
     async fn member_change(&self, change: MemberChange) -> Result<(u64, Vec<pb::Member>), Status> {
-        let (id, members) = self.shared.query(|reply| Query::Member { change, reply }).await.map_err(etcd)?;
+        let (id, members) = self
+            .shared
+            .query(|reply| Query::Member { change, reply })
+            .await
+            .map_err(etcd)?;
         Ok((id, pb_members(&members)))
     }
 
     async fn member_add(&self, r: pb::MemberAddRequest) -> R<pb::MemberAddResponse> {
         for url in &r.peer_ur_ls {
             if crate::config::url_host_port("peer-urls", url).is_err() {
-                return Err(Status::new(keel_grpc::Code::InvalidArgument, "etcdserver: given member URLs are invalid"));
+                return Err(Status::new(
+                    keel_grpc::Code::InvalidArgument,
+                    "etcdserver: given member URLs are invalid",
+                ));
             }
         }
-        let change = MemberChange::Add { peer_urls: r.peer_ur_ls.clone(), learner: r.is_learner };
+        let change = MemberChange::Add {
+            peer_urls: r.peer_ur_ls.clone(),
+            learner: r.is_learner,
+        };
         let (id, members) = self.member_change(change).await?;
         let member = members.iter().find(|m| m.id == id).cloned();
-        Ok(pb::MemberAddResponse { header: self.shared.header(0), member, members })
+        Ok(pb::MemberAddResponse {
+            header: self.shared.header(0),
+            member,
+            members,
+        })
     }
 
     async fn member_remove(&self, r: pb::MemberRemoveRequest) -> R<pb::MemberRemoveResponse> {
-        let (_, members) = self.member_change(MemberChange::Remove { id: r.id }).await?;
-        Ok(pb::MemberRemoveResponse { header: self.shared.header(0), members })
+        let (_, members) = self
+            .member_change(MemberChange::Remove { id: r.id })
+            .await?;
+        Ok(pb::MemberRemoveResponse {
+            header: self.shared.header(0),
+            members,
+        })
     }
 
     async fn member_update(&self, r: pb::MemberUpdateRequest) -> R<pb::MemberUpdateResponse> {
-        let (_, members) = self.member_change(MemberChange::Update { id: r.id, peer_urls: r.peer_ur_ls }).await?;
-        Ok(pb::MemberUpdateResponse { header: self.shared.header(0), members })
+        let (_, members) = self
+            .member_change(MemberChange::Update {
+                id: r.id,
+                peer_urls: r.peer_ur_ls,
+            })
+            .await?;
+        Ok(pb::MemberUpdateResponse {
+            header: self.shared.header(0),
+            members,
+        })
     }
 
     async fn member_promote(&self, r: pb::MemberPromoteRequest) -> R<pb::MemberPromoteResponse> {
-        let (_, members) = self.member_change(MemberChange::Promote { id: r.id }).await?;
-        Ok(pb::MemberPromoteResponse { header: self.shared.header(0), members })
+        let (_, members) = self
+            .member_change(MemberChange::Promote { id: r.id })
+            .await?;
+        Ok(pb::MemberPromoteResponse {
+            header: self.shared.header(0),
+            members,
+        })
     }
 
     async fn move_leader(&self, r: pb::MoveLeaderRequest) -> R<pb::MoveLeaderResponse> {
         let to = r.target_id;
-        self.shared.query(|reply| Query::TransferLeader { to, reply }).await.map_err(etcd)?;
+        self.shared
+            .query(|reply| Query::TransferLeader { to, reply })
+            .await
+            .map_err(etcd)?;
         // etcd answers MoveLeader without a header.
         Ok(pb::MoveLeaderResponse { header: None })
     }

@@ -76,10 +76,20 @@ pub enum Query {
 
 #[derive(Debug, Clone)]
 pub enum MemberChange {
-    Add { peer_urls: Vec<String>, learner: bool },
-    Remove { id: u64 },
-    Update { id: u64, peer_urls: Vec<String> },
-    Promote { id: u64 },
+    Add {
+        peer_urls: Vec<String>,
+        learner: bool,
+    },
+    Remove {
+        id: u64,
+    },
+    Update {
+        id: u64,
+        peer_urls: Vec<String>,
+    },
+    Promote {
+        id: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -198,7 +208,10 @@ impl Shared {
     }
 
     pub fn members(&self) -> Vec<Member> {
-        self.members.lock().expect("members lock is never poisoned: no panics while held").clone()
+        self.members
+            .lock()
+            .expect("members lock is never poisoned: no panics while held")
+            .clone()
     }
 
     pub fn has_leader(&self) -> bool {

@@ -41,6 +41,9 @@ pub const WATCHERS_PER_STREAM_MAX: usize = 100_000;
 pub const STREAM_QUEUE_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Events read from history per catch-up step, so one slow watcher cannot hog the shard.
 pub const CATCHUP_EVENTS_PER_STEP: usize = 1000;
+/// Soft size of one catch-up response: history is cut into responses of about this size,
+/// only ever between revisions.
+pub const CATCHUP_RESPONSE_BYTES_MAX: usize = 1024 * 1024;
 /// Default interval of progress notifications (etcd: 10 minutes).
 pub const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
 
@@ -343,8 +346,15 @@ impl Hub {
             }
             s.wake();
         }
-        for w in self.waiters.borrow_mut().drain(..) {
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        let fired = waiters.len();
+        for w in waiters {
             let _ = w.tx.send(());
+        }
+        // Each waiter counted as a watcher (wait_change); without this the count never returns
+        // to zero and the raft core encodes batches for nobody.
+        if fired > 0 {
+            self.add_watcher_count(-(fired as isize));
         }
     }
 
@@ -521,7 +531,7 @@ impl Hub {
             if stream.progress_requested.get() && stream.unsynced.get() == 0 {
                 stream.progress_requested.set(false);
                 let resp = pb::WatchResponse {
-                    header: self.shared.header(self.delivered_rev.get()),
+                    header: self.shared.header(self.stream_synced_through(stream)),
                     watch_id: WATCH_ID_INVALID,
                     ..Default::default()
                 };
@@ -722,15 +732,24 @@ impl Hub {
                     stream.push(frame_of(&resp));
                 }
                 Ok(batch) => {
-                    let encoded: Vec<Bytes> = batch
+                    let encoded: Vec<(i64, Bytes)> = batch
                         .events
                         .into_iter()
                         .filter(|e| w.wants(e.kind))
-                        .map(|e| Bytes::from(convert::event(e, w.prev_kv).encode_to_vec()))
+                        .map(|e| {
+                            let rev = e.kv.mod_revision;
+                            (
+                                rev,
+                                Bytes::from(convert::event(e, w.prev_kv).encode_to_vec()),
+                            )
+                        })
                         .collect();
-                    if !encoded.is_empty() {
-                        let refs: Vec<&Bytes> = encoded.iter().collect();
-                        let header = self.shared.header(self.shared.reader().current_revision());
+                    let header = self.shared.header(self.shared.reader().current_revision());
+                    // History goes out in responses of about CATCHUP_RESPONSE_BYTES_MAX, cut
+                    // only between revisions, so clients with a 4 MiB receive limit (tonic's
+                    // default) keep up with large catch-ups.
+                    for group in revision_groups(&encoded, CATCHUP_RESPONSE_BYTES_MAX) {
+                        let refs: Vec<&Bytes> = group.iter().map(|(_, b)| b).collect();
                         for frame in responses(
                             header,
                             id,
@@ -752,11 +771,45 @@ impl Hub {
         }
     }
 
+    /// The revision a synced watcher has been sent every event up to, given the store's
+    /// `current_rev`. `delivered_rev` alone can be far behind: the raft core publishes no
+    /// batches while a node has no watchers, and a watcher created since then already covers
+    /// everything below its `next_rev`. A watcher waiting for a future start revision covers
+    /// at most the present.
+    fn synced_through(&self, w: &Watcher, current_rev: i64) -> i64 {
+        assert!(
+            w.synced,
+            "only a synced watcher is complete up to a revision"
+        );
+        (w.next_rev - 1)
+            .min(current_rev)
+            .max(self.delivered_rev.get())
+    }
+
+    /// The revision a progress reply for a fully synced stream may claim: no event at or
+    /// below it is still pending for any of the stream's watchers.
+    fn stream_synced_through(&self, stream: &Stream) -> i64 {
+        assert_eq!(
+            stream.unsynced.get(),
+            0,
+            "progress only for a synced stream"
+        );
+        let current_rev = self.shared.reader().current_revision();
+        let watchers = stream.watchers.borrow();
+        let through = watchers
+            .values()
+            .map(|w| self.synced_through(w, current_rev))
+            .min();
+        // With no watchers nothing is pending: the store's revision, as etcd answers.
+        through.unwrap_or(current_rev)
+    }
+
     fn progress_notify(&self, stream: &Rc<Stream>) {
-        let rev = self.delivered_rev.get();
+        let current_rev = self.shared.reader().current_revision();
         let mut frames = Vec::new();
         for (id, w) in stream.watchers.borrow_mut().iter_mut() {
             if w.progress_notify && w.synced && !w.sent_since_progress {
+                let rev = self.synced_through(w, current_rev);
                 frames.push(frame_of(&pb::WatchResponse {
                     header: self.shared.header(rev),
                     watch_id: *id,
@@ -777,14 +830,31 @@ fn frame_of(resp: &pb::WatchResponse) -> Bytes {
 
 /// Appends `events` (each an encoded `mvccpb.Event`) to an encoded WatchResponse as field 11,
 /// without decoding or re-encoding them, behind the gRPC 5-byte prefix: one allocation.
-fn response_with_events(header: Option<pb::ResponseHeader>, watch_id: i64, fragment: bool, events: &[&Bytes]) -> Bytes {
-    response_with_events_of(&pb::WatchResponse { header, watch_id, fragment, ..Default::default() }, events)
+fn response_with_events(
+    header: Option<pb::ResponseHeader>,
+    watch_id: i64,
+    fragment: bool,
+    events: &[&Bytes],
+) -> Bytes {
+    response_with_events_of(
+        &pb::WatchResponse {
+            header,
+            watch_id,
+            fragment,
+            ..Default::default()
+        },
+        events,
+    )
 }
 
 fn response_with_events_of(head: &pb::WatchResponse, events: &[&Bytes]) -> Bytes {
     const EVENTS_TAG: u8 = (11 << 3) | 2;
     const PREFIX_BYTES: usize = 5;
-    let body_bytes = head.encoded_len() + events.iter().map(|e| e.len() + 1 + prost::length_delimiter_len(e.len())).sum::<usize>();
+    let body_bytes = head.encoded_len()
+        + events
+            .iter()
+            .map(|e| e.len() + 1 + prost::length_delimiter_len(e.len()))
+            .sum::<usize>();
     let mut buf = BytesMut::with_capacity(PREFIX_BYTES + body_bytes);
     // Uncompressed flag, then the big-endian body length.
     buf.put_u8(0);
@@ -795,8 +865,33 @@ fn response_with_events_of(head: &pb::WatchResponse, events: &[&Bytes]) -> Bytes
         prost::encoding::encode_varint(e.len() as u64, &mut buf);
         buf.put_slice(e);
     }
-    assert_eq!(buf.len(), PREFIX_BYTES + body_bytes, "encoded_len and the encoding agree");
+    assert_eq!(
+        buf.len(),
+        PREFIX_BYTES + body_bytes,
+        "encoded_len and the encoding agree"
+    );
     buf.freeze()
+}
+
+/// Splits revision-ordered events into runs of about `bytes_max` bytes, never splitting one
+/// revision (a single revision larger than `bytes_max` stays whole).
+fn revision_groups(events: &[(i64, Bytes)], bytes_max: usize) -> Vec<&[(i64, Bytes)]> {
+    let mut groups = Vec::new();
+    let mut start = 0;
+    let mut size = 0;
+    for i in 0..events.len() {
+        let new_revision = i > start && events[i].0 != events[i - 1].0;
+        if new_revision && size + events[i].1.len() > bytes_max {
+            groups.push(&events[start..i]);
+            start = i;
+            size = 0;
+        }
+        size += events[i].1.len();
+    }
+    if start < events.len() {
+        groups.push(&events[start..]);
+    }
+    groups
 }
 
 /// Responses for one watcher's events: one, or fragments when the client asked for them and
@@ -889,6 +984,27 @@ mod tests {
         assert!(decoded[..decoded.len() - 1].iter().all(|r| r.fragment));
         assert!(!decoded.last().expect("some").fragment);
         assert_eq!(decoded.iter().map(|r| r.events.len()).sum::<usize>(), 10);
+    }
+
+    #[test]
+    fn catch_up_groups_cut_only_between_revisions() {
+        let ev = |rev: i64, n: usize| (rev, Bytes::from(vec![0u8; n]));
+        let events = vec![
+            ev(1, 40),
+            ev(1, 40),
+            ev(2, 40),
+            ev(3, 40),
+            ev(3, 40),
+            ev(3, 40),
+        ];
+        let groups = revision_groups(&events, 100);
+        let revs: Vec<Vec<i64>> = groups
+            .iter()
+            .map(|g| g.iter().map(|(r, _)| *r).collect())
+            .collect();
+        assert_eq!(revs, vec![vec![1, 1], vec![2, 3, 3, 3]]);
+        assert_eq!(groups.iter().map(|g| g.len()).sum::<usize>(), events.len());
+        assert!(revision_groups(&[], 100).is_empty());
     }
 
     #[test]

@@ -64,7 +64,8 @@ impl LoggedOp {
     fn decode(b: &[u8]) -> LoggedOp {
         let id = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
         let key = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
-        let value = (b[12] == 1).then(|| u64::from_le_bytes(b[13..21].try_into().expect("8 bytes")));
+        let value =
+            (b[12] == 1).then(|| u64::from_le_bytes(b[13..21].try_into().expect("8 bytes")));
         LoggedOp { id, key, value }
     }
 
@@ -74,8 +75,15 @@ impl LoggedOp {
 
     fn to_op(&self) -> Op {
         match self.value {
-            Some(v) => Op::Put(PutRequest { key: self.key_bytes(), value: Bytes::from(v.to_string()), ..Default::default() }),
-            None => Op::DeleteRange(DeleteRangeRequest { key: self.key_bytes(), ..Default::default() }),
+            Some(v) => Op::Put(PutRequest {
+                key: self.key_bytes(),
+                value: Bytes::from(v.to_string()),
+                ..Default::default()
+            }),
+            None => Op::DeleteRange(DeleteRangeRequest {
+                key: self.key_bytes(),
+                ..Default::default()
+            }),
         }
     }
 }
@@ -87,11 +95,20 @@ struct Durable {
 
 fn all_keys(reader: &keel_kv::Reader) -> BTreeMap<String, String> {
     let r = reader
-        .range(&RangeRequest { key: Bytes::from_static(b"\0"), range_end: Bytes::from_static(b"\0"), ..Default::default() })
+        .range(&RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            range_end: Bytes::from_static(b"\0"),
+            ..Default::default()
+        })
         .expect("full range");
     r.kvs
         .into_iter()
-        .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), String::from_utf8_lossy(&kv.value).into_owned()))
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(&kv.key).into_owned(),
+                String::from_utf8_lossy(&kv.value).into_owned(),
+            )
+        })
         .collect()
 }
 
@@ -112,16 +129,28 @@ fn run_seed(seed: u64) {
         };
         let mut model: BTreeMap<String, String> = BTreeMap::new();
         // The model replays the whole recovered log; the store skips what its checkpoint holds.
-        let recovered_ops: Vec<(u64, LoggedOp)> =
-            recovered.iter().map(|r| (r.index, LoggedOp::decode(&r.payload))).collect();
+        let recovered_ops: Vec<(u64, LoggedOp)> = recovered
+            .iter()
+            .map(|r| (r.index, LoggedOp::decode(&r.payload)))
+            .collect();
         let ids: Vec<u64> = recovered_ops.iter().map(|(_, op)| op.id).collect();
         let unique: BTreeSet<u64> = ids.iter().copied().collect();
-        assert_eq!(unique.len(), ids.len(), "seed {seed}: an operation was recovered twice");
+        assert_eq!(
+            unique.len(),
+            ids.len(),
+            "seed {seed}: an operation was recovered twice"
+        );
         for id in &acked_all {
-            assert!(unique.contains(id), "seed {seed} cycle {cycle}: acknowledged op {id} lost");
+            assert!(
+                unique.contains(id),
+                "seed {seed} cycle {cycle}: acknowledged op {id} lost"
+            );
         }
         for id in &unique {
-            assert!(appended_all.contains(id), "seed {seed}: op {id} was never appended");
+            assert!(
+                appended_all.contains(id),
+                "seed {seed}: op {id} was never appended"
+            );
         }
         // Ops recovered but never acknowledged are now durable: they count as acknowledged
         // from here on (a later crash must not lose them either).
@@ -141,11 +170,21 @@ fn run_seed(seed: u64) {
                 }
             }
             if *index > writer.applied_index() {
-                writer.apply(*index, &op.to_op()).expect("puts and deletes of valid keys apply");
+                writer
+                    .apply(*index, &op.to_op())
+                    .expect("puts and deletes of valid keys apply");
             }
         }
-        assert_eq!(all_keys(&reader), model, "seed {seed} cycle {cycle}: recovered store differs from the model");
-        assert_eq!(reader.current_revision(), 1 + writes, "seed {seed} cycle {cycle}: revision does not count every write");
+        assert_eq!(
+            all_keys(&reader),
+            model,
+            "seed {seed} cycle {cycle}: recovered store differs from the model"
+        );
+        assert_eq!(
+            reader.current_revision(),
+            1 + writes,
+            "seed {seed} cycle {cycle}: revision does not count every write"
+        );
 
         // Run: concurrent writers append and apply until the disk loses power.
         let wal = Rc::new(wal);
@@ -160,16 +199,30 @@ fn run_seed(seed: u64) {
                     let op = LoggedOp {
                         id: next_id,
                         key: rng.gen_range(0..KEYS),
-                        value: if rng.gen_bool(0.8) { Some(rng.gen_range(0..1000)) } else { None },
+                        value: if rng.gen_bool(0.8) {
+                            Some(rng.gen_range(0..1000))
+                        } else {
+                            None
+                        },
                     };
                     next_id += 1;
                     op
                 })
                 .collect();
             appended_all.extend(ops.iter().map(|o| o.id));
-            let checkpoint_every = if w == 0 { Some(rng.gen_range(3..10)) } else { None };
-            let (wal, writer, next_index, acked, durable, pending) =
-                (wal.clone(), writer.clone(), next_index.clone(), acked.clone(), durable.clone(), pending.clone());
+            let checkpoint_every = if w == 0 {
+                Some(rng.gen_range(3..10))
+            } else {
+                None
+            };
+            let (wal, writer, next_index, acked, durable, pending) = (
+                wal.clone(),
+                writer.clone(),
+                next_index.clone(),
+                acked.clone(),
+                durable.clone(),
+                pending.clone(),
+            );
             executor.spawn(async move {
                 for (n, op) in ops.into_iter().enumerate() {
                     let index = {
@@ -178,7 +231,11 @@ fn run_seed(seed: u64) {
                         *ni += 1;
                         i
                     };
-                    let record = Record { kind: 1, index, payload: op.encode() };
+                    let record = Record {
+                        kind: 1,
+                        index,
+                        payload: op.encode(),
+                    };
                     if wal.append(vec![record]).await.is_err() {
                         return;
                     }
@@ -191,7 +248,8 @@ fn run_seed(seed: u64) {
                         let mut p = pending.borrow_mut();
                         while let Some(op) = p.remove(&(w.applied_index() + 1)) {
                             let i = w.applied_index() + 1;
-                            w.apply(i, &op.to_op()).expect("puts and deletes of valid keys apply");
+                            w.apply(i, &op.to_op())
+                                .expect("puts and deletes of valid keys apply");
                         }
                     }
                     if let Some(every) = checkpoint_every {

@@ -4,8 +4,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, LockOptions,
-    ProclaimOptions, PutOptions, ResignOptions, WatchOptions,
+    EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, LockOptions, ProclaimOptions,
+    PutOptions, ResignOptions, WatchOptions,
 };
 
 use crate::common::{client, grpc_error, Server};
@@ -19,19 +19,32 @@ async fn lease_grant_keep_alive_time_to_live_leases_and_revoke() {
     assert_eq!(g.ttl(), 60);
     let id = g.id();
     assert!(id > 0, "server-picked ids are positive: {id}");
-    assert_eq!(c.lease_grant(1, None).await.expect("grant").ttl(), 2, "raised to the minimum");
+    assert_eq!(
+        c.lease_grant(1, None).await.expect("grant").ttl(),
+        2,
+        "raised to the minimum"
+    );
     let fixed = c
         .lease_grant(30, Some(LeaseGrantOptions::new().with_id(0x1234)))
         .await
         .expect("grant with an id");
     assert_eq!(fixed.id(), 0x1234);
     assert_eq!(
-        grpc_error(c.lease_grant(30, Some(LeaseGrantOptions::new().with_id(0x1234))).await),
-        ("FailedPrecondition".into(), "etcdserver: lease already exists".into())
+        grpc_error(
+            c.lease_grant(30, Some(LeaseGrantOptions::new().with_id(0x1234)))
+                .await
+        ),
+        (
+            "FailedPrecondition".into(),
+            "etcdserver: lease already exists".into()
+        )
     );
     assert_eq!(
         grpc_error(c.lease_grant(9_000_000_001, None).await),
-        ("OutOfRange".into(), "etcdserver: too large lease TTL".into())
+        (
+            "OutOfRange".into(),
+            "etcdserver: too large lease TTL".into()
+        )
     );
 
     for k in ["lk/1", "lk/2"] {
@@ -69,7 +82,10 @@ async fn lease_grant_keep_alive_time_to_live_leases_and_revoke() {
         .iter()
         .map(|l| l.id())
         .collect();
-    assert!(listed.contains(&id) && listed.contains(&0x1234), "{listed:?}");
+    assert!(
+        listed.contains(&id) && listed.contains(&0x1234),
+        "{listed:?}"
+    );
 
     c.lease_revoke(id).await.expect("revoke");
     let left = c
@@ -80,7 +96,10 @@ async fn lease_grant_keep_alive_time_to_live_leases_and_revoke() {
     assert_eq!(c.lease_time_to_live(id, None).await.expect("ttl").ttl(), -1);
     assert_eq!(
         grpc_error(c.lease_revoke(id).await),
-        ("NotFound".into(), "etcdserver: requested lease not found".into())
+        (
+            "NotFound".into(),
+            "etcdserver: requested lease not found".into()
+        )
     );
     // A keep-alive for a lease that no longer exists answers TTL 0 on the same stream.
     keeper.keep_alive().await.expect("keep alive request");
@@ -91,8 +110,14 @@ async fn lease_grant_keep_alive_time_to_live_leases_and_revoke() {
         .expect("a reply");
     assert_eq!(r.ttl(), 0);
     assert_eq!(
-        grpc_error(c.put("x", "y", Some(PutOptions::new().with_lease(id))).await),
-        ("NotFound".into(), "etcdserver: requested lease not found".into())
+        grpc_error(
+            c.put("x", "y", Some(PutOptions::new().with_lease(id)))
+                .await
+        ),
+        (
+            "NotFound".into(),
+            "etcdserver: requested lease not found".into()
+        )
     );
 }
 
@@ -102,7 +127,12 @@ async fn expiry_deletes_at_one_revision_and_keep_alive_prevents_it() {
     let mut c = client(&server).await;
     let dying = c.lease_grant(2, None).await.expect("grant").id();
     let kept = c.lease_grant(2, None).await.expect("grant").id();
-    for (k, lease) in [("x/a", dying), ("x/b", dying), ("x/c", dying), ("x/kept", kept)] {
+    for (k, lease) in [
+        ("x/a", dying),
+        ("x/b", dying),
+        ("x/c", dying),
+        ("x/kept", kept),
+    ] {
         c.put(k, k, Some(PutOptions::new().with_lease(lease)))
             .await
             .expect("put with lease");
@@ -140,16 +170,24 @@ async fn expiry_deletes_at_one_revision_and_keep_alive_prevents_it() {
     let keys: Vec<&[u8]> = events.iter().map(|e| e.key.as_slice()).collect();
     assert_eq!(keys, [&b"x/a"[..], b"x/b", b"x/c"]);
     assert!(
-        events.iter().all(|e| e.prev_value.as_deref() == Some(e.key.as_slice())),
+        events
+            .iter()
+            .all(|e| e.prev_value.as_deref() == Some(e.key.as_slice())),
         "prev_kv on every delete: {events:?}"
     );
     keep.await.expect("the keep-alive task finishes");
     // Four seconds on, the kept-alive lease and its key are still there.
-    let got = c.get("x/", Some(GetOptions::new().with_prefix())).await.expect("get");
+    let got = c
+        .get("x/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get");
     let left: Vec<&[u8]> = got.kvs().iter().map(|kv| kv.key()).collect();
     assert_eq!(left, [&b"x/kept"[..]]);
     assert!(c.lease_time_to_live(kept, None).await.expect("ttl").ttl() > 0);
-    assert_eq!(c.lease_time_to_live(dying, None).await.expect("ttl").ttl(), -1);
+    assert_eq!(
+        c.lease_time_to_live(dying, None).await.expect("ttl").ttl(),
+        -1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +200,11 @@ async fn lock_waits_for_unlock_and_for_lease_expiry() {
     assert!(key1.starts_with(b"L/"), "{key1:?}");
     let waiter = tokio::spawn(async move {
         let r = c2.lock("L", None).await.expect("lock");
-        (r.key().to_vec(), r.header().expect("header").revision(), Instant::now())
+        (
+            r.key().to_vec(),
+            r.header().expect("header").revision(),
+            Instant::now(),
+        )
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!waiter.is_finished(), "the second locker got a held lock");
@@ -180,7 +222,10 @@ async fn lock_waits_for_unlock_and_for_lease_expiry() {
         .expect("the waiter task");
     assert!(got_at >= unlocked_at);
     assert!(key2 != key1 && key2.starts_with(b"L/"), "{key2:?}");
-    assert!(rev2 >= unlock_rev, "lock header {rev2} before unlock {unlock_rev}");
+    assert!(
+        rev2 >= unlock_rev,
+        "lock header {rev2} before unlock {unlock_rev}"
+    );
 
     // A lock held under a lease nobody keeps alive is released by the lease's expiry.
     let lease = c1.lease_grant(2, None).await.expect("grant").id();
@@ -213,14 +258,25 @@ async fn election_campaign_proclaim_leader_observe_and_resign() {
         grpc_error(c.leader("E").await),
         ("Unknown".into(), "election: no leader".into())
     );
-    let mut observe = c.observe("E").await.expect("observe");
+    // Observe starts before there is a leader. The call itself only returns once the server
+    // sends the first leader (gRPC sends response headers with the first message), so it runs
+    // in its own task and forwards what it sees.
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    let mut oc = client(&server).await;
+    let observer = tokio::spawn(async move {
+        let mut observe = oc.observe("E").await.expect("observe");
+        while let Some(r) = observe.message().await.expect("the observe stream works") {
+            let value = r.kv().expect("a leader kv").value().to_vec();
+            if seen_tx.send(value).await.is_err() {
+                return;
+            }
+        }
+    });
     let mut next_observed = async || {
-        let r = tokio::time::timeout(STEP_TIMEOUT, observe.message())
+        tokio::time::timeout(STEP_TIMEOUT, seen_rx.recv())
             .await
             .expect("an observed leader in time")
-            .expect("the observe stream works")
-            .expect("a leader");
-        r.kv().expect("a leader kv").value().to_vec()
+            .expect("the observer runs")
     };
 
     let leader1 = c
@@ -232,19 +288,24 @@ async fn election_campaign_proclaim_leader_observe_and_resign() {
         .clone();
     assert_eq!(leader1.lease(), lease1);
     assert_eq!(next_observed().await, b"v1");
-    c.proclaim("v2", Some(ProclaimOptions::new().with_leader(leader1.clone())))
-        .await
-        .expect("proclaim");
+    c.proclaim(
+        "v2",
+        Some(ProclaimOptions::new().with_leader(leader1.clone())),
+    )
+    .await
+    .expect("proclaim");
     assert_eq!(next_observed().await, b"v2");
     let now = c.leader("E").await.expect("leader");
     assert_eq!(now.kv().expect("kv").value(), b"v2");
 
     let mut c2 = client(&server).await;
-    let second = tokio::spawn(async move {
-        c2.campaign("E", "w1", lease2).await.expect("campaign")
-    });
+    let second =
+        tokio::spawn(async move { c2.campaign("E", "w1", lease2).await.expect("campaign") });
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(!second.is_finished(), "a second leader while the first holds");
+    assert!(
+        !second.is_finished(),
+        "a second leader while the first holds"
+    );
     c.resign(Some(ResignOptions::new().with_leader(leader1.clone())))
         .await
         .expect("resign");
@@ -255,7 +316,15 @@ async fn election_campaign_proclaim_leader_observe_and_resign() {
     let leader2 = won.leader().expect("a leader key").clone();
     assert_eq!(leader2.lease(), lease2);
     assert_eq!(next_observed().await, b"w1");
-    assert_eq!(c.leader("E").await.expect("leader").kv().expect("kv").value(), b"w1");
+    assert_eq!(
+        c.leader("E")
+            .await
+            .expect("leader")
+            .kv()
+            .expect("kv")
+            .value(),
+        b"w1"
+    );
 
     assert_eq!(
         grpc_error(
@@ -271,4 +340,5 @@ async fn election_campaign_proclaim_leader_observe_and_resign() {
         grpc_error(c.leader("E").await),
         ("Unknown".into(), "election: no leader".into())
     );
+    observer.abort();
 }

@@ -15,7 +15,9 @@ use crate::support::{LiveEtcdctl, Stdin};
 
 /// The current revision, read through etcdctl.
 fn revision(server: &Server) -> i64 {
-    let out = server.etcdctl(&["get", "--write-out=json", "revision-probe"]).ok();
+    let out = server
+        .etcdctl(&["get", "--write-out=json", "revision-probe"])
+        .ok();
     out.json()["header"]["revision"]
         .as_i64()
         .expect("a range header has a revision")
@@ -43,7 +45,9 @@ fn json_events(doc: &Value) -> Vec<JsonEvent> {
                 delete: e["type"].as_i64() == Some(1) || e["type"].as_str() == Some("DELETE"),
                 key: unb64(kv["key"].as_str().expect("an event has a key")),
                 value: kv["value"].as_str().map(unb64).unwrap_or_default(),
-                mod_revision: kv["mod_revision"].as_i64().expect("a kv has a mod_revision"),
+                mod_revision: kv["mod_revision"]
+                    .as_i64()
+                    .expect("a kv has a mod_revision"),
                 prev_value: e
                     .get("prev_kv")
                     .and_then(|p| p.get("value"))
@@ -72,7 +76,9 @@ fn read_json_events(watch: &mut LiveEtcdctl, count: usize) -> (Vec<JsonEvent>, u
 }
 
 fn put(server: &Server, key: &str, value: &str) -> i64 {
-    let out = server.etcdctl(&["put", "--write-out=json", key, value]).ok();
+    let out = server
+        .etcdctl(&["put", "--write-out=json", key, value])
+        .ok();
     out.json()["header"]["revision"]
         .as_i64()
         .expect("a put header has a revision")
@@ -230,8 +236,12 @@ fn lease_commands_and_put_with_lease() {
         "{out:?}"
     );
     let id = words[1].to_string();
-    server.etcdctl(&["put", &format!("--lease={id}"), "lk1", "v"]).ok();
-    server.etcdctl(&["put", &format!("--lease={id}"), "lk2", "v"]).ok();
+    server
+        .etcdctl(&["put", &format!("--lease={id}"), "lk1", "v"])
+        .ok();
+    server
+        .etcdctl(&["put", &format!("--lease={id}"), "lk2", "v"])
+        .ok();
     let ttl = server.etcdctl(&["lease", "timetolive", "--keys", &id]).ok();
     let text = ttl.stdout.trim();
     let prefix = format!("lease {id} granted with TTL(100s), remaining(");
@@ -245,7 +255,10 @@ fn lease_commands_and_put_with_lease() {
     assert!((95..=100).contains(&remaining), "{text:?}");
 
     let ka = server.etcdctl(&["lease", "keep-alive", "--once", &id]).ok();
-    assert_eq!(ka.stdout.trim(), format!("lease {id} keepalived with TTL(100)"));
+    assert_eq!(
+        ka.stdout.trim(),
+        format!("lease {id} keepalived with TTL(100)")
+    );
     let list = server.etcdctl(&["lease", "list"]).ok();
     let lines: Vec<&str> = list.stdout.lines().collect();
     assert_eq!(lines, ["found 1 leases", id.as_str()]);
@@ -259,18 +272,25 @@ fn lease_commands_and_put_with_lease() {
     let again = server.etcdctl(&["lease", "revoke", &id]);
     assert_ne!(again.code, 0);
     assert!(
-        again.stderr.contains("etcdserver: requested lease not found"),
+        again
+            .stderr
+            .contains("etcdserver: requested lease not found"),
         "{again:?}"
     );
     let unknown = server.etcdctl(&["put", "--lease=123", "x", "y"]);
     assert_ne!(unknown.code, 0);
     assert!(
-        unknown.stderr.contains("etcdserver: requested lease not found"),
+        unknown
+            .stderr
+            .contains("etcdserver: requested lease not found"),
         "{unknown:?}"
     );
     // A TTL below the minimum is raised to it.
     let short = server.etcdctl(&["lease", "grant", "1"]).ok();
-    assert!(short.stdout.trim().ends_with("granted with TTL(2s)"), "{short:?}");
+    assert!(
+        short.stdout.trim().ends_with("granted with TTL(2s)"),
+        "{short:?}"
+    );
 }
 
 #[test]
@@ -278,9 +298,16 @@ fn lease_expiry_deletes_keys_at_one_revision_with_delete_events() {
     let server = Server::under_test(&[]);
     let granted_at = Instant::now();
     let out = server.etcdctl(&["lease", "grant", "2"]).ok();
-    let id = out.stdout.split_whitespace().nth(1).expect("a lease id").to_string();
+    let id = out
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("a lease id")
+        .to_string();
     for (k, v) in [("exp/a", "1"), ("exp/b", "2"), ("exp/c", "3")] {
-        server.etcdctl(&["put", &format!("--lease={id}"), k, v]).ok();
+        server
+            .etcdctl(&["put", &format!("--lease={id}"), k, v])
+            .ok();
     }
     let start = revision(&server) + 1;
     let mut watch = LiveEtcdctl::start(
@@ -326,7 +353,11 @@ fn lock_serializes_two_contenders() {
         )
     };
     let (sa, sb) = (script("A"), script("B"));
-    let mut a = LiveEtcdctl::start(&server, &["lock", "L", "--", "sh", "-c", &sa], Stdin::Closed);
+    let mut a = LiveEtcdctl::start(
+        &server,
+        &["lock", "L", "--", "sh", "-c", &sa],
+        Stdin::Closed,
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
@@ -335,11 +366,18 @@ fn lock_serializes_two_contenders() {
         assert!(Instant::now() < deadline, "A never got the lock");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut b = LiveEtcdctl::start(&server, &["lock", "L", "--", "sh", "-c", &sb], Stdin::Closed);
+    let mut b = LiveEtcdctl::start(
+        &server,
+        &["lock", "L", "--", "sh", "-c", &sb],
+        Stdin::Closed,
+    );
     assert_eq!(a.wait_exit(), 0);
     assert_eq!(b.wait_exit(), 0);
     let text = std::fs::read_to_string(&log).expect("the lock log exists");
-    let steps: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap_or("")).collect();
+    let steps: Vec<&str> = text
+        .lines()
+        .map(|l| l.split(' ').next().unwrap_or(""))
+        .collect();
     assert_eq!(steps, ["A-start", "A-end", "B-start", "B-end"], "{text}");
     let keys: Vec<&str> = text.lines().filter_map(|l| l.split(' ').nth(1)).collect();
     assert!(
@@ -357,7 +395,10 @@ fn elect_and_observe_leader_changes() {
     let key1 = c1.next_line();
     assert!(key1.starts_with("E/"), "{key1:?}");
     assert_eq!(c1.next_line(), "cand1");
-    assert_eq!([observer.next_line(), observer.next_line()], [key1.clone(), "cand1".into()]);
+    assert_eq!(
+        [observer.next_line(), observer.next_line()],
+        [key1.clone(), "cand1".into()]
+    );
 
     let mut c2 = LiveEtcdctl::start(&server, &["elect", "E", "cand2"], Stdin::Closed);
     c2.assert_silent(Duration::from_millis(800));
@@ -366,7 +407,10 @@ fn elect_and_observe_leader_changes() {
     let key2 = c2.next_line();
     assert!(key2.starts_with("E/") && key2 != key1, "{key2:?}");
     assert_eq!(c2.next_line(), "cand2");
-    assert_eq!([observer.next_line(), observer.next_line()], [key2, "cand2".into()]);
+    assert_eq!(
+        [observer.next_line(), observer.next_line()],
+        [key2, "cand2".into()]
+    );
     let leaders: HashMap<String, usize> = observer.seen.iter().fold(HashMap::new(), |mut m, l| {
         *m.entry(l.clone()).or_default() += 1;
         m
