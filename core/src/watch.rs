@@ -215,6 +215,103 @@ impl Stream {
     }
 }
 
+/// Range watchers indexed for matching in O(log B + matches): the key space is cut at every
+/// range boundary into elementary intervals, and each interval lists the watchers covering all
+/// of it. A key's watchers are those of the one interval that contains it. Adding a watcher
+/// touches the intervals inside its range; watchers are added far more rarely than events
+/// arrive, so the work goes there.
+#[derive(Default)]
+struct RangeIndex {
+    /// Interval [key, next key) -> the watchers covering it.
+    intervals: BTreeMap<Bytes, Vec<(u64, i64)>>,
+}
+
+impl RangeIndex {
+    /// Makes `at` an interval boundary, the new interval inheriting its covering watchers.
+    fn split(&mut self, at: &Bytes) {
+        if self.intervals.contains_key(at) {
+            return;
+        }
+        let covering = self
+            .intervals
+            .range(..at.clone())
+            .next_back()
+            .map(|(_, w)| w.clone())
+            .unwrap_or_default();
+        self.intervals.insert(at.clone(), covering);
+    }
+
+    fn keys_in(&self, start: &Bytes, end: Option<&Bytes>) -> Vec<Bytes> {
+        match end {
+            Some(e) => self
+                .intervals
+                .range(start.clone()..e.clone())
+                .map(|(k, _)| k.clone())
+                .collect(),
+            None => self
+                .intervals
+                .range(start.clone()..)
+                .map(|(k, _)| k.clone())
+                .collect(),
+        }
+    }
+
+    fn insert(&mut self, start: &Bytes, end: Option<&Bytes>, watcher: (u64, i64)) {
+        assert!(
+            end.is_none_or(|e| start < e),
+            "an empty range is refused before indexing"
+        );
+        self.split(start);
+        if let Some(e) = end {
+            self.split(e);
+        }
+        for k in self.keys_in(start, end) {
+            self.intervals
+                .get_mut(&k)
+                .expect("listed key")
+                .push(watcher);
+        }
+    }
+
+    fn remove(&mut self, start: &Bytes, end: Option<&Bytes>, watcher: (u64, i64)) {
+        for k in self.keys_in(start, end) {
+            self.intervals
+                .get_mut(&k)
+                .expect("listed key")
+                .retain(|w| *w != watcher);
+        }
+        // Merge boundaries that no longer separate different watcher sets, so the index stays
+        // as small as the live ranges need.
+        let mut candidates = vec![start.clone()];
+        if let Some(e) = end {
+            candidates.push(e.clone());
+        }
+        for k in candidates {
+            let prev = self
+                .intervals
+                .range(..k.clone())
+                .next_back()
+                .map(|(_, w)| w.clone())
+                .unwrap_or_default();
+            if self.intervals.get(&k).is_some_and(|w| *w == prev) {
+                self.intervals.remove(&k);
+            }
+        }
+    }
+
+    fn covering(&self, key: &Bytes) -> &[(u64, i64)] {
+        self.intervals
+            .range(..=key.clone())
+            .next_back()
+            .map_or(&[], |(_, w)| w.as_slice())
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.intervals.len()
+    }
+}
+
 /// Internal waiters (Lock and Election): woken by any change in a key range after a revision,
 /// or by an overflow (they re-check by reading, so a spurious wake is harmless).
 struct ChangeWaiter {
@@ -233,7 +330,7 @@ pub struct Hub {
     single: RefCell<HashMap<Bytes, Vec<(u64, i64)>>>,
     /// Watchers on ranges, by start key: matched by scanning those that start at or before the
     /// key.
-    ranges: RefCell<BTreeMap<Bytes, Vec<(u64, i64)>>>,
+    ranges: RefCell<RangeIndex>,
     waiters: RefCell<Vec<ChangeWaiter>>,
     next_stream_id: Cell<u64>,
     delivered_rev: Cell<i64>,
@@ -247,7 +344,7 @@ impl Hub {
             shared,
             streams: RefCell::new(HashMap::new()),
             single: RefCell::new(HashMap::new()),
-            ranges: RefCell::new(BTreeMap::new()),
+            ranges: RefCell::new(RangeIndex::default()),
             waiters: RefCell::new(Vec::new()),
             next_stream_id: Cell::new(1),
             delivered_rev: Cell::new(rev),
@@ -301,12 +398,12 @@ impl Hub {
                 .entry(k.clone())
                 .or_default()
                 .push((stream, id)),
-            _ => self
-                .ranges
-                .borrow_mut()
-                .entry(range.start().clone())
-                .or_default()
-                .push((stream, id)),
+            KeyRange::From(start) => self.ranges.borrow_mut().insert(start, None, (stream, id)),
+            KeyRange::Range(start, end) => {
+                self.ranges
+                    .borrow_mut()
+                    .insert(start, Some(end), (stream, id))
+            }
         }
     }
 
@@ -322,14 +419,11 @@ impl Hub {
                     }
                 }
             }
-            _ => {
-                let mut ranges = self.ranges.borrow_mut();
-                if let Some(v) = ranges.get_mut(range.start()) {
-                    remove(v);
-                    if v.is_empty() {
-                        ranges.remove(range.start());
-                    }
-                }
+            KeyRange::From(start) => self.ranges.borrow_mut().remove(start, None, (stream, id)),
+            KeyRange::Range(start, end) => {
+                self.ranges
+                    .borrow_mut()
+                    .remove(start, Some(end), (stream, id))
             }
         }
     }
@@ -391,10 +485,8 @@ impl Hub {
                         matched.entry(*w).or_default().push(i);
                     }
                 }
-                for (_, ws) in ranges.range(..=e.key.clone()) {
-                    for w in ws {
-                        matched.entry(*w).or_default().push(i);
-                    }
+                for w in ranges.covering(&e.key) {
+                    matched.entry(*w).or_default().push(i);
                 }
             }
         }
@@ -984,6 +1076,32 @@ mod tests {
         assert!(decoded[..decoded.len() - 1].iter().all(|r| r.fragment));
         assert!(!decoded.last().expect("some").fragment);
         assert_eq!(decoded.iter().map(|r| r.events.len()).sum::<usize>(), 10);
+    }
+
+    #[test]
+    fn range_index_matches_exactly_the_covering_watchers() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        let mut idx = RangeIndex::default();
+        idx.insert(&b("a"), Some(&b("m")), (1, 1));
+        idx.insert(&b("f"), None, (1, 2));
+        idx.insert(&b("c"), Some(&b("g")), (2, 1));
+        let at = |idx: &RangeIndex, k: &str| {
+            let mut v = idx.covering(&b(k)).to_vec();
+            v.sort();
+            v
+        };
+        assert_eq!(at(&idx, "0"), vec![]);
+        assert_eq!(at(&idx, "a"), vec![(1, 1)]);
+        assert_eq!(at(&idx, "d"), vec![(1, 1), (2, 1)]);
+        assert_eq!(at(&idx, "f"), vec![(1, 1), (1, 2), (2, 1)]);
+        assert_eq!(at(&idx, "g"), vec![(1, 1), (1, 2)]);
+        assert_eq!(at(&idx, "z"), vec![(1, 2)]);
+        idx.remove(&b("c"), Some(&b("g")), (2, 1));
+        idx.remove(&b("a"), Some(&b("m")), (1, 1));
+        assert_eq!(at(&idx, "d"), vec![]);
+        assert_eq!(at(&idx, "z"), vec![(1, 2)]);
+        idx.remove(&b("f"), None, (1, 2));
+        assert_eq!(idx.len(), 0, "boundaries of removed ranges are merged away");
     }
 
     #[test]
