@@ -1,13 +1,13 @@
 //! Replication on a healthy cluster: a write through any member is visible to a linearizable
 //! read through every member, immediately.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::{json_of, unb64};
 use crate::harness::{Cluster, Net};
 
 fn write_everywhere_read_everywhere(count: usize) {
-    let c = Cluster::start(count, Net::Loopback, &[]);
+    let mut c = Cluster::start(count, Net::Loopback, &[]);
     let all: Vec<usize> = (0..count).collect();
     let (leader, status, _) = c.wait_leader(&all, Duration::from_secs(10));
     // Every member agrees on who leads.
@@ -52,6 +52,43 @@ fn write_everywhere_read_everywhere(count: usize) {
             .map(|i| (format!("from/n{i}"), format!("value-{i}")))
             .collect();
         assert_eq!(got, want, "member {reader} reads a different set of keys");
+    }
+    c.wait_converged(&all, Duration::from_secs(10));
+
+    // A follower stopped gracefully misses writes, then catches up after a restart.
+    let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(10));
+    let follower = (leader + 1) % count;
+    let exit = c.stop(follower);
+    assert!(
+        exit.success(),
+        "SIGTERM should end keel cleanly, got {exit}"
+    );
+    c.etcdctl(leader, &["put", "while-stopped", "missed"]).ok();
+    c.restart(follower);
+    let out = c
+        .etcdctl(follower, &["get", "while-stopped", "--print-value-only"])
+        .ok();
+    assert_eq!(
+        out.stdout.trim(),
+        "missed",
+        "the restarted follower serves stale data"
+    );
+
+    // Leadership moves on request (etcdctl move-leader, sent to the leader).
+    let target = (leader + 2) % count;
+    let target_id = format!("{:x}", c.status(target).expect("target answers").member_id);
+    c.etcdctl(leader, &["move-leader", &target_id]).ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = c.leader_among(&all).map(|(i, _)| i);
+        if now == Some(target) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "move-leader to n{target}: n{now:?} still leads"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
     c.wait_converged(&all, Duration::from_secs(10));
 }

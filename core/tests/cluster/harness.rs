@@ -9,13 +9,15 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::{free_port, json_of, require_tool, unb64, Output};
 use crate::netns::{self, Netns};
 
 /// How long a member may take to answer `endpoint health` once a quorum runs.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long SIGTERM gets before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The election timeout every member runs with (etcd's default), in milliseconds.
 pub const ELECTION_TIMEOUT_MS: u64 = 1000;
 /// The heartbeat interval every member runs with (etcd's default), in milliseconds.
@@ -85,6 +87,19 @@ impl Member {
         lines[lines.len().saturating_sub(25)..].join("\n")
     }
 
+    /// When this run of the member last became leader, from its log's "raft role changed"
+    /// lines (keel logs JSON with RFC 3339 UTC timestamps).
+    pub fn became_leader_at(&self) -> Option<SystemTime> {
+        let text = std::fs::read_to_string(self.log_path(self.launches)).ok()?;
+        text.lines()
+            .rev()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|v| {
+                v["fields"]["message"] == "raft role changed" && v["fields"]["role"] == "Leader"
+            })
+            .find_map(|v| v["timestamp"].as_str().and_then(parse_utc))
+    }
+
     /// Every log line of every run of this member.
     pub fn log_all(&self) -> String {
         (1..=self.launches)
@@ -145,6 +160,26 @@ impl Member {
                     self.log_tail()
                 );
             }
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after [`STOP_GRACE`]; returns how the process ended.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("stop a running member");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) on a child we spawned and have not reaped, so the pid is still ours.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill({pid}, SIGTERM) failed");
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            if let Some(status) = child.try_wait().expect("waitpid works") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                child.kill().expect("SIGKILL is delivered");
+                return child.wait().expect("waitpid after SIGKILL");
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -380,6 +415,10 @@ impl Cluster {
         self.members[i].kill9();
     }
 
+    pub fn stop(&mut self, i: usize) -> std::process::ExitStatus {
+        self.members[i].stop()
+    }
+
     /// Starts member `i` again on its data directory and waits until it answers.
     pub fn restart(&mut self, i: usize) {
         self.members[i].launch();
@@ -520,5 +559,49 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// Parses "2026-11-30T07:49:24.334672Z" (UTC, optional fraction) into a `SystemTime`.
+pub fn parse_utc(text: &str) -> Option<SystemTime> {
+    let text = text.strip_suffix('Z')?;
+    let (date, time) = text.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, fraction) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<u64>().ok());
+    let (hour, minute, second) = (t.next()??, t.next()??, t.next()??);
+    let digits = fraction.len().min(9);
+    let nanos = fraction[..digits].parse::<u64>().ok()? * 10u64.pow((9 - digits) as u32);
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_log_timestamps() {
+        let t = parse_utc("2026-11-30T07:49:24.334672Z").expect("a valid timestamp");
+        let since = t
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after 1970");
+        // date -u -d 2026-11-30T07:49:24Z +%s
+        assert_eq!(since.as_secs(), 1_796_024_964);
+        assert_eq!(since.subsec_micros(), 334_672);
+        assert_eq!(
+            parse_utc("1970-01-01T00:00:00Z"),
+            Some(SystemTime::UNIX_EPOCH)
+        );
+        assert_eq!(parse_utc("garbage"), None);
     }
 }

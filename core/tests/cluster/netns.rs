@@ -52,6 +52,9 @@ impl Netns {
         net.add_namespace(&bridge)?;
         ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &bridge, "link", "set", "br0", "up"])?;
+        // A second bridge: members moved onto it still reach each other, not the rest.
+        ip(&["-n", &bridge, "link", "add", "br1", "type", "bridge"])?;
+        ip(&["-n", &bridge, "link", "set", "br1", "up"])?;
         for i in 0..count {
             let ns = net.members[i].clone();
             let veth = format!("v{i}");
@@ -92,10 +95,39 @@ impl Netns {
             .expect("bringing a veth down in our own namespace works");
     }
 
-    /// Reconnects member `i`.
+    /// Reconnects member `i` after [`Netns::isolate`].
     pub fn heal(&self, i: usize) {
         ip(&["-n", &self.bridge, "link", "set", &format!("v{i}"), "up"])
             .expect("bringing a veth up in our own namespace works");
+    }
+
+    /// Splits the network in two: `minority` keeps talking among itself on a second bridge,
+    /// cut off from everyone else. Links stay up, so packets are dropped silently, as in a
+    /// real partition.
+    pub fn split(&self, minority: &[usize]) {
+        for &i in minority {
+            self.attach(i, "br1");
+        }
+    }
+
+    /// Puts every member back on the main bridge.
+    pub fn join_all(&self) {
+        for i in 0..self.members.len() {
+            self.attach(i, "br0");
+        }
+    }
+
+    fn attach(&self, i: usize, bridge: &str) {
+        ip(&[
+            "-n",
+            &self.bridge,
+            "link",
+            "set",
+            &format!("v{i}"),
+            "master",
+            bridge,
+        ])
+        .expect("moving a veth between our own bridges works");
     }
 }
 

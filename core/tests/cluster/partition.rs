@@ -12,66 +12,112 @@ use crate::workload::{ClientSpec, Workload};
 const CLIENTS_PER_MEMBER: usize = 2;
 const CALL_TIMEOUT_MS: u64 = 1000;
 
+/// How the minority is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The single minority member's bridge port goes down.
+    LinkDown,
+    /// The minority members move to a bridge of their own: they still reach each other.
+    SeparateBridge,
+}
+
 #[test]
 fn isolated_leader_refuses_service_and_rejoins_as_follower() {
-    let c = Cluster::start(3, Net::Namespaces, &[]);
+    partition_round(3, 1, Cut::LinkDown);
+}
+
+#[test]
+fn leader_and_follower_cut_from_three_cannot_serve_and_rejoin() {
+    partition_round(5, 2, Cut::SeparateBridge);
+}
+
+/// Cuts the leader plus `minority_size - 1` followers off from the rest of `count` members
+/// while clients on every member run, checks both sides, heals, and checks the aftermath.
+fn partition_round(count: usize, minority_size: usize, cut: Cut) {
+    assert!(2 * minority_size < count, "the minority is a minority");
+    assert!(
+        cut == Cut::SeparateBridge || minority_size == 1,
+        "a downed link isolates one member"
+    );
+    let c = Cluster::start(count, Net::Namespaces, &[]);
     let net = c.netns.as_ref().expect("a namespace cluster has a network");
-    let all: Vec<usize> = (0..3).collect();
+    let all: Vec<usize> = (0..count).collect();
     let (old, before, _) = c.wait_leader(&all, Duration::from_secs(10));
+    let minority: Vec<usize> = std::iter::once(old)
+        .chain(
+            all.iter()
+                .copied()
+                .filter(|&i| i != old)
+                .take(minority_size - 1),
+        )
+        .collect();
+    let majority: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|i| !minority.contains(i))
+        .collect();
+    let clients_per_member = if count > 3 { 1 } else { CLIENTS_PER_MEMBER };
     let epoch = Instant::now();
-    let specs = (0..3 * CLIENTS_PER_MEMBER)
+    let specs = (0..count * clients_per_member)
         .map(|id| ClientSpec {
             id,
-            url: c.members[id % 3].client_url(),
-            netns: c.members[id % 3].netns.clone(),
+            url: c.members[id % count].client_url(),
+            netns: c.members[id % count].netns.clone(),
             timeout_ms: CALL_TIMEOUT_MS,
         })
         .collect();
     let workload = Workload::start(specs, &["k0", "k1", "k2"], epoch);
     std::thread::sleep(Duration::from_millis(1000));
 
-    net.isolate(old);
-    let majority: Vec<usize> = all.iter().copied().filter(|&i| i != old).collect();
+    match cut {
+        Cut::LinkDown => net.isolate(old),
+        Cut::SeparateBridge => net.split(&minority),
+    }
     let (new, after, elapsed) = c.wait_leader(&majority, Duration::from_secs(15));
     eprintln!(
-        "partition: n{old} isolated, n{new} leads term {} after {elapsed:?}",
+        "partition: {minority:?} cut off from {majority:?}, n{new} leads term {} after {elapsed:?}",
         after.raft_term
     );
     assert!(after.raft_term > before.raft_term);
 
     // The minority side answers neither a write nor a linearizable read.
-    let write = c.etcdctl(old, &["put", "minority-write", "x", "--command-timeout=2s"]);
-    assert_ne!(
-        write.code, 0,
-        "the isolated member acknowledged a write: {write:?}"
-    );
-    let read = c.etcdctl(old, &["get", "k0", "--command-timeout=2s"]);
-    assert_ne!(
-        read.code, 0,
-        "the isolated member served a linearizable read: {read:?}"
-    );
+    for &m in &minority {
+        let write = c.etcdctl(m, &["put", "minority-write", "x", "--command-timeout=2s"]);
+        assert_ne!(
+            write.code, 0,
+            "minority member n{m} acknowledged a write: {write:?}"
+        );
+        let read = c.etcdctl(m, &["get", "k0", "--command-timeout=2s"]);
+        assert_ne!(
+            read.code, 0,
+            "minority member n{m} served a linearizable read: {read:?}"
+        );
+    }
     // The majority side serves both.
     c.etcdctl(new, &["put", "majority-write", "y"]).ok();
-    let other = majority
-        .iter()
-        .copied()
-        .find(|&i| i != new)
-        .expect("a majority of two");
-    let out = c
-        .etcdctl(other, &["get", "majority-write", "--print-value-only"])
-        .ok();
-    assert_eq!(out.stdout.trim(), "y");
+    for &m in &majority {
+        let out = c
+            .etcdctl(m, &["get", "majority-write", "--print-value-only"])
+            .ok();
+        assert_eq!(
+            out.stdout.trim(),
+            "y",
+            "majority member n{m} misses the write"
+        );
+    }
     std::thread::sleep(Duration::from_millis(500));
 
-    net.heal(old);
-    let new_id = after.member_id;
+    match cut {
+        Cut::LinkDown => net.heal(old),
+        Cut::SeparateBridge => net.join_all(),
+    }
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let s = c.status(old);
         if let Some(s) = s {
             if s.leader != s.member_id && s.leader != 0 && s.raft_term >= after.raft_term {
                 eprintln!(
-                    "partition: old leader now follows {:x} (new leader {new_id:x}) in term {}",
+                    "partition: old leader n{old} now follows {:x} in term {}",
                     s.leader, s.raft_term
                 );
                 break;
@@ -92,7 +138,7 @@ fn isolated_leader_refuses_service_and_rejoins_as_follower() {
     assert!(stored.contains("majority-write"));
     assert!(
         !stored.contains("minority-write"),
-        "a write proposed only on the isolated old leader was committed"
+        "a write proposed only on the minority side was committed"
     );
     let acked: Vec<&String> = logs.iter().flat_map(|l| l.acked_keys.iter()).collect();
     let lost: Vec<&&String> = acked
@@ -103,12 +149,12 @@ fn isolated_leader_refuses_service_and_rejoins_as_follower() {
     let minority_failures: usize = logs
         .iter()
         .enumerate()
-        .filter(|(id, _)| id % 3 == old)
+        .filter(|(id, _)| minority.contains(&(id % count)))
         .map(|(_, l)| l.failures)
         .sum();
     assert!(
         minority_failures > 0,
-        "clients of the isolated member never saw a failure"
+        "clients of the minority never saw a failure"
     );
     assert_linearizable(&logs);
 }

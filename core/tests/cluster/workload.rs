@@ -35,6 +35,33 @@ pub struct ClientLog {
     /// Unique keys whose put was acknowledged.
     pub acked_keys: Vec<String>,
     pub failures: usize,
+    /// Calls that failed before they reached any server (connection refused): not recorded.
+    pub not_sent: usize,
+    /// The first few distinct error messages, for test output.
+    pub error_samples: Vec<String>,
+}
+
+/// How many distinct error messages a client keeps.
+const ERROR_SAMPLES_MAX: usize = 4;
+
+/// How long a client waits after a failed call before the next one, so a member that is down
+/// does not collect hundreds of unknown-outcome operations (each one widens the search).
+const FAILURE_BACKOFF_MS: u64 = 200;
+
+impl ClientLog {
+    fn note_error(&mut self, text: String) {
+        self.failures += 1;
+        if self.error_samples.len() < ERROR_SAMPLES_MAX && !self.error_samples.contains(&text) {
+            self.error_samples.push(text);
+        }
+    }
+}
+
+/// Whether a failed call certainly never reached a server: the TCP connection was refused, so
+/// no byte of the request was sent and the operation cannot have taken effect.
+fn never_sent(error: &etcd_client::Error) -> bool {
+    let text = format!("{error:?}");
+    text.contains("Connection refused") || text.contains("ConnectionRefused")
 }
 
 /// Running clients; [`Workload::finish`] stops them and collects their logs.
@@ -128,8 +155,8 @@ async fn client_loop(
             {
                 Ok(Ok(c)) => client = Some(c),
                 _ => {
-                    log.failures += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    log.note_error("connect failed".to_string());
+                    tokio::time::sleep(Duration::from_millis(FAILURE_BACKOFF_MS)).await;
                     continue;
                 }
             }
@@ -148,8 +175,12 @@ async fn client_loop(
             let unique = format!("acked/c{}/{seq}", spec.id);
             match tokio::time::timeout(timeout, c.put(unique.as_str(), "v", None)).await {
                 Ok(Ok(_)) => log.acked_keys.push(unique),
-                _ => {
-                    log.failures += 1;
+                Ok(Err(e)) => {
+                    log.note_error(e.to_string());
+                    client = None;
+                }
+                Err(_) => {
+                    log.note_error("client timeout".to_string());
                     client = None;
                 }
             }
@@ -189,13 +220,23 @@ async fn client_loop(
                     spec.id, &key, input, output, call_ns, return_ns,
                 ));
             }
-            _ => {
-                log.failures += 1;
+            Ok(Err(e)) if never_sent(&e) => {
+                log.note_error(e.to_string());
+                log.not_sent += 1;
+                client = None;
+                tokio::time::sleep(Duration::from_millis(FAILURE_BACKOFF_MS)).await;
+            }
+            failed => {
+                let text = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "client timeout".to_string(),
+                };
+                log.note_error(text);
                 log.ops
                     .push(Operation::unknown(spec.id, &key, input, call_ns));
                 // A fresh connection after a failure, as a real client would redial.
                 client = None;
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(FAILURE_BACKOFF_MS)).await;
             }
         }
     }
@@ -252,5 +293,17 @@ pub fn summary(logs: &[ClientLog]) -> String {
     let ops: usize = logs.iter().map(|l| l.ops.len()).sum();
     let failures: usize = logs.iter().map(|l| l.failures).sum();
     let acked: usize = logs.iter().map(|l| l.acked_keys.len()).sum();
-    format!("{ops} checked operations, {failures} failed calls, {acked} acknowledged unique puts")
+    let not_sent: usize = logs.iter().map(|l| l.not_sent).sum();
+    let unknown = logs
+        .iter()
+        .flat_map(|l| l.ops.iter())
+        .filter(|op| op.output == Output::Unknown)
+        .count();
+    let mut samples: Vec<&String> = logs.iter().flat_map(|l| l.error_samples.iter()).collect();
+    samples.sort();
+    samples.dedup();
+    format!(
+        "{ops} checked operations ({unknown} with unknown outcome), {failures} failed calls \
+         ({not_sent} never sent), {acked} acknowledged unique puts; errors seen: {samples:?}"
+    )
 }
