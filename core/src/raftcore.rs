@@ -862,6 +862,10 @@ impl RaftCore {
             if self.is_leader && !was_leader {
                 self.restart_lease_clocks();
             }
+            // Publish our name and client URLs as soon as there is a leader to take them.
+            if ss.leader_id != 0 {
+                self.publish_attributes();
+            }
             if let Some((to, _, _)) = &self.transfer_waiting {
                 if ss.leader_id == *to {
                     if let Some((_, reply, _)) = self.transfer_waiting.take() {

@@ -493,10 +493,21 @@ impl Api {
 
     fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {
         let s = &self.shared;
+        // This member's own name and client URLs are known here before its attribute entry
+        // is applied; etcd publishes them before serving clients, so answer as if it had.
+        let mut members = s.members();
+        if let Some(me) = members.iter_mut().find(|m| m.id == s.member_id()) {
+            if me.name.is_empty() {
+                me.name = s.config.name.clone();
+            }
+            if me.client_urls.is_empty() {
+                me.client_urls = s.config.advertise_client_urls.clone();
+            }
+        }
         // etcd's MemberList header carries no revision.
         Ok(pb::MemberListResponse {
             header: s.header(0),
-            members: pb_members(&s.members()),
+            members: pb_members(&members),
         })
     }
 
