@@ -102,3 +102,42 @@ fn three_members_replicate_writes_from_every_member() {
 fn five_members_replicate_writes_from_every_member() {
     write_everywhere_read_everywhere(5);
 }
+
+/// Lease clocks live on the leader: a keep-alive sent to a follower is forwarded to it, and
+/// the lease survives well past its TTL while kept alive through followers only.
+#[test]
+fn keep_alives_through_followers_reach_the_leader() {
+    let c = Cluster::start(3, Net::Loopback, &[]);
+    let all = [0, 1, 2];
+    let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(10));
+    let follower = (leader + 1) % 3;
+    let grant = c.etcdctl(follower, &["lease", "grant", "3"]).ok();
+    let id = grant
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("`lease <id> granted with TTL(3s)`")
+        .to_string();
+    c.etcdctl(follower, &["put", "--lease", &id, "kept", "alive"])
+        .ok();
+    let until = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < until {
+        let out = c
+            .etcdctl(follower, &["lease", "keep-alive", "--once", &id])
+            .ok();
+        assert!(
+            out.stdout.contains("keepalived with TTL(3)"),
+            "a follower must forward keep-alives to the leader: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    // 7 s past a 3 s TTL: only the forwarded keep-alives kept it.
+    let out = c
+        .etcdctl(leader, &["get", "kept", "--print-value-only"])
+        .ok();
+    assert_eq!(
+        out.stdout.trim(),
+        "alive",
+        "the lease expired despite keep-alives"
+    );
+}
