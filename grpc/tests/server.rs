@@ -983,7 +983,7 @@ fn client_reset_drops_the_handler() {
 /// Throughput probe, not a CI test: `cargo test -p keel-grpc --test server -- --ignored
 /// --nocapture unary_throughput`. Client and server share the machine's cores.
 #[test]
-#[ignore]
+#[ignore = "benchmark: run by hand with --ignored"]
 fn unary_throughput() {
     const CONNECTIONS: usize = 4;
     const IN_FLIGHT_PER_CONNECTION: usize = 64;

@@ -1,7 +1,7 @@
 //! `#[ignore]`d benchmarks, run by hand side by side with etcd 3.4:
 //!
 //! ```text
-//! KEEL_BENCH_BIN=/work/target-i5/release/keel \
+//! KEEL_BENCH_BIN=target/release/keel \
 //!   cargo test -p keel-core --test watch_lease bench_ -- --ignored --nocapture --test-threads=1
 //! ```
 //!
