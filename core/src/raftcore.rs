@@ -39,7 +39,9 @@ use crate::error::CoreError;
 use crate::ids::{write_durably, Identity, Member};
 use crate::peer::{Control, Transport};
 use crate::rt;
-use crate::shared::{kv_error, LeaseStatus, MemberChange, Outcome, Query, ReadWait, Reply, Shared};
+use crate::shared::{
+    kv_error, LeaseStatus, MemberChange, Outcome, Query, ReadWait, Reply, Shared, SnapshotSource,
+};
 use crate::watch::WatchBatch;
 
 /// WAL record kinds. The WAL frames and checksums them; these say what the payload is.
@@ -650,6 +652,17 @@ impl RaftCore {
                         reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
                 }
                 Query::Member { change, reply } => self.propose_member_change(change, reply),
+                Query::Snapshot { reply } => {
+                    let index = self.writer.applied_index();
+                    let snapshot = self.node.store().term(index).map(|term| SnapshotSource {
+                        source: self.writer.checkpoint_source(),
+                        index,
+                        term,
+                        conf_state: self.node.raft().conf_state(),
+                        members: self.members.clone(),
+                    });
+                    let _ = reply.send(snapshot.map_err(|_| EtcdError::Unhealthy));
+                }
                 Query::TransferLeader { to, reply } => {
                     if !self.is_leader {
                         let _ = reply.send(Err(not_leader));

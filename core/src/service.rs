@@ -158,6 +158,7 @@ impl Api {
                 })
                 .await
             }
+            "/etcdserverpb.Maintenance/Snapshot" => self.snapshot(call, sink).await,
             "/etcdserverpb.Maintenance/HashKV" => {
                 unary(call, sink, |r, _| async move { this.hash_kv(r) }).await
             }
@@ -573,6 +574,59 @@ impl Api {
             header: self.shared.header(0),
             members,
         })
+    }
+
+    /// Streams a point-in-time image of the store: Keel's checkpoint file (MVCC image, raft
+    /// position, membership), in chunks, with remaining_bytes counting down to 0 as etcd's.
+    /// Serializing runs on this shard's blocking thread, so the shard keeps serving.
+    async fn snapshot(&self, call: Call, sink: &mut ResponseSink) -> Status {
+        const CHUNK_BYTES: usize = 1024 * 1024;
+        let Call {
+            head: _,
+            mut requests,
+        } = call;
+        if let Err(status) = requests.decode_one::<pb::SnapshotRequest>().await {
+            return status;
+        }
+        let snap = match self.shared.query(|reply| Query::Snapshot { reply }).await {
+            Ok(s) => s,
+            Err(e) => return etcd(e),
+        };
+        let revision = self.shared.reader().current_revision();
+        let file = glommio::executor()
+            .spawn_blocking(move || {
+                snap.source.serialize().map(|image| {
+                    let file = crate::checkpoint::encode(
+                        snap.index,
+                        snap.term,
+                        &snap.conf_state,
+                        &snap.members,
+                        &image,
+                    );
+                    crate::checkpoint::snapshot_blob(&file)
+                })
+            })
+            .await;
+        let file = match file {
+            Ok(f) => bytes::Bytes::from(f),
+            // A compaction raced the capture: the client may simply retry.
+            Err(e) => return etcd(kv_error(e)),
+        };
+        let header = self.shared.header(revision);
+        let mut offset = 0;
+        while offset < file.len() {
+            let end = (offset + CHUNK_BYTES).min(file.len());
+            let resp = pb::SnapshotResponse {
+                header,
+                remaining_bytes: (file.len() - end) as u64,
+                blob: file.slice(offset..end),
+            };
+            if let Err(status) = sink.send(&resp).await {
+                return status;
+            }
+            offset = end;
+        }
+        Status::ok()
     }
 
     async fn move_leader(&self, r: pb::MoveLeaderRequest) -> R<pb::MoveLeaderResponse> {

@@ -67,11 +67,25 @@ pub enum Query {
         change: MemberChange,
         reply: oneshot::Sender<Result<(u64, Vec<Member>), EtcdError>>,
     },
+    /// Captures the store for Maintenance.Snapshot: a consistent image source plus the raft
+    /// position and membership it belongs to.
+    Snapshot {
+        reply: oneshot::Sender<Result<SnapshotSource, EtcdError>>,
+    },
     /// Hands leadership to another voter; answers once it leads.
     TransferLeader {
         to: u64,
         reply: oneshot::Sender<Result<(), EtcdError>>,
     },
+}
+
+/// What Maintenance.Snapshot serializes off the raft core: the checkpoint file of this moment.
+pub struct SnapshotSource {
+    pub source: kv::CheckpointSource,
+    pub index: u64,
+    pub term: u64,
+    pub conf_state: keel_raft::ConfState,
+    pub members: Vec<Member>,
 }
 
 #[derive(Debug, Clone)]
