@@ -86,6 +86,8 @@ pub struct RaftCore {
     waiting: HashMap<u64, (Reply, Instant)>,
     /// Membership changes waiting to be applied, by request id.
     member_waiting: HashMap<u64, (MemberReply, u64, Instant)>,
+    /// Physical compactions applied, answered once the compaction has finished.
+    physical_waiting: Vec<(Reply, Result<Outcome, EtcdError>)>,
     /// Keep-alives forwarded to the leader, by request id.
     keepalive_waiting: HashMap<u64, (oneshot::Sender<Result<i64, EtcdError>>, Instant)>,
     /// A leadership transfer waiting for the new leader.
@@ -304,6 +306,7 @@ impl RaftCore {
             waiting: HashMap::new(),
             member_waiting: HashMap::new(),
             keepalive_waiting: HashMap::new(),
+            physical_waiting: Vec::new(),
             transfer_waiting: None,
             reads_in_round: HashMap::new(),
             reads_to_apply: VecDeque::new(),
@@ -399,6 +402,11 @@ impl RaftCore {
                 self.writer.compact_step(COMPACT_KEYS_PER_STEP);
                 publish_store_size(&self.shared, &self.writer);
                 futures_lite::future::yield_now().await;
+            }
+            if !self.physical_waiting.is_empty() && !self.writer.compaction_pending() {
+                for (reply, result) in self.physical_waiting.drain(..) {
+                    let _ = reply.send(result);
+                }
             }
         }
         self.fail_all_waiting(EtcdError::Stopped);
@@ -1080,7 +1088,9 @@ impl RaftCore {
                         self.writer.apply_empty(e.index);
                         continue;
                     }
-                    let result = match request_op(req) {
+                    let op = request_op(req);
+                    let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
+                    let result = match op {
                         Some(op) => {
                             let r = self.writer.apply(e.index, &op).map_err(kv_error);
                             if r.is_ok() {
@@ -1101,7 +1111,12 @@ impl RaftCore {
                         }
                     });
                     if let Some((reply, _)) = self.waiting.remove(&id) {
-                        let _ = reply.send(result);
+                        if physical && result.is_ok() && self.writer.compaction_pending() {
+                            // etcd answers a physical compaction once it has finished.
+                            self.physical_waiting.push((reply, result));
+                        } else {
+                            let _ = reply.send(result);
+                        }
                     }
                 }
             }
@@ -1244,6 +1259,9 @@ impl RaftCore {
     }
 
     fn fail_all_waiting(&mut self, err: EtcdError) {
+        for (reply, _) in self.physical_waiting.drain(..) {
+            let _ = reply.send(Err(err));
+        }
         for (_, (reply, _)) in self.waiting.drain() {
             let _ = reply.send(Err(err));
         }
