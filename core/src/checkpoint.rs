@@ -3,7 +3,8 @@
 //! the bytes a leader sends a follower as a raft snapshot.
 //!
 //! Format (little-endian): magic "KEELCKPT", version u32, raft index u64, raft term u64,
-//! conf-state length u32 + bytes (keel-raft's encoding), members length u32 + JSON,
+//! conf-state length u32 + bytes (keel-raft's encoding), cluster length u32 + JSON (version 1:
+//! the members; version 2: `{"members": [...], "alarms": [...]}`),
 //! store-image length u64 + bytes (keel-kv's own framed checkpoint), crc32 of all before it.
 //! Any damage is an error, never a guess.
 
@@ -11,17 +12,30 @@ use std::path::{Path, PathBuf};
 
 use keel_raft::{ConfState, SnapshotMetadata};
 
+use serde::{Deserialize, Serialize};
+
+use crate::alarms::AlarmMember;
 use crate::error::CoreError;
 use crate::ids::Member;
 
 const MAGIC: &[u8; 8] = b"KEELCKPT";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// Version 1 files (members only, no alarms) still load.
+const VERSION_MEMBERS_ONLY: u32 = 1;
+
+/// The replicated cluster state beside the store: membership and raised alarms.
+#[derive(Debug, Serialize, Deserialize)]
+struct Cluster {
+    members: Vec<Member>,
+    alarms: Vec<AlarmMember>,
+}
 
 /// A decoded checkpoint.
 #[derive(Debug)]
 pub struct Checkpoint {
     pub meta: SnapshotMetadata,
     pub members: Vec<Member>,
+    pub alarms: Vec<AlarmMember>,
     pub kv_image: Vec<u8>,
 }
 
@@ -30,11 +44,16 @@ pub fn encode(
     term: u64,
     conf_state: &ConfState,
     members: &[Member],
+    alarms: &[AlarmMember],
     kv_image: &[u8],
 ) -> Vec<u8> {
     let mut conf = Vec::new();
     conf_state.encode(&mut conf);
-    let members = serde_json::to_vec(members).expect("members serialize");
+    let members = serde_json::to_vec(&Cluster {
+        members: members.to_vec(),
+        alarms: alarms.to_vec(),
+    })
+    .expect("cluster state serializes");
     let mut out = Vec::with_capacity(kv_image.len() + conf.len() + members.len() + 64);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -93,7 +112,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
         return Err("bad magic".into());
     }
     let version = c.u32()?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_MEMBERS_ONLY {
         return Err(format!("unknown version {version}"));
     }
     let index = c.u64()?;
@@ -101,8 +120,15 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
     let conf_len = c.u32()? as usize;
     let conf_state = ConfState::decode(c.take(conf_len)?).map_err(|e| e.to_string())?;
     let members_len = c.u32()? as usize;
-    let members: Vec<Member> =
-        serde_json::from_slice(c.take(members_len)?).map_err(|e| e.to_string())?;
+    let cluster_json = c.take(members_len)?;
+    let cluster = if version == VERSION_MEMBERS_ONLY {
+        Cluster {
+            members: serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?,
+            alarms: Vec::new(),
+        }
+    } else {
+        serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?
+    };
     let kv_len = usize::try_from(c.u64()?).map_err(|_| "store image too large")?;
     let kv_image = c.take(kv_len)?.to_vec();
     if c.at != body.len() {
@@ -114,7 +140,8 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
             index,
             term,
         },
-        members,
+        members: cluster.members,
+        alarms: cluster.alarms,
         kv_image,
     })
 }
@@ -230,7 +257,7 @@ mod tests {
             voters: vec![1],
             learners: vec![],
         };
-        let file = encode(5, 2, &conf, &[], b"image");
+        let file = encode(5, 2, &conf, &[], &[], b"image");
         let blob = snapshot_blob(&file);
         assert_eq!(blob.len() % 512, 32);
         let cp = decode_snapshot_blob(&blob).expect("round trip");
@@ -256,8 +283,13 @@ mod tests {
             client_urls: vec![],
             is_learner: false,
         }];
-        let file = encode(42, 3, &conf, &members, b"store image");
+        let alarms = vec![AlarmMember {
+            member_id: 7,
+            alarm: 1,
+        }];
+        let file = encode(42, 3, &conf, &members, &alarms, b"store image");
         let cp = decode(&file).expect("valid");
+        assert_eq!(cp.alarms, alarms);
         assert_eq!(
             (cp.meta.index, cp.meta.term, cp.meta.conf_state),
             (42, 3, conf)

@@ -228,6 +228,24 @@ pub struct Flags {
         hide = true
     )]
     pub experimental_watch_progress_notify_interval: Option<String>,
+    /// Before serving clients, compare this member's data with its peers' and refuse to start
+    /// on a mismatch.
+    #[arg(
+        long = "experimental-initial-corrupt-check",
+        env = "ETCD_EXPERIMENTAL_INITIAL_CORRUPT_CHECK",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub experimental_initial_corrupt_check: bool,
+    /// How often the leader compares members' data (a Go duration; 0 disables).
+    #[arg(
+        long = "experimental-corrupt-check-time",
+        env = "ETCD_EXPERIMENTAL_CORRUPT_CHECK_TIME",
+        default_value = "0s"
+    )]
+    pub experimental_corrupt_check_time: String,
 }
 
 /// Whether a new member starts a new cluster or joins one that exists (etcd's
@@ -267,16 +285,15 @@ pub struct Config {
     pub log_level: String,
     pub shards: usize,
     pub raft_cpu: usize,
+    /// Compare data with the peers before serving (`--experimental-initial-corrupt-check`).
+    pub initial_corrupt_check: bool,
+    /// How often the leader compares members' data; None when disabled.
+    pub corrupt_check_interval: Option<std::time::Duration>,
     /// etcd flags we accept but do not act on, for the startup log.
     pub ignored_flags: Vec<&'static str>,
 }
 
 impl Config {
-    /// The gRPC receive limit etcd configures: max-request-bytes plus 512 KiB of slack.
-    pub fn grpc_recv_bytes_max(&self) -> usize {
-        self.max_request_bytes as usize + GRPC_RECV_SLACK_BYTES as usize
-    }
-
     /// Parses the process's own arguments and environment.
     pub fn from_env() -> Result<Config, CoreError> {
         let args = normalize_go_args(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
@@ -363,6 +380,10 @@ impl Config {
                 "--max-txn-ops and --max-request-bytes must be positive".into(),
             ));
         }
+        let corrupt_check_interval = crate::duration::parse_go_duration(
+            &f.experimental_corrupt_check_time,
+        )
+        .map_err(|e| CoreError::Config(format!("--experimental-corrupt-check-time: {e}")))?;
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
@@ -427,6 +448,9 @@ impl Config {
             log_level: f.log_level,
             shards,
             raft_cpu,
+            initial_corrupt_check: f.experimental_initial_corrupt_check,
+            corrupt_check_interval: (!corrupt_check_interval.is_zero())
+                .then_some(corrupt_check_interval),
             ignored_flags,
         })
     }
@@ -577,7 +601,7 @@ mod tests {
         assert_eq!(c.wal_dir, cwd.join("default.keel").join("wal"));
         assert_eq!(c.initial_cluster.len(), 1);
         assert_eq!(c.max_txn_ops, 128);
-        assert_eq!(c.grpc_recv_bytes_max(), 1_572_864 + 512 * 1024);
+        assert_eq!(c.max_request_bytes, 1_572_864);
         assert_eq!(c.quota_backend_bytes, 2 * 1024 * 1024 * 1024);
     }
 

@@ -25,4 +25,6 @@ pub enum CoreError {
     Store(String),
     #[error("raft: {0}")]
     Raft(String),
+    #[error("corruption check: {0}")]
+    Corrupt(String),
 }

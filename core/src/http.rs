@@ -1,7 +1,7 @@
 //! Plain HTTP/1.1 on the client port: /health, /livez, /readyz, /version and /metrics, with
 //! etcd's bodies so load balancers and probes written for etcd work unchanged.
 
-use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use http::StatusCode;
 use keel_grpc::{HttpRequest, HttpResponse};
@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::service::{json, ETCD_CLUSTER_VERSION, ETCD_VERSION};
 use crate::shared::Shared;
 
-pub fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> HttpResponse {
+pub async fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> HttpResponse {
     let path = request.path.split('?').next().unwrap_or("");
     if request.method != http::Method::GET && request.method != http::Method::HEAD {
         return HttpResponse::new(
@@ -20,22 +20,13 @@ pub fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> HttpRe
         );
     }
     match path {
-        "/health" => {
-            // etcd: unhealthy without a leader, or with an alarm raised.
-            if !shared.has_leader() {
-                json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    r#"{"health":"false","reason":"RAFT NO LEADER"}"#.into(),
-                )
-            } else if shared.nospace.load(Ordering::Acquire) {
-                json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    r#"{"health":"false","reason":"ALARM NOSPACE"}"#.into(),
-                )
-            } else {
-                json(StatusCode::OK, r#"{"health":"true","reason":""}"#.into())
-            }
-        }
+        "/health" => match health(shared).await {
+            Ok(()) => json(StatusCode::OK, r#"{"health":"true","reason":""}"#.into()),
+            Err(reason) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"health": "false", "reason": reason}).to_string(),
+            ),
+        },
         "/livez" => HttpResponse::new(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
         "/readyz" => {
             if shared.has_leader() {
@@ -59,4 +50,41 @@ pub fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> HttpRe
         ),
         _ => HttpResponse::not_found(),
     }
+}
+
+/// How long /health waits for a linearizable read, as etcd's QGET check waits.
+pub const HEALTH_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Whether this member can serve writes and linearizable reads now, as etcd's /health decides:
+/// no alarm raised, a leader known, the raft core turning, and a linearizable read (a ReadIndex
+/// round through the raft core) answered within a second. The reason says what failed, in
+/// etcd's words where etcd has them.
+pub async fn health(shared: &Shared) -> Result<(), String> {
+    if let Some(a) = shared.alarms().first() {
+        return Err(format!("ALARM {}", crate::alarms::alarm_name(a.alarm)));
+    }
+    if !shared.has_leader() {
+        return Err("RAFT NO LEADER".into());
+    }
+    let stalled_ms = shared.raft_loop_idle_ms();
+    if stalled_ms > raft_stall_ms_max(shared) {
+        return Err(format!("RAFT CORE STALLED {stalled_ms}ms"));
+    }
+    let read = async { Some(shared.read_barrier().await) };
+    let timeout = async {
+        crate::rt::sleep(HEALTH_READ_TIMEOUT).await;
+        None
+    };
+    match futures_lite::future::or(read, timeout).await {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(format!("QGET ERROR:{}", keel_grpc::Status::from(e).message)),
+        None => Err("QGET ERROR:context deadline exceeded".into()),
+    }
+}
+
+/// The longest the raft core may go without turning its loop before health calls it stalled:
+/// it turns at least once per heartbeat when idle, so an election timeout without a turn means
+/// nothing commits.
+pub fn raft_stall_ms_max(shared: &Shared) -> u64 {
+    shared.config.election_timeout_ms.max(1000)
 }

@@ -1,11 +1,15 @@
 //! keel-core: the node. See ARCHITECTURE.md for the bird's-eye view.
 
+pub mod alarms;
 pub mod checkpoint;
 pub mod config;
 pub mod convert;
+pub mod corrupt;
+pub mod duration;
 pub mod error;
 pub mod http;
 pub mod ids;
+pub mod limits;
 pub mod lock;
 pub mod metrics;
 pub mod node;

@@ -18,7 +18,7 @@ use keel_proto::v3electionpb as epb;
 use keel_proto::v3lockpb as lpb;
 
 use crate::convert;
-use crate::shared::{kv_error, Shared};
+use crate::shared::{kv_error, Answer, Shared};
 use crate::watch::Hub;
 
 type R<T> = Result<T, Status>;
@@ -60,6 +60,13 @@ fn waiter_key(prefix: &[u8], lease: i64) -> Bytes {
 }
 
 async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
+    // etcd's lock and election servers write through its quota-checked KV server.
+    shared
+        .check_quota(crate::alarms::txn_cost_bytes(&convert::txn_request(
+            t.clone(),
+        )))
+        .await
+        .map_err(etcd)?;
     let out = shared
         .propose(pb::InternalRaftRequest {
             txn: Some(t),
@@ -68,7 +75,7 @@ async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
         .await
         .map_err(etcd)?;
     match out.response {
-        kv::OpResponse::Txn(r) => {
+        Answer::Op(kv::OpResponse::Txn(r)) => {
             let h = Some(pb::ResponseHeader {
                 cluster_id: shared.cluster_id(),
                 member_id: shared.member_id(),
@@ -163,6 +170,10 @@ async fn session_lease(shared: &Shared, lease: i64) -> R<i64> {
         ttl: SESSION_TTL_S,
         id,
     };
+    shared
+        .check_quota(crate::alarms::LEASE_OVERHEAD_BYTES)
+        .await
+        .map_err(etcd)?;
     let out = shared
         .propose(pb::InternalRaftRequest {
             lease_grant: Some(grant),
@@ -171,7 +182,7 @@ async fn session_lease(shared: &Shared, lease: i64) -> R<i64> {
         .await
         .map_err(etcd)?;
     match out.response {
-        kv::OpResponse::LeaseGrant(g) => Ok(g.id),
+        Answer::Op(kv::OpResponse::LeaseGrant(g)) => Ok(g.id),
         _ => Err(Status::new(
             Code::Internal,
             "keel: mismatched apply response",
@@ -313,7 +324,7 @@ pub async fn unlock(shared: &Arc<Shared>, r: lpb::UnlockRequest) -> R<lpb::Unloc
         .await
         .map_err(etcd)?;
     match out.response {
-        kv::OpResponse::DeleteRange(d) => Ok(lpb::UnlockResponse {
+        Answer::Op(kv::OpResponse::DeleteRange(d)) => Ok(lpb::UnlockResponse {
             header: shared.header(d.revision),
         }),
         _ => Err(Status::new(

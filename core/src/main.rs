@@ -15,6 +15,15 @@ fn main() {
         }
     };
     init_logging(&config.log_level);
+    // A panic is a programmer error somewhere in a member that cannot be trusted to go on:
+    // a panicked raft core or shard would otherwise leave a process that looks alive and
+    // serves nothing. Print it, then end the whole process.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        tracing::error!(panic = %info, "a thread panicked; stopping the member");
+        std::process::abort();
+    }));
     if let Err(e) = keel_core::node::run(config) {
         tracing::error!(error = %e, "keel stopped with an error");
         eprintln!("keel: {e}");

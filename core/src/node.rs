@@ -8,10 +8,11 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::error::CoreError;
 use crate::ids::Identity;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::raftcore::{self, RaftCore};
 use crate::shared::Shared;
-use crate::{rt, shard};
+use crate::{corrupt, rt, shard};
 
 /// How long a clean shutdown waits for the raft core to finish its batch and checkpoint.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -25,10 +26,14 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         path: config.data_dir.clone(),
         source,
     })?;
+    // Every size limit must hold the one before it, or a request a shard accepted could stop
+    // the raft core: refuse to start instead.
+    Limits::new(&config).assert_nested();
     let _lock = lock_data_dir(&config)?;
     let (identity, _bootstrap) = Identity::load_or_create(&config)?;
 
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CoreError>>();
+    let (check_tx, check_rx) = mpsc::channel::<Result<(), CoreError>>();
     let raft_config = config.clone();
     let raft_identity = identity.clone();
     let raft = rt::spawn_pinned("keel-raft", config.raft_cpu, move || async move {
@@ -48,8 +53,30 @@ pub fn run(config: Config) -> Result<(), CoreError> {
                 return Ok(());
             }
         };
-        let _ = ready_tx.send(Ok(shared));
-        core.run().await
+        let transport = core.transport();
+        if let Some(interval) = shared.config.corrupt_check_interval {
+            rt::spawn_local(corrupt::periodic_checks(
+                shared.clone(),
+                transport.clone(),
+                interval,
+            ));
+        }
+        if shared.config.initial_corrupt_check {
+            let shared = shared.clone();
+            rt::spawn_local(async move {
+                let timeout = shared.request_timeout();
+                let _ = check_tx.send(corrupt::initial_check(shared, transport, timeout).await);
+            });
+        }
+        let _ = ready_tx.send(Ok(shared.clone()));
+        let result = core.run().await;
+        if !shared.signalled.load(Ordering::Acquire) {
+            // Nobody asked the raft core to stop, so the member cannot go on: without it no
+            // write commits and no linearizable read answers. Say why and end the process now,
+            // rather than linger as a member that looks alive and serves nothing.
+            stop_process(&shared, result.as_ref().err());
+        }
+        result
     })?;
     let shared = match ready_rx.recv() {
         Ok(Ok(shared)) => shared,
@@ -62,6 +89,14 @@ pub fn run(config: Config) -> Result<(), CoreError> {
                 .unwrap_or(CoreError::Executor("raft core exited".into())))
         }
     };
+    if config.initial_corrupt_check {
+        // etcd compares its data with its peers' before it serves a client.
+        match check_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(CoreError::Executor("the raft core exited".into())),
+        }
+    }
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
     tracing::info!(
@@ -80,6 +115,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
 
     let sig = wait_for_signal(&signals);
     tracing::info!(signal = sig, "stopping");
+    shared.signalled.store(true, Ordering::Release);
     shared.stopping.store(true, Ordering::Release);
     shared.proposals.close();
     shared.reads.close();
@@ -95,6 +131,42 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     }
     Ok(())
 }
+
+/// Ends the process because the raft core stopped on its own: logs why, naming the member and
+/// the raft position, then exits non-zero at once (the shards die with the process).
+fn stop_process(shared: &Shared, error: Option<&CoreError>) -> ! {
+    let member = format!("{:x}", shared.member_id());
+    let term = shared.raft_term.load(Ordering::Acquire);
+    let commit_index = shared.commit_index.load(Ordering::Acquire);
+    let applied_index = shared.applied_index.load(Ordering::Acquire);
+    match error {
+        Some(e) => tracing::error!(
+            member,
+            term,
+            commit_index,
+            applied_index,
+            error = %e,
+            "the raft core failed; this member cannot go on and stops"
+        ),
+        None => tracing::error!(
+            member,
+            term,
+            commit_index,
+            applied_index,
+            "the raft core stopped (this member was removed from the cluster); stopping"
+        ),
+    }
+    match error {
+        Some(e) => {
+            eprintln!("keel: member {member} stopped at term {term}, index {applied_index}: {e}")
+        }
+        None => eprintln!("keel: member {member} was removed from the cluster"),
+    }
+    std::process::exit(EXIT_RAFT_CORE_STOPPED);
+}
+
+/// The exit status when the raft core stops without being asked (1 is a startup error).
+pub const EXIT_RAFT_CORE_STOPPED: i32 = 3;
 
 fn block_stop_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and

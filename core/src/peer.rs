@@ -32,8 +32,6 @@ use crate::rt;
 pub const PEER_QUEUE_MSGS_MAX: usize = 16 * 1024;
 /// Bytes queued for one peer before new messages are dropped (a snapshot may exceed it alone).
 pub const PEER_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Largest frame accepted: bounds what a peer can make us allocate.
-pub const FRAME_BYTES_MAX: usize = 1024 * 1024 * 1024;
 /// Messages received but not yet stepped.
 pub const INBOX_MSGS_MAX: usize = 64 * 1024;
 /// Bytes written per syscall batch.
@@ -47,6 +45,15 @@ const HANDSHAKE_BYTES: usize = 8 + 4 + 8 + 8 + 8;
 const FRAME_RAFT: u8 = 0;
 const FRAME_KEEPALIVE: u8 = 1;
 const FRAME_KEEPALIVE_REPLY: u8 = 2;
+const FRAME_HASHKV: u8 = 3;
+const FRAME_HASHKV_REPLY: u8 = 4;
+/// HashKV request body: request id u64, revision i64.
+const HASHKV_REQUEST_BYTES: usize = 16;
+/// HashKV reply body: request id u64, outcome u8, hash u32, compact revision i64, the peer's
+/// current revision i64.
+const HASHKV_REPLY_BYTES: usize = 8 + 1 + 4 + 8 + 8;
+/// HashKV requests of the corruption check waiting for a peer's answer.
+const HASHKV_WAITING_MAX: usize = 1024;
 
 /// Peer requests that are not raft messages: lease keep-alives a follower forwards to the
 /// leader, whose clock owns lease expiry.
@@ -61,6 +68,72 @@ pub enum Control {
         request_id: u64,
         ttl: i64,
     },
+    /// A peer's corruption check asks for this member's HashKV at `revision`.
+    HashKv {
+        from: u64,
+        request_id: u64,
+        revision: i64,
+    },
+}
+
+/// A peer's answer to a HashKV request (etcd's `/members/hashkv` on the peer port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerHash {
+    Hashed {
+        hash: u32,
+        compact_revision: i64,
+        /// The peer's current revision when it answered.
+        revision: i64,
+    },
+    /// The peer has not applied the revision yet.
+    FutureRevision,
+    /// The peer compacted past the revision.
+    Compacted,
+    /// The peer could not answer (or did not in time).
+    Unavailable,
+}
+
+impl PeerHash {
+    fn encode(self, request_id: u64) -> Vec<u8> {
+        let (outcome, hash, compact_revision, revision) = match self {
+            PeerHash::Hashed {
+                hash,
+                compact_revision,
+                revision,
+            } => (0u8, hash, compact_revision, revision),
+            PeerHash::FutureRevision => (1, 0, 0, 0),
+            PeerHash::Compacted => (2, 0, 0, 0),
+            PeerHash::Unavailable => (3, 0, 0, 0),
+        };
+        let mut body = Vec::with_capacity(HASHKV_REPLY_BYTES);
+        body.extend_from_slice(&request_id.to_be_bytes());
+        body.push(outcome);
+        body.extend_from_slice(&hash.to_be_bytes());
+        body.extend_from_slice(&compact_revision.to_be_bytes());
+        body.extend_from_slice(&revision.to_be_bytes());
+        body
+    }
+
+    fn decode(body: &[u8]) -> Option<(u64, PeerHash)> {
+        if body.len() != HASHKV_REPLY_BYTES {
+            return None;
+        }
+        let request_id = u64::from_be_bytes(body[..8].try_into().ok()?);
+        let hash = u32::from_be_bytes(body[9..13].try_into().ok()?);
+        let compact_revision = i64::from_be_bytes(body[13..21].try_into().ok()?);
+        let revision = i64::from_be_bytes(body[21..29].try_into().ok()?);
+        let reply = match body[8] {
+            0 => PeerHash::Hashed {
+                hash,
+                compact_revision,
+                revision,
+            },
+            1 => PeerHash::FutureRevision,
+            2 => PeerHash::Compacted,
+            _ => PeerHash::Unavailable,
+        };
+        Some((request_id, reply))
+    }
 }
 
 /// A local wake-up flag for a task on this executor.
@@ -116,10 +189,19 @@ pub struct Transport {
     control: RefCell<VecDeque<Control>>,
     inbox_signal: Signal,
     reports: RefCell<Reports>,
+    /// The largest frame sent or accepted (`Limits::peer_frame_bytes_max`).
+    frame_bytes_max: usize,
+    /// HashKV requests this member sent, by request id, waiting for the peer's answer.
+    hash_waiting: RefCell<HashMap<u64, futures_channel::oneshot::Sender<PeerHash>>>,
+    next_hash_request: Cell<u64>,
 }
 
 impl Transport {
-    pub fn new(me: u64, cluster_id: u64) -> Rc<Transport> {
+    pub fn new(me: u64, cluster_id: u64, frame_bytes_max: usize) -> Rc<Transport> {
+        assert!(
+            frame_bytes_max < u32::MAX as usize,
+            "peer frames carry a u32 length"
+        );
         Rc::new(Transport {
             me,
             cluster_id: Cell::new(cluster_id),
@@ -129,6 +211,9 @@ impl Transport {
             control: RefCell::new(VecDeque::new()),
             inbox_signal: Signal::default(),
             reports: RefCell::new(Reports::default()),
+            frame_bytes_max,
+            hash_waiting: RefCell::new(HashMap::new()),
+            next_hash_request: Cell::new(1),
         })
     }
 
@@ -226,6 +311,40 @@ impl Transport {
         self.enqueue(to, buf, None);
     }
 
+    /// Asks peer `to` for its HashKV at `revision`; waits at most `timeout` for the answer.
+    pub async fn hash_kv_of(&self, to: u64, revision: i64, timeout: Duration) -> PeerHash {
+        if self.hash_waiting.borrow().len() >= HASHKV_WAITING_MAX {
+            return PeerHash::Unavailable;
+        }
+        let request_id = self.next_hash_request.get();
+        self.next_hash_request.set(request_id + 1);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.hash_waiting.borrow_mut().insert(request_id, tx);
+        let mut buf = Vec::with_capacity(4 + 1 + HASHKV_REQUEST_BYTES);
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(FRAME_HASHKV);
+        buf.extend_from_slice(&request_id.to_be_bytes());
+        buf.extend_from_slice(&revision.to_be_bytes());
+        self.enqueue(to, buf, None);
+        let answer = async { rx.await.unwrap_or(PeerHash::Unavailable) };
+        let expired = async {
+            rt::sleep(timeout).await;
+            PeerHash::Unavailable
+        };
+        let reply = futures_lite::future::or(answer, expired).await;
+        self.hash_waiting.borrow_mut().remove(&request_id);
+        reply
+    }
+
+    /// Answers a peer's HashKV request.
+    pub fn send_hash_kv_reply(&self, to: u64, request_id: u64, reply: PeerHash) {
+        let mut buf = Vec::with_capacity(4 + 1 + HASHKV_REPLY_BYTES);
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(FRAME_HASHKV_REPLY);
+        buf.extend_from_slice(&reply.encode(request_id));
+        self.enqueue(to, buf, None);
+    }
+
     /// Forwarded keep-alives and their replies received since the last call.
     pub fn take_control(&self) -> Vec<Control> {
         self.control.borrow_mut().drain(..).collect()
@@ -238,7 +357,24 @@ impl Transport {
             tracing::debug!(to, "frame for an unknown peer dropped");
             return;
         };
-        let len = u32::try_from(buf.len() - 4).expect("frames stay below FRAME_BYTES_MAX");
+        if buf.len() - 4 > self.frame_bytes_max {
+            // Only a snapshot can outgrow a frame (requests are bounded below it by Limits):
+            // the receiver would refuse it, so do not send it, and tell raft it failed.
+            tracing::error!(
+                to = format!("{to:x}"),
+                frame_bytes = buf.len() - 4,
+                frame_bytes_max = self.frame_bytes_max,
+                "peer frame too large; dropped"
+            );
+            if let Some(to) = snapshot_to {
+                self.reports
+                    .borrow_mut()
+                    .snapshots
+                    .push((to, SnapshotStatus::Failure));
+            }
+            return;
+        }
+        let len = u32::try_from(buf.len() - 4).expect("frames stay below frame_bytes_max");
         buf[..4].copy_from_slice(&len.to_be_bytes());
         let full = peer.queue.borrow().len() >= PEER_QUEUE_MSGS_MAX
             || (peer.queue_bytes.get() + buf.len() > PEER_QUEUE_BYTES_MAX
@@ -457,7 +593,7 @@ impl Transport {
             ));
         }
         loop {
-            let frame = read_frame(&mut stream, FRAME_BYTES_MAX).await?;
+            let frame = read_frame(&mut stream, self.frame_bytes_max).await?;
             let Some((&kind, body)) = frame.split_first() else {
                 return Err(std::io::Error::other("empty peer frame"));
             };
@@ -493,6 +629,25 @@ impl Transport {
                     let mut control = self.control.borrow_mut();
                     if control.len() < INBOX_MSGS_MAX {
                         control.push_back(c);
+                    }
+                }
+                FRAME_HASHKV if body.len() == HASHKV_REQUEST_BYTES => {
+                    let request_id = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
+                    let revision = i64::from_be_bytes(body[8..].try_into().expect("8 bytes"));
+                    let mut control = self.control.borrow_mut();
+                    if control.len() < INBOX_MSGS_MAX {
+                        control.push_back(Control::HashKv {
+                            from,
+                            request_id,
+                            revision,
+                        });
+                    }
+                }
+                FRAME_HASHKV_REPLY => {
+                    let (request_id, reply) = PeerHash::decode(body)
+                        .ok_or_else(|| std::io::Error::other("malformed HashKV reply"))?;
+                    if let Some(tx) = self.hash_waiting.borrow_mut().remove(&request_id) {
+                        let _ = tx.send(reply);
                     }
                 }
                 _ => {

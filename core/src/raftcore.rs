@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_channel::oneshot;
 use keel_grpc::EtcdError;
-use keel_io::{DmaStore, Record, Wal, WalConfig};
+use keel_io::{DmaStore, Record, Wal};
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_raft::{
@@ -32,17 +32,23 @@ use keel_raft::{
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use crate::alarms::{AlarmAction, Alarms};
 use crate::checkpoint;
 use crate::config::{ClusterState, Config};
 use crate::convert;
 use crate::error::CoreError;
 use crate::ids::{write_durably, Identity, Member};
+use crate::limits::Limits;
 use crate::peer::{Control, Transport};
 use crate::rt;
 use crate::shared::{
-    kv_error, LeaseStatus, MemberChange, Outcome, Query, ReadWait, Reply, Shared, SnapshotSource,
+    kv_error, Answer, LeaseStatus, MemberChange, Outcome, Query, ReadWait, Reply, Shared,
+    SnapshotSource,
 };
 use crate::watch::WatchBatch;
+
+/// Test-only: the key whose stored value a member damages at start (see `open`).
+pub const TEST_FLIP_VALUE_ENV: &str = "KEEL_TEST_FLIP_VALUE_OF";
 
 /// WAL record kinds. The WAL frames and checksums them; these say what the payload is.
 const WAL_KIND_ENTRY: u8 = 1;
@@ -82,6 +88,11 @@ pub struct RaftCore {
     snap_dir: PathBuf,
     transport: Rc<Transport>,
     members: Vec<Member>,
+    /// The raised alarms, changed only by applied alarm entries (replicated, checkpointed).
+    alarms: Alarms,
+    /// Defragment calls waiting for the value-log rewrite to finish, with the store's size
+    /// when each asked.
+    defrag_waiting: Vec<(oneshot::Sender<Result<u64, EtcdError>>, u64)>,
     /// Proposals of this member waiting to be applied, by proposal id, with their deadline.
     waiting: HashMap<u64, (Reply, Instant)>,
     /// Membership changes waiting to be applied, by request id.
@@ -117,6 +128,7 @@ pub struct RaftCoreParts {
     writer: kv::Writer,
     snap_dir: PathBuf,
     members: Vec<Member>,
+    alarms: Alarms,
     last_checkpoint_index: u64,
 }
 
@@ -136,7 +148,8 @@ pub async fn open(
         source,
     })?;
 
-    let (wal, records) = Wal::open(DmaStore::new(&config.wal_dir), WalConfig::default())
+    let limits = Limits::new(config);
+    let (wal, records) = Wal::open(DmaStore::new(&config.wal_dir), limits.wal.clone())
         .await
         .map_err(|e| CoreError::Wal(e.to_string()))?;
     let checkpoint = checkpoint::load_newest(&snap_dir)?;
@@ -151,6 +164,7 @@ pub async fn open(
         MemStorage::new_with_voters(&voters)
     };
     let mut members = identity.members.clone();
+    let mut alarms = Alarms::default();
     let (writer, reader) = match checkpoint {
         Some(cp) => {
             let (w, r) =
@@ -161,6 +175,7 @@ pub async fn open(
                 "checkpoint header and store disagree on the applied index"
             );
             members = cp.members.clone();
+            alarms = Alarms::from_list(&cp.alarms);
             storage.set_conf_state(cp.meta.conf_state.clone());
             // The checkpoint file is also what a far-behind follower receives as a snapshot.
             let data = Bytes::from(checkpoint::encode(
@@ -168,6 +183,7 @@ pub async fn open(
                 cp.meta.term,
                 &cp.meta.conf_state,
                 &cp.members,
+                &cp.alarms,
                 &cp.kv_image,
             ));
             storage.apply_snapshot(Snapshot {
@@ -178,6 +194,13 @@ pub async fn open(
         }
         None => kv::Store::new(),
     };
+    let mut writer = writer;
+    if let Ok(key) = std::env::var(TEST_FLIP_VALUE_ENV) {
+        // Test-only: damage this member's copy of one value, as a disk or memory fault would,
+        // so tests can watch the corruption checks find it.
+        let flipped = writer.test_only_flip_value(key.as_bytes());
+        tracing::warn!(key, flipped, "TEST ONLY: flipped a stored value");
+    }
     let applied = storage.first_index() - 1;
 
     // Replay: entries as raft last wrote them (a later entry at an index overwrites the tail
@@ -248,6 +271,8 @@ pub async fn open(
     rc.election_tick = (config.election_timeout_ms / config.heartbeat_interval_ms).max(2) as usize;
     rc.applied = applied;
     rc.seed = identity.member_id;
+    rc.max_size_per_msg_bytes = limits.raft_msg_bytes_max;
+    rc.max_uncommitted_entries_bytes = limits.raft_uncommitted_bytes_max;
     let node = RawNode::new(&rc, storage).map_err(|e| CoreError::Raft(e.to_string()))?;
     tracing::info!(
         applied_index = applied,
@@ -263,6 +288,7 @@ pub async fn open(
             writer,
             snap_dir,
             members,
+            alarms,
             last_checkpoint_index: applied,
         },
         reader,
@@ -278,13 +304,19 @@ impl RaftCore {
             writer,
             snap_dir,
             members,
+            alarms,
             last_checkpoint_index,
         } = parts;
         publish_store_size(&shared, &writer);
+        shared.publish_alarms(&alarms);
         shared
             .applied_index
             .store(writer.applied_index(), Ordering::Release);
-        let transport = Transport::new(shared.member_id(), shared.cluster_id());
+        let transport = Transport::new(
+            shared.member_id(),
+            shared.cluster_id(),
+            shared.limits.peer_frame_bytes_max,
+        );
         for addr in &shared.config.listen_peer_addrs {
             transport
                 .listen(*addr)
@@ -293,8 +325,7 @@ impl RaftCore {
                     source,
                 })?;
         }
-        let request_timeout =
-            Duration::from_secs(5) + 2 * Duration::from_millis(shared.config.election_timeout_ms);
+        let request_timeout = shared.request_timeout();
         let mut core = RaftCore {
             shared,
             node,
@@ -303,6 +334,8 @@ impl RaftCore {
             snap_dir,
             transport,
             members: Vec::new(),
+            alarms,
+            defrag_waiting: Vec::new(),
             waiting: HashMap::new(),
             member_waiting: HashMap::new(),
             keepalive_waiting: HashMap::new(),
@@ -322,6 +355,11 @@ impl RaftCore {
         };
         core.set_members(members);
         Ok(core)
+    }
+
+    /// The peer transport (for tasks beside the raft loop on this executor).
+    pub fn transport(&self) -> Rc<Transport> {
+        self.transport.clone()
     }
 
     fn set_members(&mut self, members: Vec<Member>) {
@@ -357,6 +395,9 @@ impl RaftCore {
         }
         self.restart_lease_clocks();
         loop {
+            self.shared
+                .raft_loop_at_ms
+                .store(self.shared.uptime_ms(), Ordering::Release);
             if self.shared.stopping.load(Ordering::Acquire) {
                 break;
             }
@@ -403,9 +444,15 @@ impl RaftCore {
                 publish_store_size(&self.shared, &self.writer);
                 futures_lite::future::yield_now().await;
             }
-            if !self.physical_waiting.is_empty() && !self.writer.compaction_pending() {
+            if !self.writer.compaction_pending() {
                 for (reply, result) in self.physical_waiting.drain(..) {
                     let _ = reply.send(result);
+                }
+                for (reply, size_before) in self.defrag_waiting.drain(..) {
+                    let size_after = self.writer.size_bytes();
+                    let freed_bytes = size_before.saturating_sub(size_after);
+                    tracing::info!(freed_bytes, size_bytes = size_after, "defragment finished");
+                    let _ = reply.send(Ok(freed_bytes));
                 }
             }
         }
@@ -436,6 +483,17 @@ impl RaftCore {
                     };
                     self.transport.send_keepalive_reply(from, request_id, ttl);
                 }
+                Control::HashKv {
+                    from,
+                    request_id,
+                    revision,
+                } => crate::corrupt::answer_peer(
+                    self.shared.clone(),
+                    self.transport.clone(),
+                    from,
+                    request_id,
+                    revision,
+                ),
                 Control::KeepAliveReply { request_id, ttl } => {
                     if let Some((reply, _)) = self.keepalive_waiting.remove(&request_id) {
                         let _ = reply.send(if ttl == KEEPALIVE_NOT_LEADER {
@@ -668,8 +726,14 @@ impl RaftCore {
                         term,
                         conf_state: self.node.raft().conf_state(),
                         members: self.members.clone(),
+                        alarms: self.alarms.list(),
                     });
                     let _ = reply.send(snapshot.map_err(|_| EtcdError::Unhealthy));
+                }
+                Query::Defragment { reply } => {
+                    tracing::info!(size_bytes = self.writer.size_bytes(), "defragment started");
+                    self.writer.defragment();
+                    self.defrag_waiting.push((reply, self.writer.size_bytes()));
                 }
                 Query::TransferLeader { to, reply } => {
                     if !self.is_leader {
@@ -1049,6 +1113,8 @@ impl RaftCore {
         self.writer = writer;
         self.shared.replace_reader(reader);
         self.set_members(cp.members);
+        self.alarms = Alarms::from_list(&cp.alarms);
+        self.shared.publish_alarms(&self.alarms);
         self.last_checkpoint_index = index;
         self.applied_since_checkpoint = 0;
         self.shared.applied_index.store(index, Ordering::Release);
@@ -1088,9 +1154,35 @@ impl RaftCore {
                         self.writer.apply_empty(e.index);
                         continue;
                     }
+                    if let Some(alarm) = req.alarm {
+                        let result = match AlarmAction::from_pb(alarm.action) {
+                            Some(action) => {
+                                let listed =
+                                    self.alarms.apply(action, alarm.member_id, alarm.alarm);
+                                self.shared.publish_alarms(&self.alarms);
+                                Ok(Outcome {
+                                    response: Answer::Alarms(listed),
+                                    raft_term: term,
+                                })
+                            }
+                            None => Err(EtcdError::NotCapable),
+                        };
+                        self.writer.apply_empty(e.index);
+                        if let Some((reply, _)) = self.waiting.remove(&id) {
+                            let _ = reply.send(result);
+                        }
+                        continue;
+                    }
                     let op = request_op(req);
                     let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
+                    // Under a raised alarm some writes are refused at apply, from the
+                    // replicated alarm set, so every member refuses the same entries.
+                    let refusal = op.as_ref().and_then(|op| self.alarms.refusal(op));
                     let result = match op {
+                        Some(_) if refusal.is_some() => {
+                            self.writer.apply_empty(e.index);
+                            Err(refusal.expect("checked by the guard"))
+                        }
                         Some(op) => {
                             let r = self.writer.apply(e.index, &op).map_err(kv_error);
                             if r.is_ok() {
@@ -1106,7 +1198,7 @@ impl RaftCore {
                     let result = result.map(|applied| {
                         events.extend(applied.events);
                         Outcome {
-                            response: applied.response,
+                            response: Answer::Op(applied.response),
                             raft_term: term,
                         }
                     });
@@ -1125,15 +1217,6 @@ impl RaftCore {
         self.shared.applied_index.store(applied, Ordering::Release);
         publish_store_size(&self.shared, &self.writer);
         self.publish_events(events);
-        let quota = self.shared.config.quota_backend_bytes;
-        if self.shared.db_size_bytes.load(Ordering::Relaxed) > quota
-            && !self.shared.nospace.swap(true, Ordering::AcqRel)
-        {
-            tracing::warn!(
-                quota_bytes = quota,
-                "store exceeds its quota: NOSPACE alarm raised"
-            );
-        }
     }
 
     fn apply_conf_change(&mut self, e: &Entry) {
@@ -1262,6 +1345,9 @@ impl RaftCore {
         for (reply, _) in self.physical_waiting.drain(..) {
             let _ = reply.send(Err(err));
         }
+        for (reply, _) in self.defrag_waiting.drain(..) {
+            let _ = reply.send(Err(err));
+        }
         for (_, (reply, _)) in self.waiting.drain() {
             let _ = reply.send(Err(err));
         }
@@ -1310,6 +1396,7 @@ impl RaftCore {
         let started = Instant::now();
         let conf = conf_state.clone();
         let members = self.members.clone();
+        let alarms = self.alarms.list();
         let written = glommio::executor()
             .spawn_blocking(move || -> Result<Option<Vec<u8>>, CoreError> {
                 let kv_image = match source.serialize() {
@@ -1318,7 +1405,7 @@ impl RaftCore {
                     // next checkpoint tries again.
                     Err(_) => return Ok(None),
                 };
-                let file = checkpoint::encode(index, term, &conf, &members, &kv_image);
+                let file = checkpoint::encode(index, term, &conf, &members, &alarms, &kv_image);
                 write_durably(&dir, &path, &file)?;
                 Ok(Some(file))
             })
@@ -1355,13 +1442,15 @@ impl RaftCore {
     }
 }
 
+/// Publishes the store's size (Status's dbSize and dbSizeInUse; what the quota counts). etcd's
+/// is never 0 (an empty bbolt file has pages), and clients check that, so neither is ours.
 fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
     shared
         .db_size_bytes
-        .store(writer.value_log_bytes().max(4096), Ordering::Release);
+        .store(writer.size_bytes().max(4096), Ordering::Release);
     shared
         .db_size_in_use_bytes
-        .store(writer.value_log_bytes_live().max(4096), Ordering::Release);
+        .store(writer.size_bytes_in_use().max(4096), Ordering::Release);
 }
 
 /// The MVCC operation an entry carries (None for requests this member cannot apply).

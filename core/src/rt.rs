@@ -144,6 +144,20 @@ pub fn spawn_local<F: Future<Output = ()> + 'static>(f: F) {
     glommio::spawn_local(f).detach();
 }
 
+/// Runs `f` on a new unpinned thread and waits for its result without blocking the executor:
+/// for rare CPU-heavy work (hashing a whole store) that must not stall a pinned core.
+pub async fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = futures_channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .expect("the OS starts a thread");
+    rx.await
+        .expect("the thread sends its result before it ends (it does not panic)")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

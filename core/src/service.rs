@@ -17,10 +17,11 @@ use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_proto::health;
 
+use crate::alarms;
 use crate::convert;
 use crate::ids::Member;
 use crate::metrics::Metrics;
-use crate::shared::{kv_error, MemberChange, Query, Shared};
+use crate::shared::{kv_error, Answer, MemberChange, Query, Shared};
 use crate::watch::Hub;
 
 /// The version Status and /version report. kube-apiserver enables RequestProgress only from
@@ -61,7 +62,7 @@ impl Handler for Api {
     }
 
     async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {
-        crate::http::serve(&self.shared, &self.metrics, request)
+        crate::http::serve(&self.shared, &self.metrics, request).await
     }
 }
 
@@ -148,15 +149,10 @@ impl Api {
                 unary(call, sink, |r, _| async move { this.status(r) }).await
             }
             "/etcdserverpb.Maintenance/Alarm" => {
-                unary(call, sink, |r, _| async move { this.alarm(r) }).await
+                unary(call, sink, |r, _| async move { this.alarm(r).await }).await
             }
             "/etcdserverpb.Maintenance/Defragment" => {
-                // The store has no free pages to give back: compaction already reclaims the value
-                // log in the background. etcd answers Defragment without a header.
-                unary(call, sink, |_r: pb::DefragmentRequest, _| async move {
-                    Ok(pb::DefragmentResponse { header: None })
-                })
-                .await
+                unary(call, sink, |r, _| async move { this.defragment(r).await }).await
             }
             "/etcdserverpb.Maintenance/Snapshot" => self.snapshot(call, sink).await,
             "/etcdserverpb.Maintenance/HashKV" => {
@@ -217,17 +213,14 @@ impl Api {
         Ok(convert::range_response(resp, header))
     }
 
-    fn check_space(&self) -> R<()> {
-        if self.shared.nospace.load(Ordering::Acquire) {
-            return Err(etcd(EtcdError::NoSpace));
-        }
-        Ok(())
-    }
-
     async fn put(&self, r: pb::PutRequest) -> R<pb::PutResponse> {
         // Validate a converted copy: conversion only moves the Bytes handles.
-        kv::validate_put(&convert::put_request(r.clone())).map_err(|e| etcd(kv_error(e)))?;
-        self.check_space()?;
+        let req = convert::put_request(r.clone());
+        kv::validate_put(&req).map_err(|e| etcd(kv_error(e)))?;
+        self.shared
+            .check_quota(alarms::put_cost_bytes(&req))
+            .await
+            .map_err(etcd)?;
         let out = self
             .shared
             .propose(pb::InternalRaftRequest {
@@ -237,7 +230,7 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::Put(p) => {
+            Answer::Op(kv::OpResponse::Put(p)) => {
                 let h = self.header_at(p.revision, out.raft_term);
                 Ok(convert::put_response(p, h))
             }
@@ -257,7 +250,7 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::DeleteRange(d) => {
+            Answer::Op(kv::OpResponse::DeleteRange(d)) => {
                 let h = self.header_at(d.revision, out.raft_term);
                 Ok(convert::delete_response(d, h))
             }
@@ -269,9 +262,10 @@ impl Api {
         let req = convert::txn_request(r.clone());
         kv::validate_txn(&req, self.shared.config.max_txn_ops as usize)
             .map_err(|e| etcd(kv_error(e)))?;
-        if txn_writes(&req) {
-            self.check_space()?;
-        }
+        self.shared
+            .check_quota(alarms::txn_cost_bytes(&req))
+            .await
+            .map_err(etcd)?;
         let out = self
             .shared
             .propose(pb::InternalRaftRequest {
@@ -281,7 +275,7 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::Txn(t) => {
+            Answer::Op(kv::OpResponse::Txn(t)) => {
                 let h = self.header_at(t.revision, out.raft_term);
                 Ok(convert::txn_response(t, h))
             }
@@ -299,7 +293,7 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::Compact(c) => Ok(pb::CompactionResponse {
+            Answer::Op(kv::OpResponse::Compact(c)) => Ok(pb::CompactionResponse {
                 header: self.header_at(c.revision, out.raft_term),
             }),
             other => unreachable_response("Compact", &other),
@@ -307,7 +301,10 @@ impl Api {
     }
 
     async fn lease_grant(&self, mut r: pb::LeaseGrantRequest) -> R<pb::LeaseGrantResponse> {
-        self.check_space()?;
+        self.shared
+            .check_quota(alarms::LEASE_OVERHEAD_BYTES)
+            .await
+            .map_err(etcd)?;
         if r.id == 0 {
             // The proposer picks the id, so every member applies the same one.
             r.id = self.shared.new_lease_id();
@@ -328,7 +325,7 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::LeaseGrant(g) => Ok(pb::LeaseGrantResponse {
+            Answer::Op(kv::OpResponse::LeaseGrant(g)) => Ok(pb::LeaseGrantResponse {
                 header: self.header_at(g.revision, out.raft_term),
                 id: g.id,
                 ttl: g.ttl_s,
@@ -422,7 +419,7 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
-            kv::OpResponse::LeaseRevoke(v) => Ok(pb::LeaseRevokeResponse {
+            Answer::Op(kv::OpResponse::LeaseRevoke(v)) => Ok(pb::LeaseRevokeResponse {
                 header: self.header_at(v.revision, out.raft_term),
             }),
             other => unreachable_response("LeaseRevoke", &other),
@@ -431,9 +428,17 @@ impl Api {
 
     fn status(&self, _r: pb::StatusRequest) -> R<pb::StatusResponse> {
         let s = &self.shared;
+        // etcd lists "no leader" and every raised alarm, each as its proto text.
         let mut errors = Vec::new();
-        if s.nospace.load(Ordering::Acquire) {
-            errors.push(format!("memberID:{} alarm:NOSPACE ", s.member_id()));
+        if !s.has_leader() {
+            errors.push(etcd(EtcdError::NoLeader).message);
+        }
+        for a in s.alarms().iter() {
+            errors.push(format!(
+                "memberID:{} alarm:{} ",
+                a.member_id,
+                alarms::alarm_name(a.alarm)
+            ));
         }
         Ok(pb::StatusResponse {
             header: s.header(s.reader().current_revision()),
@@ -449,34 +454,35 @@ impl Api {
         })
     }
 
-    fn alarm(&self, r: pb::AlarmRequest) -> R<pb::AlarmResponse> {
-        use pb::alarm_request::AlarmAction;
-        let s = &self.shared;
-        let nospace = pb::AlarmType::Nospace as i32;
-        match AlarmAction::try_from(r.action).unwrap_or(AlarmAction::Get) {
-            AlarmAction::Get => {}
-            AlarmAction::Activate => {
-                if r.alarm == nospace && (r.member_id == 0 || r.member_id == s.member_id()) {
-                    s.nospace.store(true, Ordering::Release);
-                }
-            }
-            AlarmAction::Deactivate => {
-                if r.alarm == nospace && (r.member_id == 0 || r.member_id == s.member_id()) {
-                    s.nospace.store(false, Ordering::Release);
-                }
-            }
+    async fn alarm(&self, r: pb::AlarmRequest) -> R<pb::AlarmResponse> {
+        // etcd puts every alarm request through raft, GET included, so each answer reflects
+        // every alarm applied before it, on whichever member is asked.
+        let out = self
+            .shared
+            .propose(pb::InternalRaftRequest {
+                alarm: Some(r),
+                ..Default::default()
+            })
+            .await
+            .map_err(etcd)?;
+        match out.response {
+            Answer::Alarms(listed) => Ok(pb::AlarmResponse {
+                header: self.header_at(self.shared.reader().current_revision(), out.raft_term),
+                alarms: listed.into_iter().map(|a| a.to_pb()).collect(),
+            }),
+            other => unreachable_response("Alarm", &other),
         }
-        let mut alarms = Vec::new();
-        if s.nospace.load(Ordering::Acquire) {
-            alarms.push(pb::AlarmMember {
-                member_id: s.member_id(),
-                alarm: nospace,
-            });
-        }
-        Ok(pb::AlarmResponse {
-            header: s.header(s.reader().current_revision()),
-            alarms,
-        })
+    }
+
+    /// Rewrites the value log's dead space away in bounded steps on the raft core (requests go
+    /// on meanwhile, unlike etcd's defrag) and answers once it is done. etcd answers Defragment
+    /// without a header.
+    async fn defragment(&self, _r: pb::DefragmentRequest) -> R<pb::DefragmentResponse> {
+        self.shared
+            .query(|reply| Query::Defragment { reply })
+            .await
+            .map_err(etcd)?;
+        Ok(pb::DefragmentResponse { header: None })
     }
 
     fn hash_kv(&self, r: pb::HashKvRequest) -> R<pb::HashKvResponse> {
@@ -601,6 +607,7 @@ impl Api {
                         snap.term,
                         &snap.conf_state,
                         &snap.members,
+                        &snap.alarms,
                         &image,
                     );
                     crate::checkpoint::snapshot_blob(&file)
@@ -644,7 +651,10 @@ impl Api {
         if !r.service.is_empty() {
             return Err(Status::new(keel_grpc::Code::NotFound, "unknown service"));
         }
-        let serving = if self.shared.has_leader() {
+        // Serving only while writes can commit: a leader is known and the raft core turns.
+        let serving = if self.shared.has_leader()
+            && self.shared.raft_loop_idle_ms() <= crate::http::raft_stall_ms_max(&self.shared)
+        {
             health::health_check_response::ServingStatus::Serving
         } else {
             health::health_check_response::ServingStatus::NotServing
@@ -689,15 +699,7 @@ fn service_known(path: &str) -> ServiceKnown {
     }
 }
 
-fn txn_writes(t: &kv::TxnRequest) -> bool {
-    t.success.iter().chain(t.failure.iter()).any(|op| match op {
-        kv::RequestOp::Range(_) => false,
-        kv::RequestOp::Put(_) | kv::RequestOp::DeleteRange(_) => true,
-        kv::RequestOp::Txn(inner) => txn_writes(inner),
-    })
-}
-
-fn unreachable_response<T>(method: &str, got: &kv::OpResponse) -> R<T> {
+fn unreachable_response<T>(method: &str, got: &Answer) -> R<T> {
     // The raft core answers each proposal with the response of the op it carried; anything
     // else is a programmer error, reported rather than crashing a shard.
     tracing::error!(method, ?got, "mismatched apply response");

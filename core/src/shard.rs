@@ -73,7 +73,7 @@ pub fn start(
 
 fn server_config(shared: &Shared) -> ServerConfig {
     ServerConfig {
-        max_recv_message_bytes: shared.config.grpc_recv_bytes_max(),
+        max_recv_message_bytes: shared.limits.grpc_recv_bytes_max,
         ..ServerConfig::default()
     }
 }

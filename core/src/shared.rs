@@ -17,8 +17,10 @@ use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use prost::Message;
 
+use crate::alarms::{AlarmMember, Alarms};
 use crate::config::Config;
 use crate::ids::{Identity, Member};
+use crate::limits::Limits;
 use crate::rt::Mailbox;
 use crate::watch::WatchBatch;
 
@@ -28,10 +30,19 @@ pub const PROPOSAL_QUEUE_MAX: usize = 16 * 1024;
 /// Linearizable reads waiting for a ReadIndex round.
 pub const READ_QUEUE_MAX: usize = 16 * 1024;
 
+/// What applying one entry answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// A keel-kv operation's response.
+    Op(kv::OpResponse),
+    /// An alarm request's listed alarms.
+    Alarms(Vec<AlarmMember>),
+}
+
 /// What a committed, applied proposal answers.
 #[derive(Debug)]
 pub struct Outcome {
-    pub response: kv::OpResponse,
+    pub response: Answer,
     /// The raft term the entry was applied in, for the response header.
     pub raft_term: u64,
 }
@@ -72,6 +83,11 @@ pub enum Query {
     Snapshot {
         reply: oneshot::Sender<Result<SnapshotSource, EtcdError>>,
     },
+    /// Rewrites every value-log segment holding dead bytes, in bounded steps between batches;
+    /// answers the bytes the store shrank by once done.
+    Defragment {
+        reply: oneshot::Sender<Result<u64, EtcdError>>,
+    },
     /// Hands leadership to another voter; answers once it leads.
     TransferLeader {
         to: u64,
@@ -86,6 +102,7 @@ pub struct SnapshotSource {
     pub term: u64,
     pub conf_state: keel_raft::ConfState,
     pub members: Vec<Member>,
+    pub alarms: Vec<AlarmMember>,
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +144,8 @@ pub struct ReadWait {
 
 pub struct Shared {
     pub config: Config,
+    /// Every size limit, derived from the configuration in one place.
+    pub limits: Limits,
     pub identity: Identity,
     /// The MVCC reader. Swapped whole when a follower installs a leader's snapshot.
     reader: ArcSwap<kv::Reader>,
@@ -151,8 +170,18 @@ pub struct Shared {
     /// Bytes the store occupies (value log plus index estimate): Status.dbSize and the quota.
     pub db_size_bytes: AtomicU64,
     pub db_size_in_use_bytes: AtomicU64,
-    /// The NOSPACE alarm: writes that grow the store fail until it is disarmed.
+    /// The raised alarms as last applied (replicated through raft; see `alarms`).
+    alarms: ArcSwap<Vec<AlarmMember>>,
+    /// Some NOSPACE alarm is raised: writes that grow the store fail until it is disarmed.
     pub nospace: AtomicBool,
+    /// Some CORRUPT alarm is raised: every write fails.
+    pub corrupt: AtomicBool,
+    /// Milliseconds since `started_at` when the raft core last went round its loop: health
+    /// reports a raft core that stopped turning.
+    pub raft_loop_at_ms: AtomicU64,
+    /// Set once SIGINT or SIGTERM asked the member to stop (as opposed to the raft core
+    /// stopping on its own, which ends the process with an error).
+    pub signalled: AtomicBool,
     pub stopping: AtomicBool,
     pub started_at: Instant,
     next_id: AtomicU64,
@@ -172,6 +201,7 @@ impl Shared {
         let next_id = prefix | ((now_ms & 0xff_ffff_ffff) << 8);
         let shards = config.shards;
         Shared {
+            limits: Limits::new(&config),
             config,
             identity,
             reader: ArcSwap::from_pointee(reader),
@@ -192,7 +222,11 @@ impl Shared {
             applied_index: AtomicU64::new(0),
             db_size_bytes: AtomicU64::new(0),
             db_size_in_use_bytes: AtomicU64::new(0),
+            alarms: ArcSwap::from_pointee(Vec::new()),
             nospace: AtomicBool::new(false),
+            corrupt: AtomicBool::new(false),
+            raft_loop_at_ms: AtomicU64::new(0),
+            signalled: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             started_at: Instant::now(),
             next_id: AtomicU64::new(next_id),
@@ -207,6 +241,29 @@ impl Shared {
     /// Replaces the store shards read from (snapshot install on a follower).
     pub fn replace_reader(&self, reader: kv::Reader) {
         self.reader.store(Arc::new(reader));
+    }
+
+    /// The raised alarms (lock-free; replaced whole when an alarm entry is applied).
+    pub fn alarms(&self) -> arc_swap::Guard<Arc<Vec<AlarmMember>>> {
+        self.alarms.load()
+    }
+
+    /// Publishes the alarms the raft core applied.
+    pub fn publish_alarms(&self, alarms: &Alarms) {
+        self.nospace.store(alarms.nospace(), Ordering::Release);
+        self.corrupt.store(alarms.corrupt(), Ordering::Release);
+        self.alarms.store(Arc::new(alarms.list()));
+    }
+
+    /// Milliseconds since this member started (the raft loop's heartbeat clock).
+    pub fn uptime_ms(&self) -> u64 {
+        self.started_at.elapsed().as_millis() as u64
+    }
+
+    /// How long ago the raft core last went round its loop.
+    pub fn raft_loop_idle_ms(&self) -> u64 {
+        self.uptime_ms()
+            .saturating_sub(self.raft_loop_at_ms.load(Ordering::Acquire))
     }
 
     pub fn member_id(&self) -> u64 {
@@ -263,7 +320,7 @@ impl Shared {
         });
         let data = Bytes::from(request.encode_to_vec());
         // etcd measures the marshalled internal request against max-request-bytes.
-        if data.len() > self.config.max_request_bytes as usize {
+        if data.len() > self.limits.request_bytes_max {
             return Err(EtcdError::RequestTooLarge);
         }
         let (reply, rx) = oneshot::channel();
@@ -281,6 +338,41 @@ impl Shared {
         rx.await.unwrap_or(Err(EtcdError::Stopped))
     }
 
+    /// etcd's quota check before proposing a write that costs `cost_bytes` (see
+    /// `alarms::op_cost_bytes`): when the store plus the write would reach the quota, this
+    /// member raises NOSPACE through raft and the write is refused. While NOSPACE is raised,
+    /// costly writes are refused here without a raft round (apply would refuse them anyway).
+    pub async fn check_quota(&self, cost_bytes: u64) -> Result<(), EtcdError> {
+        if cost_bytes == 0 {
+            return Ok(());
+        }
+        if self.nospace.load(Ordering::Acquire) {
+            return Err(EtcdError::NoSpace);
+        }
+        let size_bytes = self.db_size_bytes.load(Ordering::Acquire);
+        if size_bytes + cost_bytes < self.config.quota_backend_bytes {
+            return Ok(());
+        }
+        tracing::warn!(
+            size_bytes,
+            cost_bytes,
+            quota_bytes = self.config.quota_backend_bytes,
+            "a write would pass the quota: raising NOSPACE"
+        );
+        let raise = pb::InternalRaftRequest {
+            alarm: Some(pb::AlarmRequest {
+                action: pb::alarm_request::AlarmAction::Activate as i32,
+                member_id: self.member_id(),
+                alarm: pb::AlarmType::Nospace as i32,
+            }),
+            ..Default::default()
+        };
+        if let Err(e) = self.propose(raise).await {
+            tracing::warn!(error = %e, "cannot raise the NOSPACE alarm");
+        }
+        Err(EtcdError::NoSpace)
+    }
+
     /// Asks the raft core a lease question.
     pub async fn query<T>(
         &self,
@@ -295,6 +387,12 @@ impl Shared {
             });
         }
         rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    /// etcd's request timeout: 5 s plus twice the election timeout.
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(5)
+            + 2 * std::time::Duration::from_millis(self.config.election_timeout_ms)
     }
 
     /// The smallest lease TTL etcd grants: leases must outlive a leader election.

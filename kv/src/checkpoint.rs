@@ -272,6 +272,7 @@ pub(crate) fn restore(bytes: &[u8]) -> Result<(Writer, Reader)> {
                 }
             };
             versions.push(version);
+            writer.index_grew(key.len());
         }
         let latest = versions.last().expect("checked non-empty above");
         if latest.kind == VersionKind::Put && latest.lease != 0 {

@@ -19,13 +19,19 @@ use crate::types::{
     Revision, TxnRequest, TxnResponse,
 };
 use crate::validate::LEASE_TTL_MAX_S;
-use crate::vlog::{ValueLog, SEGMENT_BYTES};
+use crate::vlog::{Reclaim, ValueLog, SEGMENT_BYTES};
 
 /// The revision of an empty store, as in etcd.
 pub const REVISION_INITIAL: i64 = 1;
 
 /// The compact revision before any compaction, as etcd's HashKV reports it.
 pub const COMPACT_REVISION_NONE: i64 = -1;
+
+/// What one version costs the index besides its key bytes: the `Version` itself plus its slot
+/// in the key's copy-on-write list. The store's size (and so the quota) counts it.
+pub const VERSION_INDEX_BYTES: u64 = std::mem::size_of::<Version>() as u64 + 8;
+/// What one lease costs, as etcd's quota estimates it (`leaseOverhead`).
+pub const LEASE_BYTES: u64 = 64;
 
 // The writer moves to the raft core; readers are shared by every shard.
 const _: fn() = || {
@@ -67,11 +73,13 @@ impl Store {
             shared: shared.clone(),
             vlog: ValueLog::new(segment_bytes),
             leases: BTreeMap::new(),
+            index_bytes: 0,
             applied_index: 0,
             current_rev: REVISION_INITIAL,
             compact_rev: COMPACT_REVISION_NONE,
             compaction: None,
             reclaim: None,
+            defragmenting: false,
         };
         (writer, Reader { shared })
     }
@@ -117,11 +125,15 @@ pub struct Writer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) vlog: ValueLog,
     pub(crate) leases: BTreeMap<i64, LeaseEntry>,
+    /// Index bytes of every version still held: each costs its key plus `VERSION_INDEX_BYTES`.
+    pub(crate) index_bytes: u64,
     pub(crate) applied_index: u64,
     pub(crate) current_rev: i64,
     pub(crate) compact_rev: i64,
     compaction: Option<CompactionCursor>,
     reclaim: Option<ReclaimCursor>,
+    /// Defragment asked for every dead value-log byte back; cleared once none is left.
+    defragmenting: bool,
 }
 
 /// A handle for lock-free reads of the published state. Cheap to clone; one per shard.
@@ -195,6 +207,22 @@ impl Writer {
     /// Value-log bytes still referenced by the index.
     pub fn value_log_bytes_live(&self) -> u64 {
         self.vlog.bytes_live()
+    }
+
+    /// Bytes the store holds: every value-log byte (live or awaiting reclaim), the index and
+    /// the leases. Status's dbSize and the quota count this.
+    pub fn size_bytes(&self) -> u64 {
+        self.vlog.bytes_total() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
+    }
+
+    /// Bytes still in use: live values, the index and the leases (Status's dbSizeInUse).
+    pub fn size_bytes_in_use(&self) -> u64 {
+        self.vlog.bytes_live() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
+    }
+
+    /// Accounts one more version of `key` in the index.
+    pub(crate) fn index_grew(&mut self, key_bytes: usize) {
+        self.index_bytes += key_bytes as u64 + VERSION_INDEX_BYTES;
     }
 
     /// Records a raft entry that carries no store operation (empty entries, conf changes).
@@ -305,6 +333,7 @@ impl Writer {
             None => Bytes::copy_from_slice(key),
         };
         let (value, segment) = self.vlog.append(&key_bytes, rev, value);
+        self.index_grew(key_bytes.len());
         let version = Version {
             rev,
             kind: VersionKind::Put,
@@ -411,6 +440,7 @@ impl Writer {
         list.extend_from_slice(old);
         list.push(Version::tombstone(rev));
         entry.value().replace(list, &guard);
+        self.index_grew(entry.key().len());
         if prev.lease != 0 {
             self.detach(prev.lease, entry.key());
         }
@@ -578,11 +608,32 @@ impl Writer {
         }
     }
 
+    fn reclaim_mode(&self) -> Reclaim {
+        if self.defragmenting {
+            Reclaim::Everything
+        } else {
+            Reclaim::MostlyDead
+        }
+    }
+
     /// Whether background compaction work remains.
     pub fn compaction_pending(&self) -> bool {
         self.compaction.is_some()
             || self.reclaim.is_some()
-            || self.vlog.reclaim_candidate().is_some()
+            || self.vlog.reclaim_candidate(self.reclaim_mode()).is_some()
+    }
+
+    /// Asks the compactor to rewrite every frozen value-log segment that holds a dead byte, not
+    /// only mostly dead ones, so the store gives back all the space compaction freed. The work
+    /// runs in the same bounded `compact_step`s as compaction (readers and writers go on); it is
+    /// done when `compaction_pending` turns false.
+    pub fn defragment(&mut self) {
+        self.vlog.seal_open_if_dead();
+        // Only while there is something to do: a flag left set would make every later segment
+        // with one dead byte a rewrite candidate.
+        self.defragmenting = self.compaction.is_some()
+            || self.reclaim.is_some()
+            || self.vlog.reclaim_candidate(Reclaim::Everything).is_some();
     }
 
     /// Does a bounded amount of compaction: at most `keys_max` index entries, then at most `keys_max`
@@ -595,17 +646,23 @@ impl Writer {
             return CompactionStatus::Pending;
         }
         if self.reclaim.is_none() {
-            self.reclaim = self.vlog.reclaim_candidate().map(|segment| ReclaimCursor {
-                segment,
-                next_ref: 0,
-            });
+            self.reclaim = self
+                .vlog
+                .reclaim_candidate(self.reclaim_mode())
+                .map(|segment| ReclaimCursor {
+                    segment,
+                    next_ref: 0,
+                });
         }
         match self.reclaim.take() {
             Some(cursor) => {
                 self.reclaim = self.reclaim_values(cursor, keys_max);
                 CompactionStatus::Pending
             }
-            None => CompactionStatus::Idle,
+            None => {
+                self.defragmenting = false;
+                CompactionStatus::Idle
+            }
         }
     }
 
@@ -639,6 +696,9 @@ impl Writer {
             }
             for v in &versions[..keep_from] {
                 self.vlog.release(v.segment, v.value.len());
+                let version_bytes = entry.key().len() as u64 + VERSION_INDEX_BYTES;
+                assert!(self.index_bytes >= version_bytes, "index bytes underflow");
+                self.index_bytes -= version_bytes;
             }
             if keep_from == versions.len() {
                 emptied.push(entry.key().clone());
@@ -764,6 +824,29 @@ impl Writer {
         Ok(LeaseRevokeResponse {
             revision: ctx.begin_rev + i64::from(ctx.writes > 0),
         })
+    }
+
+    /// Test-only: flips the first byte of `key`'s newest value in place, outside of any
+    /// operation, as a disk or memory fault would. For tests of the corruption checks; a server
+    /// calls it only when its test-only knob is set. Returns whether a value was changed.
+    #[doc(hidden)]
+    pub fn test_only_flip_value(&mut self, key: &[u8]) -> bool {
+        let guard = epoch::pin();
+        let Some(entry) = self.shared.index.get(key) else {
+            return false;
+        };
+        let mut versions = entry.value().load(&guard).to_vec();
+        let Some(last) = versions.last_mut() else {
+            return false;
+        };
+        if last.kind != VersionKind::Put || last.value.is_empty() {
+            return false;
+        }
+        let mut damaged = last.value.to_vec();
+        damaged[0] ^= 0x01;
+        last.value = Bytes::from(damaged);
+        entry.value().replace(versions, &guard);
+        true
     }
 
     /// Every lease, ascending by id.
@@ -950,7 +1033,17 @@ impl Reader {
         let mut hasher = crc32fast::Hasher::new();
         for entry in self.shared.index.iter() {
             let versions = entry.value().load(&guard);
-            for v in versions.iter().take_while(|v| v.rev.main <= rev) {
+            // Only what compaction keeps counts, so the hash does not depend on how far a
+            // member's background compaction has got (members compact at their own pace).
+            let kept_from = if compact_rev == COMPACT_REVISION_NONE {
+                0
+            } else {
+                compacted_start(versions, compact_rev)
+            };
+            for v in versions[kept_from..]
+                .iter()
+                .take_while(|v| v.rev.main <= rev)
+            {
                 hasher.update(&(entry.key().len() as u64).to_le_bytes());
                 hasher.update(entry.key());
                 hasher.update(&v.rev.main.to_le_bytes());

@@ -22,6 +22,15 @@ const _: () = assert!(SEGMENT_BYTES.is_power_of_two() && SEGMENT_BYTES >= 4096);
 pub const RECLAIM_LIVE_PERCENT_MAX: u64 = 50;
 const _: () = assert!(RECLAIM_LIVE_PERCENT_MAX > 0 && RECLAIM_LIVE_PERCENT_MAX < 100);
 
+/// Which frozen segments the compactor rewrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reclaim {
+    /// Segments mostly dead (the steady state: rewriting costs less than it frees).
+    MostlyDead,
+    /// Every segment with a dead byte (Defragment asked for all space back).
+    Everything,
+}
+
 /// The segment id of an empty value: it takes no log space.
 pub const SEGMENT_NONE: u32 = u32::MAX;
 
@@ -94,6 +103,25 @@ impl ValueLog {
         (slice, self.open_id)
     }
 
+    /// Freezes the open segment when it holds dead bytes, so reclaim may rewrite it too (only
+    /// frozen segments are rewritten); the next value opens a fresh one.
+    pub(crate) fn seal_open_if_dead(&mut self) {
+        let stats = self
+            .segments
+            .get(&self.open_id)
+            .expect("the open segment has stats");
+        if stats.bytes_live == stats.bytes_total {
+            return;
+        }
+        self.open_id = self
+            .open_id
+            .checked_add(1)
+            .expect("fewer than 2^32 segments");
+        assert!(self.open_id != SEGMENT_NONE, "segment ids exhausted");
+        self.open = BytesMut::with_capacity(self.segment_bytes);
+        self.segments.insert(self.open_id, SegmentStats::default());
+    }
+
     /// Records that a value left the index (compaction dropped its version).
     pub(crate) fn release(&mut self, segment: u32, value_bytes: usize) {
         if segment == SEGMENT_NONE {
@@ -110,13 +138,19 @@ impl ValueLog {
         stats.bytes_live -= value_bytes as u64;
     }
 
-    /// The oldest frozen segment worth rewriting, if any.
-    pub(crate) fn reclaim_candidate(&self) -> Option<u32> {
+    /// The oldest frozen segment worth rewriting, if any: at most `RECLAIM_LIVE_PERCENT_MAX`
+    /// live normally, and any dead byte at all when `Reclaim::Everything` (defragment).
+    pub(crate) fn reclaim_candidate(&self, reclaim: Reclaim) -> Option<u32> {
         self.segments
             .iter()
             .find(|(id, s)| {
                 **id != self.open_id
-                    && s.bytes_live * 100 <= s.bytes_total * RECLAIM_LIVE_PERCENT_MAX
+                    && match reclaim {
+                        Reclaim::MostlyDead => {
+                            s.bytes_live * 100 <= s.bytes_total * RECLAIM_LIVE_PERCENT_MAX
+                        }
+                        Reclaim::Everything => s.bytes_live < s.bytes_total,
+                    }
             })
             .map(|(id, _)| *id)
     }

@@ -58,7 +58,10 @@ pub struct Member {
     initial_cluster: String,
     cluster_state: ClusterState,
     log_dir: PathBuf,
-    extra_args: Vec<String>,
+    /// Flags beyond the cluster's own; a test may change them before a restart.
+    pub extra_args: Vec<String>,
+    /// Environment variables (test-only knobs) for the next launches.
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
     launches: u32,
 }
@@ -142,12 +145,30 @@ impl Member {
             .arg("1")
             .args(&self.extra_args)
             .env_remove("ETCDCTL_API")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
         let child = netns::spawn_in(self.netns.as_deref(), &mut cmd)
             .unwrap_or_else(|e| panic!("keel {} does not start: {e}", self.name));
         self.child = Some(child);
+    }
+
+    /// Waits up to `timeout` for the process to end by itself; its status, or None while it
+    /// still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("wait for a running member");
+            if let Some(status) = child.try_wait().expect("waitpid works") {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Panics with the log when the process has exited.
@@ -299,6 +320,7 @@ impl Cluster {
             cluster_state: ClusterState::New,
             log_dir: self.dir.path().to_path_buf(),
             extra_args: self.extra_args.clone(),
+            env: Vec::new(),
             child: None,
             launches: 0,
         }
@@ -417,6 +439,11 @@ impl Cluster {
 
     pub fn stop(&mut self, i: usize) -> std::process::ExitStatus {
         self.members[i].stop()
+    }
+
+    /// Starts member `i` again without waiting for it to answer.
+    pub fn relaunch(&mut self, i: usize) {
+        self.members[i].launch();
     }
 
     /// Starts member `i` again on its data directory and waits until it answers.

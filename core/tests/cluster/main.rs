@@ -14,7 +14,9 @@ mod netns;
 mod porcupine;
 mod workload;
 
+mod alarms;
 mod basic;
+mod corrupt;
 mod failover;
 mod membership;
 mod partition;

@@ -130,6 +130,8 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     pub data_dir: PathBuf,
     extra_args: Vec<String>,
+    /// Environment variables the process starts with (test-only knobs).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
     /// How many times the process was started, to name each run's log file.
     launches: u32,
@@ -157,6 +159,17 @@ impl Server {
     }
 
     pub fn start(kind: Kind, extra_args: &[&str]) -> Server {
+        Server::start_in(kind, extra_args, &[], None)
+    }
+
+    /// Starts a server with environment variables set and, optionally, its data directory at
+    /// `data_dir` instead of inside its own temp dir (e.g. on a small filesystem a test made).
+    pub fn start_in(
+        kind: Kind,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        data_dir: Option<PathBuf>,
+    ) -> Server {
         require_tool("etcdctl");
         if kind == Kind::Etcd {
             require_tool("etcd");
@@ -165,7 +178,7 @@ impl Server {
             .prefix("keel-e2e-")
             .tempdir()
             .expect("a temp dir");
-        let data_dir = dir.path().join("data");
+        let data_dir = data_dir.unwrap_or_else(|| dir.path().join("data"));
         let mut server = Server {
             kind,
             client_port: free_port(),
@@ -173,6 +186,10 @@ impl Server {
             dir,
             data_dir,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
             launches: 0,
         };
@@ -236,6 +253,7 @@ impl Server {
             .args(self.args())
             .current_dir(self.dir.path())
             .env_remove("ETCDCTL_API")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
@@ -319,11 +337,48 @@ impl Server {
         }
     }
 
+    /// Waits up to `timeout` for the process to end by itself; its exit status, or None while
+    /// it still runs (it is then left running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("wait for a running server");
+            if let Some(status) = child.try_wait().expect("waitpid works") {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Everything this run of the server logged.
+    pub fn log_all(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.launches)).unwrap_or_default()
+    }
+
     /// SIGKILL: no chance to flush or checkpoint anything.
     pub fn kill9(&mut self) {
         let mut child = self.child.take().expect("kill a running server");
         child.kill().expect("SIGKILL is delivered");
         child.wait().expect("waitpid after SIGKILL");
+    }
+
+    /// Starts the server again without waiting for it to be healthy (a raised alarm keeps
+    /// `endpoint health` failing); waits only until it accepts TCP.
+    pub fn relaunch(&mut self) {
+        self.launch();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while TcpStream::connect(("127.0.0.1", self.client_port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "no listener:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts the server again on the same data directory and ports, and waits until it answers.

@@ -13,3 +13,4 @@ mod client;
 mod differential;
 mod durability;
 mod etcdctl;
+mod faults;

@@ -5,3 +5,4 @@ mod checkpoint;
 mod concurrency;
 mod model;
 mod scenario;
+mod space;

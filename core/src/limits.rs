@@ -1,0 +1,197 @@
+//! Every size limit a request meets on its way to disk, derived from one place:
+//! `--max-request-bytes`.
+//!
+//! A client request is one gRPC message (at most `grpc_recv_bytes_max`), which the shard turns
+//! into one marshalled `InternalRaftRequest` (at most `request_bytes_max`, measured as etcd
+//! measures it). That becomes one raft entry (at most `entry_bytes_max` encoded), which is one
+//! WAL record (the WAL takes records up to `wal_record_bytes_max`) and rides in raft append
+//! messages (at least one entry each, otherwise at most `raft_msg_bytes_max` of entries) inside
+//! one peer frame (at most `peer_frame_bytes_max`). `Limits::assert_nested` checks at startup
+//! that each fits in the next, so nothing a shard accepted can be refused further down: a
+//! refusal there would stop the raft core with a write half done.
+
+use keel_io::WalConfig;
+
+use crate::config::{Config, GRPC_RECV_SLACK_BYTES};
+
+/// Bytes the raft entry encoding adds around its data (type, term, index, length: 25 bytes in
+/// keel-raft's codec), rounded up generously; a unit test checks the real encoding fits.
+pub const ENTRY_ENVELOPE_BYTES: usize = 64;
+/// Bytes a peer frame adds around one raft message's entries (frame length, message header,
+/// per-entry lengths), rounded up generously: a raft message holds at most
+/// `RAFT_MSG_ENTRIES_ENVELOPE_MAX` entries' worth of headers beyond this.
+pub const PEER_MSG_ENVELOPE_BYTES: usize = 64 * 1024;
+/// The soft size of one raft append message (entries beyond the first stop here). Raft always
+/// sends at least one entry, so the largest message is the larger of this and one entry.
+pub const RAFT_MSG_BYTES_TARGET: u64 = 1 << 20;
+/// The WAL batch size when no request needs more: one aligned write of up to 1 MiB.
+pub const WAL_BATCH_BYTES_DEFAULT: usize = 1 << 20;
+/// A peer frame carries a whole raft snapshot (the checkpoint) until snapshots are chunked, so
+/// its ceiling is the checkpoint's, not a request's.
+pub const PEER_SNAPSHOT_FRAME_BYTES_MAX: usize = 1 << 30;
+/// Uncommitted entry bytes a leader holds before it drops proposals ("too many requests").
+pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
+
+/// Test-only: shrinks the WAL's record limit below the entry limit, so a test can make the raft
+/// core fail on an accepted request and watch the member stop loudly. Never set in production:
+/// startup then skips the nesting assertion and logs a warning.
+pub const TEST_WAL_RECORD_BYTES_ENV: &str = "KEEL_TEST_WAL_RECORD_BYTES_MAX";
+
+/// The derived limits. Built once from the configuration; every user reads them from here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest marshalled `InternalRaftRequest` a client may propose (etcd's
+    /// `--max-request-bytes`); beyond it, "etcdserver: request is too large".
+    pub request_bytes_max: usize,
+    /// The largest gRPC message a shard receives (etcd: max-request-bytes plus 512 KiB).
+    pub grpc_recv_bytes_max: usize,
+    /// The largest encoded raft entry holding one request.
+    pub entry_bytes_max: usize,
+    /// Raft's limit on the entry bytes of one append message: soft for batching (at least one
+    /// entry goes), hard for one entry (keel-raft drops a proposal larger than it).
+    pub raft_msg_bytes_max: u64,
+    /// Raft's limit on uncommitted entry bytes on the leader.
+    pub raft_uncommitted_bytes_max: u64,
+    /// The WAL's configuration: its batch limit bounds the largest record.
+    pub wal: WalConfig,
+    /// The largest frame a peer accepts.
+    pub peer_frame_bytes_max: usize,
+    /// Set only by the test knob: the nesting is deliberately broken.
+    pub forced_disagreement: bool,
+}
+
+impl Limits {
+    /// Derives every limit from the configuration (and the test-only knob, when set).
+    pub fn new(config: &Config) -> Limits {
+        let request_bytes_max = config.max_request_bytes as usize;
+        let entry_bytes_max = request_bytes_max + ENTRY_ENVELOPE_BYTES;
+        // A batch must hold one whole record of the largest entry; records are framed and the
+        // batch is written block-aligned, so round up to whole 4 KiB blocks.
+        let batch_bytes_for_entry =
+            (entry_bytes_max + keel_io::frame::FRAME_HEADER_BYTES).next_multiple_of(4096);
+        let batch_bytes_max = WAL_BATCH_BYTES_DEFAULT.max(batch_bytes_for_entry);
+        let defaults = WalConfig::default();
+        let mut wal = WalConfig {
+            batch_bytes_max,
+            // A segment holds at least one whole batch (plus its header), or rotation could not
+            // make progress; very large requests make segments larger.
+            segment_bytes: defaults
+                .segment_bytes
+                .max((batch_bytes_max as u64 + 64 * 1024).next_multiple_of(1 << 20)),
+            ..defaults
+        };
+        let mut forced_disagreement = false;
+        if let Some(record_max) = std::env::var(TEST_WAL_RECORD_BYTES_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            wal.batch_bytes_max = (record_max + keel_io::frame::FRAME_HEADER_BYTES).max(4096);
+            forced_disagreement = true;
+        }
+        // keel-raft refuses an entry larger than one message: the message limit is at least one
+        // largest entry.
+        let raft_msg_bytes_max = RAFT_MSG_BYTES_TARGET.max(entry_bytes_max as u64);
+        let largest_msg_bytes = raft_msg_bytes_max as usize;
+        Limits {
+            request_bytes_max,
+            grpc_recv_bytes_max: request_bytes_max + GRPC_RECV_SLACK_BYTES as usize,
+            entry_bytes_max,
+            raft_msg_bytes_max,
+            raft_uncommitted_bytes_max: RAFT_UNCOMMITTED_BYTES_MAX.max(4 * entry_bytes_max as u64),
+            wal,
+            peer_frame_bytes_max: PEER_SNAPSHOT_FRAME_BYTES_MAX
+                .max(largest_msg_bytes + PEER_MSG_ENVELOPE_BYTES),
+            forced_disagreement,
+        }
+    }
+
+    /// Panics unless every limit holds the one before it (a configuration bug, caught at start
+    /// rather than as a raft core that stops on the first large write).
+    pub fn assert_nested(&self) {
+        if self.forced_disagreement {
+            tracing::warn!(
+                knob = TEST_WAL_RECORD_BYTES_ENV,
+                wal_record_bytes_max = self.wal.record_payload_bytes_max(),
+                entry_bytes_max = self.entry_bytes_max,
+                "TEST ONLY: the WAL record limit is forced below the entry limit"
+            );
+            return;
+        }
+        assert!(
+            self.grpc_recv_bytes_max >= self.request_bytes_max,
+            "a gRPC message must hold the largest request"
+        );
+        assert!(
+            self.entry_bytes_max >= self.request_bytes_max + ENTRY_ENVELOPE_BYTES,
+            "a raft entry must hold the largest request plus its envelope"
+        );
+        assert!(
+            self.wal.record_payload_bytes_max() >= self.entry_bytes_max,
+            "a WAL record ({} bytes) must hold the largest raft entry ({} bytes)",
+            self.wal.record_payload_bytes_max(),
+            self.entry_bytes_max
+        );
+        assert!(
+            self.raft_msg_bytes_max >= self.entry_bytes_max as u64,
+            "a raft message must hold the largest entry"
+        );
+        assert!(
+            self.raft_uncommitted_bytes_max >= self.entry_bytes_max as u64,
+            "raft must accept at least one largest entry uncommitted"
+        );
+        let largest_msg_bytes = self.raft_msg_bytes_max as usize;
+        assert!(
+            self.peer_frame_bytes_max >= largest_msg_bytes + PEER_MSG_ENVELOPE_BYTES,
+            "a peer frame must hold the largest raft append message"
+        );
+        assert!(
+            self.peer_frame_bytes_max < u32::MAX as usize,
+            "peer frames carry a u32 length"
+        );
+        self.wal.assert_valid();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Flags};
+    use clap::Parser;
+
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["keel"];
+        all.extend_from_slice(args);
+        Config::from_flags(Flags::try_parse_from(all).expect("flags parse")).expect("valid")
+    }
+
+    #[test]
+    fn defaults_nest() {
+        let limits = Limits::new(&config(&[]));
+        limits.assert_nested();
+        assert_eq!(limits.request_bytes_max, 1_572_864);
+        assert_eq!(limits.grpc_recv_bytes_max, 1_572_864 + 512 * 1024);
+        assert!(limits.wal.record_payload_bytes_max() >= limits.entry_bytes_max);
+    }
+
+    #[test]
+    fn large_requests_still_nest() {
+        for bytes in ["1", "4096", "10485760", "104857600"] {
+            let limits = Limits::new(&config(&["--max-request-bytes", bytes]));
+            limits.assert_nested();
+        }
+    }
+
+    #[test]
+    fn the_entry_envelope_covers_the_real_encoding() {
+        let data = vec![7u8; 1000];
+        let entry = keel_raft::Entry {
+            term: u64::MAX,
+            index: u64::MAX,
+            entry_type: keel_raft::EntryType::ConfChange,
+            data: data.clone().into(),
+        };
+        let mut buf = Vec::new();
+        entry.encode(&mut buf);
+        assert!(buf.len() - data.len() <= ENTRY_ENVELOPE_BYTES);
+    }
+}
