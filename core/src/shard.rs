@@ -1,6 +1,6 @@
 //! A shard: one pinned executor that owns its listeners, connections and call tasks. Every
-//! shard binds the same client addresses with SO_REUSEPORT (glommio sets it), and the kernel
-//! spreads connections across them.
+//! shard binds the same client addresses with SO_REUSEPORT (and SO_REUSEADDR, see
+//! `rt::bind_listener`), and the kernel spreads connections across them.
 //!
 //! Architecture invariant: a connection and all its streams live on the shard that accepted it;
 //! nothing about a connection crosses cores.
@@ -13,13 +13,12 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use glommio::net::TcpListener;
 use keel_grpc::{serve_connection, Runtime, ServerConfig};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::error::CoreError;
 use crate::metrics::Metrics;
-use crate::rt;
+use crate::rt::{self, TcpListener};
 use crate::service::Api;
 use crate::shared::Shared;
 use crate::watch::Hub;
@@ -86,10 +85,9 @@ async fn run(
 ) {
     let mut listeners = Vec::new();
     for addr in shared.config.listen_client_addrs.clone() {
-        match TcpListener::bind(addr) {
+        match rt::bind_listener(addr) {
             Ok(l) => listeners.push((addr, l)),
-            Err(e) => {
-                let source = std::io::Error::other(e.to_string());
+            Err(source) => {
                 let _ = bound.send(Err(CoreError::Listen { addr, source }));
                 return;
             }
@@ -97,16 +95,21 @@ async fn run(
     }
     let _ = bound.send(Ok(()));
     let hub = Hub::new(shard, shared.clone());
-    glommio::spawn_local(hub.clone().run()).detach();
+    rt::spawn_local(hub.clone().run());
     let api = Rc::new(Api::new(shared.clone(), metrics, hub));
     let config = Rc::new(server_config(&shared));
     let runtime = Rc::new(Glommio);
     let mut tasks = Vec::new();
     for (addr, listener) in listeners {
-        let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
-        tasks.push(glommio::spawn_local(accept_loop(
-            shard, addr, listener, api, config, runtime,
-        )));
+        let accept = accept_loop(
+            shard,
+            addr,
+            listener,
+            api.clone(),
+            config.clone(),
+            runtime.clone(),
+        );
+        tasks.push(rt::spawn_local_handle(accept));
     }
     for t in tasks {
         t.await;

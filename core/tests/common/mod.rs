@@ -157,6 +157,12 @@ impl Server {
     }
 
     pub fn start(kind: Kind, extra_args: &[&str]) -> Server {
+        Server::start_on(kind, free_port(), free_port(), extra_args)
+    }
+
+    /// Starts a server on the given client and peer ports (e.g. ones another server just
+    /// left), with a fresh data directory.
+    pub fn start_on(kind: Kind, client_port: u16, peer_port: u16, extra_args: &[&str]) -> Server {
         require_tool("etcdctl");
         if kind == Kind::Etcd {
             require_tool("etcd");
@@ -168,8 +174,8 @@ impl Server {
         let data_dir = dir.path().join("data");
         let mut server = Server {
             kind,
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port,
+            peer_port,
             dir,
             data_dir,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
@@ -244,6 +250,11 @@ impl Server {
         self.child = Some(child);
     }
 
+    /// Everything the current run of the server logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.launches)).unwrap_or_default()
+    }
+
     /// The last lines the server logged, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.log_path(self.launches)).unwrap_or_default();
@@ -260,6 +271,9 @@ impl Server {
                 .as_mut()
                 .and_then(|c| c.try_wait().expect("waitpid works"))
             {
+                // Reaped: nothing left for Drop to stop (a SIGTERM to it would fail and turn
+                // this panic into an abort that hides the message).
+                self.child = None;
                 panic!(
                     "{:?} exited with {status} before it answered:\n{}",
                     self.kind,
