@@ -26,6 +26,10 @@ pub const GRPC_RECV_SLACK_BYTES: u32 = 512 * 1024;
 const _: () =
     assert!(DEFAULT_MAX_REQUEST_BYTES as u64 + (GRPC_RECV_SLACK_BYTES as u64) < u32::MAX as u64);
 
+/// Keel's default for `--max-concurrent-streams` (etcd's is math.MaxUint32); why it differs is
+/// written on the constant.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = keel_grpc::DEFAULT_MAX_CONCURRENT_STREAMS;
+
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "keel",
@@ -105,6 +109,15 @@ pub struct Flags {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long = "max-request-bytes", env = "ETCD_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: u32,
+
+    /// Maximum concurrent streams that each client can open at a time (0: no limit, as in etcd).
+    #[arg(
+        long = "max-concurrent-streams",
+        env = "ETCD_MAX_CONCURRENT_STREAMS",
+        default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS,
+        value_parser = parse_go_uint32
+    )]
+    pub max_concurrent_streams: u32,
 
     /// Raise alarms when the store exceeds the given quota. 0 means the default (2 GiB).
     #[arg(
@@ -261,6 +274,8 @@ pub struct Config {
     pub max_txn_ops: u32,
     pub max_request_bytes: u32,
     pub quota_backend_bytes: u64,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every client connection.
+    pub max_concurrent_streams: u32,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
@@ -363,6 +378,12 @@ impl Config {
                 "--max-txn-ops and --max-request-bytes must be positive".into(),
             ));
         }
+        // grpc-go reads a limit of 0 as "none" (etcd then advertises nothing); h2 would read it
+        // as "refuse every stream", so 0 becomes the largest value SETTINGS can carry.
+        let max_concurrent_streams = match f.max_concurrent_streams {
+            0 => u32::MAX,
+            n => n,
+        };
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
@@ -421,6 +442,7 @@ impl Config {
             max_txn_ops: f.max_txn_ops,
             max_request_bytes: f.max_request_bytes,
             quota_backend_bytes,
+            max_concurrent_streams,
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
@@ -443,6 +465,32 @@ pub fn available_cpus() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+/// Parses an unsigned 32-bit flag value as etcd does (Go's `strconv.ParseUint(s, 0, 32)`):
+/// decimal, or `0x`, `0o`, `0b` and leading-`0` octal prefixes, with single `_` between
+/// digits (or right after a prefix, which Go counts as a digit).
+pub fn parse_go_uint32(text: &str) -> Result<u32, String> {
+    let invalid = || format!("invalid value {text:?}: want an unsigned 32-bit integer");
+    let lower = text.to_ascii_lowercase();
+    let (digits, radix, prefixed) = if let Some(rest) = lower.strip_prefix("0x") {
+        (rest, 16, true)
+    } else if let Some(rest) = lower.strip_prefix("0o") {
+        (rest, 8, true)
+    } else if let Some(rest) = lower.strip_prefix("0b") {
+        (rest, 2, true)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (&lower[1..], 8, true)
+    } else {
+        (lower.as_str(), 10, false)
+    };
+    let underscores_ok =
+        !digits.ends_with('_') && !digits.contains("__") && (prefixed || !digits.starts_with('_'));
+    // Rust's from_str_radix takes a leading '+'; ParseUint takes no sign at all.
+    if digits.is_empty() || !underscores_ok || digits.contains('+') {
+        return Err(invalid());
+    }
+    u32::from_str_radix(&digits.replace('_', ""), radix).map_err(|_| invalid())
 }
 
 /// Rewrites Go-style single-dash long flags (`-name`, `-data-dir=x`) to clap's `--name`.
@@ -630,6 +678,56 @@ mod tests {
         ])
         .expect("valid");
         assert_eq!(c.ignored_flags, vec!["enable-v2", "logger", "metrics"]);
+    }
+
+    #[test]
+    fn limits_have_defaults_and_follow_their_flags() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert_eq!(c.max_concurrent_streams, DEFAULT_MAX_CONCURRENT_STREAMS);
+        let c = parse(&["--max-concurrent-streams=7"]).expect("valid");
+        assert_eq!(c.max_concurrent_streams, 7);
+        // etcd's default, spelled out, and 0, which grpc-go reads as "no limit".
+        let c = parse(&["--max-concurrent-streams", "4294967295"]).expect("valid");
+        assert_eq!(c.max_concurrent_streams, u32::MAX);
+        let c = parse(&["--max-concurrent-streams", "0"]).expect("valid");
+        assert_eq!(c.max_concurrent_streams, u32::MAX);
+        assert!(parse(&["--max-concurrent-streams", "4294967296"]).is_err());
+        assert!(parse(&["--max-concurrent-streams", "-1"]).is_err());
+    }
+
+    #[test]
+    fn uint32_flags_parse_like_go() {
+        for (text, want) in [
+            ("0", 0),
+            ("100", 100),
+            ("0x10", 16),
+            ("0X1f", 31),
+            ("010", 8),
+            ("0o10", 8),
+            ("0b101", 5),
+            ("0x_ff", 255),
+            ("1_000", 1000),
+            ("0_10", 8),
+            ("4294967295", u32::MAX),
+        ] {
+            assert_eq!(parse_go_uint32(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "x",
+            "_1",
+            "1_",
+            "1__0",
+            "0x_",
+            "+1",
+            "-1",
+            "0x",
+            "4294967296",
+            "0b2",
+            "09",
+        ] {
+            assert!(parse_go_uint32(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

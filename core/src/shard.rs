@@ -16,6 +16,7 @@ use std::time::Duration;
 use keel_grpc::{serve_connection, Runtime, ServerConfig};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
+use crate::config::Config;
 use crate::error::CoreError;
 use crate::metrics::Metrics;
 use crate::rt::{self, TcpListener};
@@ -70,9 +71,11 @@ pub fn start(
     Ok(handles)
 }
 
-fn server_config(shared: &Shared) -> ServerConfig {
+/// The gRPC server's limits, from the node's configuration.
+fn server_config(config: &Config) -> ServerConfig {
     ServerConfig {
-        max_recv_message_bytes: shared.config.grpc_recv_bytes_max(),
+        max_recv_message_bytes: config.grpc_recv_bytes_max(),
+        max_concurrent_streams: config.max_concurrent_streams,
         ..ServerConfig::default()
     }
 }
@@ -97,7 +100,7 @@ async fn run(
     let hub = Hub::new(shard, shared.clone());
     rt::spawn_local(hub.clone().run());
     let api = Rc::new(Api::new(shared.clone(), metrics, hub));
-    let config = Rc::new(server_config(&shared));
+    let config = Rc::new(server_config(&shared.config));
     let runtime = Rc::new(Glommio);
     let mut tasks = Vec::new();
     for (addr, listener) in listeners {

@@ -1,16 +1,303 @@
 //! Limits and faults at the edge of a member, against the real binary: taking over a port that
-//! etcd just left.
+//! etcd just left, and SETTINGS_MAX_CONCURRENT_STREAMS. Where etcd has the same knob, the test
+//! runs the same steps against a real etcd 3.4 so the expectation is etcd's.
+//!
+//! HTTP/2 is spoken here frame by frame over a blocking socket (`RawH2`), because the `h2`
+//! client obeys the server's stream limit and so can never exceed it.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use prost::Message;
 
 use crate::common::{client, Kind, Server};
 
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_DATA: u8 = 0x0;
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_RST_STREAM: u8 = 0x3;
+const FRAME_SETTINGS: u8 = 0x4;
+const FRAME_PING: u8 = 0x6;
+const FRAME_GOAWAY: u8 = 0x7;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_ACK: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
+const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+const REASON_REFUSED_STREAM: u32 = 0x7;
+const REASON_CANCEL: u32 = 0x8;
 /// How long a raw read may wait before the test calls the server stuck.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One HTTP/2 frame as read off the wire.
+#[derive(Debug)]
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream_id: u32,
+    payload: Vec<u8>,
+}
+
+/// How a stream ended, seen from the client.
+#[derive(Debug, PartialEq, Eq)]
+enum StreamEnd {
+    /// The server reset it with this error code.
+    Reset(u32),
+    /// The server answered: the DATA it sent, then trailers with END_STREAM.
+    Answered(Vec<u8>),
+}
+
+/// A minimal HTTP/2 client over a blocking socket: it writes frames as asked, without the
+/// client-side stream limit a real client applies, and answers SETTINGS and PING.
+struct RawH2 {
+    tcp: TcpStream,
+    authority: String,
+    /// The server's SETTINGS, as (identifier, value).
+    settings: Vec<(u16, u32)>,
+}
+
+impl RawH2 {
+    /// Connects, sends the preface and empty SETTINGS and reads the server's SETTINGS.
+    /// `None`: the server closed the connection instead.
+    fn connect(port: u16) -> Option<RawH2> {
+        let tcp = TcpStream::connect(("127.0.0.1", port)).expect("the server accepts TCP");
+        tcp.set_read_timeout(Some(READ_TIMEOUT))
+            .expect("set a read timeout");
+        tcp.set_nodelay(true).expect("set TCP_NODELAY");
+        let mut h2 = RawH2 {
+            tcp,
+            authority: format!("127.0.0.1:{port}"),
+            settings: Vec::new(),
+        };
+        // A refused connection may be closed before these writes land.
+        h2.tcp.write_all(PREFACE).ok()?;
+        h2.write_frame(FRAME_SETTINGS, 0, 0, &[]).ok()?;
+        loop {
+            let frame = h2.read_frame()?;
+            if frame.kind == FRAME_SETTINGS && frame.flags & FLAG_ACK == 0 {
+                h2.settings = frame
+                    .payload
+                    .chunks_exact(6)
+                    .map(|p| {
+                        (
+                            u16::from_be_bytes([p[0], p[1]]),
+                            u32::from_be_bytes([p[2], p[3], p[4], p[5]]),
+                        )
+                    })
+                    .collect();
+                h2.write_frame(FRAME_SETTINGS, FLAG_ACK, 0, &[]).ok()?;
+                return Some(h2);
+            }
+        }
+    }
+
+    fn setting(&self, id: u16) -> Option<u32> {
+        self.settings
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, v)| *v)
+    }
+
+    fn write_frame(
+        &mut self,
+        kind: u8,
+        flags: u8,
+        stream_id: u32,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
+        let len = payload.len() as u32;
+        assert!(len < 1 << 14, "frames stay under the default maximum size");
+        let mut frame = Vec::with_capacity(9 + payload.len());
+        frame.extend_from_slice(&len.to_be_bytes()[1..]);
+        frame.push(kind);
+        frame.push(flags);
+        frame.extend_from_slice(&stream_id.to_be_bytes());
+        frame.extend_from_slice(payload);
+        self.tcp.write_all(&frame)
+    }
+
+    /// The next frame; `None` when the server closed (or reset) the connection.
+    fn read_frame(&mut self) -> Option<Frame> {
+        let mut head = [0u8; 9];
+        match self.tcp.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("no frame from the server in {READ_TIMEOUT:?}")
+            }
+            Err(_) => return None,
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        self.tcp.read_exact(&mut payload).ok()?;
+        Some(Frame {
+            kind: head[3],
+            flags: head[4],
+            stream_id: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
+            payload,
+        })
+    }
+
+    /// HEADERS for a gRPC call to `path`, HPACK-encoded as literals without indexing.
+    fn open_stream(&mut self, stream_id: u32, path: &str) {
+        let authority = self.authority.clone();
+        let headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", authority.as_str()),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ];
+        let mut block = Vec::new();
+        for (name, value) in headers {
+            block.push(0x00);
+            hpack_string(&mut block, name);
+            hpack_string(&mut block, value);
+        }
+        self.write_frame(FRAME_HEADERS, FLAG_END_HEADERS, stream_id, &block)
+            .expect("HEADERS is sent");
+    }
+
+    /// A unary Range call for `key` on a new stream: HEADERS, then the message with END_STREAM.
+    fn range(&mut self, stream_id: u32, key: &str) {
+        self.open_stream(stream_id, "/etcdserverpb.KV/Range");
+        let message = keel_proto::etcdserverpb::RangeRequest {
+            key: key.as_bytes().to_vec().into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        body.extend_from_slice(&message);
+        // The server may have reset the stream already; the write still lands on the socket.
+        let _ = self.write_frame(FRAME_DATA, FLAG_END_STREAM, stream_id, &body);
+    }
+
+    fn reset(&mut self, stream_id: u32, reason: u32) {
+        self.write_frame(FRAME_RST_STREAM, 0, stream_id, &reason.to_be_bytes())
+            .expect("RST_STREAM is sent");
+    }
+
+    /// Reads until `stream_id` ends, answering SETTINGS and PING on the way. Panics on GOAWAY
+    /// or a closed connection: the connection must keep serving.
+    fn stream_end(&mut self, stream_id: u32) -> StreamEnd {
+        let mut data = Vec::new();
+        loop {
+            let frame = self
+                .read_frame()
+                .unwrap_or_else(|| panic!("the connection closed while stream {stream_id} ran"));
+            match frame.kind {
+                FRAME_GOAWAY => panic!("the server sent GOAWAY: {frame:?}"),
+                FRAME_SETTINGS if frame.flags & FLAG_ACK == 0 => self
+                    .write_frame(FRAME_SETTINGS, FLAG_ACK, 0, &[])
+                    .expect("SETTINGS ack"),
+                FRAME_PING if frame.flags & FLAG_ACK == 0 => self
+                    .write_frame(FRAME_PING, FLAG_ACK, 0, &frame.payload)
+                    .expect("PING ack"),
+                _ if frame.stream_id != stream_id => {}
+                FRAME_RST_STREAM => {
+                    let code = u32::from_be_bytes(
+                        frame.payload[..4].try_into().expect("a 4-byte error code"),
+                    );
+                    return StreamEnd::Reset(code);
+                }
+                FRAME_DATA => {
+                    data.extend_from_slice(&frame.payload);
+                    if frame.flags & FLAG_END_STREAM != 0 {
+                        return StreamEnd::Answered(data);
+                    }
+                }
+                FRAME_HEADERS if frame.flags & FLAG_END_STREAM != 0 => {
+                    return StreamEnd::Answered(data)
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// An HPACK string literal without Huffman coding: a 7-bit-prefix length, then the bytes.
+fn hpack_string(out: &mut Vec<u8>, text: &str) {
+    let mut len = text.len();
+    if len < 127 {
+        out.push(len as u8);
+    } else {
+        out.push(127);
+        len -= 127;
+        while len >= 128 {
+            out.push((len % 128) as u8 | 0x80);
+            len /= 128;
+        }
+        out.push(len as u8);
+    }
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// A successful Range answer: one gRPC message that decodes as a RangeResponse with a header.
+fn assert_range_answer(end: StreamEnd, what: &str) {
+    let StreamEnd::Answered(data) = end else {
+        panic!("{what}: expected an answer, got {end:?}")
+    };
+    assert!(data.len() > 5, "{what}: no response message in {data:?}");
+    let declared = u32::from_be_bytes(data[1..5].try_into().expect("a 4-byte length")) as usize;
+    assert_eq!(declared, data.len() - 5, "{what}: one whole message");
+    let response = keel_proto::etcdserverpb::RangeResponse::decode(&data[5..])
+        .unwrap_or_else(|e| panic!("{what}: not a RangeResponse: {e}"));
+    assert!(response.header.is_some(), "{what}: {response:?}");
+}
+
+/// What happens on one connection to a server started with `--max-concurrent-streams 3`.
+fn stream_limit_steps(server: &Server) {
+    let what = format!("{:?}", server.kind);
+    let mut h2 = RawH2::connect(server.client_port).expect("the server takes the connection");
+    assert_eq!(
+        h2.setting(SETTINGS_MAX_CONCURRENT_STREAMS),
+        Some(3),
+        "{what}: advertised SETTINGS {:?}",
+        h2.settings
+    );
+    // Three Watch streams that stay open: the client never half-closes them.
+    for stream_id in [1, 3, 5] {
+        h2.open_stream(stream_id, "/etcdserverpb.Watch/Watch");
+    }
+    // The fourth is refused as HTTP/2 says, and only that stream.
+    h2.range(7, "k");
+    assert_eq!(
+        h2.stream_end(7),
+        StreamEnd::Reset(REASON_REFUSED_STREAM),
+        "{what}: a stream beyond the limit"
+    );
+    // Freeing a slot lets the next call through on the same connection. The server releases
+    // the slot once the reset watch's task has ended, so a call racing it may still be refused.
+    h2.reset(1, REASON_CANCEL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut stream_id = 9;
+    loop {
+        h2.range(stream_id, "k");
+        match h2.stream_end(stream_id) {
+            StreamEnd::Reset(REASON_REFUSED_STREAM) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+                stream_id += 2;
+            }
+            end => {
+                assert_range_answer(end, &what);
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn max_concurrent_streams_is_advertised_and_a_stream_beyond_it_is_refused() {
+    const ARGS: &[&str] = &["--max-concurrent-streams", "3"];
+    let etcd = std::thread::spawn(|| Server::start(Kind::Etcd, ARGS));
+    let keel = Server::keel(ARGS);
+    let etcd = etcd.join().expect("etcd starts");
+    stream_limit_steps(&etcd);
+    stream_limit_steps(&keel);
+}
 
 /// Whether `port` has sockets other than listeners bound on 127.0.0.1 (TIME_WAIT, FIN_WAIT2
 /// and the like), from /proc/net/tcp.
