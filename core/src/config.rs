@@ -29,6 +29,15 @@ const _: () =
 /// Keel's default for `--max-concurrent-streams` (etcd's is math.MaxUint32); why it differs is
 /// written on the constant.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = keel_grpc::DEFAULT_MAX_CONCURRENT_STREAMS;
+/// Open client connections one shard serves at once (`--max-connections-per-shard`). etcd has
+/// no such limit: it stops at the file-descriptor limit, where accept fails and the kernel's
+/// backlog fills, and nothing else gets a descriptor either. A bound below that closes the
+/// surplus at once, so clients fail over, and the member keeps descriptors for its WAL, value
+/// log and peers. 10,000 per shard: the systemd unit grants 65,536 descriptors, which covers
+/// 4 full shards with room to spare (raise LimitNOFILE with more shards), and an idle gRPC
+/// connection that has made a call costs 20-40 KiB (measured: RSS over 2,000 and 4,000 such
+/// connections; h2's buffers and HPACK tables), so a full shard stays under about 400 MiB.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 10_000;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -180,6 +189,15 @@ pub struct Flags {
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 
+    /// Keel: open client connections one shard serves at once; a connection beyond it is
+    /// closed as soon as it is accepted.
+    #[arg(
+        long = "max-connections-per-shard",
+        env = "KEEL_MAX_CONNECTIONS_PER_SHARD",
+        default_value_t = DEFAULT_MAX_CONNECTIONS_PER_SHARD
+    )]
+    pub max_connections_per_shard: usize,
+
     /// TLS flags: not supported yet, refused rather than silently serving plaintext.
     #[arg(long = "cert-file", env = "ETCD_CERT_FILE", hide = true)]
     pub cert_file: Option<String>,
@@ -276,6 +294,7 @@ pub struct Config {
     pub quota_backend_bytes: u64,
     /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every client connection.
     pub max_concurrent_streams: u32,
+    pub max_connections_per_shard: usize,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
@@ -384,6 +403,15 @@ impl Config {
             0 => u32::MAX,
             n => n,
         };
+        let positive = [(
+            "max-connections-per-shard",
+            f.max_connections_per_shard as u64,
+        )];
+        for (flag, value) in positive {
+            if value == 0 {
+                return Err(CoreError::Config(format!("--{flag} must be positive")));
+            }
+        }
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
@@ -443,6 +471,7 @@ impl Config {
             max_request_bytes: f.max_request_bytes,
             quota_backend_bytes,
             max_concurrent_streams,
+            max_connections_per_shard: f.max_connections_per_shard,
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
@@ -684,8 +713,18 @@ mod tests {
     fn limits_have_defaults_and_follow_their_flags() {
         let c = parse(&[]).expect("defaults are valid");
         assert_eq!(c.max_concurrent_streams, DEFAULT_MAX_CONCURRENT_STREAMS);
-        let c = parse(&["--max-concurrent-streams=7"]).expect("valid");
+        assert_eq!(
+            c.max_connections_per_shard,
+            DEFAULT_MAX_CONNECTIONS_PER_SHARD
+        );
+        let c = parse(&[
+            "--max-concurrent-streams=7",
+            "--max-connections-per-shard",
+            "3",
+        ])
+        .expect("valid");
         assert_eq!(c.max_concurrent_streams, 7);
+        assert_eq!(c.max_connections_per_shard, 3);
         // etcd's default, spelled out, and 0, which grpc-go reads as "no limit".
         let c = parse(&["--max-concurrent-streams", "4294967295"]).expect("valid");
         assert_eq!(c.max_concurrent_streams, u32::MAX);
@@ -693,6 +732,7 @@ mod tests {
         assert_eq!(c.max_concurrent_streams, u32::MAX);
         assert!(parse(&["--max-concurrent-streams", "4294967296"]).is_err());
         assert!(parse(&["--max-concurrent-streams", "-1"]).is_err());
+        assert!(parse(&["--max-connections-per-shard", "0"]).is_err());
     }
 
     #[test]

@@ -2,16 +2,21 @@
 //! shard binds the same client addresses with SO_REUSEPORT (and SO_REUSEADDR, see
 //! `rt::bind_listener`), and the kernel spreads connections across them.
 //!
+//! A shard serves at most `--max-connections-per-shard` connections at once; one accepted
+//! beyond that is closed at once (a gRPC client sees the endpoint unavailable and fails over),
+//! and the shard logs it at most once per second.
+//!
 //! Architecture invariant: a connection and all its streams live on the shard that accepted it;
 //! nothing about a connection crosses cores.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use keel_grpc::{serve_connection, Runtime, ServerConfig};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
@@ -80,6 +85,75 @@ fn server_config(config: &Config) -> ServerConfig {
     }
 }
 
+/// How often a shard at its connection limit may say so in the log: a client retrying in a
+/// tight loop must not flood it.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counts a shard's open connections (all its listeners together) against its limit.
+struct ConnectionLimit {
+    shard: usize,
+    max: usize,
+    open: Cell<usize>,
+    /// Connections refused since the last log line, reported with the next one.
+    refused_unlogged: Cell<u64>,
+    last_log: Cell<Option<Instant>>,
+}
+
+impl ConnectionLimit {
+    fn new(shard: usize, max: usize) -> Rc<ConnectionLimit> {
+        assert!(max > 0, "a shard must be able to serve a connection");
+        Rc::new(ConnectionLimit {
+            shard,
+            max,
+            open: Cell::new(0),
+            refused_unlogged: Cell::new(0),
+            last_log: Cell::new(None),
+        })
+    }
+
+    /// A slot for one more connection, released when dropped; `None` at the limit (and the
+    /// refusal is counted, and logged when the last log line is old enough).
+    fn admit(self: &Rc<Self>, addr: SocketAddr, peer: Option<SocketAddr>) -> Option<Slot> {
+        let open = self.open.get();
+        assert!(open <= self.max, "more connections open than the limit");
+        if open < self.max {
+            self.open.set(open + 1);
+            return Some(Slot(self.clone()));
+        }
+        let refused = self.refused_unlogged.get() + 1;
+        self.refused_unlogged.set(refused);
+        let now = Instant::now();
+        let quiet = self
+            .last_log
+            .get()
+            .is_none_or(|at| now.duration_since(at) >= REFUSAL_LOG_INTERVAL);
+        if quiet {
+            self.last_log.set(Some(now));
+            self.refused_unlogged.set(0);
+            tracing::warn!(
+                shard = self.shard,
+                %addr,
+                peer = ?peer,
+                refused,
+                max_connections_per_shard = self.max,
+                "refusing client connections: shard at its connection limit (--max-connections-per-shard)"
+            );
+        }
+        None
+    }
+}
+
+/// One admitted connection; gives its place back when the connection ends.
+struct Slot(Rc<ConnectionLimit>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let open = self.0.open.get();
+        assert!(open > 0, "a slot was released twice");
+        self.0.open.set(open - 1);
+    }
+}
+
 async fn run(
     shard: usize,
     shared: Arc<Shared>,
@@ -101,6 +175,7 @@ async fn run(
     rt::spawn_local(hub.clone().run());
     let api = Rc::new(Api::new(shared.clone(), metrics, hub));
     let config = Rc::new(server_config(&shared.config));
+    let limit = ConnectionLimit::new(shard, shared.config.max_connections_per_shard);
     let runtime = Rc::new(Glommio);
     let mut tasks = Vec::new();
     for (addr, listener) in listeners {
@@ -110,6 +185,7 @@ async fn run(
             listener,
             api.clone(),
             config.clone(),
+            limit.clone(),
             runtime.clone(),
         );
         tasks.push(rt::spawn_local_handle(accept));
@@ -125,11 +201,18 @@ async fn accept_loop(
     listener: TcpListener,
     api: Rc<Api>,
     config: Rc<ServerConfig>,
+    limit: Rc<ConnectionLimit>,
     runtime: Rc<Glommio>,
 ) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                let Some(slot) = limit.admit(addr, stream.peer_addr().ok()) else {
+                    // Closed before a byte is read: the client sees the connection end before
+                    // the server's preface, which grpc-go treats as an unavailable endpoint.
+                    drop(stream);
+                    continue;
+                };
                 // Small unary calls must not wait for Nagle's timer.
                 let _ = stream.set_nodelay(true);
                 let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
@@ -138,6 +221,7 @@ async fn accept_loop(
                         // Clients reset connections when they exit: normal, so only at debug.
                         tracing::debug!(shard, error = %e, "connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
             Err(e) => {

@@ -1,5 +1,5 @@
 //! Limits and faults at the edge of a member, against the real binary: taking over a port that
-//! etcd just left, and SETTINGS_MAX_CONCURRENT_STREAMS. Where etcd has the same knob, the test
+//! etcd just left, SETTINGS_MAX_CONCURRENT_STREAMS and the per-shard connection limit. Where etcd has the same knob, the test
 //! runs the same steps against a real etcd 3.4 so the expectation is etcd's.
 //!
 //! HTTP/2 is spoken here frame by frame over a blocking socket (`RawH2`), because the `h2`
@@ -411,4 +411,78 @@ async fn keel_takes_over_the_ports_of_an_etcd_that_just_stopped() {
     let r = c.get("after-etcd", None).await.expect("keel serves a get");
     assert_eq!(r.kvs()[0].value(), b"keel");
     drop(etcd);
+}
+
+/// Raw TCP to `port` that sends the HTTP/2 preface; returns how long until the server closed
+/// it, or `None` when it answered with SETTINGS instead (the connection was served).
+fn time_to_close(port: u16) -> Option<Duration> {
+    let started = Instant::now();
+    match RawH2::connect(port) {
+        Some(_) => None,
+        None => Some(started.elapsed()),
+    }
+}
+
+/// Connects and does one Range round trip; `None` when the server closed the connection.
+fn served_connection(port: u16) -> Option<RawH2> {
+    let mut h2 = RawH2::connect(port)?;
+    h2.range(1, "k");
+    assert_range_answer(h2.stream_end(1), "a served connection");
+    Some(h2)
+}
+
+const REFUSAL_LOG: &str = "refusing client connections";
+
+#[test]
+fn connections_beyond_the_shard_limit_are_closed_at_once() {
+    const LIMIT: usize = 2;
+    let keel = Server::keel(&["--shards", "1", "--max-connections-per-shard", "2"]);
+    let port = keel.client_port;
+    // The harness's readiness probes may still hold their slots for a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut held = Vec::new();
+    while held.len() < LIMIT {
+        match served_connection(port) {
+            Some(h2) => held.push(h2),
+            None => {
+                assert!(Instant::now() < deadline, "slots never freed up");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    // Full: new connections are closed at once, far sooner than the 10 s preface timeout.
+    let started = Instant::now();
+    for attempt in 0..5 {
+        let closed_after = time_to_close(port)
+            .unwrap_or_else(|| panic!("connection {attempt} beyond the limit was served"));
+        assert!(
+            closed_after < Duration::from_secs(2),
+            "closed after {closed_after:?}"
+        );
+    }
+    let refusing_for = started.elapsed();
+    // The held connections still serve.
+    for (i, h2) in held.iter_mut().enumerate() {
+        h2.range(3, "k");
+        assert_range_answer(h2.stream_end(3), &format!("held connection {i}"));
+    }
+    // One log line per second at most, however many refusals.
+    let log = keel.log_text();
+    let lines = log.lines().filter(|l| l.contains(REFUSAL_LOG)).count();
+    let max_lines = 1 + refusing_for.as_secs() as usize;
+    assert!(
+        (1..=max_lines).contains(&lines),
+        "{lines} refusal log lines in {refusing_for:?}:\n{log}"
+    );
+    assert!(log.contains("\"max_connections_per_shard\":2"), "{log}");
+    // A closed connection gives its slot back.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while served_connection(port).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the freed slot was not given back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
