@@ -38,6 +38,10 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = keel_grpc::DEFAULT_MAX_CONCURREN
 /// connection that has made a call costs 20-40 KiB (measured: RSS over 2,000 and 4,000 such
 /// connections; h2's buffers and HPACK tables), so a full shard stays under about 400 MiB.
 pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 10_000;
+/// Watchers one watch stream may hold (`--max-watchers-per-stream`). etcd has no limit; each
+/// watcher costs a map entry and an index entry on its shard, and Kubernetes opens one per
+/// resource type and watch cache, far below this.
+pub const DEFAULT_MAX_WATCHERS_PER_STREAM: usize = 100_000;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -198,6 +202,15 @@ pub struct Flags {
     )]
     pub max_connections_per_shard: usize,
 
+    /// Keel: watchers one watch stream may hold; a create beyond it is answered created and
+    /// canceled, with a cancel reason.
+    #[arg(
+        long = "max-watchers-per-stream",
+        env = "KEEL_MAX_WATCHERS_PER_STREAM",
+        default_value_t = DEFAULT_MAX_WATCHERS_PER_STREAM
+    )]
+    pub max_watchers_per_stream: usize,
+
     /// TLS flags: not supported yet, refused rather than silently serving plaintext.
     #[arg(long = "cert-file", env = "ETCD_CERT_FILE", hide = true)]
     pub cert_file: Option<String>,
@@ -295,6 +308,7 @@ pub struct Config {
     /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every client connection.
     pub max_concurrent_streams: u32,
     pub max_connections_per_shard: usize,
+    pub max_watchers_per_stream: usize,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
@@ -403,10 +417,13 @@ impl Config {
             0 => u32::MAX,
             n => n,
         };
-        let positive = [(
-            "max-connections-per-shard",
-            f.max_connections_per_shard as u64,
-        )];
+        let positive = [
+            (
+                "max-connections-per-shard",
+                f.max_connections_per_shard as u64,
+            ),
+            ("max-watchers-per-stream", f.max_watchers_per_stream as u64),
+        ];
         for (flag, value) in positive {
             if value == 0 {
                 return Err(CoreError::Config(format!("--{flag} must be positive")));
@@ -472,6 +489,7 @@ impl Config {
             quota_backend_bytes,
             max_concurrent_streams,
             max_connections_per_shard: f.max_connections_per_shard,
+            max_watchers_per_stream: f.max_watchers_per_stream,
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
@@ -717,14 +735,17 @@ mod tests {
             c.max_connections_per_shard,
             DEFAULT_MAX_CONNECTIONS_PER_SHARD
         );
+        assert_eq!(c.max_watchers_per_stream, DEFAULT_MAX_WATCHERS_PER_STREAM);
         let c = parse(&[
             "--max-concurrent-streams=7",
             "--max-connections-per-shard",
             "3",
+            "-max-watchers-per-stream=2",
         ])
         .expect("valid");
         assert_eq!(c.max_concurrent_streams, 7);
         assert_eq!(c.max_connections_per_shard, 3);
+        assert_eq!(c.max_watchers_per_stream, 2);
         // etcd's default, spelled out, and 0, which grpc-go reads as "no limit".
         let c = parse(&["--max-concurrent-streams", "4294967295"]).expect("valid");
         assert_eq!(c.max_concurrent_streams, u32::MAX);

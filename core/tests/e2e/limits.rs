@@ -1,5 +1,6 @@
 //! Limits and faults at the edge of a member, against the real binary: taking over a port that
-//! etcd just left, SETTINGS_MAX_CONCURRENT_STREAMS and the per-shard connection limit. Where etcd has the same knob, the test
+//! etcd just left, SETTINGS_MAX_CONCURRENT_STREAMS, the per-shard connection limit and the
+//! per-stream watcher limit. Where etcd has the same knob, the test
 //! runs the same steps against a real etcd 3.4 so the expectation is etcd's.
 //!
 //! HTTP/2 is spoken here frame by frame over a blocking socket (`RawH2`), because the `h2`
@@ -11,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use etcd_client::WatchOptions;
 use prost::Message;
 
 use crate::common::{client, Kind, Server};
@@ -485,4 +487,66 @@ fn connections_beyond_the_shard_limit_are_closed_at_once() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The next response on a watch stream, within a bound.
+async fn next(stream: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a watch response in time")
+        .expect("the watch stream works")
+        .expect("the watch stream stays open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_creates_beyond_the_stream_limit_are_canceled_with_a_reason() {
+    let keel = tokio::task::spawn_blocking(|| Server::keel(&["--max-watchers-per-stream", "3"]))
+        .await
+        .expect("keel starts");
+    let mut c = client(&keel).await;
+    let mut stream = c.watch("w/0", None).await.expect("a watch stream opens");
+    let created = next(&mut stream).await;
+    assert!(created.created() && !created.canceled(), "{created:?}");
+    for i in 1..3 {
+        stream
+            .watch(format!("w/{i}"), None)
+            .await
+            .expect("a create is sent");
+        let created = next(&mut stream).await;
+        assert!(created.created() && !created.canceled(), "{created:?}");
+        assert_eq!(created.watch_id(), i);
+    }
+    // The fourth: created and canceled at once, with the reason, as etcd answers a create it
+    // refuses (an empty range, a duplicate id).
+    stream
+        .watch("w/3", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("a create is sent");
+    let refused = next(&mut stream).await;
+    assert!(refused.created() && refused.canceled(), "{refused:?}");
+    assert_eq!(refused.watch_id(), -1);
+    assert_eq!(
+        refused.cancel_reason(),
+        "etcdserver: too many watchers on this watch stream"
+    );
+    // The three watchers still see events.
+    c.put("w/1", "v", None).await.expect("put");
+    let event = next(&mut stream).await;
+    assert_eq!(event.watch_id(), 1, "{event:?}");
+    assert_eq!(event.events()[0].kv().expect("a kv").key(), b"w/1");
+    // A cancel frees a place, and the next create gets the next id.
+    stream.cancel(0).await.expect("a cancel is sent");
+    let canceled = next(&mut stream).await;
+    assert!(
+        canceled.canceled() && canceled.watch_id() == 0,
+        "{canceled:?}"
+    );
+    stream.watch("w/4", None).await.expect("a create is sent");
+    let created = next(&mut stream).await;
+    assert!(created.created() && !created.canceled(), "{created:?}");
+    assert_eq!(created.watch_id(), 3);
+    // The limit is per stream: another stream on the same client starts from zero.
+    let mut other = c.watch("o/0", None).await.expect("a second stream");
+    let created = next(&mut other).await;
+    assert!(created.created() && !created.canceled(), "{created:?}");
 }
