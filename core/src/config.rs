@@ -42,6 +42,8 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 10_000;
 /// watcher costs a map entry and an index entry on its shard, and Kubernetes opens one per
 /// resource type and watch cache, far below this.
 pub const DEFAULT_MAX_WATCHERS_PER_STREAM: usize = 100_000;
+/// `--preface-timeout-ms`: see `keel_grpc::DEFAULT_PREFACE_TIMEOUT` for why.
+pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = keel_grpc::DEFAULT_PREFACE_TIMEOUT.as_millis() as u64;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -211,6 +213,15 @@ pub struct Flags {
     )]
     pub max_watchers_per_stream: usize,
 
+    /// Keel: milliseconds a new client connection has to send its first bytes (the whole
+    /// HTTP/2 preface, or the start of an HTTP/1.1 request) before it is closed.
+    #[arg(
+        long = "preface-timeout-ms",
+        env = "KEEL_PREFACE_TIMEOUT_MS",
+        default_value_t = DEFAULT_PREFACE_TIMEOUT_MS
+    )]
+    pub preface_timeout_ms: u64,
+
     /// TLS flags: not supported yet, refused rather than silently serving plaintext.
     #[arg(long = "cert-file", env = "ETCD_CERT_FILE", hide = true)]
     pub cert_file: Option<String>,
@@ -309,6 +320,7 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     pub max_connections_per_shard: usize,
     pub max_watchers_per_stream: usize,
+    pub preface_timeout_ms: u64,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
@@ -423,6 +435,7 @@ impl Config {
                 f.max_connections_per_shard as u64,
             ),
             ("max-watchers-per-stream", f.max_watchers_per_stream as u64),
+            ("preface-timeout-ms", f.preface_timeout_ms),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -490,6 +503,7 @@ impl Config {
             max_concurrent_streams,
             max_connections_per_shard: f.max_connections_per_shard,
             max_watchers_per_stream: f.max_watchers_per_stream,
+            preface_timeout_ms: f.preface_timeout_ms,
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
@@ -736,16 +750,19 @@ mod tests {
             DEFAULT_MAX_CONNECTIONS_PER_SHARD
         );
         assert_eq!(c.max_watchers_per_stream, DEFAULT_MAX_WATCHERS_PER_STREAM);
+        assert_eq!(c.preface_timeout_ms, 10_000);
         let c = parse(&[
             "--max-concurrent-streams=7",
             "--max-connections-per-shard",
             "3",
             "-max-watchers-per-stream=2",
+            "--preface-timeout-ms=250",
         ])
         .expect("valid");
         assert_eq!(c.max_concurrent_streams, 7);
         assert_eq!(c.max_connections_per_shard, 3);
         assert_eq!(c.max_watchers_per_stream, 2);
+        assert_eq!(c.preface_timeout_ms, 250);
         // etcd's default, spelled out, and 0, which grpc-go reads as "no limit".
         let c = parse(&["--max-concurrent-streams", "4294967295"]).expect("valid");
         assert_eq!(c.max_concurrent_streams, u32::MAX);
@@ -754,6 +771,7 @@ mod tests {
         assert!(parse(&["--max-concurrent-streams", "4294967296"]).is_err());
         assert!(parse(&["--max-concurrent-streams", "-1"]).is_err());
         assert!(parse(&["--max-connections-per-shard", "0"]).is_err());
+        assert!(parse(&["--preface-timeout-ms", "0"]).is_err());
     }
 
     #[test]

@@ -81,6 +81,7 @@ fn server_config(config: &Config) -> ServerConfig {
     ServerConfig {
         max_recv_message_bytes: config.grpc_recv_bytes_max(),
         max_concurrent_streams: config.max_concurrent_streams,
+        preface_timeout: Duration::from_millis(config.preface_timeout_ms),
         ..ServerConfig::default()
     }
 }

@@ -36,6 +36,12 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// a few watch streams, which clientv3 multiplexes).
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 10_000;
 
+/// Keel's default time a new connection has to send its first bytes. grpc-go's server allows
+/// 120 s for its whole handshake; until then a silent client holds a file descriptor and one of
+/// its shard's connection slots, so we close it sooner. Real clients send their first bytes
+/// right after the TCP handshake.
+pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the server's executor provides: local (non-`Send`) task spawning and a timer.
 pub trait Runtime: 'static {
     /// Runs `task` to completion on the current thread's executor, detached.
@@ -107,7 +113,7 @@ impl Default for ServerConfig {
             max_header_list_bytes: 64 * 1024,
             max_send_buffer_bytes: 1024 * 1024,
             data_frame_budget_bytes: 16 * 1024 * 1024,
-            preface_timeout: Duration::from_secs(10),
+            preface_timeout: DEFAULT_PREFACE_TIMEOUT,
             http1: Http1Limits::default(),
         }
     }

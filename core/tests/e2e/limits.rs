@@ -1,6 +1,6 @@
 //! Limits and faults at the edge of a member, against the real binary: taking over a port that
-//! etcd just left, SETTINGS_MAX_CONCURRENT_STREAMS, the per-shard connection limit and the
-//! per-stream watcher limit. Where etcd has the same knob, the test
+//! etcd just left, SETTINGS_MAX_CONCURRENT_STREAMS, the per-shard connection limit, the
+//! per-stream watcher limit and the preface timeout. Where etcd has the same knob, the test
 //! runs the same steps against a real etcd 3.4 so the expectation is etcd's.
 //!
 //! HTTP/2 is spoken here frame by frame over a blocking socket (`RawH2`), because the `h2`
@@ -549,4 +549,45 @@ async fn watch_creates_beyond_the_stream_limit_are_canceled_with_a_reason() {
     let mut other = c.watch("o/0", None).await.expect("a second stream");
     let created = next(&mut other).await;
     assert!(created.created() && !created.canceled(), "{created:?}");
+}
+
+#[test]
+fn silent_connections_are_closed_after_the_preface_timeout() {
+    const TIMEOUT: Duration = Duration::from_millis(300);
+    const SLACK: Duration = Duration::from_secs(2);
+    let keel = Server::keel(&["--preface-timeout-ms", "300"]);
+    let port = keel.client_port;
+    let silent_for = |first_bytes: &[u8]| {
+        let started = Instant::now();
+        let mut tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        tcp.set_read_timeout(Some(TIMEOUT + SLACK))
+            .expect("set a read timeout");
+        tcp.write_all(first_bytes).expect("write");
+        let mut buf = [0u8; 64];
+        match tcp.read(&mut buf) {
+            Ok(0) => {}
+            Ok(n) => panic!("an answer to {first_bytes:?}: {:?}", &buf[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("not closed within {:?}: {e}", TIMEOUT + SLACK),
+        }
+        started.elapsed()
+    };
+    // Nothing at all, and most of the preface: neither is a protocol the server can serve yet.
+    for first_bytes in [&b""[..], &PREFACE[..10], &PREFACE[..PREFACE.len() - 2]] {
+        let elapsed = silent_for(first_bytes);
+        assert!(
+            elapsed >= TIMEOUT && elapsed < TIMEOUT + SLACK,
+            "{first_bytes:?}: closed after {elapsed:?}"
+        );
+    }
+    // A connection that did send its preface outlives the timeout, and carries Keel's default
+    // stream limit.
+    let mut h2 = RawH2::connect(port).expect("a connection with a preface is served");
+    assert_eq!(
+        h2.setting(SETTINGS_MAX_CONCURRENT_STREAMS),
+        Some(keel_grpc::DEFAULT_MAX_CONCURRENT_STREAMS)
+    );
+    std::thread::sleep(TIMEOUT * 2);
+    h2.range(1, "k");
+    assert_range_answer(h2.stream_end(1), "after the preface timeout");
 }
