@@ -26,6 +26,25 @@ pub const GRPC_RECV_SLACK_BYTES: u32 = 512 * 1024;
 const _: () =
     assert!(DEFAULT_MAX_REQUEST_BYTES as u64 + (GRPC_RECV_SLACK_BYTES as u64) < u32::MAX as u64);
 
+/// Keel's default for `--max-concurrent-streams` (etcd's is math.MaxUint32); why it differs is
+/// written on the constant.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = keel_grpc::DEFAULT_MAX_CONCURRENT_STREAMS;
+/// Open client connections one shard serves at once (`--max-connections-per-shard`). etcd has
+/// no such limit: it stops at the file-descriptor limit, where accept fails and the kernel's
+/// backlog fills, and nothing else gets a descriptor either. A bound below that closes the
+/// surplus at once, so clients fail over, and the member keeps descriptors for its WAL, value
+/// log and peers. 10,000 per shard: the systemd unit grants 65,536 descriptors, which covers
+/// 4 full shards with room to spare (raise LimitNOFILE with more shards), and an idle gRPC
+/// connection that has made a call costs 20-40 KiB (measured: RSS over 2,000 and 4,000 such
+/// connections; h2's buffers and HPACK tables), so a full shard stays under about 400 MiB.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 10_000;
+/// Watchers one watch stream may hold (`--max-watchers-per-stream`). etcd has no limit; each
+/// watcher costs a map entry and an index entry on its shard, and Kubernetes opens one per
+/// resource type and watch cache, far below this.
+pub const DEFAULT_MAX_WATCHERS_PER_STREAM: usize = 100_000;
+/// `--preface-timeout-ms`: see `keel_grpc::DEFAULT_PREFACE_TIMEOUT` for why.
+pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = keel_grpc::DEFAULT_PREFACE_TIMEOUT.as_millis() as u64;
+
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "keel",
@@ -106,6 +125,15 @@ pub struct Flags {
     #[arg(long = "max-request-bytes", env = "ETCD_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: u32,
 
+    /// Maximum concurrent streams that each client can open at a time (0: no limit, as in etcd).
+    #[arg(
+        long = "max-concurrent-streams",
+        env = "ETCD_MAX_CONCURRENT_STREAMS",
+        default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS,
+        value_parser = parse_go_uint32
+    )]
+    pub max_concurrent_streams: u32,
+
     /// Raise alarms when the store exceeds the given quota. 0 means the default (2 GiB).
     #[arg(
         long = "quota-backend-bytes",
@@ -166,6 +194,33 @@ pub struct Flags {
     /// Keel: which CPU the raft core is pinned to (default: the last one).
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
+
+    /// Keel: open client connections one shard serves at once; a connection beyond it is
+    /// closed as soon as it is accepted.
+    #[arg(
+        long = "max-connections-per-shard",
+        env = "KEEL_MAX_CONNECTIONS_PER_SHARD",
+        default_value_t = DEFAULT_MAX_CONNECTIONS_PER_SHARD
+    )]
+    pub max_connections_per_shard: usize,
+
+    /// Keel: watchers one watch stream may hold; a create beyond it is answered created and
+    /// canceled, with a cancel reason.
+    #[arg(
+        long = "max-watchers-per-stream",
+        env = "KEEL_MAX_WATCHERS_PER_STREAM",
+        default_value_t = DEFAULT_MAX_WATCHERS_PER_STREAM
+    )]
+    pub max_watchers_per_stream: usize,
+
+    /// Keel: milliseconds a new client connection has to send its first bytes (the whole
+    /// HTTP/2 preface, or the start of an HTTP/1.1 request) before it is closed.
+    #[arg(
+        long = "preface-timeout-ms",
+        env = "KEEL_PREFACE_TIMEOUT_MS",
+        default_value_t = DEFAULT_PREFACE_TIMEOUT_MS
+    )]
+    pub preface_timeout_ms: u64,
 
     /// TLS flags: not supported yet, refused rather than silently serving plaintext.
     #[arg(long = "cert-file", env = "ETCD_CERT_FILE", hide = true)]
@@ -279,6 +334,11 @@ pub struct Config {
     pub max_txn_ops: u32,
     pub max_request_bytes: u32,
     pub quota_backend_bytes: u64,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every client connection.
+    pub max_concurrent_streams: u32,
+    pub max_connections_per_shard: usize,
+    pub max_watchers_per_stream: usize,
+    pub preface_timeout_ms: u64,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
@@ -384,6 +444,25 @@ impl Config {
             &f.experimental_corrupt_check_time,
         )
         .map_err(|e| CoreError::Config(format!("--experimental-corrupt-check-time: {e}")))?;
+        // grpc-go reads a limit of 0 as "none" (etcd then advertises nothing); h2 would read it
+        // as "refuse every stream", so 0 becomes the largest value SETTINGS can carry.
+        let max_concurrent_streams = match f.max_concurrent_streams {
+            0 => u32::MAX,
+            n => n,
+        };
+        let positive = [
+            (
+                "max-connections-per-shard",
+                f.max_connections_per_shard as u64,
+            ),
+            ("max-watchers-per-stream", f.max_watchers_per_stream as u64),
+            ("preface-timeout-ms", f.preface_timeout_ms),
+        ];
+        for (flag, value) in positive {
+            if value == 0 {
+                return Err(CoreError::Config(format!("--{flag} must be positive")));
+            }
+        }
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
@@ -442,6 +521,10 @@ impl Config {
             max_txn_ops: f.max_txn_ops,
             max_request_bytes: f.max_request_bytes,
             quota_backend_bytes,
+            max_concurrent_streams,
+            max_connections_per_shard: f.max_connections_per_shard,
+            max_watchers_per_stream: f.max_watchers_per_stream,
+            preface_timeout_ms: f.preface_timeout_ms,
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
@@ -467,6 +550,32 @@ pub fn available_cpus() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+/// Parses an unsigned 32-bit flag value as etcd does (Go's `strconv.ParseUint(s, 0, 32)`):
+/// decimal, or `0x`, `0o`, `0b` and leading-`0` octal prefixes, with single `_` between
+/// digits (or right after a prefix, which Go counts as a digit).
+pub fn parse_go_uint32(text: &str) -> Result<u32, String> {
+    let invalid = || format!("invalid value {text:?}: want an unsigned 32-bit integer");
+    let lower = text.to_ascii_lowercase();
+    let (digits, radix, prefixed) = if let Some(rest) = lower.strip_prefix("0x") {
+        (rest, 16, true)
+    } else if let Some(rest) = lower.strip_prefix("0o") {
+        (rest, 8, true)
+    } else if let Some(rest) = lower.strip_prefix("0b") {
+        (rest, 2, true)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (&lower[1..], 8, true)
+    } else {
+        (lower.as_str(), 10, false)
+    };
+    let underscores_ok =
+        !digits.ends_with('_') && !digits.contains("__") && (prefixed || !digits.starts_with('_'));
+    // Rust's from_str_radix takes a leading '+'; ParseUint takes no sign at all.
+    if digits.is_empty() || !underscores_ok || digits.contains('+') {
+        return Err(invalid());
+    }
+    u32::from_str_radix(&digits.replace('_', ""), radix).map_err(|_| invalid())
 }
 
 /// Rewrites Go-style single-dash long flags (`-name`, `-data-dir=x`) to clap's `--name`.
@@ -654,6 +763,74 @@ mod tests {
         ])
         .expect("valid");
         assert_eq!(c.ignored_flags, vec!["enable-v2", "logger", "metrics"]);
+    }
+
+    #[test]
+    fn limits_have_defaults_and_follow_their_flags() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert_eq!(c.max_concurrent_streams, DEFAULT_MAX_CONCURRENT_STREAMS);
+        assert_eq!(
+            c.max_connections_per_shard,
+            DEFAULT_MAX_CONNECTIONS_PER_SHARD
+        );
+        assert_eq!(c.max_watchers_per_stream, DEFAULT_MAX_WATCHERS_PER_STREAM);
+        assert_eq!(c.preface_timeout_ms, 10_000);
+        let c = parse(&[
+            "--max-concurrent-streams=7",
+            "--max-connections-per-shard",
+            "3",
+            "-max-watchers-per-stream=2",
+            "--preface-timeout-ms=250",
+        ])
+        .expect("valid");
+        assert_eq!(c.max_concurrent_streams, 7);
+        assert_eq!(c.max_connections_per_shard, 3);
+        assert_eq!(c.max_watchers_per_stream, 2);
+        assert_eq!(c.preface_timeout_ms, 250);
+        // etcd's default, spelled out, and 0, which grpc-go reads as "no limit".
+        let c = parse(&["--max-concurrent-streams", "4294967295"]).expect("valid");
+        assert_eq!(c.max_concurrent_streams, u32::MAX);
+        let c = parse(&["--max-concurrent-streams", "0"]).expect("valid");
+        assert_eq!(c.max_concurrent_streams, u32::MAX);
+        assert!(parse(&["--max-concurrent-streams", "4294967296"]).is_err());
+        assert!(parse(&["--max-concurrent-streams", "-1"]).is_err());
+        assert!(parse(&["--max-connections-per-shard", "0"]).is_err());
+        assert!(parse(&["--preface-timeout-ms", "0"]).is_err());
+    }
+
+    #[test]
+    fn uint32_flags_parse_like_go() {
+        for (text, want) in [
+            ("0", 0),
+            ("100", 100),
+            ("0x10", 16),
+            ("0X1f", 31),
+            ("010", 8),
+            ("0o10", 8),
+            ("0b101", 5),
+            ("0x_ff", 255),
+            ("1_000", 1000),
+            ("0_10", 8),
+            ("4294967295", u32::MAX),
+        ] {
+            assert_eq!(parse_go_uint32(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "x",
+            "_1",
+            "1_",
+            "1__0",
+            "0x_",
+            "+1",
+            "-1",
+            "0x",
+            "4294967296",
+            "0b2",
+            "09",
+        ] {
+            assert!(parse_go_uint32(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -22,11 +22,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::{TcpListener, TcpStream};
 use keel_raft::{Message, MessageType, SnapshotStatus};
 
 use crate::config::url_host_port;
-use crate::rt;
+use crate::rt::{self, TcpStream};
 
 /// Messages queued for one peer before new ones are dropped.
 pub const PEER_QUEUE_MSGS_MAX: usize = 16 * 1024;
@@ -217,9 +216,11 @@ impl Transport {
         })
     }
 
-    /// Serves incoming peer connections on `addr`, forever.
+    /// Serves incoming peer connections on `addr`, forever. The listener allows address reuse,
+    /// so a member replacing another on the same peer URL starts while the old one's
+    /// connections sit in TIME_WAIT.
     pub fn listen(self: &Rc<Self>, addr: SocketAddr) -> std::io::Result<()> {
-        let listener = TcpListener::bind(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let listener = rt::bind_listener(addr)?;
         let this = self.clone();
         rt::spawn_local(async move {
             loop {

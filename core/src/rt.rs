@@ -6,6 +6,8 @@
 //! outside `io` lives here so an upgrade or a swap touches one file.
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, IntoRawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use crossbeam::queue::ArrayQueue;
 use futures_util::task::AtomicWaker;
 
 use crate::error::CoreError;
+
+pub use glommio::net::{TcpListener, TcpStream};
 
 /// Locked memory per executor is 3 x io_memory (three io_uring rings), and `ulimit -l` is small
 /// for unprivileged users: keep it at 1 MiB (FIELD-NOTES, glommio).
@@ -134,6 +138,40 @@ impl<T> Future for MailboxReady<'_, T> {
     }
 }
 
+/// The accept backlog asked for; the kernel caps it at net.core.somaxconn, which is what Go
+/// (and so etcd) asks for.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// Binds a listening TCP socket on `addr` for the current executor, with both SO_REUSEPORT
+/// (every shard binds the same address and the kernel spreads connections across them) and
+/// SO_REUSEADDR. glommio's own `TcpListener::bind` sets only the first, so a member could not
+/// take over a port whose previous owner (an etcd being replaced, or Keel itself restarting)
+/// left accepted connections in TIME_WAIT: bind failed with EADDRINUSE. Go sets SO_REUSEADDR on
+/// every listener, which is why etcd restarts on such a port.
+///
+/// Call it on the executor that will accept: glommio ties the listener to the current reactor.
+pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = listening_socket(addr)?;
+    // SAFETY: the fd is a bound, listening TCP socket we own; into_raw_fd hands its ownership
+    // to glommio's listener, which closes it on drop.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+}
+
+/// The socket under [`bind_listener`]: bound and listening, not yet tied to an executor.
+fn listening_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    // socket2 opens it with SOCK_CLOEXEC, as glommio does.
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket)
+}
+
 /// Sleeps on the current glommio executor.
 pub async fn sleep(d: Duration) {
     glommio::timer::sleep(d).await;
@@ -156,6 +194,13 @@ pub async fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Se
         .expect("the OS starts a thread");
     rx.await
         .expect("the thread sends its result before it ends (it does not panic)")
+}
+
+/// Spawns a task on the current executor; the returned future completes with its output.
+pub fn spawn_local_handle<T: 'static, F: Future<Output = T> + 'static>(
+    f: F,
+) -> impl Future<Output = T> {
+    glommio::spawn_local(f)
 }
 
 #[cfg(test)]
@@ -197,6 +242,67 @@ mod tests {
             consumer.join().expect("consumer finishes"),
             (0..100).sum::<u64>()
         );
+    }
+
+    #[test]
+    fn listening_sockets_share_a_port_and_allow_address_reuse() {
+        let first = listening_socket("127.0.0.1:0".parse().expect("an address"))
+            .expect("an ephemeral port binds");
+        let addr = first
+            .local_addr()
+            .expect("a bound socket has an address")
+            .as_socket()
+            .expect("an inet address");
+        // A second shard binds the same address (SO_REUSEPORT).
+        let second = listening_socket(addr).expect("a second listener shares the port");
+        for socket in [&first, &second] {
+            assert!(socket.reuse_address().expect("getsockopt SO_REUSEADDR"));
+            assert!(socket.reuse_port().expect("getsockopt SO_REUSEPORT"));
+        }
+    }
+
+    #[test]
+    fn a_port_with_connections_in_time_wait_can_be_bound_again() {
+        // The previous owner listens as Go does (SO_REUSEADDR), accepts, and closes first, so
+        // the server side of the connection lingers in TIME_WAIT on the port.
+        let old = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = old.local_addr().expect("address");
+        let client = std::net::TcpStream::connect(addr).expect("connect");
+        let (accepted, _) = old.accept().expect("accept");
+        drop(accepted);
+        let mut client = client;
+        let mut buf = [0u8; 1];
+        let eof = std::io::Read::read(&mut client, &mut buf).expect("the server's FIN arrives");
+        assert_eq!(eof, 0);
+        drop(client);
+        drop(old);
+        // Without SO_REUSEADDR (glommio's bind sets only SO_REUSEPORT) this fails with
+        // EADDRINUSE.
+        let plain = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        plain.set_reuse_port(true).expect("SO_REUSEPORT");
+        let err = plain
+            .bind(&addr.into())
+            .expect_err("TIME_WAIT blocks a plain bind");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+        listening_socket(addr).expect("SO_REUSEADDR takes the port over");
+    }
+
+    #[test]
+    fn a_bound_listener_accepts_on_its_executor() {
+        let executor = spawn_pinned("listen-test", 0, || async {
+            let listener = bind_listener("127.0.0.1:0".parse().expect("an address"))
+                .expect("an ephemeral port binds");
+            let addr = listener.local_addr().expect("an address");
+            let client = std::net::TcpStream::connect(addr).expect("connect");
+            let stream = listener.accept().await.expect("accept");
+            assert_eq!(
+                stream.peer_addr().expect("peer address"),
+                client.local_addr().expect("local address")
+            );
+        })
+        .expect("executor starts");
+        executor.join().expect("the test body finishes");
     }
 
     #[test]

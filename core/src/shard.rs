@@ -1,25 +1,31 @@
 //! A shard: one pinned executor that owns its listeners, connections and call tasks. Every
-//! shard binds the same client addresses with SO_REUSEPORT (glommio sets it), and the kernel
-//! spreads connections across them.
+//! shard binds the same client addresses with SO_REUSEPORT (and SO_REUSEADDR, see
+//! `rt::bind_listener`), and the kernel spreads connections across them.
+//!
+//! A shard serves at most `--max-connections-per-shard` connections at once; one accepted
+//! beyond that is closed at once (a gRPC client sees the endpoint unavailable and fails over),
+//! and the shard logs it at most once per second.
 //!
 //! Architecture invariant: a connection and all its streams live on the shard that accepted it;
 //! nothing about a connection crosses cores.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use glommio::net::TcpListener;
 use keel_grpc::{serve_connection, Runtime, ServerConfig};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
+use crate::config::Config;
 use crate::error::CoreError;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
-use crate::rt;
+use crate::rt::{self, TcpListener};
 use crate::service::Api;
 use crate::shared::Shared;
 use crate::watch::Hub;
@@ -71,10 +77,82 @@ pub fn start(
     Ok(handles)
 }
 
-fn server_config(shared: &Shared) -> ServerConfig {
+/// The gRPC server's limits, from the node's configuration and its derived size limits.
+fn server_config(config: &Config, limits: &Limits) -> ServerConfig {
     ServerConfig {
-        max_recv_message_bytes: shared.limits.grpc_recv_bytes_max,
+        max_recv_message_bytes: limits.grpc_recv_bytes_max,
+        max_concurrent_streams: config.max_concurrent_streams,
+        preface_timeout: Duration::from_millis(config.preface_timeout_ms),
         ..ServerConfig::default()
+    }
+}
+
+/// How often a shard at its connection limit may say so in the log: a client retrying in a
+/// tight loop must not flood it.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counts a shard's open connections (all its listeners together) against its limit.
+struct ConnectionLimit {
+    shard: usize,
+    max: usize,
+    open: Cell<usize>,
+    /// Connections refused since the last log line, reported with the next one.
+    refused_unlogged: Cell<u64>,
+    last_log: Cell<Option<Instant>>,
+}
+
+impl ConnectionLimit {
+    fn new(shard: usize, max: usize) -> Rc<ConnectionLimit> {
+        assert!(max > 0, "a shard must be able to serve a connection");
+        Rc::new(ConnectionLimit {
+            shard,
+            max,
+            open: Cell::new(0),
+            refused_unlogged: Cell::new(0),
+            last_log: Cell::new(None),
+        })
+    }
+
+    /// A slot for one more connection, released when dropped; `None` at the limit (and the
+    /// refusal is counted, and logged when the last log line is old enough).
+    fn admit(self: &Rc<Self>, addr: SocketAddr, peer: Option<SocketAddr>) -> Option<Slot> {
+        let open = self.open.get();
+        assert!(open <= self.max, "more connections open than the limit");
+        if open < self.max {
+            self.open.set(open + 1);
+            return Some(Slot(self.clone()));
+        }
+        let refused = self.refused_unlogged.get() + 1;
+        self.refused_unlogged.set(refused);
+        let now = Instant::now();
+        let quiet = self
+            .last_log
+            .get()
+            .is_none_or(|at| now.duration_since(at) >= REFUSAL_LOG_INTERVAL);
+        if quiet {
+            self.last_log.set(Some(now));
+            self.refused_unlogged.set(0);
+            tracing::warn!(
+                shard = self.shard,
+                %addr,
+                peer = ?peer,
+                refused,
+                max_connections_per_shard = self.max,
+                "refusing client connections: shard at its connection limit (--max-connections-per-shard)"
+            );
+        }
+        None
+    }
+}
+
+/// One admitted connection; gives its place back when the connection ends.
+struct Slot(Rc<ConnectionLimit>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let open = self.0.open.get();
+        assert!(open > 0, "a slot was released twice");
+        self.0.open.set(open - 1);
     }
 }
 
@@ -86,10 +164,9 @@ async fn run(
 ) {
     let mut listeners = Vec::new();
     for addr in shared.config.listen_client_addrs.clone() {
-        match TcpListener::bind(addr) {
+        match rt::bind_listener(addr) {
             Ok(l) => listeners.push((addr, l)),
-            Err(e) => {
-                let source = std::io::Error::other(e.to_string());
+            Err(source) => {
                 let _ = bound.send(Err(CoreError::Listen { addr, source }));
                 return;
             }
@@ -97,16 +174,23 @@ async fn run(
     }
     let _ = bound.send(Ok(()));
     let hub = Hub::new(shard, shared.clone());
-    glommio::spawn_local(hub.clone().run()).detach();
+    rt::spawn_local(hub.clone().run());
     let api = Rc::new(Api::new(shared.clone(), metrics, hub));
-    let config = Rc::new(server_config(&shared));
+    let config = Rc::new(server_config(&shared.config, &shared.limits));
+    let limit = ConnectionLimit::new(shard, shared.config.max_connections_per_shard);
     let runtime = Rc::new(Glommio);
     let mut tasks = Vec::new();
     for (addr, listener) in listeners {
-        let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
-        tasks.push(glommio::spawn_local(accept_loop(
-            shard, addr, listener, api, config, runtime,
-        )));
+        let accept = accept_loop(
+            shard,
+            addr,
+            listener,
+            api.clone(),
+            config.clone(),
+            limit.clone(),
+            runtime.clone(),
+        );
+        tasks.push(rt::spawn_local_handle(accept));
     }
     for t in tasks {
         t.await;
@@ -119,11 +203,18 @@ async fn accept_loop(
     listener: TcpListener,
     api: Rc<Api>,
     config: Rc<ServerConfig>,
+    limit: Rc<ConnectionLimit>,
     runtime: Rc<Glommio>,
 ) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                let Some(slot) = limit.admit(addr, stream.peer_addr().ok()) else {
+                    // Closed before a byte is read: the client sees the connection end before
+                    // the server's preface, which grpc-go treats as an unavailable endpoint.
+                    drop(stream);
+                    continue;
+                };
                 // Small unary calls must not wait for Nagle's timer.
                 let _ = stream.set_nodelay(true);
                 let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
@@ -132,6 +223,7 @@ async fn accept_loop(
                         // Clients reset connections when they exit: normal, so only at debug.
                         tracing::debug!(shard, error = %e, "connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
             Err(e) => {

@@ -35,8 +35,6 @@ use prost::Message;
 use crate::convert;
 use crate::shared::Shared;
 
-/// Watchers one stream may hold.
-pub const WATCHERS_PER_STREAM_MAX: usize = 100_000;
 /// Encoded responses a stream may have queued before its watchers fall back to history.
 pub const STREAM_QUEUE_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Events read from history per catch-up step, so one slow watcher cannot hog the shard.
@@ -51,6 +49,9 @@ const WATCH_ID_INVALID: i64 = -1;
 const REASON_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
 const REASON_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 const REASON_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+/// A create beyond `--max-watchers-per-stream` (etcd has no such limit, so no string of its
+/// own): worded like etcd's errors, and fixed, so clients can match on it.
+pub const REASON_TOO_MANY_WATCHERS: &str = "etcdserver: too many watchers on this watch stream";
 
 /// One event, encoded once for every watcher of every shard.
 #[derive(Debug)]
@@ -723,6 +724,14 @@ impl Hub {
             stream.push(frame_of(&reject(REASON_COMPACTED, WATCH_ID_INVALID)));
             return;
         }
+        // Before an id is taken, so a refused create does not use one up.
+        if stream.watchers.borrow().len() >= self.shared.config.max_watchers_per_stream {
+            stream.push(frame_of(&reject(
+                REASON_TOO_MANY_WATCHERS,
+                WATCH_ID_INVALID,
+            )));
+            return;
+        }
         let id = if c.watch_id == 0 {
             let watchers = stream.watchers.borrow();
             let mut id = stream.next_watch_id.get();
@@ -737,13 +746,6 @@ impl Hub {
         } else {
             c.watch_id
         };
-        if stream.watchers.borrow().len() >= WATCHERS_PER_STREAM_MAX {
-            stream.push(frame_of(&reject(
-                "keel: too many watchers on this stream",
-                WATCH_ID_INVALID,
-            )));
-            return;
-        }
         self.add_watcher_count(1);
         // Read the revision only after the count is visible to the raft core (see
         // add_watcher_count): every later revision reaches this hub as a batch.

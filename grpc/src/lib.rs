@@ -55,6 +55,6 @@ pub use error::GrpcError;
 pub use http1::{Http1Limits, HttpRequest, HttpResponse};
 pub use server::{
     serve_connection, unary, Call, CallHead, Handler, RequestStream, ResponseSink, Runtime,
-    ServerConfig,
+    ServerConfig, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_PREFACE_TIMEOUT,
 };
 pub use status::{split_method_path, Code, EtcdError, ServiceKnown, Status};

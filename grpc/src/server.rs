@@ -28,6 +28,20 @@ use crate::status::{Code, Status};
 /// The HTTP/2 client connection preface; anything else on the port is served as HTTP/1.1.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// Keel's default SETTINGS_MAX_CONCURRENT_STREAMS. etcd 3.4 advertises math.MaxUint32 (no
+/// limit); we keep one because every stream is a task with its own receive buffer. grpc-go
+/// clients queue calls beyond the advertised limit instead of failing them, so a limit only
+/// delays, and 10,000 is far above what one kube-apiserver keeps in flight on a connection
+/// (its default --max-requests-inflight 400 plus --max-mutating-requests-inflight 200, plus
+/// a few watch streams, which clientv3 multiplexes).
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 10_000;
+
+/// Keel's default time a new connection has to send its first bytes. grpc-go's server allows
+/// 120 s for its whole handshake; until then a silent client holds a file descriptor and one of
+/// its shard's connection slots, so we close it sooner. Real clients send their first bytes
+/// right after the TCP handshake.
+pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the server's executor provides: local (non-`Send`) task spawning and a timer.
 pub trait Runtime: 'static {
     /// Runs `task` to completion on the current thread's executor, detached.
@@ -63,7 +77,8 @@ pub struct ServerConfig {
     pub max_recv_message_bytes: usize,
     /// Largest response message sent (grpc-go default: i32::MAX).
     pub max_send_message_bytes: usize,
-    /// SETTINGS_MAX_CONCURRENT_STREAMS: bounds the call tasks of one connection.
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: bounds the call tasks of one connection. h2 refuses a
+    /// stream beyond it with RST_STREAM(REFUSED_STREAM) and the connection serves on.
     pub max_concurrent_streams: u32,
     /// SETTINGS_INITIAL_WINDOW_SIZE: what a client may send on one stream before we release.
     pub initial_stream_window_bytes: u32,
@@ -91,14 +106,14 @@ impl Default for ServerConfig {
         ServerConfig {
             max_recv_message_bytes: DEFAULT_MAX_RECV_MESSAGE_BYTES,
             max_send_message_bytes: DEFAULT_MAX_SEND_MESSAGE_BYTES,
-            max_concurrent_streams: 10_000,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             initial_stream_window_bytes: 1024 * 1024,
             initial_connection_window_bytes: 16 * 1024 * 1024,
             max_frame_bytes: 64 * 1024,
             max_header_list_bytes: 64 * 1024,
             max_send_buffer_bytes: 1024 * 1024,
             data_frame_budget_bytes: 16 * 1024 * 1024,
-            preface_timeout: Duration::from_secs(10),
+            preface_timeout: DEFAULT_PREFACE_TIMEOUT,
             http1: Http1Limits::default(),
         }
     }

@@ -159,13 +159,30 @@ impl Server {
     }
 
     pub fn start(kind: Kind, extra_args: &[&str]) -> Server {
-        Server::start_in(kind, extra_args, &[], None)
+        Server::start_full(kind, free_port(), free_port(), extra_args, &[], None)
+    }
+
+    /// Starts a server on the given client and peer ports (e.g. ones another server just
+    /// left), with a fresh data directory.
+    pub fn start_on(kind: Kind, client_port: u16, peer_port: u16, extra_args: &[&str]) -> Server {
+        Server::start_full(kind, client_port, peer_port, extra_args, &[], None)
     }
 
     /// Starts a server with environment variables set and, optionally, its data directory at
     /// `data_dir` instead of inside its own temp dir (e.g. on a small filesystem a test made).
     pub fn start_in(
         kind: Kind,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        data_dir: Option<PathBuf>,
+    ) -> Server {
+        Server::start_full(kind, free_port(), free_port(), extra_args, env, data_dir)
+    }
+
+    fn start_full(
+        kind: Kind,
+        client_port: u16,
+        peer_port: u16,
         extra_args: &[&str],
         env: &[(&str, &str)],
         data_dir: Option<PathBuf>,
@@ -181,8 +198,8 @@ impl Server {
         let data_dir = data_dir.unwrap_or_else(|| dir.path().join("data"));
         let mut server = Server {
             kind,
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port,
+            peer_port,
             dir,
             data_dir,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
@@ -262,6 +279,11 @@ impl Server {
         self.child = Some(child);
     }
 
+    /// Everything the current run of the server logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.launches)).unwrap_or_default()
+    }
+
     /// The last lines the server logged, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.log_path(self.launches)).unwrap_or_default();
@@ -278,6 +300,9 @@ impl Server {
                 .as_mut()
                 .and_then(|c| c.try_wait().expect("waitpid works"))
             {
+                // Reaped: nothing left for Drop to stop (a SIGTERM to it would fail and turn
+                // this panic into an abort that hides the message).
+                self.child = None;
                 panic!(
                     "{:?} exited with {status} before it answered:\n{}",
                     self.kind,
