@@ -12,4 +12,8 @@ pub enum GrpcError {
     /// The client sent nothing within `ServerConfig::preface_timeout`.
     #[error("no preface within the preface timeout")]
     PrefaceTimeout,
+    /// An HTTP/1.1 client sent nothing for the preface timeout, mid-request or between
+    /// keep-alive requests.
+    #[error("no HTTP/1.1 bytes within the read timeout")]
+    ReadTimeout,
 }

@@ -2,7 +2,12 @@
 //! `/version`, `/metrics`, the JSON gateway): a sans-I/O request parser, a response writer, and
 //! the connection loop. Keep-alive and `Content-Length` bodies only; no chunked encoding.
 
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::time::Duration;
+
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::future::{select, Either};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -218,12 +223,33 @@ pub fn write_response(response: &HttpResponse, keep_alive: KeepAlive) -> Vec<u8>
     out
 }
 
-/// Serves HTTP/1.1 requests on `io` until the peer closes, asks to close, or errs.
-/// `initial` holds bytes already read by protocol sniffing.
+/// Reads more bytes into `buffer`, or fails once `read_timeout` passes with nothing read: a
+/// client that stops mid-request (or idles between keep-alive requests) must not hold a
+/// connection slot forever.
+async fn read_more<IO>(
+    io: &mut IO,
+    buffer: &mut BytesMut,
+    read_timeout: Duration,
+    sleep: &dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()>>>,
+) -> Result<usize, GrpcError>
+where
+    IO: AsyncRead + Unpin,
+{
+    let read = pin!(io.read_buf(buffer));
+    match select(read, sleep(read_timeout)).await {
+        Either::Left((read, _)) => Ok(read?),
+        Either::Right(((), _)) => Err(GrpcError::ReadTimeout),
+    }
+}
+
+/// Serves HTTP/1.1 requests on `io` until the peer closes, asks to close, errs, or sends
+/// nothing for `read_timeout`. `initial` holds bytes already read by protocol sniffing.
 pub(crate) async fn serve_http1<IO, F, Fut>(
     mut io: IO,
     initial: BytesMut,
     limits: Http1Limits,
+    read_timeout: Duration,
+    sleep: &dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()>>>,
     handle: F,
 ) -> Result<(), GrpcError>
 where
@@ -249,7 +275,7 @@ where
                 }
             }
             buffer.reserve(READ_CHUNK_BYTES);
-            if io.read_buf(&mut buffer).await? == 0 {
+            if read_more(&mut io, &mut buffer, read_timeout, sleep).await? == 0 {
                 // The peer closed between requests (or mid-head): nothing to answer.
                 return Ok(());
             }
@@ -257,7 +283,7 @@ where
         buffer.advance(head.head_bytes);
         while buffer.len() < head.content_length_bytes {
             buffer.reserve(head.content_length_bytes - buffer.len());
-            if io.read_buf(&mut buffer).await? == 0 {
+            if read_more(&mut io, &mut buffer, read_timeout, sleep).await? == 0 {
                 return Ok(());
             }
         }

@@ -95,7 +95,8 @@ pub struct ServerConfig {
     /// ENHANCE_YOUR_CALM. Must cover a full window of small messages a handler has not read yet.
     pub data_frame_budget_bytes: usize,
     /// How long a new connection may take to send its first bytes (the HTTP/2 preface or an
-    /// HTTP/1.1 request line) before it is closed.
+    /// HTTP/1.1 request line) before it is closed; on HTTP/1.1 also the longest wait for the
+    /// next bytes of a request, or for the next request on a kept-alive connection.
     pub preface_timeout: Duration,
     /// Limits for HTTP/1.1 requests on the same port.
     pub http1: Http1Limits,
@@ -505,9 +506,16 @@ where
     }
     if !sniffed.starts_with(PREFACE) {
         let http_handler = handler.clone();
-        return serve_http1(io, sniffed, config.http1, move |request| {
-            http_handler.clone().http(request)
-        })
+        let sleep_runtime = runtime.clone();
+        let sleep = move |d: Duration| sleep_runtime.sleep(d);
+        return serve_http1(
+            io,
+            sniffed,
+            config.http1,
+            config.preface_timeout,
+            &sleep,
+            move |request| http_handler.clone().http(request),
+        )
         .await;
     }
     let mut builder = h2::server::Builder::new();

@@ -1070,6 +1070,38 @@ fn silent_connections_are_closed_after_the_preface_timeout() {
 }
 
 #[test]
+fn http1_clients_that_stall_mid_request_or_idle_between_requests_are_closed() {
+    // Half a request head: the preface timeout covers the first bytes, the read timeout the
+    // rest of the head.
+    let started = Instant::now();
+    let mut half = StdTcpStream::connect(server_addr()).expect("connect");
+    half.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .expect("write");
+    let received = read_until_closed(&mut half);
+    assert!(
+        received.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&received)
+    );
+    let elapsed = started.elapsed();
+    assert!(elapsed >= PREFACE_TIMEOUT, "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    // A kept-alive connection that answered one request and then idles.
+    let started = Instant::now();
+    let mut idle = StdTcpStream::connect(server_addr()).expect("connect");
+    idle.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let received = read_until_closed(&mut idle);
+    assert!(
+        received.starts_with(b"HTTP/1.1 "),
+        "no answer before the close"
+    );
+    let elapsed = started.elapsed();
+    assert!(elapsed >= PREFACE_TIMEOUT, "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
 fn etcdctl_watch_runs_over_our_bidi_stream() {
     if std::process::Command::new("etcdctl")
         .arg("version")
