@@ -15,6 +15,7 @@ mod porcupine;
 mod workload;
 
 mod basic;
+mod compaction;
 mod failover;
 mod membership;
 mod partition;

@@ -1,6 +1,6 @@
 //! End-to-end tests: the real `keel` binary driven by real clients (etcdctl 3.4 and the
 //! `etcd-client` crate), a differential run against a real etcd 3.4, malformed input on the
-//! wire, and crash/restart durability.
+//! wire, crash/restart durability, and auto-compaction side by side with etcd.
 //!
 //! One test binary, so the slow link of the gRPC client happens once. Every test starts its own
 //! server on its own ports and data directory, so the tests run in parallel.
@@ -10,6 +10,7 @@ mod common;
 
 mod bad_input;
 mod client;
+mod compaction;
 mod differential;
 mod durability;
 mod etcdctl;
