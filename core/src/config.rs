@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::compactor::Retention;
 use crate::error::CoreError;
 
 /// etcd's defaults (embed/config.go), kept here so a reader can compare them side by side.
@@ -174,6 +175,9 @@ pub struct Flags {
     #[arg(
         long = "auto-compaction-retention",
         env = "ETCD_AUTO_COMPACTION_RETENTION",
+        // Go's flag package takes "-1" or "-5m" as the value; etcd then refuses it with a
+        // message we want to give too, rather than clap's "unexpected argument".
+        allow_hyphen_values = true,
         default_value = "0"
     )]
     pub auto_compaction_retention: String,
@@ -185,6 +189,16 @@ pub struct Flags {
         default_value = "periodic"
     )]
     pub auto_compaction_mode: String,
+
+    /// Keel, for tests only: how often revision-mode auto-compaction checks the revision, in
+    /// milliseconds. etcd's interval (5 minutes, the default) is not configurable in etcd.
+    #[arg(
+        long = "revision-compaction-interval-ms",
+        env = "KEEL_REVISION_COMPACTION_INTERVAL_MS",
+        hide = true,
+        default_value_t = crate::compactor::REVISION_CHECK_INTERVAL_MS
+    )]
+    pub revision_compaction_interval_ms: u64,
 
     /// Keel: number of client-serving shards, each a pinned core with its own executor
     /// (0 = one per available core).
@@ -343,6 +357,8 @@ pub struct Config {
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
     pub log_level: String,
+    /// Auto-compaction's retention and mode; None when off (etcd's default).
+    pub auto_compaction: Option<Retention>,
     pub shards: usize,
     pub raft_cpu: usize,
     /// Compare data with the peers before serving (`--experimental-initial-corrupt-check`).
@@ -440,10 +456,16 @@ impl Config {
                 "--max-txn-ops and --max-request-bytes must be positive".into(),
             ));
         }
-        let corrupt_check_interval = crate::duration::parse_go_duration(
-            &f.experimental_corrupt_check_time,
-        )
-        .map_err(|e| CoreError::Config(format!("--experimental-corrupt-check-time: {e}")))?;
+        let corrupt_check_interval =
+            crate::compactor::parse_go_duration(&f.experimental_corrupt_check_time)
+                .and_then(|ns| {
+                    u64::try_from(ns)
+                        .map(std::time::Duration::from_nanos)
+                        .map_err(|_| "a negative duration".to_string())
+                })
+                .map_err(|e| {
+                    CoreError::Config(format!("--experimental-corrupt-check-time: {e}"))
+                })?;
         // grpc-go reads a limit of 0 as "none" (etcd then advertises nothing); h2 would read it
         // as "refuse every stream", so 0 becomes the largest value SETTINGS can carry.
         let max_concurrent_streams = match f.max_concurrent_streams {
@@ -463,6 +485,17 @@ impl Config {
                 return Err(CoreError::Config(format!("--{flag} must be positive")));
             }
         }
+        if f.revision_compaction_interval_ms == 0 {
+            return Err(CoreError::Config(
+                "--revision-compaction-interval-ms must be positive".into(),
+            ));
+        }
+        let auto_compaction = crate::compactor::parse_retention(
+            &f.auto_compaction_mode,
+            &f.auto_compaction_retention,
+            f.revision_compaction_interval_ms,
+        )
+        .map_err(CoreError::Config)?;
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
@@ -529,6 +562,7 @@ impl Config {
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
             log_level: f.log_level,
+            auto_compaction,
             shards,
             raft_cpu,
             initial_corrupt_check: f.experimental_initial_corrupt_check,
@@ -579,12 +613,17 @@ pub fn parse_go_uint32(text: &str) -> Result<u32, String> {
 }
 
 /// Rewrites Go-style single-dash long flags (`-name`, `-data-dir=x`) to clap's `--name`.
-/// A lone `-` and short flags like `-h` stay as they are.
+/// A lone `-`, short flags like `-h`, and values that start with a dash but not with a letter
+/// (`-1`, `-5m`: flag names never do) stay as they are.
 pub fn normalize_go_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
         .enumerate()
         .map(|(i, a)| {
-            let is_go_long = i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2;
+            let is_go_long = i > 0
+                && a.starts_with('-')
+                && !a.starts_with("--")
+                && a.len() > 2
+                && a[1..].starts_with(|c: char| c.is_ascii_alphabetic());
             if is_go_long {
                 format!("-{a}")
             } else {
@@ -831,6 +870,76 @@ mod tests {
         ] {
             assert!(parse_go_uint32(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn auto_compaction_flags_are_read_as_etcd_reads_them() {
+        assert_eq!(parse(&[]).expect("defaults").auto_compaction, None);
+        let c = parse(&["--auto-compaction-retention", "2s"]).expect("valid");
+        assert_eq!(
+            c.auto_compaction,
+            Some(Retention::Periodic { period_ms: 2000 })
+        );
+        let c = parse(&["--auto-compaction-retention=1"]).expect("valid");
+        assert_eq!(
+            c.auto_compaction,
+            Some(Retention::Periodic {
+                period_ms: 3_600_000
+            })
+        );
+        let c = parse(&[
+            "-auto-compaction-mode",
+            "revision",
+            "-auto-compaction-retention",
+            "1000",
+        ])
+        .expect("valid");
+        assert_eq!(
+            c.auto_compaction,
+            Some(Retention::Revision {
+                revisions: 1000,
+                check_interval_ms: 5 * 60 * 1000
+            })
+        );
+        let c = parse(&[
+            "--auto-compaction-mode",
+            "revision",
+            "--auto-compaction-retention",
+            "10",
+            "--revision-compaction-interval-ms",
+            "500",
+        ])
+        .expect("valid");
+        assert_eq!(
+            c.auto_compaction,
+            Some(Retention::Revision {
+                revisions: 10,
+                check_interval_ms: 500
+            })
+        );
+        let err = parse(&["--auto-compaction-retention", "1d"]).expect_err("refused");
+        assert!(
+            err.to_string().contains(
+                "error parsing CompactionRetention: time: unknown unit \"d\" in duration \"1d\""
+            ),
+            "{err}"
+        );
+        let err = parse(&["--auto-compaction-mode", "hourly"]).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("unknown auto-compaction-mode \"hourly\""),
+            "{err}"
+        );
+        assert!(parse(&["--revision-compaction-interval-ms", "0"]).is_err());
+        // A dash-led value reaches etcd's parser, as with Go's flag package.
+        let err = parse(&["--auto-compaction-retention", "-1"]).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("time: missing unit in duration \"-1\""),
+            "{err}"
+        );
+        let err = parse(&["-auto-compaction-retention", "-5m"]).expect_err("refused");
+        assert!(err.to_string().contains("negative"), "{err}");
     }
 
     #[test]

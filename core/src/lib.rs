@@ -2,10 +2,10 @@
 
 pub mod alarms;
 pub mod checkpoint;
+pub mod compactor;
 pub mod config;
 pub mod convert;
 pub mod corrupt;
-pub mod duration;
 pub mod error;
 pub mod http;
 pub mod ids;

@@ -110,6 +110,9 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         shards = config.shards,
         raft_cpu = config.raft_cpu,
         ignored_flags = ?config.ignored_flags,
+        auto_compaction = config
+            .auto_compaction
+            .map_or("off".to_string(), |r| r.to_string()),
         "keel is serving client requests"
     );
 

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::alarms::{AlarmAction, Alarms};
 use crate::checkpoint;
+use crate::compactor::{AutoCompactor, Leadership};
 use crate::config::{ClusterState, Config};
 use crate::convert;
 use crate::error::CoreError;
@@ -119,6 +120,8 @@ pub struct RaftCore {
     /// This member's name and client URLs are in the applied membership.
     attributes_published: bool,
     request_timeout: Duration,
+    /// etcd's auto-compaction; proposes only while this member leads.
+    auto_compactor: AutoCompactor,
 }
 
 /// The opened pieces, before the shared state exists.
@@ -326,6 +329,12 @@ impl RaftCore {
                 })?;
         }
         let request_timeout = shared.request_timeout();
+        let auto_compactor = AutoCompactor::new(
+            shared.config.auto_compaction,
+            shared.config.heartbeat_interval_ms,
+            Instant::now(),
+            writer.current_revision(),
+        );
         let mut core = RaftCore {
             shared,
             node,
@@ -352,6 +361,7 @@ impl RaftCore {
             is_leader: false,
             attributes_published: false,
             request_timeout,
+            auto_compactor,
         };
         core.set_members(members);
         Ok(core)
@@ -430,6 +440,11 @@ impl RaftCore {
                     next_tick += tick;
                 }
                 self.expire_leases();
+                let (rev, role) = (
+                    self.writer.current_revision(),
+                    Leadership::of(self.is_leader),
+                );
+                self.auto_compactor.tick(now, rev, role, &self.shared);
                 self.expire_waiting(now);
                 self.publish_attributes();
             }

@@ -24,6 +24,10 @@ use crate::metrics::Metrics;
 use crate::shared::{kv_error, Answer, MemberChange, Query, Shared};
 use crate::watch::Hub;
 
+/// Captures Maintenance.Hash takes before giving up when a new compaction starts during each
+/// of its scans (every compaction is a raft entry: three in one scan is a very busy compactor).
+const HASH_ATTEMPTS_MAX: usize = 3;
+
 /// The version Status and /version report. kube-apiserver enables RequestProgress only from
 /// 3.5.13, and clients parse it as semver.
 pub const ETCD_VERSION: &str = "3.5.17";
@@ -155,6 +159,9 @@ impl Api {
                 unary(call, sink, |r, _| async move { this.defragment(r).await }).await
             }
             "/etcdserverpb.Maintenance/Snapshot" => self.snapshot(call, sink).await,
+            "/etcdserverpb.Maintenance/Hash" => {
+                unary(call, sink, |r, _| async move { this.hash(r).await }).await
+            }
             "/etcdserverpb.Maintenance/HashKV" => {
                 unary(call, sink, |r, _| async move { this.hash_kv(r) }).await
             }
@@ -496,6 +503,50 @@ impl Api {
             hash,
             compact_revision,
         })
+    }
+
+    /// Maintenance.Hash: a hash of the whole replicated state (every kept revision, leases, the
+    /// compact revision, then raft's voters and learners), equal on every member that applied
+    /// the same entries. It hashes the same consistent capture Maintenance.Snapshot takes,
+    /// off the shard's executor, so a large store never stalls this shard's other requests.
+    ///
+    /// Member names and URLs are left out: a founding member's view of them comes from its own
+    /// flags until the attribute entries apply, so healthy members could disagree.
+    async fn hash(&self, _r: pb::HashRequest) -> R<pb::HashResponse> {
+        for _ in 0..HASH_ATTEMPTS_MAX {
+            let snap = self
+                .shared
+                .query(|reply| Query::Snapshot { reply })
+                .await
+                .map_err(etcd)?;
+            let revision = snap.source.revision();
+            let conf_state = snap.conf_state;
+            let source = snap.source;
+            let store_hash = glommio::executor()
+                .spawn_blocking(move || source.hash())
+                .await;
+            match store_hash {
+                Ok(store_hash) => {
+                    // Continue the store's CRC stream over the membership.
+                    let mut hasher = crc32fast::Hasher::new_with_initial(store_hash);
+                    for ids in [&conf_state.voters, &conf_state.learners] {
+                        assert!(ids.windows(2).all(|w| w[0] < w[1]), "raft keeps ids sorted");
+                        hasher.update(&(ids.len() as u64).to_le_bytes());
+                        for id in ids {
+                            hasher.update(&id.to_le_bytes());
+                        }
+                    }
+                    return Ok(pb::HashResponse {
+                        header: self.shared.header(revision),
+                        hash: hasher.finalize(),
+                    });
+                }
+                // A compaction began during the scan: capture again after it.
+                Err(kv::KvError::Compacted) => continue,
+                Err(e) => return Err(etcd(kv_error(e))),
+            }
+        }
+        Err(etcd(EtcdError::Compacted))
     }
 
     fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {

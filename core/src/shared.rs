@@ -304,6 +304,12 @@ impl Shared {
         (self.next_id.fetch_add(1, Ordering::Relaxed) & (i64::MAX as u64)) as i64
     }
 
+    /// A proposal id for a request the raft core itself proposes (auto-compaction), from the
+    /// same generator as the shards' ids so the two never collide.
+    pub fn next_proposal_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Puts a request into the log and waits until it is committed on a quorum, durable and
     /// applied; returns what applying it answered.
     pub async fn propose(

@@ -14,7 +14,7 @@ use rkyv::rancor;
 
 use crate::error::{KvError, Result};
 use crate::index::{KeyHistory, Version, VersionKind};
-use crate::store::{Reader, Store, Writer};
+use crate::store::{compacted_start, hash_version, Reader, Store, Writer};
 use crate::types::Revision;
 
 const MAGIC: [u8; 8] = *b"KEELKVCP";
@@ -98,6 +98,47 @@ impl CheckpointSource {
 
     pub fn revision(&self) -> i64 {
         self.revision
+    }
+
+    /// Maintenance.Hash: CRC-32 (IEEE) of the whole captured store, every revision it keeps and not
+    /// only those up to one revision as HashKV does. In order: every version with
+    /// `main <= revision()` that the compaction at the captured compact revision keeps, key by key
+    /// ascending and revision by revision ascending (the bytes HashKV hashes per version), then the
+    /// lease count (u64) and each lease's id and TTL ascending by id (a lease's keys are already in
+    /// the versions' lease fields), then the revision and the compact revision (i64s, little-endian).
+    ///
+    /// The applied index is left out, as etcd leaves its consistent index out: entries that change
+    /// nothing (empty entries, membership) must not change the hash. Versions a compaction drops are
+    /// skipped whether or not the background compaction has removed them yet, so two members that
+    /// applied the same entries answer the same hash at any point of their compaction.
+    ///
+    /// Fails with `Compacted`, like [`CheckpointSource::serialize`], when a newer compaction started
+    /// meanwhile (its trimming could have reached lists this scan read); take a new source and retry.
+    pub fn hash(&self) -> Result<u32> {
+        assert!(
+            self.leases.windows(2).all(|w| w[0].0 < w[1].0),
+            "leases are captured ascending by id, so every member hashes them in one order"
+        );
+        let guard = epoch::pin();
+        let mut hasher = crc32fast::Hasher::new();
+        for entry in self.reader.shared.index.iter() {
+            let versions = entry.value().load(&guard);
+            let kept = &versions[compacted_start(versions, self.compact_rev)..];
+            for v in kept.iter().take_while(|v| v.rev.main <= self.revision) {
+                hash_version(&mut hasher, entry.key(), v);
+            }
+        }
+        if self.reader.compact_revision() != self.compact_rev {
+            return Err(KvError::Compacted);
+        }
+        hasher.update(&(self.leases.len() as u64).to_le_bytes());
+        for (id, ttl_s) in &self.leases {
+            hasher.update(&id.to_le_bytes());
+            hasher.update(&ttl_s.to_le_bytes());
+        }
+        hasher.update(&self.revision.to_le_bytes());
+        hasher.update(&self.compact_rev.to_le_bytes());
+        Ok(hasher.finalize())
     }
 
     /// Builds the framed archive. Fails with `Compacted` when a compaction newer than the captured

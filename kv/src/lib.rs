@@ -23,7 +23,8 @@
 //! half a txn.
 //!
 //! Architecture invariant: `apply` is deterministic: the same entries in the same order give the same
-//! state, the same responses, the same events and the same [`Reader::hash_kv`].
+//! state, the same responses, the same events, the same [`Reader::hash_kv`] and the same
+//! [`CheckpointSource::hash`] (Maintenance.Hash), whatever point the background compaction reached.
 //!
 //! Architecture invariant: keel-kv never sees protobuf types; keel-grpc converts at its boundary.
 

@@ -32,6 +32,9 @@ pub const COMPACT_REVISION_NONE: i64 = -1;
 pub const VERSION_INDEX_BYTES: u64 = std::mem::size_of::<Version>() as u64 + 8;
 /// What one lease costs, as etcd's quota estimates it (`leaseOverhead`).
 pub const LEASE_BYTES: u64 = 64;
+/// Scans a hash makes before giving up when every one of them raced a new compaction (each
+/// compaction is a raft entry, so three in a row during one scan means a very busy compactor).
+pub(crate) const HASH_ATTEMPTS_MAX: usize = 3;
 
 // The writer moves to the raft core; readers are shared by every shard.
 const _: fn() = || {
@@ -872,8 +875,10 @@ fn lease_info(id: i64, e: &LeaseEntry) -> LeaseInfo {
 }
 
 /// Index of the first version to keep when compacting at `rev`: the newest version at or below
-/// `rev` stays unless it is a tombstone.
-fn compacted_start(versions: &[Version], rev: i64) -> usize {
+/// `rev` stays unless it is a tombstone. Applying it to a list compaction already trimmed gives 0,
+/// so hashes that skip `versions[..compacted_start]` see the same versions whether or not the
+/// background compaction has reached a key yet.
+pub(crate) fn compacted_start(versions: &[Version], rev: i64) -> usize {
     let at_or_below = versions.partition_point(|v| v.rev.main <= rev);
     match at_or_below.checked_sub(1) {
         None => 0,
@@ -1016,48 +1021,54 @@ impl Reader {
     }
 
     /// The HashKV hash at `revision` (0 = current): CRC-32 (IEEE, as crc32fast computes it) over every
-    /// version with `main <= revision`, key by key ascending and revision by revision ascending
-    /// (key, main, sub, kind, create, version, lease, value; integers little-endian), then the compact
-    /// revision. Compare hashes only once `compaction_pending` is false on both sides.
+    /// version with `main <= revision` that a compaction at the compact revision keeps, key by key
+    /// ascending and revision by revision ascending (see [`hash_version`] for one version's bytes),
+    /// then the compact revision. Versions the compaction drops are skipped whether or not the
+    /// background compaction has removed them yet (etcd skips them the same way), so members that
+    /// applied the same entries answer the same hash at any point of their compaction.
     pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64)> {
-        let cur_rev = self.current_revision();
-        let compact_rev = self.compact_revision();
-        if revision > cur_rev {
-            return Err(KvError::FutureRevision);
-        }
-        let rev = if revision <= 0 { cur_rev } else { revision };
-        if rev < compact_rev {
-            return Err(KvError::Compacted);
-        }
-        let guard = epoch::pin();
-        let mut hasher = crc32fast::Hasher::new();
-        for entry in self.shared.index.iter() {
-            let versions = entry.value().load(&guard);
-            // Only what compaction keeps counts, so the hash does not depend on how far a
-            // member's background compaction has got (members compact at their own pace).
-            let kept_from = if compact_rev == COMPACT_REVISION_NONE {
-                0
-            } else {
-                compacted_start(versions, compact_rev)
-            };
-            for v in versions[kept_from..]
-                .iter()
-                .take_while(|v| v.rev.main <= rev)
-            {
-                hasher.update(&(entry.key().len() as u64).to_le_bytes());
-                hasher.update(entry.key());
-                hasher.update(&v.rev.main.to_le_bytes());
-                hasher.update(&v.rev.sub.to_le_bytes());
-                hasher.update(&[u8::from(v.kind == VersionKind::Put)]);
-                hasher.update(&v.create_revision.to_le_bytes());
-                hasher.update(&v.version.to_le_bytes());
-                hasher.update(&v.lease.to_le_bytes());
-                hasher.update(&(v.value.len() as u64).to_le_bytes());
-                hasher.update(&v.value);
+        for _ in 0..HASH_ATTEMPTS_MAX {
+            let cur_rev = self.current_revision();
+            let compact_rev = self.compact_revision();
+            if revision > cur_rev {
+                return Err(KvError::FutureRevision);
+            }
+            let rev = if revision <= 0 { cur_rev } else { revision };
+            if rev < compact_rev {
+                return Err(KvError::Compacted);
+            }
+            let guard = epoch::pin();
+            let mut hasher = crc32fast::Hasher::new();
+            for entry in self.shared.index.iter() {
+                let versions = entry.value().load(&guard);
+                let kept = &versions[compacted_start(versions, compact_rev)..];
+                for v in kept.iter().take_while(|v| v.rev.main <= rev) {
+                    hash_version(&mut hasher, entry.key(), v);
+                }
+            }
+            hasher.update(&compact_rev.to_le_bytes());
+            // A compaction that started during the scan may have trimmed lists we read below its
+            // revision, so what we hashed mixes two compactions: scan again under the new one.
+            if self.compact_revision() == compact_rev {
+                return Ok((hasher.finalize(), compact_rev));
             }
         }
-        hasher.update(&compact_rev.to_le_bytes());
-        self.recheck_compacted(rev, cur_rev)?;
-        Ok((hasher.finalize(), compact_rev))
+        Err(KvError::Compacted)
     }
+}
+
+/// One version's bytes in a hash: key length, key, main, sub, kind (1 = put), create revision,
+/// version, lease, value length, value; integers little-endian. HashKV and the whole-store hash
+/// share it, so the two agree on what a version is.
+pub(crate) fn hash_version(hasher: &mut crc32fast::Hasher, key: &[u8], v: &Version) {
+    hasher.update(&(key.len() as u64).to_le_bytes());
+    hasher.update(key);
+    hasher.update(&v.rev.main.to_le_bytes());
+    hasher.update(&v.rev.sub.to_le_bytes());
+    hasher.update(&[u8::from(v.kind == VersionKind::Put)]);
+    hasher.update(&v.create_revision.to_le_bytes());
+    hasher.update(&v.version.to_le_bytes());
+    hasher.update(&v.lease.to_le_bytes());
+    hasher.update(&(v.value.len() as u64).to_le_bytes());
+    hasher.update(&v.value);
 }

@@ -16,6 +16,7 @@ mod workload;
 
 mod alarms;
 mod basic;
+mod compaction;
 mod corrupt;
 mod failover;
 mod membership;

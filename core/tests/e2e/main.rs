@@ -1,7 +1,8 @@
 //! End-to-end tests: the real `keel` binary driven by real clients (etcdctl 3.4 and the
 //! `etcd-client` crate), a differential run against a real etcd 3.4, malformed input on the
-//! wire, crash/restart durability, and limits (streams, connections, watchers, preface
-//! timeout, taking over etcd's ports).
+//! wire, crash/restart durability, limits (streams, connections, watchers, preface timeout,
+//! taking over etcd's ports), faults (size limits, a failed raft core, a full disk, quota and
+//! alarms), and auto-compaction side by side with etcd.
 //!
 //! One test binary, so the slow link of the gRPC client happens once. Every test starts its own
 //! server on its own ports and data directory, so the tests run in parallel.
@@ -11,6 +12,7 @@ mod common;
 
 mod bad_input;
 mod client;
+mod compaction;
 mod differential;
 mod durability;
 mod etcdctl;
