@@ -351,6 +351,16 @@ impl Transport {
         self.control.borrow_mut().drain(..).collect()
     }
 
+    /// Tells raft a snapshot frame for `snapshot_to` was not sent, so it retries later.
+    fn snapshot_not_sent(&self, snapshot_to: Option<u64>) {
+        if let Some(to) = snapshot_to {
+            self.reports
+                .borrow_mut()
+                .snapshots
+                .push((to, SnapshotStatus::Failure));
+        }
+    }
+
     /// Queues a frame whose first 4 bytes are reserved for its length.
     fn enqueue(&self, to: u64, mut buf: Vec<u8>, snapshot_to: Option<u64>) {
         let peers = self.peers.borrow();
@@ -367,12 +377,7 @@ impl Transport {
                 frame_bytes_max = self.frame_bytes_max,
                 "peer frame too large; dropped"
             );
-            if let Some(to) = snapshot_to {
-                self.reports
-                    .borrow_mut()
-                    .snapshots
-                    .push((to, SnapshotStatus::Failure));
-            }
+            self.snapshot_not_sent(snapshot_to);
             return;
         }
         let len = u32::try_from(buf.len() - 4).expect("frames stay below frame_bytes_max");
@@ -381,12 +386,7 @@ impl Transport {
             || (peer.queue_bytes.get() + buf.len() > PEER_QUEUE_BYTES_MAX
                 && !peer.queue.borrow().is_empty());
         if full {
-            if let Some(to) = snapshot_to {
-                self.reports
-                    .borrow_mut()
-                    .snapshots
-                    .push((to, SnapshotStatus::Failure));
-            }
+            self.snapshot_not_sent(snapshot_to);
             return;
         }
         peer.queue_bytes.set(peer.queue_bytes.get() + buf.len());

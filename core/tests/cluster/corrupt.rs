@@ -72,7 +72,16 @@ fn corrupt_members_are_refused_at_start_and_found_by_the_leader() {
     }
     // Every member refuses writes while CORRUPT is raised.
     for i in all {
-        let put = c.etcdctl(i, &["put", "after", "x"]);
+        // The member just restarted may not know the leader yet: it answers "no leader" until
+        // it does.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let put = loop {
+            let put = c.etcdctl(i, &["put", "after", "x"]);
+            if !put.stderr.contains("etcdserver: no leader") || Instant::now() > deadline {
+                break put;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         assert!(
             put.stderr.contains("etcdserver: corrupt cluster"),
             "member n{i} took a write under CORRUPT: {put:?}"

@@ -230,18 +230,7 @@ fn checkpoint_source_serializes_off_the_writer_while_it_applies() {
     let applied_index = source.applied_index();
     let serializer = std::thread::spawn(move || source.serialize());
     // The writer keeps applying: new keys, overwrites, deletes and a new lease.
-    let mut index = w.applied_index();
-    for i in 0..200 {
-        index += 1;
-        w.apply(index, &put(&format!("k{:02}", i % 30), b"later", 0))
-            .expect("put");
-    }
-    index += 1;
-    w.apply(
-        index,
-        &Op::LeaseGrant(LeaseGrantRequest { id: 9, ttl_s: 5 }),
-    )
-    .expect("grant");
+    keep_applying(&mut w);
     let bytes = serializer
         .join()
         .expect("serializer thread")
@@ -269,10 +258,9 @@ fn checkpoint_source_serializes_off_the_writer_while_it_applies() {
 
     // A compaction that starts while serializing makes the archive stale: refuse it.
     let source = w.checkpoint_source();
-    index += 1;
     let revision = w.current_revision();
     w.apply(
-        index,
+        w.applied_index() + 1,
         &Op::Compact(CompactionRequest {
             revision,
             physical: false,
@@ -398,6 +386,28 @@ fn store_hash_of_a_source_is_the_state_it_captured() {
     let expected = source.hash().expect("hash");
     // The writer moves on (writes, deletes, a lease) while another thread hashes the source.
     let hasher = std::thread::spawn(move || source.hash());
+    keep_applying(&mut w);
+    assert_eq!(hasher.join().expect("hasher thread"), Ok(expected));
+    assert_ne!(w.checkpoint_source().hash(), Ok(expected));
+
+    // A compaction newer than the captured one may trim what the scan reads: refuse, as
+    // serialize does, and a fresh source hashes fine.
+    let source = w.checkpoint_source();
+    let revision = w.current_revision();
+    w.apply(
+        w.applied_index() + 1,
+        &Op::Compact(CompactionRequest {
+            revision,
+            physical: false,
+        }),
+    )
+    .expect("compact");
+    assert_eq!(source.hash(), Err(KvError::Compacted));
+    assert!(w.checkpoint_source().hash().is_ok());
+}
+
+/// The writer moves on after a capture: overwrites of 30 keys and a new lease.
+fn keep_applying(w: &mut Writer) {
     let mut index = w.applied_index();
     for i in 0..200 {
         index += 1;
@@ -410,22 +420,4 @@ fn store_hash_of_a_source_is_the_state_it_captured() {
         &Op::LeaseGrant(LeaseGrantRequest { id: 9, ttl_s: 5 }),
     )
     .expect("grant");
-    assert_eq!(hasher.join().expect("hasher thread"), Ok(expected));
-    assert_ne!(w.checkpoint_source().hash(), Ok(expected));
-
-    // A compaction newer than the captured one may trim what the scan reads: refuse, as
-    // serialize does, and a fresh source hashes fine.
-    let source = w.checkpoint_source();
-    index += 1;
-    let revision = w.current_revision();
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision,
-            physical: false,
-        }),
-    )
-    .expect("compact");
-    assert_eq!(source.hash(), Err(KvError::Compacted));
-    assert!(w.checkpoint_source().hash().is_ok());
 }
