@@ -1,9 +1,11 @@
 //! The production `SegmentStore`: glommio `DmaFile`s (O_DIRECT, io_uring) in one directory, and
 //! the disk-floor probe benchmarks compare the WAL against.
 
+use std::cell::Cell;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use glommio::io::{Directory, DmaFile, OpenOptions};
@@ -22,12 +24,82 @@ const _: () = assert!(IO_CHUNK_BYTES % BLOCK_BYTES == 0);
 /// through glommio's io_uring. Must be used on a glommio executor.
 pub struct DmaStore {
     dir: PathBuf,
+    /// Whether glommio's IOPOLL probe has been answered for this directory's device.
+    primed: Cell<bool>,
+}
+
+/// The file the IOPOLL probe reads (see `prime_iopoll_probe`); removed right after.
+const PROBE_FILE: &str = "iopoll.probe";
+
+/// Reads that fell back from io_uring to pread since the process started (see `read_at`).
+static PREAD_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many segment reads fell back to pread because io_uring refused them (0 when the IOPOLL
+/// probe was primed before the device's first DmaFile, as `DmaStore` does).
+pub fn pread_fallbacks() -> u64 {
+    PREAD_FALLBACKS.load(Ordering::Relaxed)
 }
 
 impl DmaStore {
     /// A store over `dir`; the directory is created by `list` (that is, by `Wal::open`).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        DmaStore { dir: dir.into() }
+        DmaStore {
+            dir: dir.into(),
+            primed: Cell::new(false),
+        }
+    }
+
+    /// Answers glommio's IOPOLL probe for this directory's device before any segment opens.
+    ///
+    /// The first DmaFile a process opens on a block device makes glommio probe IOPOLL support
+    /// with a real read on its poll ring, and the answer is cached for the whole device. If that
+    /// file is empty (a segment being created), the read hits end of file, "succeeds", and every
+    /// later DMA read on the device goes to the poll ring, where this kind of disk (no poll
+    /// queues) fails it with EOPNOTSUPP. A non-empty file makes the probe fail honestly with
+    /// ENOTSUP, so glommio reads through the main ring. See shared/FIELD-NOTES.md.
+    async fn prime_iopoll_probe(&self) -> io::Result<()> {
+        if self.primed.replace(true) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir)?;
+        let path = self.dir.join(PROBE_FILE);
+        std::fs::write(&path, vec![0u8; BLOCK_BYTES * 8])?;
+        let opened = OpenOptions::new().read(true).dma_open(&path).await;
+        if let Ok(file) = opened {
+            file.close().await?;
+        }
+        std::fs::remove_file(&path)?;
+        Ok(())
+    }
+
+    /// O_DIRECT preads on the segment's fd: the fallback when io_uring refuses a read.
+    fn pread_at(segment: &DmaSegment, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let fd = segment.file.as_raw_fd();
+        let mut out = Vec::with_capacity(len);
+        let mut buf = segment
+            .file
+            .alloc_dma_buffer(IO_CHUNK_BYTES.min(len.next_multiple_of(BLOCK_BYTES)));
+        while out.len() < len {
+            let want = (len - out.len()).min(buf.len());
+            let aligned = want.next_multiple_of(BLOCK_BYTES);
+            let at = offset + out.len() as u64;
+            let at = libc::off_t::try_from(at).expect("segment offsets fit in off_t");
+            // SAFETY: `buf` is a live, exclusively borrowed allocation of at least `aligned` bytes.
+            let read = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), aligned, at) };
+            if read < 0 {
+                let error = io::Error::last_os_error();
+                if error.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(error);
+            }
+            let read = read as usize;
+            out.extend_from_slice(&buf.as_bytes()[..read.min(want)]);
+            if read < aligned {
+                break; // End of file.
+            }
+        }
+        Ok(out)
     }
 
     /// The path of segment `seq`.
@@ -86,6 +158,7 @@ impl SegmentStore for DmaStore {
     async fn list(&self) -> io::Result<Vec<u64>> {
         // Blocking directory calls, once at startup, before any append.
         std::fs::create_dir_all(&self.dir)?;
+        self.prime_iopoll_probe().await?;
         let mut seqs = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
@@ -108,6 +181,7 @@ impl SegmentStore for DmaStore {
 
     async fn create(&self, seq: u64, capacity_bytes: u64) -> io::Result<DmaSegment> {
         assert!(capacity_bytes % BLOCK_BYTES as u64 == 0);
+        self.prime_iopoll_probe().await?;
         let path = self.segment_path(seq);
         let creating = self.dir.join(format!("{seq:016x}{CREATING_SUFFIX}"));
         let file = OpenOptions::new()
@@ -128,6 +202,7 @@ impl SegmentStore for DmaStore {
     }
 
     async fn open(&self, seq: u64) -> io::Result<DmaSegment> {
+        self.prime_iopoll_probe().await?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -147,31 +222,31 @@ impl SegmentStore for DmaStore {
 
     async fn read_at(&self, segment: &DmaSegment, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         assert!(offset % BLOCK_BYTES as u64 == 0);
-        // glommio 0.9's io_uring reads fail with EOPNOTSUPP on this kernel (6.18, ext4 on virtio;
-        // its writes and fdatasyncs work), so reads are plain O_DIRECT preads on the same fd.
-        // Only recovery reads, once at startup, before any append: blocking here stalls nothing.
-        let fd = segment.file.as_raw_fd();
         let mut out = Vec::with_capacity(len);
-        let mut buf = segment
-            .file
-            .alloc_dma_buffer(IO_CHUNK_BYTES.min(len.next_multiple_of(BLOCK_BYTES)));
         while out.len() < len {
-            let want = (len - out.len()).min(buf.len());
+            let want = (len - out.len()).min(IO_CHUNK_BYTES);
             let aligned = want.next_multiple_of(BLOCK_BYTES);
             let at = offset + out.len() as u64;
-            let at = libc::off_t::try_from(at).expect("segment offsets fit in off_t");
-            // SAFETY: `buf` is a live, exclusively borrowed allocation of at least `aligned` bytes.
-            let read = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), aligned, at) };
-            if read < 0 {
-                let error = io::Error::last_os_error();
-                if error.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let read = match segment.file.read_at_aligned(at, aligned).await {
+                Ok(read) => read,
+                Err(e) => {
+                    let e = io::Error::from(e);
+                    // glommio reports the poll ring's EOPNOTSUPP as an Unsupported error.
+                    let unsupported = e.raw_os_error() == Some(libc::EOPNOTSUPP)
+                        || e.kind() == io::ErrorKind::Unsupported;
+                    if !unsupported {
+                        return Err(e);
+                    }
+                    // The device's IOPOLL answer was cached wrong before this store could
+                    // prime it (another DmaFile opened first): read the rest with pread.
+                    PREAD_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                    let rest = Self::pread_at(segment, at, len - out.len())?;
+                    out.extend_from_slice(&rest);
+                    return Ok(out);
                 }
-                return Err(error);
-            }
-            let read = read as usize;
-            out.extend_from_slice(&buf.as_bytes()[..read.min(want)]);
-            if read < aligned {
+            };
+            out.extend_from_slice(&read[..read.len().min(want)]);
+            if read.len() < aligned {
                 break; // End of file.
             }
         }

@@ -40,7 +40,7 @@ pub mod sim;
 pub mod store;
 pub mod wal;
 
-pub use dma::{measure_fsync_floor, DmaSegment, DmaStore, FloorStats};
+pub use dma::{measure_fsync_floor, pread_fallbacks, DmaSegment, DmaStore, FloorStats};
 pub use error::WalError;
 pub use frame::Record;
 pub use sim::{SimExecutor, SimFaults, SimStats, SimStore};
