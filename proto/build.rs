@@ -22,7 +22,25 @@ fn main() {
     // Bytes fields let range responses hand out slices of the value log without copies.
     config.bytes(["."]);
     config.out_dir(&out);
+    let descriptors = prost::Message::encode_to_vec(&fds);
     config
         .compile_fds(fds)
         .expect("prost code generation must succeed for our own protos");
+    // serde impls in proto3's JSON mapping for the JSON gateway. etcd's gateway keeps the
+    // .proto field names (grpc-gateway's OrigName), so ours do too; both spellings are read.
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)
+        .expect("our descriptors register")
+        .out_dir(&out)
+        .preserve_proto_field_names()
+        // grpc-gateway ignores fields it does not know.
+        .ignore_unknown_fields()
+        .build(&[
+            ".etcdserverpb",
+            ".mvccpb",
+            ".authpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])
+        .expect("pbjson code generation must succeed for our own protos");
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod convert;
 pub mod corrupt;
 pub mod error;
+pub mod gateway;
 pub mod http;
 pub mod ids;
 pub mod limits;

@@ -42,6 +42,14 @@ pub struct Api {
 }
 
 impl Api {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(crate) fn hub(&self) -> &Rc<Hub> {
+        &self.hub
+    }
+
     pub fn new(shared: Arc<Shared>, metrics: Arc<Metrics>, hub: Rc<Hub>) -> Api {
         Api {
             shared,
@@ -66,6 +74,9 @@ impl Handler for Api {
     }
 
     async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {
+        if crate::gateway::is_gateway_path(&request.path) {
+            return crate::gateway::serve(&self, request).await;
+        }
         crate::http::serve(&self.shared, &self.metrics, request).await
     }
 }
@@ -205,7 +216,7 @@ impl Api {
         }
     }
 
-    async fn range(&self, r: pb::RangeRequest) -> R<pb::RangeResponse> {
+    pub(crate) async fn range(&self, r: pb::RangeRequest) -> R<pb::RangeResponse> {
         let req = convert::range_request(r);
         kv::validate_range(&req).map_err(|e| etcd(kv_error(e)))?;
         if !req.serializable {
@@ -220,7 +231,7 @@ impl Api {
         Ok(convert::range_response(resp, header))
     }
 
-    async fn put(&self, r: pb::PutRequest) -> R<pb::PutResponse> {
+    pub(crate) async fn put(&self, r: pb::PutRequest) -> R<pb::PutResponse> {
         // Validate a converted copy: conversion only moves the Bytes handles.
         let req = convert::put_request(r.clone());
         kv::validate_put(&req).map_err(|e| etcd(kv_error(e)))?;
@@ -245,7 +256,10 @@ impl Api {
         }
     }
 
-    async fn delete_range(&self, r: pb::DeleteRangeRequest) -> R<pb::DeleteRangeResponse> {
+    pub(crate) async fn delete_range(
+        &self,
+        r: pb::DeleteRangeRequest,
+    ) -> R<pb::DeleteRangeResponse> {
         kv::validate_delete_range(&convert::delete_request(r.clone()))
             .map_err(|e| etcd(kv_error(e)))?;
         let out = self
@@ -265,7 +279,7 @@ impl Api {
         }
     }
 
-    async fn txn(&self, r: pb::TxnRequest) -> R<pb::TxnResponse> {
+    pub(crate) async fn txn(&self, r: pb::TxnRequest) -> R<pb::TxnResponse> {
         let req = convert::txn_request(r.clone());
         kv::validate_txn(&req, self.shared.config.max_txn_ops as usize)
             .map_err(|e| etcd(kv_error(e)))?;
@@ -290,7 +304,7 @@ impl Api {
         }
     }
 
-    async fn compact(&self, r: pb::CompactionRequest) -> R<pb::CompactionResponse> {
+    pub(crate) async fn compact(&self, r: pb::CompactionRequest) -> R<pb::CompactionResponse> {
         let out = self
             .shared
             .propose(pb::InternalRaftRequest {
@@ -307,7 +321,10 @@ impl Api {
         }
     }
 
-    async fn lease_grant(&self, mut r: pb::LeaseGrantRequest) -> R<pb::LeaseGrantResponse> {
+    pub(crate) async fn lease_grant(
+        &self,
+        mut r: pb::LeaseGrantRequest,
+    ) -> R<pb::LeaseGrantResponse> {
         self.shared
             .check_quota(alarms::LEASE_OVERHEAD_BYTES)
             .await
@@ -342,7 +359,7 @@ impl Api {
         }
     }
 
-    async fn lease_time_to_live(
+    pub(crate) async fn lease_time_to_live(
         &self,
         r: pb::LeaseTimeToLiveRequest,
     ) -> R<pb::LeaseTimeToLiveResponse> {
@@ -372,7 +389,10 @@ impl Api {
         })
     }
 
-    async fn lease_leases(&self, _r: pb::LeaseLeasesRequest) -> R<pb::LeaseLeasesResponse> {
+    pub(crate) async fn lease_leases(
+        &self,
+        _r: pb::LeaseLeasesRequest,
+    ) -> R<pb::LeaseLeasesResponse> {
         let ids = self
             .shared
             .query(|reply| Query::Leases { reply })
@@ -416,7 +436,10 @@ impl Api {
         }
     }
 
-    async fn lease_revoke(&self, r: pb::LeaseRevokeRequest) -> R<pb::LeaseRevokeResponse> {
+    pub(crate) async fn lease_revoke(
+        &self,
+        r: pb::LeaseRevokeRequest,
+    ) -> R<pb::LeaseRevokeResponse> {
         let out = self
             .shared
             .propose(pb::InternalRaftRequest {
@@ -433,7 +456,7 @@ impl Api {
         }
     }
 
-    fn status(&self, _r: pb::StatusRequest) -> R<pb::StatusResponse> {
+    pub(crate) fn status(&self, _r: pb::StatusRequest) -> R<pb::StatusResponse> {
         let s = &self.shared;
         // etcd lists "no leader" and every raised alarm, each as its proto text.
         let mut errors = Vec::new();
@@ -461,7 +484,7 @@ impl Api {
         })
     }
 
-    async fn alarm(&self, r: pb::AlarmRequest) -> R<pb::AlarmResponse> {
+    pub(crate) async fn alarm(&self, r: pb::AlarmRequest) -> R<pb::AlarmResponse> {
         // etcd puts every alarm request through raft, GET included, so each answer reflects
         // every alarm applied before it, on whichever member is asked.
         let out = self
@@ -473,8 +496,9 @@ impl Api {
             .await
             .map_err(etcd)?;
         match out.response {
+            // etcd answers Alarm without a header.
             Answer::Alarms(listed) => Ok(pb::AlarmResponse {
-                header: self.header_at(self.shared.reader().current_revision(), out.raft_term),
+                header: None,
                 alarms: listed.into_iter().map(|a| a.to_pb()).collect(),
             }),
             other => unreachable_response("Alarm", &other),
@@ -484,7 +508,7 @@ impl Api {
     /// Rewrites the value log's dead space away in bounded steps on the raft core (requests go
     /// on meanwhile, unlike etcd's defrag) and answers once it is done. etcd answers Defragment
     /// without a header.
-    async fn defragment(&self, _r: pb::DefragmentRequest) -> R<pb::DefragmentResponse> {
+    pub(crate) async fn defragment(&self, _r: pb::DefragmentRequest) -> R<pb::DefragmentResponse> {
         self.shared
             .query(|reply| Query::Defragment { reply })
             .await
@@ -492,7 +516,7 @@ impl Api {
         Ok(pb::DefragmentResponse { header: None })
     }
 
-    fn hash_kv(&self, r: pb::HashKvRequest) -> R<pb::HashKvResponse> {
+    pub(crate) fn hash_kv(&self, r: pb::HashKvRequest) -> R<pb::HashKvResponse> {
         let (hash, compact_revision) = self
             .shared
             .reader()
@@ -512,7 +536,7 @@ impl Api {
     ///
     /// Member names and URLs are left out: a founding member's view of them comes from its own
     /// flags until the attribute entries apply, so healthy members could disagree.
-    async fn hash(&self, _r: pb::HashRequest) -> R<pb::HashResponse> {
+    pub(crate) async fn hash(&self, _r: pb::HashRequest) -> R<pb::HashResponse> {
         for _ in 0..HASH_ATTEMPTS_MAX {
             let snap = self
                 .shared
@@ -549,7 +573,7 @@ impl Api {
         Err(etcd(EtcdError::Compacted))
     }
 
-    fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {
+    pub(crate) fn member_list(&self, _r: pb::MemberListRequest) -> R<pb::MemberListResponse> {
         let s = &self.shared;
         // This member's own name and client URLs are known here before its attribute entry
         // is applied; etcd publishes them before serving clients, so answer as if it had.
@@ -578,7 +602,7 @@ impl Api {
         Ok((id, pb_members(&members)))
     }
 
-    async fn member_add(&self, r: pb::MemberAddRequest) -> R<pb::MemberAddResponse> {
+    pub(crate) async fn member_add(&self, r: pb::MemberAddRequest) -> R<pb::MemberAddResponse> {
         for url in &r.peer_ur_ls {
             if crate::config::url_host_port("peer-urls", url).is_err() {
                 return Err(Status::new(
@@ -600,7 +624,10 @@ impl Api {
         })
     }
 
-    async fn member_remove(&self, r: pb::MemberRemoveRequest) -> R<pb::MemberRemoveResponse> {
+    pub(crate) async fn member_remove(
+        &self,
+        r: pb::MemberRemoveRequest,
+    ) -> R<pb::MemberRemoveResponse> {
         let (_, members) = self
             .member_change(MemberChange::Remove { id: r.id })
             .await?;
@@ -610,7 +637,10 @@ impl Api {
         })
     }
 
-    async fn member_update(&self, r: pb::MemberUpdateRequest) -> R<pb::MemberUpdateResponse> {
+    pub(crate) async fn member_update(
+        &self,
+        r: pb::MemberUpdateRequest,
+    ) -> R<pb::MemberUpdateResponse> {
         let (_, members) = self
             .member_change(MemberChange::Update {
                 id: r.id,
@@ -623,7 +653,10 @@ impl Api {
         })
     }
 
-    async fn member_promote(&self, r: pb::MemberPromoteRequest) -> R<pb::MemberPromoteResponse> {
+    pub(crate) async fn member_promote(
+        &self,
+        r: pb::MemberPromoteRequest,
+    ) -> R<pb::MemberPromoteResponse> {
         let (_, members) = self
             .member_change(MemberChange::Promote { id: r.id })
             .await?;
@@ -687,7 +720,7 @@ impl Api {
         Status::ok()
     }
 
-    async fn move_leader(&self, r: pb::MoveLeaderRequest) -> R<pb::MoveLeaderResponse> {
+    pub(crate) async fn move_leader(&self, r: pb::MoveLeaderRequest) -> R<pb::MoveLeaderResponse> {
         let to = r.target_id;
         self.shared
             .query(|reply| Query::TransferLeader { to, reply })

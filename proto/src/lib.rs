@@ -11,22 +11,27 @@
 
 pub mod mvccpb {
     include!(concat!(env!("OUT_DIR"), "/mvccpb.rs"));
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 
 pub mod authpb {
     include!(concat!(env!("OUT_DIR"), "/authpb.rs"));
+    include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
 }
 
 pub mod etcdserverpb {
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 
 pub mod v3lockpb {
     include!(concat!(env!("OUT_DIR"), "/v3lockpb.rs"));
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.serde.rs"));
 }
 
 pub mod v3electionpb {
     include!(concat!(env!("OUT_DIR"), "/v3electionpb.rs"));
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
 
 pub mod health {
@@ -92,5 +97,42 @@ mod tests {
             RangeRequest::decode(req.encode_to_vec().as_slice()).expect("decode"),
             req
         );
+    }
+
+    #[test]
+    fn json_follows_etcds_gateway_mapping() {
+        // grpc-gateway with OrigName: .proto field names, int64 as strings, bytes as base64,
+        // defaults left out; either field spelling is read; unknown fields are ignored.
+        let put: PutRequest =
+            serde_json::from_str(r#"{"key":"Zm9v","value":"YmFy","prev_kv":true}"#)
+                .expect("decodes");
+        assert_eq!(
+            (&put.key[..], &put.value[..], put.prev_kv),
+            (&b"foo"[..], &b"bar"[..], true)
+        );
+        let camel: RangeRequest =
+            serde_json::from_str(r#"{"key":"Zm9v","rangeEnd":"AA==","countOnly":true}"#)
+                .expect("camelCase decodes too");
+        assert!(camel.count_only && &camel.range_end[..] == b"\0");
+        let header = ResponseHeader {
+            cluster_id: 1,
+            member_id: 0,
+            revision: 2,
+            raft_term: 3,
+        };
+        assert_eq!(
+            serde_json::to_string(&header).expect("encodes"),
+            r#"{"cluster_id":"1","revision":"2","raft_term":"3"}"#
+        );
+        let kv = KeyValue {
+            key: b"foo".to_vec().into(),
+            value: b"bar".to_vec().into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&kv).expect("encodes"),
+            r#"{"key":"Zm9v","value":"YmFy"}"#
+        );
+        assert!(serde_json::from_str::<PutRequest>(r#"{"nope":1}"#).is_ok());
     }
 }

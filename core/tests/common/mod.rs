@@ -442,12 +442,19 @@ impl Drop for Server {
 
 /// GET `path` with HTTP/1.1 over a fresh TCP connection (Connection: close).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, "")
+}
+
+/// One HTTP/1.1 request with `body` (Content-Length) over a fresh TCP connection
+/// (Connection: close); returns the status code and body.
+pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("the server accepts TCP");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("set a read timeout");
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .expect("the request is sent");
     let mut raw = Vec::new();

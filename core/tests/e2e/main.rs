@@ -17,4 +17,5 @@ mod differential;
 mod durability;
 mod etcdctl;
 mod faults;
+mod gateway;
 mod limits;
