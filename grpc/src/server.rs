@@ -247,7 +247,9 @@ impl RequestStream {
 }
 
 fn status_from_h2(error: &h2::Error) -> Status {
-    if error.is_reset() || error.is_go_away() {
+    // A client that reset the stream, sent GOAWAY or dropped the connection canceled the call:
+    // grpc-go cancels the call's context on each, and etcd's metrics count it Canceled.
+    if error.is_reset() || error.is_go_away() || error.is_io() {
         Status::new(Code::Canceled, "context canceled")
     } else {
         Status::new(Code::Internal, format!("transport: {error}"))

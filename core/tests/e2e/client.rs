@@ -440,3 +440,45 @@ async fn maintenance_status_and_member_list() {
     let h = c.hash_kv(0).await.expect("hash_kv");
     assert_eq!(h.compact_version(), -1, "no compaction yet");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_counted_under_their_own_method_type_and_code() {
+    let server = Server::keel(&[]);
+    let mut c = client(&server).await;
+    // A client that goes away mid-watch (etcdctl killed): its call ends canceled.
+    let mut watcher = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        // From revision 1, so the event prints even if the put lands before the watch starts.
+        .args([
+            "--endpoints",
+            &server.endpoint(),
+            "watch",
+            "--rev=1",
+            "metrics/key",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("etcdctl starts");
+    c.put("metrics/key", "v", None).await.expect("put");
+    let mut first = [0u8; 3];
+    std::io::Read::read_exact(watcher.stdout.as_mut().expect("piped"), &mut first)
+        .expect("the watcher prints the event");
+    watcher.kill().expect("SIGKILL is delivered");
+    watcher.wait().expect("etcdctl reaped");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let canceled = "grpc_server_handled_total{grpc_code=\"Canceled\",grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"} 1";
+    loop {
+        let (code, body) = server.http_get("/metrics");
+        assert_eq!(code, 200);
+        if body.contains(canceled) {
+            assert!(body.contains("grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"} 1"), "{body}");
+            assert!(body.contains("grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1"), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a canceled Watch is not counted as etcd counts it:\n{body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
