@@ -26,7 +26,7 @@ use bytes::Bytes;
 use keel_grpc::EtcdError;
 use keel_io::{DmaStore, Wal};
 use keel_kv as kv;
-use keel_raft::{MemStorage, RawNode, Snapshot, Storage};
+use keel_raft::{MemStorage, RawNode};
 
 use crate::alarms::Alarms;
 use crate::checkpoint;
@@ -92,72 +92,31 @@ pub async fn open(
         .map_err(|e| CoreError::Wal(e.to_string()))?;
     let checkpoint = checkpoint::load_newest(&snap_dir)?;
 
-    // A founding member starts from a bootstrap snapshot at index 1 holding the initial voters.
-    // A member joining an existing cluster starts empty and learns everything from the leader.
-    let joining = config.initial_cluster_state == ClusterState::Existing;
-    let mut storage = if joining {
-        MemStorage::new()
-    } else {
-        let voters: Vec<u64> = identity.members.iter().map(|m| m.id).collect();
-        MemStorage::new_with_voters(&voters)
+    let start = match config.initial_cluster_state {
+        ClusterState::Existing => recovery::Start::Joining,
+        ClusterState::New => recovery::Start::Founding,
     };
-    let mut members = identity.members.clone();
-    let mut alarms = Alarms::default();
-    let (writer, reader) = match checkpoint {
-        Some(cp) => {
-            let (w, r) =
-                kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
-            assert_eq!(
-                w.applied_index(),
-                cp.meta.index,
-                "checkpoint header and store disagree on the applied index"
-            );
-            members = cp.members.clone();
-            alarms = Alarms::from_list(&cp.alarms);
-            storage.set_conf_state(cp.meta.conf_state.clone());
-            // The checkpoint file is also what a far-behind follower receives as a snapshot.
-            let data = Bytes::from(checkpoint::encode(
-                cp.meta.index,
-                cp.meta.term,
-                &cp.meta.conf_state,
-                &cp.members,
-                &cp.alarms,
-                &cp.kv_image,
-            ));
-            storage.apply_snapshot(Snapshot {
-                metadata: cp.meta,
-                data,
-            });
-            (w, r)
-        }
-        None => kv::Store::new(),
-    };
-    let mut writer = writer;
+    let mut rc = keel_raft::Config::new(identity.member_id);
+    rc.heartbeat_tick = 1;
+    rc.election_tick = (config.election_timeout_ms / config.heartbeat_interval_ms).max(2) as usize;
+    rc.seed = identity.member_id;
+    rc.max_size_per_msg_bytes = limits.raft_msg_bytes_max;
+    rc.max_uncommitted_entries_bytes = limits.raft_uncommitted_bytes_max;
+    let recovered = recovery::recover(rc, start, identity.members.clone(), checkpoint, records)?;
+    let recovery::Recovered {
+        node,
+        mut writer,
+        reader,
+        members,
+        alarms,
+        checkpoint_index,
+    } = recovered;
     if let Ok(key) = std::env::var(TEST_FLIP_VALUE_ENV) {
         // Test-only: damage this member's copy of one value, as a disk or memory fault would,
         // so tests can watch the corruption checks find it.
         let flipped = writer.test_only_flip_value(key.as_bytes());
         tracing::warn!(key, flipped, "TEST ONLY: flipped a stored value");
     }
-    recovery::replay(&mut storage, records)?;
-    let applied = storage.first_index() - 1;
-    let hard_state = storage.hard_state();
-
-    let mut rc = keel_raft::Config::new(identity.member_id);
-    rc.heartbeat_tick = 1;
-    rc.election_tick = (config.election_timeout_ms / config.heartbeat_interval_ms).max(2) as usize;
-    rc.applied = applied;
-    rc.seed = identity.member_id;
-    rc.max_size_per_msg_bytes = limits.raft_msg_bytes_max;
-    rc.max_uncommitted_entries_bytes = limits.raft_uncommitted_bytes_max;
-    let node = RawNode::new(&rc, storage).map_err(|e| CoreError::Raft(e.to_string()))?;
-    tracing::info!(
-        applied_index = applied,
-        last_index = node.store().last_index(),
-        term = hard_state.term,
-        commit = hard_state.commit,
-        "recovered raft log"
-    );
     Ok((
         RaftCoreParts {
             node,
@@ -166,7 +125,7 @@ pub async fn open(
             snap_dir,
             members,
             alarms,
-            last_checkpoint_index: applied,
+            last_checkpoint_index: checkpoint_index,
         },
         reader,
     ))

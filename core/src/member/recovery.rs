@@ -1,14 +1,23 @@
-//! The member's WAL records: what a Ready turns into, and how a restart rebuilds the raft log
-//! from them. Pure: the driver reads and writes the WAL; this module only encodes and replays.
+//! The member's WAL records: what a Ready turns into, and how a restart rebuilds the member
+//! (raft log, store, membership, alarms) from the newest checkpoint and the records after it.
+//! Pure: the driver reads the files and writes the WAL; this module encodes and rebuilds, so a
+//! simulator can restart a member from its simulated disk the same way.
 //!
 //! Architecture invariant: a snapshot's WAL record is written only after its state is durable
 //! as a checkpoint, so replay that meets a snapshot record past the newest checkpoint refuses
 //! to start (only the empty bootstrap snapshot at index 1 has no checkpoint).
 
+use bytes::Bytes;
 use keel_io::Record;
-use keel_raft::{Durability, Entry, HardState, MemStorage, Snapshot, SnapshotMetadata, Storage};
+use keel_kv as kv;
+use keel_raft::{
+    Durability, Entry, HardState, MemStorage, RawNode, Snapshot, SnapshotMetadata, Storage,
+};
 
+use crate::alarms::Alarms;
+use crate::checkpoint::{self, Checkpoint};
 use crate::error::CoreError;
+use crate::ids::Member as MemberInfo;
 
 /// WAL record kinds. The WAL frames and checksums them; these say what the payload is.
 pub const WAL_KIND_ENTRY: u8 = 1;
@@ -101,7 +110,7 @@ pub fn replay(storage: &mut MemStorage, records: Vec<Record>) -> Result<(), Core
                     storage.set_conf_state(meta.conf_state.clone());
                     storage.apply_snapshot(Snapshot {
                         metadata: meta,
-                        data: bytes::Bytes::new(),
+                        data: Bytes::new(),
                     });
                 }
             }
@@ -134,10 +143,102 @@ pub fn replay(storage: &mut MemStorage, records: Vec<Record>) -> Result<(), Core
     Ok(())
 }
 
+/// How a member with no checkpoint of its own begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// A founding member: a bootstrap snapshot at index 1 holds the initial voters.
+    Founding,
+    /// A member joining an existing cluster: it starts empty and learns everything from the
+    /// leader.
+    Joining,
+}
+
+/// What a member restarts from: the raft node over its rebuilt log, the store, and the
+/// replicated state the checkpoint carried.
+pub struct Recovered {
+    pub node: RawNode<MemStorage>,
+    pub writer: kv::Writer,
+    pub reader: kv::Reader,
+    pub members: Vec<MemberInfo>,
+    pub alarms: Alarms,
+    /// The index the newest checkpoint (or the bootstrap snapshot) covers.
+    pub checkpoint_index: u64,
+}
+
+/// Rebuilds a member from what its driver read from disk: the newest valid checkpoint (if
+/// any) and the WAL's records, oldest first. `raft` is the raft configuration without its
+/// applied index, which recovery sets; `initial_members` is the identity's membership, used
+/// when there is no checkpoint.
+pub fn recover(
+    mut raft: keel_raft::Config,
+    start: Start,
+    initial_members: Vec<MemberInfo>,
+    checkpoint: Option<Checkpoint>,
+    records: Vec<Record>,
+) -> Result<Recovered, CoreError> {
+    let mut storage = match start {
+        Start::Joining => MemStorage::new(),
+        Start::Founding => {
+            let voters: Vec<u64> = initial_members.iter().map(|m| m.id).collect();
+            MemStorage::new_with_voters(&voters)
+        }
+    };
+    let mut members = initial_members;
+    let mut alarms = Alarms::default();
+    let (writer, reader) = match checkpoint {
+        Some(cp) => {
+            let (w, r) =
+                kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+            assert_eq!(
+                w.applied_index(),
+                cp.meta.index,
+                "checkpoint header and store disagree on the applied index"
+            );
+            members = cp.members.clone();
+            alarms = Alarms::from_list(&cp.alarms);
+            storage.set_conf_state(cp.meta.conf_state.clone());
+            // The checkpoint file is also what a far-behind follower receives as a snapshot.
+            let data = Bytes::from(checkpoint::encode(
+                cp.meta.index,
+                cp.meta.term,
+                &cp.meta.conf_state,
+                &cp.members,
+                &cp.alarms,
+                &cp.kv_image,
+            ));
+            storage.apply_snapshot(Snapshot {
+                metadata: cp.meta,
+                data,
+            });
+            (w, r)
+        }
+        None => kv::Store::new(),
+    };
+    replay(&mut storage, records)?;
+    let applied = storage.first_index() - 1;
+    let hard_state = storage.hard_state();
+    raft.applied = applied;
+    let node = RawNode::new(&raft, storage).map_err(|e| CoreError::Raft(e.to_string()))?;
+    tracing::info!(
+        applied_index = applied,
+        last_index = node.store().last_index(),
+        term = hard_state.term,
+        commit = hard_state.commit,
+        "recovered raft log"
+    );
+    Ok(Recovered {
+        node,
+        writer,
+        reader,
+        members,
+        alarms,
+        checkpoint_index: applied,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use keel_raft::EntryType;
 
     fn entry(index: u64, term: u64) -> Entry {
