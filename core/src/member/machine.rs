@@ -1316,6 +1316,10 @@ mod tests {
             self.now_ms += TICK_MS;
             let now_ms = self.now_ms;
             let mut wire = Vec::new();
+            // Keep-alives forwarded (from, to, request id, lease) and their answers (to,
+            // request id, ttl), delivered after the round as the peer transport would.
+            let mut keepalives = Vec::new();
+            let mut keepalive_replies = Vec::new();
             for m in &mut self.members {
                 m.tick(now_ms);
                 while let Some(io) = m.ready(now_ms) {
@@ -1323,34 +1327,101 @@ mod tests {
                     wire.extend(io.persisted_messages);
                     m.persisted(now_ms).expect("no snapshots here");
                 }
-                // Forwarded keep-alives are not exercised here; effects are dropped.
-                let _ = m.take_effects();
+                for effect in m.take_effects() {
+                    match effect {
+                        Effect::ForwardKeepAlive {
+                            to,
+                            request_id,
+                            lease,
+                        } => keepalives.push((m.id(), to, request_id, lease)),
+                        Effect::KeepAliveReply {
+                            to,
+                            request_id,
+                            ttl_s,
+                        } => keepalive_replies.push((to, request_id, ttl_s)),
+                        _ => {}
+                    }
+                }
             }
             for msg in wire {
                 let to = msg.to as usize;
                 self.members[to - 1].step(msg);
+            }
+            for (from, to, request_id, lease) in keepalives {
+                self.members[to as usize - 1].keepalive_from_peer(from, request_id, lease, now_ms);
+            }
+            for (to, request_id, ttl_s) in keepalive_replies {
+                self.members[to as usize - 1].keepalive_reply(request_id, ttl_s);
             }
         }
 
         fn leader(&self) -> Option<usize> {
             self.members.iter().position(|m| m.is_leader())
         }
+
+        /// Rounds until a leader is elected and every member knows it; its index.
+        fn elect(&mut self) -> usize {
+            for _ in 0..100 {
+                self.round();
+                if self.leader().is_some() {
+                    break;
+                }
+            }
+            let leader = self.leader().expect("a leader within 100 ticks");
+            for _ in 0..5 {
+                self.round();
+            }
+            leader
+        }
+    }
+
+    #[test]
+    fn a_follower_forwards_keep_alives_to_the_leader_whose_clock_renews_the_lease() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        let grant = pb::InternalRaftRequest {
+            lease_grant: Some(pb::LeaseGrantRequest { ttl: 3, id: 5 }),
+            ..Default::default()
+        };
+        let (p, _rx) = proposal(1, grant);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose(p, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        assert!(trio.members[follower].writer().lease(5).is_some());
+        // Keep the lease alive from the follower past its TTL: each renewal is the leader's.
+        for _ in 0..4 {
+            let (reply, mut rx) = oneshot::channel();
+            let now_ms = trio.now_ms;
+            trio.members[follower].query(Query::KeepAlive { id: 5, reply }, now_ms);
+            for _ in 0..10 {
+                trio.round();
+            }
+            assert_eq!(
+                rx.try_recv(),
+                Ok(Some(Ok(3))),
+                "the leader's TTL comes back"
+            );
+        }
+        assert!(
+            trio.now_ms > 3_000,
+            "the lease outlived its TTL through keep-alives"
+        );
+        assert!(trio.members[leader].writer().lease(5).is_some());
+        // Without keep-alives the leader's clock revokes it.
+        for _ in 0..40 {
+            trio.round();
+        }
+        assert!(trio.members.iter().all(|m| m.writer().lease(5).is_none()));
     }
 
     #[test]
     fn three_members_elect_a_leader_and_a_follower_write_is_answered_where_it_was_made() {
         let mut trio = Trio::new();
-        for _ in 0..100 {
-            trio.round();
-            if trio.leader().is_some() {
-                break;
-            }
-        }
-        let leader = trio.leader().expect("a leader within 100 ticks");
+        let leader = trio.elect();
         let follower = (leader + 1) % 3;
-        for _ in 0..5 {
-            trio.round();
-        }
         assert_eq!(trio.members[follower].leader_id(), leader as u64 + 1);
         let (p, mut rx) = proposal(77, put("from-follower"));
         let now_ms = trio.now_ms;
