@@ -34,7 +34,7 @@ use crate::config::{ClusterState, Config};
 use crate::error::CoreError;
 use crate::ids::{write_durably, Identity, Member as MemberInfo};
 use crate::limits::Limits;
-use crate::member::{recovery, Effect, Member, MemberConfig, ReadyIo};
+use crate::member::{recovery, Effect, Member, MemberConfig, ProposalKind, ReadyIo, Refusal};
 use crate::peer::{Control, Transport};
 use crate::rt;
 use crate::shared::Shared;
@@ -279,6 +279,18 @@ impl RaftCore {
                 Control::KeepAliveReply { request_id, ttl } => {
                     self.member.keepalive_reply(request_id, ttl);
                 }
+                Control::ProposalRefused {
+                    refusal_code,
+                    kind_code,
+                    id,
+                } => match (
+                    Refusal::from_code(refusal_code),
+                    ProposalKind::from_code(kind_code),
+                ) {
+                    (Some(refusal), Some(kind)) => self.member.forwarded_refused(refusal, kind, id),
+                    // A newer peer's code: its client times out, as before this frame existed.
+                    _ => tracing::debug!(refusal_code, kind_code, "unknown proposal refusal"),
+                },
             }
         }
         let (unreachable, snapshots) = self.transport.take_reports();
@@ -419,6 +431,14 @@ impl RaftCore {
                     request_id,
                     ttl_s,
                 } => self.transport.send_keepalive_reply(to, request_id, ttl_s),
+                Effect::RefuseForwarded {
+                    to,
+                    refusal,
+                    kind,
+                    id,
+                } => self
+                    .transport
+                    .send_proposal_refused(to, refusal.code(), kind.code(), id),
                 Effect::Removed => self.shared.stopping.store(true, Ordering::Release),
             }
         }

@@ -21,8 +21,8 @@ use keel_io::Record;
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_raft::{
-    ConfState, Entry, EntryType, MemStorage, Message, RawNode, ReadState, Role, Snapshot,
-    SnapshotStatus, Storage,
+    ConfState, Entry, EntryType, MemStorage, Message, MessageType, RawNode, ReadState, Role,
+    Snapshot, SnapshotStatus, Storage,
 };
 use prost::Message as _;
 
@@ -49,6 +49,64 @@ type MemberReply = futures_channel::oneshot::Sender<Result<(u64, Vec<MemberInfo>
 type TransferReply = futures_channel::oneshot::Sender<Result<(), EtcdError>>;
 type KeepAliveReply = futures_channel::oneshot::Sender<Result<i64, EtcdError>>;
 type DefragReply = futures_channel::oneshot::Sender<Result<u64, EtcdError>>;
+
+/// Why a leader refused a proposal a follower forwarded: the follower answers its client with
+/// the matching etcd error at once instead of letting the call time out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Dropped (a leadership transfer in progress, a membership change pending, too much
+    /// uncommitted): "too many requests", as a proposal dropped locally.
+    Dropped = 1,
+    /// The refusing member knows no leader any more.
+    NoLeader = 2,
+    /// A learner's promotion before it caught up.
+    LearnerNotReady = 3,
+}
+
+impl Refusal {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<Refusal> {
+        [
+            Refusal::Dropped,
+            Refusal::NoLeader,
+            Refusal::LearnerNotReady,
+        ]
+        .into_iter()
+        .find(|r| r.code() == code)
+    }
+
+    fn error(self) -> EtcdError {
+        match self {
+            Refusal::Dropped => EtcdError::TooManyRequests,
+            Refusal::NoLeader => EtcdError::NoLeader,
+            Refusal::LearnerNotReady => EtcdError::LearnerNotReady,
+        }
+    }
+}
+
+/// Which of the proposing member's waiters a refused proposal answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposalKind {
+    /// A client's write, by proposal id.
+    Client = 1,
+    /// A membership change, by request id.
+    Membership = 2,
+}
+
+impl ProposalKind {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<ProposalKind> {
+        [ProposalKind::Client, ProposalKind::Membership]
+            .into_iter()
+            .find(|k| k.code() == code)
+    }
+}
 
 /// What the member needs to know about itself, fixed for its life.
 #[derive(Debug, Clone)]
@@ -100,6 +158,14 @@ pub enum Effect {
         to: u64,
         request_id: u64,
         ttl_s: i64,
+    },
+    /// Tell member `to` that we refused a proposal it forwarded (answer through
+    /// `forwarded_refused` there).
+    RefuseForwarded {
+        to: u64,
+        refusal: Refusal,
+        kind: ProposalKind,
+        id: u64,
     },
     /// This member was removed from the cluster: stop.
     Removed,
@@ -306,10 +372,48 @@ impl Member {
 
     // ---- Inputs ----
 
-    /// A raft message from a peer.
+    /// A raft message from a peer. A proposal a follower forwarded that raft refuses is
+    /// reported back to that follower, so its client hears at once (see `Refusal`).
     pub fn step(&mut self, m: Message) {
-        if let Err(e) = self.node.step(m) {
-            tracing::debug!(error = %e, "peer message refused");
+        let forwarded =
+            (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
+                .then(|| (m.from, m.entries.clone()));
+        let Err(e) = self.node.step(m) else {
+            return;
+        };
+        tracing::debug!(error = %e, "peer message refused");
+        let Some((from, entries)) = forwarded else {
+            return;
+        };
+        let refusal = match e {
+            keel_raft::Error::LearnerNotCaughtUp(_) => Refusal::LearnerNotReady,
+            _ if self.leader_id == 0 => Refusal::NoLeader,
+            _ => Refusal::Dropped,
+        };
+        for (kind, id) in entries.iter().filter_map(proposal_key) {
+            self.effects.push(Effect::RefuseForwarded {
+                to: from,
+                refusal,
+                kind,
+                id,
+            });
+        }
+    }
+
+    /// The leader refused a proposal of ours that raft forwarded: answer its caller now.
+    pub fn forwarded_refused(&mut self, refusal: Refusal, kind: ProposalKind, id: u64) {
+        let err = refusal.error();
+        match kind {
+            ProposalKind::Client => {
+                if let Some(reply) = self.waiting.remove(&id) {
+                    let _ = reply.send(Err(err));
+                }
+            }
+            ProposalKind::Membership => {
+                if let Some((reply, _)) = self.member_waiting.remove(&id) {
+                    let _ = reply.send(Err(err));
+                }
+            }
         }
     }
 
@@ -1044,6 +1148,31 @@ impl Member {
     }
 }
 
+/// Which waiter on the proposing member an entry answers, and its id; None for entries no
+/// call waits on (lease revokes, attributes: id 0) or that do not decode.
+fn proposal_key(e: &Entry) -> Option<(ProposalKind, u64)> {
+    match e.entry_type {
+        EntryType::ConfChange => {
+            let cc = keel_raft::ConfChange::decode(&e.data).ok()?;
+            let ctx: membership::ConfChangeContext = serde_json::from_slice(&cc.context).ok()?;
+            Some((ProposalKind::Membership, ctx.request_id))
+        }
+        EntryType::Normal => {
+            let req = pb::InternalRaftRequest::decode(e.data.clone()).ok()?;
+            let id = req.header.as_ref().map_or(req.id, |h| h.id);
+            if id == 0 {
+                return None;
+            }
+            let kind = if req.keel_member_update.is_some() || req.keel_member_attributes.is_some() {
+                ProposalKind::Membership
+            } else {
+                ProposalKind::Client
+            };
+            Some((kind, id))
+        }
+    }
+}
+
 /// The MVCC operation an entry carries (None for requests this member cannot apply).
 fn request_op(req: pb::InternalRaftRequest) -> Option<kv::Op> {
     if let Some(r) = req.put {
@@ -1270,6 +1399,8 @@ mod tests {
     struct Trio {
         members: Vec<Member>,
         now_ms: u64,
+        /// A member cut off from the others: messages to and from it are lost.
+        cut: Option<u64>,
     }
 
     impl Trio {
@@ -1307,7 +1438,11 @@ mod tests {
                     m
                 })
                 .collect();
-            Trio { members, now_ms: 0 }
+            Trio {
+                members,
+                now_ms: 0,
+                cut: None,
+            }
         }
 
         /// One round: every member ticks and carries out its Readys; messages are delivered
@@ -1320,6 +1455,7 @@ mod tests {
             // request id, ttl), delivered after the round as the peer transport would.
             let mut keepalives = Vec::new();
             let mut keepalive_replies = Vec::new();
+            let mut refusals = Vec::new();
             for m in &mut self.members {
                 m.tick(now_ms);
                 while let Some(io) = m.ready(now_ms) {
@@ -1339,13 +1475,25 @@ mod tests {
                             request_id,
                             ttl_s,
                         } => keepalive_replies.push((to, request_id, ttl_s)),
+                        Effect::RefuseForwarded {
+                            to,
+                            refusal,
+                            kind,
+                            id,
+                        } => refusals.push((to, refusal, kind, id)),
                         _ => {}
                     }
                 }
             }
             for msg in wire {
+                if self.cut.is_some_and(|c| c == msg.to || c == msg.from) {
+                    continue;
+                }
                 let to = msg.to as usize;
                 self.members[to - 1].step(msg);
+            }
+            for (to, refusal, kind, id) in refusals {
+                self.members[to as usize - 1].forwarded_refused(refusal, kind, id);
             }
             for (from, to, request_id, lease) in keepalives {
                 self.members[to as usize - 1].keepalive_from_peer(from, request_id, lease, now_ms);
@@ -1415,6 +1563,40 @@ mod tests {
             trio.round();
         }
         assert!(trio.members.iter().all(|m| m.writer().lease(5).is_none()));
+    }
+
+    #[test]
+    fn a_forwarded_write_the_leader_refuses_is_answered_at_once_on_the_follower() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let transferee = (leader + 1) % 3;
+        let follower = (leader + 2) % 3;
+        // A transfer to a member that cannot hear it stays in progress; meanwhile the leader
+        // drops proposals.
+        trio.cut = Some(transferee as u64 + 1);
+        let (reply, _transfer) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[leader].query(
+            Query::TransferLeader {
+                to: transferee as u64 + 1,
+                reply,
+            },
+            now_ms,
+        );
+        let (p, mut rx) = proposal(88, put("refused"));
+        trio.members[follower].propose(p, now_ms);
+        for _ in 0..3 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Err(EtcdError::TooManyRequests)))),
+            "the follower's client hears the leader's refusal long before its deadline"
+        );
+        assert_eq!(
+            Refusal::from_code(Refusal::LearnerNotReady.code()),
+            Some(Refusal::LearnerNotReady)
+        );
+        assert_eq!(ProposalKind::from_code(0), None);
     }
 
     #[test]

@@ -19,5 +19,7 @@ pub mod recovery;
 pub mod waiters;
 
 pub use lease_clock::LeaseClock;
-pub use machine::{CheckpointDone, CheckpointRequest, Effect, Member, MemberConfig, ReadyIo};
+pub use machine::{
+    CheckpointDone, CheckpointRequest, Effect, Member, MemberConfig, ProposalKind, ReadyIo, Refusal,
+};
 pub use waiters::Waiters;
