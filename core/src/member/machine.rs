@@ -1026,8 +1026,8 @@ impl Member {
 
     // ---- Compaction, between batches ----
 
-    /// One bounded compaction step, when one is pending; then answers the physical
-    /// compactions and defragments that waited for the compaction to finish.
+    /// One bounded compaction step, when one is pending (between batches, so compaction never
+    /// pauses the member for long); `answer_compaction_waiters` answers its callers once done.
     pub fn compact_step(&mut self) {
         if self.writer.compaction_pending() {
             self.writer.compact_step(COMPACT_KEYS_PER_STEP);
