@@ -12,6 +12,7 @@ pub mod http;
 pub mod ids;
 pub mod limits;
 pub mod lock;
+pub mod member;
 pub mod metrics;
 pub mod node;
 pub mod peer;

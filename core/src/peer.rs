@@ -46,6 +46,9 @@ const FRAME_KEEPALIVE: u8 = 1;
 const FRAME_KEEPALIVE_REPLY: u8 = 2;
 const FRAME_HASHKV: u8 = 3;
 const FRAME_HASHKV_REPLY: u8 = 4;
+const FRAME_PROPOSAL_REFUSED: u8 = 5;
+/// Proposal-refused body: refusal code u8, proposal kind u8, proposal id u64.
+const PROPOSAL_REFUSED_BYTES: usize = 1 + 1 + 8;
 /// HashKV request body: request id u64, revision i64.
 const HASHKV_REQUEST_BYTES: usize = 16;
 /// HashKV reply body: request id u64, outcome u8, hash u32, compact revision i64, the peer's
@@ -66,6 +69,13 @@ pub enum Control {
     KeepAliveReply {
         request_id: u64,
         ttl: i64,
+    },
+    /// The leader refused a proposal this member forwarded (codes: `member::Refusal` and
+    /// `member::ProposalKind`).
+    ProposalRefused {
+        refusal_code: u8,
+        kind_code: u8,
+        id: u64,
     },
     /// A peer's corruption check asks for this member's HashKV at `revision`.
     HashKv {
@@ -309,6 +319,17 @@ impl Transport {
         buf.push(FRAME_KEEPALIVE_REPLY);
         buf.extend_from_slice(&request_id.to_be_bytes());
         buf.extend_from_slice(&ttl.to_be_bytes());
+        self.enqueue(to, buf, None);
+    }
+
+    /// Tells `to` that this member (the leader) refused a proposal `to` forwarded.
+    pub fn send_proposal_refused(&self, to: u64, refusal_code: u8, kind_code: u8, id: u64) {
+        let mut buf = Vec::with_capacity(4 + 1 + PROPOSAL_REFUSED_BYTES);
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(FRAME_PROPOSAL_REFUSED);
+        buf.push(refusal_code);
+        buf.push(kind_code);
+        buf.extend_from_slice(&id.to_be_bytes());
         self.enqueue(to, buf, None);
     }
 
@@ -641,6 +662,17 @@ impl Transport {
                             from,
                             request_id,
                             revision,
+                        });
+                    }
+                }
+                FRAME_PROPOSAL_REFUSED if body.len() == PROPOSAL_REFUSED_BYTES => {
+                    let id = u64::from_be_bytes(body[2..].try_into().expect("8 bytes"));
+                    let mut control = self.control.borrow_mut();
+                    if control.len() < INBOX_MSGS_MAX {
+                        control.push_back(Control::ProposalRefused {
+                            refusal_code: body[0],
+                            kind_code: body[1],
+                            id,
                         });
                     }
                 }

@@ -1,0 +1,1654 @@
+//! The member as a sans-I/O state machine: raft (`RawNode`), keel-kv's `Writer`, the lease
+//! clock, membership, alarms, every waiting call and checkpoint scheduling. It takes inputs
+//! (proposals, reads, queries, peer messages, ticks with `now_ms`, I/O completions) and returns
+//! outputs (a `ReadyIo` of messages and WAL records, `Effect`s for the driver to carry out, a
+//! `CheckpointRequest`). Replies go straight into the oneshot senders the inputs carried: that
+//! is memory, not I/O, and works the same under a simulator.
+//!
+//! The driver's loop (see `raftcore.rs`; a simulator does the same with simulated disks):
+//! 1. feed inputs: `step`, `propose`, `read`, `query`, `tick(now_ms)`;
+//! 2. `ready(now_ms)` -> send `messages`; write `checkpoint_to_persist` durably; append and
+//!    fdatasync `wal_records`; send `persisted_messages`; then `persisted(now_ms)`;
+//! 3. `checkpoint_due()` -> `checkpoint_request()`, write it, `checkpoint_written(..)`, release
+//!    the WAL before the index it returns;
+//! 4. carry out `take_effects()` after each call.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use keel_grpc::EtcdError;
+use keel_io::Record;
+use keel_kv as kv;
+use keel_proto::etcdserverpb as pb;
+use keel_raft::{
+    ConfState, Entry, EntryType, MemStorage, Message, MessageType, RawNode, ReadState, Role,
+    Snapshot, SnapshotStatus, Storage,
+};
+use prost::Message as _;
+
+use crate::alarms::{AlarmAction, AlarmMember, Alarms};
+use crate::checkpoint;
+use crate::convert;
+use crate::error::CoreError;
+use crate::ids::Member as MemberInfo;
+use crate::member::membership::{self, Plan};
+use crate::member::{recovery, LeaseClock, Waiters};
+use crate::shared::{
+    kv_error, Answer, LeaseStatus, MemberChange, Outcome, Proposal, Query, ReadWait, Reply,
+    SnapshotSource,
+};
+
+/// Keys the compactor visits per step, so a step stays well under a millisecond.
+pub const COMPACT_KEYS_PER_STEP: usize = 256;
+/// The TTL a member that is not the leader answers to a forwarded keep-alive.
+pub const KEEPALIVE_NOT_LEADER: i64 = -1;
+/// Log entries kept behind a checkpoint for followers that are only slightly behind.
+const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
+
+type MemberReply = futures_channel::oneshot::Sender<Result<(u64, Vec<MemberInfo>), EtcdError>>;
+type TransferReply = futures_channel::oneshot::Sender<Result<(), EtcdError>>;
+type KeepAliveReply = futures_channel::oneshot::Sender<Result<i64, EtcdError>>;
+type DefragReply = futures_channel::oneshot::Sender<Result<u64, EtcdError>>;
+
+/// Why a leader refused a proposal a follower forwarded: the follower answers its client with
+/// the matching etcd error at once instead of letting the call time out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Dropped (a leadership transfer in progress, a membership change pending, too much
+    /// uncommitted): "too many requests", as a proposal dropped locally.
+    Dropped = 1,
+    /// The refusing member knows no leader any more.
+    NoLeader = 2,
+    /// A learner's promotion before it caught up.
+    LearnerNotReady = 3,
+}
+
+impl Refusal {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<Refusal> {
+        [
+            Refusal::Dropped,
+            Refusal::NoLeader,
+            Refusal::LearnerNotReady,
+        ]
+        .into_iter()
+        .find(|r| r.code() == code)
+    }
+
+    fn error(self) -> EtcdError {
+        match self {
+            Refusal::Dropped => EtcdError::TooManyRequests,
+            Refusal::NoLeader => EtcdError::NoLeader,
+            Refusal::LearnerNotReady => EtcdError::LearnerNotReady,
+        }
+    }
+}
+
+/// Which of the proposing member's waiters a refused proposal answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposalKind {
+    /// A client's write, by proposal id.
+    Client = 1,
+    /// A membership change, by request id.
+    Membership = 2,
+}
+
+impl ProposalKind {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<ProposalKind> {
+        [ProposalKind::Client, ProposalKind::Membership]
+            .into_iter()
+            .find(|k| k.code() == code)
+    }
+}
+
+/// What the member needs to know about itself, fixed for its life.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    pub id: u64,
+    /// This member's name and client URLs, published into the membership once a leader is known.
+    pub name: String,
+    pub advertise_client_urls: Vec<String>,
+    /// Derives a joining member's id from its peer URLs.
+    pub cluster_token: String,
+    /// etcd's request timeout: a call not answered by then gets "request timed out".
+    pub request_timeout_ms: u64,
+    /// One raft tick (etcd's heartbeat interval).
+    pub tick_ms: u64,
+    /// Applied entries between checkpoints (etcd's --snapshot-count).
+    pub snapshot_count: u64,
+}
+
+/// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
+pub enum Effect {
+    /// The applied membership changed: publish `Member::members()` and point the peer
+    /// transport at its peer URLs.
+    MembersChanged,
+    /// The replicated alarms changed: publish `Member::alarms()`.
+    AlarmsChanged,
+    /// The leader changed (0: none known).
+    Leader { leader_id: u64 },
+    /// The hard state changed: publish the term and commit index.
+    HardState { term: u64, commit: u64 },
+    /// Applied writes' events, for the shards' watch hubs, at the store's revision after them.
+    Events {
+        revision: i64,
+        events: Vec<kv::Event>,
+    },
+    /// A leader's snapshot replaced the store: shards read through this reader from now on and
+    /// their watchers resynchronize from history.
+    StoreReplaced { reader: kv::Reader },
+    /// Checkpoint files older than this index may be removed (a newer one is durable).
+    RemoveCheckpointsBefore { index: u64 },
+    /// Forward a client's keep-alive to the leader; the answer comes back through
+    /// `keepalive_reply`.
+    ForwardKeepAlive {
+        to: u64,
+        request_id: u64,
+        lease: i64,
+    },
+    /// Answer a keep-alive a follower forwarded (`KEEPALIVE_NOT_LEADER` when we do not lead).
+    KeepAliveReply {
+        to: u64,
+        request_id: u64,
+        ttl_s: i64,
+    },
+    /// Tell member `to` that we refused a proposal it forwarded (answer through
+    /// `forwarded_refused` there).
+    RefuseForwarded {
+        to: u64,
+        refusal: Refusal,
+        kind: ProposalKind,
+        id: u64,
+    },
+    /// This member was removed from the cluster: stop.
+    Removed,
+}
+
+/// One Ready's I/O, in the order the driver must carry it out.
+#[derive(Default)]
+pub struct ReadyIo {
+    /// Send at once: appends and heartbeats may go out while our own write is in flight (the
+    /// leader's own log counts toward the quorum only after `persisted`).
+    pub messages: Vec<Message>,
+    /// A leader's snapshot to make durable as a checkpoint file, `(index, file bytes)`, BEFORE
+    /// `wal_records` are written: a restart that finds the snapshot record finds its state.
+    pub checkpoint_to_persist: Option<(u64, Bytes)>,
+    /// Append as one batch and fdatasync; empty when nothing needs a sync.
+    pub wal_records: Vec<Record>,
+    /// Send only after `wal_records` are durable: votes and append responses vouch for them.
+    pub persisted_messages: Vec<Message>,
+}
+
+/// A checkpoint to write: the MVCC image source and the raft position and membership it
+/// belongs to. The file is also the snapshot a far-behind follower receives.
+pub struct CheckpointRequest {
+    pub index: u64,
+    pub term: u64,
+    pub conf_state: ConfState,
+    pub members: Vec<MemberInfo>,
+    pub alarms: Vec<AlarmMember>,
+    pub source: kv::CheckpointSource,
+}
+
+/// What a durable checkpoint lets the driver free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointDone {
+    /// WAL records before this index may be released.
+    pub wal_keep_from: u64,
+    /// Checkpoint files older than this index may be removed.
+    pub remove_before: u64,
+}
+
+/// The part of a Ready that waits for its I/O (`ready` -> `persisted`).
+struct PendingReady {
+    snapshot: Option<Snapshot>,
+    committed: Option<Vec<Entry>>,
+    read_states: Option<Vec<ReadState>>,
+}
+
+/// The member's state. See the module comment for how a driver runs it.
+pub struct Member {
+    config: MemberConfig,
+    node: RawNode<MemStorage>,
+    writer: kv::Writer,
+    members: Vec<MemberInfo>,
+    /// The raised alarms, changed only by applied alarm entries (replicated, checkpointed).
+    alarms: Alarms,
+    /// The current term, as the last hard state said (answers carry it).
+    raft_term: u64,
+    leader_id: u64,
+    is_leader: bool,
+    /// This member's name and client URLs are in the applied membership.
+    attributes_published: bool,
+    /// When the next raft tick is due, on the member's clock.
+    next_tick_ms: u64,
+    /// Proposals of this member waiting to be applied, by proposal id.
+    waiting: Waiters<u64, Reply>,
+    /// Membership changes waiting to be applied, by request id, with the member concerned.
+    member_waiting: Waiters<u64, (MemberReply, u64)>,
+    /// Keep-alives forwarded to the leader, by request id.
+    keepalive_waiting: Waiters<u64, KeepAliveReply>,
+    /// A leadership transfer waiting for the new leader, by that leader's id (at most one).
+    transfer_waiting: Waiters<u64, TransferReply>,
+    /// Reads waiting for their ReadIndex answer, by context.
+    reads_in_round: Waiters<u64, Vec<ReadWait>>,
+    /// Reads whose ReadIndex is known, waiting for apply to reach it (ascending index).
+    reads_to_apply: VecDeque<(u64, Vec<ReadWait>)>,
+    /// Physical compactions applied, answered once the compaction has finished.
+    physical_waiting: Vec<(Reply, Result<Outcome, EtcdError>)>,
+    /// Defragment calls waiting for the value-log rewrite, with the store's size when each asked.
+    defrag_waiting: Vec<(DefragReply, u64)>,
+    /// When each lease expires, by the leader's clock. Only a leader expires leases.
+    lease_clock: LeaseClock,
+    next_read_ctx: u64,
+    next_request_id: u64,
+    applied_since_checkpoint: u64,
+    last_checkpoint_index: u64,
+    pending: Option<PendingReady>,
+    effects: Vec<Effect>,
+}
+
+impl Member {
+    /// A member over a recovered raft node and store (see `recovery`), at `last_checkpoint_index`.
+    pub fn new(
+        config: MemberConfig,
+        node: RawNode<MemStorage>,
+        writer: kv::Writer,
+        members: Vec<MemberInfo>,
+        alarms: Alarms,
+        last_checkpoint_index: u64,
+    ) -> Member {
+        assert!(config.tick_ms > 0, "a raft tick takes time");
+        assert!(config.id != 0, "member id 0 means none in raft");
+        let raft_term = node.store().hard_state().term;
+        let mut member = Member {
+            config,
+            node,
+            writer,
+            members: Vec::new(),
+            alarms,
+            raft_term,
+            leader_id: 0,
+            is_leader: false,
+            attributes_published: false,
+            next_tick_ms: 0,
+            waiting: Waiters::new(),
+            member_waiting: Waiters::new(),
+            keepalive_waiting: Waiters::new(),
+            transfer_waiting: Waiters::new(),
+            reads_in_round: Waiters::new(),
+            reads_to_apply: VecDeque::new(),
+            physical_waiting: Vec::new(),
+            defrag_waiting: Vec::new(),
+            lease_clock: LeaseClock::new(),
+            next_read_ctx: 1,
+            next_request_id: 1,
+            applied_since_checkpoint: 0,
+            last_checkpoint_index,
+            pending: None,
+            effects: Vec::new(),
+        };
+        member.set_members(members);
+        member.effects.push(Effect::AlarmsChanged);
+        member
+    }
+
+    /// Starts the clocks at `now_ms`: the first tick is one interval away, every lease gets its
+    /// full TTL, and a lone voter campaigns at once (it need not wait an election timeout).
+    pub fn start(&mut self, now_ms: u64) {
+        self.next_tick_ms = now_ms + self.config.tick_ms;
+        if self.node.raft().conf_state().voters == [self.config.id] {
+            self.node.campaign();
+        }
+        self.restart_lease_clocks(now_ms);
+    }
+
+    // ---- What the driver reads (published state; the member is its one owner) ----
+
+    pub fn id(&self) -> u64 {
+        self.config.id
+    }
+    pub fn members(&self) -> &[MemberInfo] {
+        &self.members
+    }
+    pub fn alarms(&self) -> &Alarms {
+        &self.alarms
+    }
+    pub fn leader_id(&self) -> u64 {
+        self.leader_id
+    }
+    pub fn is_leader(&self) -> bool {
+        self.is_leader
+    }
+    pub fn raft_term(&self) -> u64 {
+        self.raft_term
+    }
+    pub fn applied_index(&self) -> u64 {
+        self.writer.applied_index()
+    }
+    pub fn writer(&self) -> &kv::Writer {
+        &self.writer
+    }
+    /// When the next tick is due: the driver may sleep until then when there is no work.
+    pub fn next_tick_ms(&self) -> u64 {
+        self.next_tick_ms
+    }
+    /// Whether a Ready or a compaction step is waiting (the driver must not sleep).
+    pub fn has_work(&self) -> bool {
+        self.node.has_ready() || self.writer.compaction_pending()
+    }
+    pub fn has_ready(&self) -> bool {
+        self.node.has_ready()
+    }
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    fn not_leader(&self) -> EtcdError {
+        if self.leader_id != 0 {
+            EtcdError::NotLeader
+        } else {
+            EtcdError::NoLeader
+        }
+    }
+
+    fn set_members(&mut self, members: Vec<MemberInfo>) {
+        self.attributes_published = membership::attributes_published(
+            &members,
+            self.config.id,
+            &self.config.name,
+            &self.config.advertise_client_urls,
+        );
+        self.members = members;
+        self.effects.push(Effect::MembersChanged);
+    }
+
+    // ---- Inputs ----
+
+    /// A raft message from a peer. A proposal a follower forwarded that raft refuses is
+    /// reported back to that follower, so its client hears at once (see `Refusal`).
+    pub fn step(&mut self, m: Message) {
+        let forwarded =
+            (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
+                .then(|| (m.from, m.entries.clone()));
+        let Err(e) = self.node.step(m) else {
+            return;
+        };
+        tracing::debug!(error = %e, "peer message refused");
+        let Some((from, entries)) = forwarded else {
+            return;
+        };
+        let refusal = match e {
+            keel_raft::Error::LearnerNotCaughtUp(_) => Refusal::LearnerNotReady,
+            _ if self.leader_id == 0 => Refusal::NoLeader,
+            _ => Refusal::Dropped,
+        };
+        for (kind, id) in entries.iter().filter_map(proposal_key) {
+            self.effects.push(Effect::RefuseForwarded {
+                to: from,
+                refusal,
+                kind,
+                id,
+            });
+        }
+    }
+
+    /// The leader refused a proposal of ours that raft forwarded: answer its caller now.
+    pub fn forwarded_refused(&mut self, refusal: Refusal, kind: ProposalKind, id: u64) {
+        let err = refusal.error();
+        match kind {
+            ProposalKind::Client => {
+                if let Some(reply) = self.waiting.remove(&id) {
+                    let _ = reply.send(Err(err));
+                }
+            }
+            ProposalKind::Membership => {
+                if let Some((reply, _)) = self.member_waiting.remove(&id) {
+                    let _ = reply.send(Err(err));
+                }
+            }
+        }
+    }
+
+    pub fn report_unreachable(&mut self, id: u64) {
+        self.node.report_unreachable(id);
+    }
+
+    pub fn report_snapshot(&mut self, id: u64, status: SnapshotStatus) {
+        self.node.report_snapshot(id, status);
+    }
+
+    /// Raft ticks due by `now_ms`, then what runs on the tick: lease expiry (leader), call
+    /// deadlines, and publishing this member's attributes.
+    pub fn tick(&mut self, now_ms: u64) {
+        if now_ms < self.next_tick_ms {
+            return;
+        }
+        while now_ms >= self.next_tick_ms {
+            self.node.tick();
+            self.next_tick_ms += self.config.tick_ms;
+        }
+        self.expire_leases(now_ms);
+        self.expire_waiting(now_ms);
+        self.publish_attributes();
+    }
+
+    /// A client write. Answered once applied (or at once when raft refuses it).
+    pub fn propose(&mut self, p: Proposal, now_ms: u64) {
+        match self.node.propose(p.data) {
+            Ok(()) => {
+                let deadline_ms = now_ms + self.config.request_timeout_ms;
+                self.waiting.insert(p.id, p.reply, deadline_ms);
+            }
+            Err(keel_raft::Error::ProposalDropped(why)) => {
+                tracing::debug!(why, "proposal dropped");
+                let err = if self.leader_id != 0 {
+                    EtcdError::TooManyRequests
+                } else {
+                    EtcdError::NoLeader
+                };
+                let _ = p.reply.send(Err(err));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "proposal refused");
+                let _ = p.reply.send(Err(EtcdError::Stopped));
+            }
+        }
+    }
+
+    /// Linearizable reads that arrived together: one ReadIndex round serves them all.
+    pub fn read(&mut self, batch: Vec<ReadWait>, now_ms: u64) {
+        if batch.is_empty() {
+            return;
+        }
+        let ctx = self.next_read_ctx;
+        self.next_read_ctx += 1;
+        match self
+            .node
+            .read_index(Bytes::copy_from_slice(&ctx.to_be_bytes()))
+        {
+            Ok(()) => {
+                let deadline_ms = now_ms + self.config.request_timeout_ms;
+                self.reads_in_round.insert(ctx, batch, deadline_ms);
+            }
+            Err(_) => {
+                let err = if self.leader_id != 0 {
+                    EtcdError::TooManyRequests
+                } else {
+                    EtcdError::NoLeader
+                };
+                for r in batch {
+                    let _ = r.reply.send(Err(err));
+                }
+            }
+        }
+    }
+
+    /// A keep-alive a follower forwarded to us.
+    pub fn keepalive_from_peer(&mut self, from: u64, request_id: u64, lease: i64, now_ms: u64) {
+        let ttl_s = if self.is_leader {
+            self.renew_lease(lease, now_ms)
+        } else {
+            KEEPALIVE_NOT_LEADER
+        };
+        self.effects.push(Effect::KeepAliveReply {
+            to: from,
+            request_id,
+            ttl_s,
+        });
+    }
+
+    /// The leader's answer to a keep-alive we forwarded.
+    pub fn keepalive_reply(&mut self, request_id: u64, ttl_s: i64) {
+        if let Some(reply) = self.keepalive_waiting.remove(&request_id) {
+            let _ = reply.send(if ttl_s == KEEPALIVE_NOT_LEADER {
+                Err(EtcdError::NotLeader)
+            } else {
+                Ok(ttl_s)
+            });
+        }
+    }
+
+    /// A shard's query (leases, membership, snapshots, defragment, leadership transfer).
+    pub fn query(&mut self, q: Query, now_ms: u64) {
+        let not_leader = self.not_leader();
+        match q {
+            Query::KeepAlive { id, reply } => {
+                if self.is_leader {
+                    let _ = reply.send(Ok(self.renew_lease(id, now_ms)));
+                    return;
+                }
+                // Only the leader's clock renews leases: forward, as etcd does.
+                if self.leader_id == 0 {
+                    let _ = reply.send(Err(not_leader));
+                    return;
+                }
+                let request_id = self.next_request_id;
+                self.next_request_id += 1;
+                self.effects.push(Effect::ForwardKeepAlive {
+                    to: self.leader_id,
+                    request_id,
+                    lease: id,
+                });
+                let deadline_ms = now_ms + self.config.request_timeout_ms;
+                self.keepalive_waiting
+                    .insert(request_id, reply, deadline_ms);
+            }
+            Query::TimeToLive { id, reply } => {
+                let status = self.writer.lease(id).map(|l| LeaseStatus {
+                    remaining_ttl_s: self.lease_clock.remaining_s(id, now_ms).unwrap_or(l.ttl_s),
+                    granted_ttl_s: l.ttl_s,
+                    keys: l.keys,
+                });
+                let _ = reply.send(Ok(status));
+            }
+            Query::Leases { reply } => {
+                let _ = reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
+            }
+            Query::Member { change, reply } => self.propose_member_change(change, reply, now_ms),
+            Query::Snapshot { reply } => {
+                let index = self.writer.applied_index();
+                let snapshot = self.node.store().term(index).map(|term| SnapshotSource {
+                    source: self.writer.checkpoint_source(),
+                    index,
+                    term,
+                    conf_state: self.node.raft().conf_state(),
+                    members: self.members.clone(),
+                    alarms: self.alarms.list(),
+                });
+                let _ = reply.send(snapshot.map_err(|_| EtcdError::Unhealthy));
+            }
+            Query::Defragment { reply } => {
+                tracing::info!(size_bytes = self.writer.size_bytes(), "defragment started");
+                self.writer.defragment();
+                self.defrag_waiting.push((reply, self.writer.size_bytes()));
+            }
+            Query::TransferLeader { to, reply } => {
+                if !self.is_leader {
+                    let _ = reply.send(Err(not_leader));
+                } else if to == self.config.id {
+                    let _ = reply.send(Ok(()));
+                } else if !self.node.raft().conf_state().voters.contains(&to) {
+                    let _ = reply.send(Err(EtcdError::BadLeaderTransferee));
+                } else {
+                    self.node.transfer_leader(to);
+                    // A newer transfer replaces an older one, whose caller sees it dropped.
+                    drop(self.transfer_waiting.drain());
+                    let deadline_ms = now_ms + self.config.request_timeout_ms;
+                    self.transfer_waiting.insert(to, reply, deadline_ms);
+                }
+            }
+        }
+    }
+
+    fn propose_member_change(&mut self, change: MemberChange, reply: MemberReply, now_ms: u64) {
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let deadline_ms = now_ms + self.config.request_timeout_ms;
+        let plan = membership::plan(&self.members, &change, &self.config.cluster_token);
+        let (change_type, node_id, member) = match plan {
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+            Ok(Plan::Update { id, peer_urls }) => {
+                let req = pb::InternalRaftRequest {
+                    header: Some(pb::RequestHeader {
+                        id: request_id,
+                        ..Default::default()
+                    }),
+                    keel_member_update: Some(pb::MemberUpdateRequest {
+                        id,
+                        peer_ur_ls: peer_urls,
+                    }),
+                    ..Default::default()
+                };
+                match self.node.propose(Bytes::from(req.encode_to_vec())) {
+                    Ok(()) => self
+                        .member_waiting
+                        .insert(request_id, (reply, id), deadline_ms),
+                    Err(_) => {
+                        let _ = reply.send(Err(EtcdError::NoLeader));
+                    }
+                }
+                return;
+            }
+            Ok(Plan::ConfChange {
+                change_type,
+                node_id,
+                member,
+            }) => (change_type, node_id, member),
+        };
+        let cc = membership::conf_change(change_type, node_id, member, request_id);
+        match self.node.propose_conf_change(&cc) {
+            Ok(()) => self
+                .member_waiting
+                .insert(request_id, (reply, node_id), deadline_ms),
+            Err(keel_raft::Error::LearnerNotCaughtUp(_)) => {
+                let _ = reply.send(Err(EtcdError::LearnerNotReady));
+            }
+            Err(keel_raft::Error::ConfChangePending) => {
+                let _ = reply.send(Err(EtcdError::TooManyRequests));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "membership change refused");
+                let _ = reply.send(Err(self.not_leader()));
+            }
+        }
+    }
+
+    /// Calls that waited longer than etcd's request timeout get "request timed out".
+    fn expire_waiting(&mut self, now_ms: u64) {
+        for reply in self.waiting.expire(now_ms) {
+            let _ = reply.send(Err(EtcdError::Timeout));
+        }
+        for (reply, _) in self.member_waiting.expire(now_ms) {
+            let _ = reply.send(Err(EtcdError::Timeout));
+        }
+        for reply in self.keepalive_waiting.expire(now_ms) {
+            let _ = reply.send(Err(EtcdError::Timeout));
+        }
+        for reply in self.transfer_waiting.expire(now_ms) {
+            let _ = reply.send(Err(EtcdError::Timeout));
+        }
+        for waits in self.reads_in_round.expire(now_ms) {
+            for w in waits {
+                let _ = w.reply.send(Err(EtcdError::Timeout));
+            }
+        }
+    }
+
+    /// Once a leader is known, a member makes sure the cluster knows its name and client URLs
+    /// (MemberList reports them; etcdctl dials them), as etcd publishes its attributes.
+    fn publish_attributes(&mut self) {
+        if self.attributes_published
+            || self.leader_id == 0
+            || self.node.raft().soft_state().leader_id == 0
+        {
+            return;
+        }
+        let me = self.config.id;
+        if !self.members.iter().any(|m| m.id == me) {
+            return;
+        }
+        let req = pb::InternalRaftRequest {
+            header: Some(pb::RequestHeader::default()),
+            keel_member_attributes: Some(pb::MemberAttributes {
+                id: me,
+                name: self.config.name.clone(),
+                client_urls: self.config.advertise_client_urls.clone(),
+            }),
+            ..Default::default()
+        };
+        if self.node.propose(Bytes::from(req.encode_to_vec())).is_ok() {
+            // Assume it lands; the membership apply re-arms this if it did not.
+            self.attributes_published = true;
+        }
+    }
+
+    /// Every lease's countdown restarts from its full TTL: on start and when this member becomes
+    /// leader, as etcd does, since the old leader's clock is gone.
+    fn restart_lease_clocks(&mut self, now_ms: u64) {
+        let leases = self.writer.leases().into_iter().map(|l| (l.id, l.ttl_s));
+        self.lease_clock.restart(leases, now_ms);
+    }
+
+    /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown.
+    fn renew_lease(&mut self, id: i64, now_ms: u64) -> i64 {
+        match self.writer.lease(id) {
+            Some(l) => {
+                self.lease_clock.renew(id, l.ttl_s, now_ms);
+                l.ttl_s
+            }
+            None => 0,
+        }
+    }
+
+    /// Proposes a revoke for every lease past its deadline (leader only).
+    fn expire_leases(&mut self, now_ms: u64) {
+        if !self.is_leader {
+            return;
+        }
+        for id in self.lease_clock.expired(now_ms) {
+            let req = pb::InternalRaftRequest {
+                header: Some(pb::RequestHeader::default()),
+                lease_revoke: Some(pb::LeaseRevokeRequest { id }),
+                ..Default::default()
+            };
+            match self.node.propose(Bytes::from(req.encode_to_vec())) {
+                Ok(()) => {
+                    tracing::debug!(lease = id, "lease expired; revoke proposed");
+                    self.lease_clock.revoke_proposed(id, now_ms);
+                }
+                Err(e) => {
+                    tracing::warn!(lease = id, error = %e, "cannot propose the revoke of an expired lease")
+                }
+            }
+        }
+    }
+
+    // ---- The Ready protocol ----
+
+    /// Takes raft's Ready: applies what was already durable, and returns the I/O this Ready
+    /// needs. The driver carries it out in `ReadyIo`'s field order, then calls `persisted`.
+    /// None when raft has nothing ready.
+    pub fn ready(&mut self, now_ms: u64) -> Option<ReadyIo> {
+        assert!(self.pending.is_none(), "ready() again before persisted()");
+        if !self.node.has_ready() {
+            return None;
+        }
+        let rd = self.node.ready();
+        if let Some(ss) = rd.soft_state {
+            self.leader_id = ss.leader_id;
+            self.effects.push(Effect::Leader {
+                leader_id: ss.leader_id,
+            });
+            let was_leader = self.is_leader;
+            self.is_leader = ss.role == Role::Leader;
+            if self.is_leader && !was_leader {
+                self.restart_lease_clocks(now_ms);
+            }
+            // Publish our name and client URLs as soon as there is a leader to take them.
+            if ss.leader_id != 0 {
+                self.publish_attributes();
+            }
+            if let Some(reply) = self.transfer_waiting.remove(&ss.leader_id) {
+                let _ = reply.send(Ok(()));
+            }
+            tracing::info!(leader = format!("{:x}", ss.leader_id), role = ?ss.role, "raft role changed");
+        }
+
+        // Entries committed earlier are already durable here: apply them (and answer their
+        // callers) now, before this Ready's own write, so a batch's replies never wait for the
+        // next batch's fdatasync. A snapshot must be installed first, so then they wait.
+        let mut committed = Some(rd.committed_entries);
+        let mut read_states = Some(rd.read_states);
+        if rd.snapshot.is_none() {
+            self.apply(committed.take().unwrap_or_default(), now_ms);
+            self.note_read_states(read_states.take().unwrap_or_default());
+        }
+        let records = recovery::ready_records(
+            rd.snapshot.as_ref().map(|s| &s.metadata),
+            &rd.entries,
+            rd.hard_state.as_ref(),
+            rd.durability,
+            self.node.store().last_index(),
+        );
+        if let Some(hs) = &rd.hard_state {
+            self.raft_term = hs.term;
+            self.effects.push(Effect::HardState {
+                term: hs.term,
+                commit: hs.commit,
+            });
+        }
+        let checkpoint_to_persist = rd
+            .snapshot
+            .as_ref()
+            .filter(|s| !s.data.is_empty())
+            .map(|s| (s.metadata.index, s.data.clone()));
+        self.pending = Some(PendingReady {
+            snapshot: rd.snapshot,
+            committed,
+            read_states,
+        });
+        Some(ReadyIo {
+            messages: rd.messages,
+            checkpoint_to_persist,
+            wal_records: records,
+            persisted_messages: rd.persisted_messages,
+        })
+    }
+
+    /// The last Ready's checkpoint and WAL records are durable and its persisted messages sent:
+    /// advance raft, install the snapshot, apply what committed.
+    pub fn persisted(&mut self, now_ms: u64) -> Result<(), CoreError> {
+        let pending = self
+            .pending
+            .take()
+            .expect("persisted() follows a ready() that returned I/O");
+        self.node.advance();
+        if let Some(snap) = pending.snapshot {
+            self.install_snapshot(snap, now_ms)?;
+        }
+        if let Some(entries) = pending.committed {
+            self.apply(entries, now_ms);
+        }
+        if let Some(rs) = pending.read_states {
+            self.note_read_states(rs);
+        }
+        Ok(())
+    }
+
+    fn note_read_states(&mut self, read_states: Vec<ReadState>) {
+        for rs in read_states {
+            let ctx = u64::from_be_bytes(
+                rs.context
+                    .as_ref()
+                    .try_into()
+                    .expect("read contexts are 8 bytes we made"),
+            );
+            if let Some(waits) = self.reads_in_round.remove(&ctx) {
+                self.reads_to_apply.push_back((rs.index, waits));
+            }
+        }
+        self.answer_reads();
+    }
+
+    fn answer_reads(&mut self) {
+        let applied = self.writer.applied_index();
+        while let Some((index, _)) = self.reads_to_apply.front() {
+            if *index > applied {
+                break;
+            }
+            let (_, waits) = self.reads_to_apply.pop_front().expect("front exists");
+            for w in waits {
+                let _ = w.reply.send(Ok(()));
+            }
+        }
+    }
+
+    /// Replaces the store with a leader's snapshot (already durable as a checkpoint).
+    fn install_snapshot(&mut self, snap: Snapshot, now_ms: u64) -> Result<(), CoreError> {
+        let index = snap.metadata.index;
+        if snap.data.is_empty() {
+            // The bootstrap snapshot: an empty store whose membership is in the metadata.
+            let members = membership::from_conf_state(&self.members, &snap.metadata.conf_state);
+            self.set_members(members);
+            return Ok(());
+        }
+        let cp = checkpoint::decode(&snap.data)
+            .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
+        let (writer, reader) =
+            kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+        assert_eq!(
+            writer.applied_index(),
+            index,
+            "a snapshot's store is at the snapshot's index"
+        );
+        self.writer = writer;
+        self.effects.push(Effect::StoreReplaced { reader });
+        self.set_members(cp.members);
+        self.alarms = Alarms::from_list(&cp.alarms);
+        self.effects.push(Effect::AlarmsChanged);
+        self.last_checkpoint_index = index;
+        self.applied_since_checkpoint = 0;
+        self.restart_lease_clocks(now_ms);
+        self.effects.push(Effect::RemoveCheckpointsBefore { index });
+        tracing::info!(index, "installed the leader's snapshot");
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>, now_ms: u64) {
+        let term = self.raft_term;
+        let mut events = Vec::new();
+        for e in entries {
+            if e.index <= self.writer.applied_index() {
+                // Already in the store (a snapshot covered it).
+                continue;
+            }
+            self.applied_since_checkpoint += 1;
+            match e.entry_type {
+                EntryType::ConfChange => {
+                    self.apply_conf_change(&e);
+                    self.writer.apply_empty(e.index);
+                }
+                EntryType::Normal if e.data.is_empty() => self.writer.apply_empty(e.index),
+                EntryType::Normal => {
+                    let req = pb::InternalRaftRequest::decode(e.data.clone()).expect(
+                        "log entries are InternalRaftRequests a member encoded and checksummed",
+                    );
+                    let id = req.header.as_ref().map_or(req.id, |h| h.id);
+                    if req.keel_member_attributes.is_some() || req.keel_member_update.is_some() {
+                        self.apply_member_request(req, id);
+                        self.writer.apply_empty(e.index);
+                        continue;
+                    }
+                    if let Some(alarm) = req.alarm {
+                        let result = match AlarmAction::from_pb(alarm.action) {
+                            Some(action) => {
+                                let listed =
+                                    self.alarms.apply(action, alarm.member_id, alarm.alarm);
+                                self.effects.push(Effect::AlarmsChanged);
+                                Ok(Outcome {
+                                    response: Answer::Alarms(listed),
+                                    raft_term: term,
+                                })
+                            }
+                            None => Err(EtcdError::NotCapable),
+                        };
+                        self.writer.apply_empty(e.index);
+                        if let Some(reply) = self.waiting.remove(&id) {
+                            let _ = reply.send(result);
+                        }
+                        continue;
+                    }
+                    let op = request_op(req);
+                    let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
+                    // Under a raised alarm some writes are refused at apply, from the
+                    // replicated alarm set, so every member refuses the same entries.
+                    let refusal = op.as_ref().and_then(|op| self.alarms.refusal(op));
+                    let result = match op {
+                        Some(_) if refusal.is_some() => {
+                            self.writer.apply_empty(e.index);
+                            Err(refusal.expect("checked by the guard"))
+                        }
+                        Some(op) => {
+                            let r = self.writer.apply(e.index, &op).map_err(kv_error);
+                            if r.is_ok() {
+                                self.lease_applied(&op, now_ms);
+                            }
+                            r
+                        }
+                        None => {
+                            self.writer.apply_empty(e.index);
+                            Err(EtcdError::NotCapable)
+                        }
+                    };
+                    let result = result.map(|applied| {
+                        events.extend(applied.events);
+                        Outcome {
+                            response: Answer::Op(applied.response),
+                            raft_term: term,
+                        }
+                    });
+                    if let Some(reply) = self.waiting.remove(&id) {
+                        if physical && result.is_ok() && self.writer.compaction_pending() {
+                            // etcd answers a physical compaction once it has finished.
+                            self.physical_waiting.push((reply, result));
+                        } else {
+                            let _ = reply.send(result);
+                        }
+                    }
+                }
+            }
+        }
+        if !events.is_empty() {
+            self.effects.push(Effect::Events {
+                revision: self.writer.current_revision(),
+                events,
+            });
+        }
+    }
+
+    fn apply_conf_change(&mut self, e: &Entry) {
+        let cc = match keel_raft::ConfChange::decode(&e.data) {
+            Ok(cc) => cc,
+            Err(err) => {
+                tracing::error!(index = e.index, error = %err, "undecodable configuration change skipped");
+                return;
+            }
+        };
+        let cs = self.node.apply_conf_change(&cc);
+        let (members, ctx) = membership::after_conf_change(&self.members, &cc, &cs);
+        tracing::info!(change = ?cc.change_type, node = format!("{:x}", cc.node_id), voters = cs.voters.len(), learners = cs.learners.len(), "membership changed");
+        self.set_members(members);
+        if let Some(ctx) = ctx {
+            if let Some((reply, node)) = self.member_waiting.remove(&ctx.request_id) {
+                let _ = reply.send(Ok((node, self.members.clone())));
+            }
+        }
+        if cc.change_type == keel_raft::ConfChangeType::RemoveNode && cc.node_id == self.config.id {
+            tracing::warn!("this member was removed from the cluster; stopping");
+            self.effects.push(Effect::Removed);
+        }
+    }
+
+    fn apply_member_request(&mut self, req: pb::InternalRaftRequest, request_id: u64) {
+        let attributes = req
+            .keel_member_attributes
+            .map(|a| (a.id, a.name, a.client_urls));
+        let update = req.keel_member_update.map(|u| (u.id, u.peer_ur_ls));
+        let (members, updated) =
+            membership::after_member_request(&self.members, attributes, update);
+        self.set_members(members);
+        if let Some((reply, node)) = self.member_waiting.remove(&request_id) {
+            let _ = reply.send(match updated {
+                Some(true) => Ok((node, self.members.clone())),
+                _ => Err(EtcdError::MemberNotFound),
+            });
+        }
+    }
+
+    fn lease_applied(&mut self, op: &kv::Op, now_ms: u64) {
+        match op {
+            kv::Op::LeaseGrant(g) => self.lease_clock.renew(g.id, g.ttl_s, now_ms),
+            kv::Op::LeaseRevoke(r) => self.lease_clock.forget(r.id),
+            _ => {}
+        }
+    }
+
+    // ---- Compaction, between batches ----
+
+    /// One bounded compaction step, when one is pending (between batches, so compaction never
+    /// pauses the member for long); `answer_compaction_waiters` answers its callers once done.
+    pub fn compact_step(&mut self) {
+        if self.writer.compaction_pending() {
+            self.writer.compact_step(COMPACT_KEYS_PER_STEP);
+        }
+    }
+
+    /// Answers the calls that waited for compaction to finish, once it has.
+    pub fn answer_compaction_waiters(&mut self) {
+        if self.writer.compaction_pending() {
+            return;
+        }
+        for (reply, result) in self.physical_waiting.drain(..) {
+            let _ = reply.send(result);
+        }
+        for (reply, size_before) in self.defrag_waiting.drain(..) {
+            let size_after = self.writer.size_bytes();
+            let freed_bytes = size_before.saturating_sub(size_after);
+            tracing::info!(freed_bytes, size_bytes = size_after, "defragment finished");
+            let _ = reply.send(Ok(freed_bytes));
+        }
+    }
+
+    // ---- Checkpoints ----
+
+    /// Enough entries applied since the last checkpoint that the next one is due.
+    pub fn checkpoint_due(&self) -> bool {
+        self.applied_since_checkpoint >= self.config.snapshot_count
+    }
+
+    /// Whether anything was applied since the last checkpoint (worth one at shutdown).
+    pub fn applied_past_checkpoint(&self) -> bool {
+        self.writer.applied_index() > self.last_checkpoint_index
+    }
+
+    /// The checkpoint to write at the applied index, or None when the last one covers it.
+    /// Capturing the image source takes microseconds; serializing it is the driver's (on a
+    /// blocking thread, so the member keeps applying: no stop-the-world pause).
+    pub fn checkpoint_request(&self) -> Result<Option<CheckpointRequest>, CoreError> {
+        let index = self.writer.applied_index();
+        if index == 0 || index <= self.last_checkpoint_index {
+            return Ok(None);
+        }
+        let term = self
+            .node
+            .store()
+            .term(index)
+            .map_err(|e| CoreError::Raft(e.to_string()))?;
+        Ok(Some(CheckpointRequest {
+            index,
+            term,
+            conf_state: self.node.raft().conf_state(),
+            members: self.members.clone(),
+            alarms: self.alarms.list(),
+            source: self.writer.checkpoint_source(),
+        }))
+    }
+
+    /// The checkpoint file `file` for `index` (with `conf_state`) is durable: raft's log may
+    /// drop what it covers, and the returned bounds say what the driver may free. The previous
+    /// checkpoint stays, with the WAL after it, so a damaged newest file can still be recovered
+    /// from (restart falls back to the older one and replays more).
+    pub fn checkpoint_written(
+        &mut self,
+        index: u64,
+        conf_state: ConfState,
+        file: Bytes,
+    ) -> Result<CheckpointDone, CoreError> {
+        assert!(
+            index > self.last_checkpoint_index,
+            "checkpoint {index} is not newer than {}",
+            self.last_checkpoint_index
+        );
+        let previous = self.last_checkpoint_index;
+        self.last_checkpoint_index = index;
+        self.applied_since_checkpoint = 0;
+        let storage = self.node.store_mut();
+        storage
+            .create_snapshot(index, conf_state, file)
+            .map_err(|e| CoreError::Raft(e.to_string()))?;
+        if index > LOG_TAIL_KEPT_ENTRIES {
+            let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
+        }
+        Ok(CheckpointDone {
+            wal_keep_from: previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1,
+            remove_before: previous,
+        })
+    }
+
+    // ---- Stopping ----
+
+    /// Answers every waiting call with `err` (the member is stopping).
+    pub fn fail_all_waiting(&mut self, err: EtcdError) {
+        for (reply, _) in self.physical_waiting.drain(..) {
+            let _ = reply.send(Err(err));
+        }
+        for (reply, _) in self.defrag_waiting.drain(..) {
+            let _ = reply.send(Err(err));
+        }
+        for reply in self.waiting.drain() {
+            let _ = reply.send(Err(err));
+        }
+        for (reply, _) in self.member_waiting.drain() {
+            let _ = reply.send(Err(err));
+        }
+        for reply in self.transfer_waiting.drain() {
+            let _ = reply.send(Err(err));
+        }
+        for waits in self.reads_in_round.drain() {
+            for w in waits {
+                let _ = w.reply.send(Err(err));
+            }
+        }
+        for (_, waits) in self.reads_to_apply.drain(..) {
+            for w in waits {
+                let _ = w.reply.send(Err(err));
+            }
+        }
+    }
+}
+
+/// Which waiter on the proposing member an entry answers, and its id; None for entries no
+/// call waits on (lease revokes, attributes: id 0) or that do not decode.
+fn proposal_key(e: &Entry) -> Option<(ProposalKind, u64)> {
+    match e.entry_type {
+        EntryType::ConfChange => {
+            let cc = keel_raft::ConfChange::decode(&e.data).ok()?;
+            let ctx: membership::ConfChangeContext = serde_json::from_slice(&cc.context).ok()?;
+            Some((ProposalKind::Membership, ctx.request_id))
+        }
+        EntryType::Normal => {
+            let req = pb::InternalRaftRequest::decode(e.data.clone()).ok()?;
+            let id = req.header.as_ref().map_or(req.id, |h| h.id);
+            if id == 0 {
+                return None;
+            }
+            let kind = if req.keel_member_update.is_some() || req.keel_member_attributes.is_some() {
+                ProposalKind::Membership
+            } else {
+                ProposalKind::Client
+            };
+            Some((kind, id))
+        }
+    }
+}
+
+/// The MVCC operation an entry carries (None for requests this member cannot apply).
+fn request_op(req: pb::InternalRaftRequest) -> Option<kv::Op> {
+    if let Some(r) = req.put {
+        return Some(kv::Op::Put(convert::put_request(r)));
+    }
+    if let Some(r) = req.delete_range {
+        return Some(kv::Op::DeleteRange(convert::delete_request(r)));
+    }
+    if let Some(r) = req.txn {
+        return Some(kv::Op::Txn(convert::txn_request(r)));
+    }
+    if let Some(r) = req.compaction {
+        return Some(kv::Op::Compact(kv::CompactionRequest {
+            revision: r.revision,
+            physical: r.physical,
+        }));
+    }
+    if let Some(r) = req.lease_grant {
+        return Some(kv::Op::LeaseGrant(kv::LeaseGrantRequest {
+            id: r.id,
+            ttl_s: r.ttl,
+        }));
+    }
+    if let Some(r) = req.lease_revoke {
+        return Some(kv::Op::LeaseRevoke(kv::LeaseRevokeRequest { id: r.id }));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::member::recovery::WAL_KIND_ENTRY;
+    use futures_channel::oneshot;
+    use keel_raft::MemStorage;
+
+    const TICK_MS: u64 = 100;
+    const REQUEST_TIMEOUT_MS: u64 = 7_000;
+
+    /// A founding single-voter member, as `raftcore::open` builds one on an empty data dir.
+    fn single() -> Member {
+        let storage = MemStorage::new_with_voters(&[1]);
+        let mut rc = keel_raft::Config::new(1);
+        rc.heartbeat_tick = 1;
+        rc.applied = 1;
+        rc.seed = 1;
+        let node = RawNode::new(&rc, storage).expect("a valid raft configuration");
+        let (writer, _reader) = kv::Store::new();
+        let members = vec![MemberInfo {
+            id: 1,
+            name: "one".into(),
+            peer_urls: vec!["http://127.0.0.1:2380".into()],
+            client_urls: vec!["http://127.0.0.1:2379".into()],
+            is_learner: false,
+        }];
+        let config = MemberConfig {
+            id: 1,
+            name: "one".into(),
+            advertise_client_urls: vec!["http://127.0.0.1:2379".into()],
+            cluster_token: "test".into(),
+            request_timeout_ms: REQUEST_TIMEOUT_MS,
+            tick_ms: TICK_MS,
+            snapshot_count: 10_000,
+        };
+        Member::new(config, node, writer, members, Alarms::default(), 1)
+    }
+
+    /// Carries out every Ready at `now_ms` with a WAL that syncs at once; returns the records.
+    fn settle(m: &mut Member, now_ms: u64) -> Vec<Record> {
+        let mut written = Vec::new();
+        while let Some(io) = m.ready(now_ms) {
+            assert!(io.checkpoint_to_persist.is_none(), "no snapshots here");
+            written.extend(io.wal_records);
+            m.persisted(now_ms).expect("nothing to install");
+        }
+        written
+    }
+
+    fn started_leader() -> Member {
+        let mut m = single();
+        m.start(0);
+        settle(&mut m, 0);
+        assert!(m.is_leader(), "a lone voter leads at once");
+        assert_eq!(m.leader_id(), 1);
+        m
+    }
+
+    fn proposal(
+        id: u64,
+        req: pb::InternalRaftRequest,
+    ) -> (Proposal, oneshot::Receiver<Result<Outcome, EtcdError>>) {
+        let (reply, rx) = oneshot::channel();
+        let mut req = req;
+        req.header = Some(pb::RequestHeader {
+            id,
+            ..Default::default()
+        });
+        let p = Proposal {
+            data: Bytes::from(req.encode_to_vec()),
+            id,
+            reply,
+        };
+        (p, rx)
+    }
+
+    fn put(key: &str) -> pb::InternalRaftRequest {
+        pb::InternalRaftRequest {
+            put: Some(pb::PutRequest {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                value: Bytes::from_static(b"v"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_write_is_answered_only_after_its_wal_records_are_synced() {
+        let mut m = started_leader();
+        let (p, mut rx) = proposal(7, put("k"));
+        m.propose(p, 10);
+        let io = m.ready(10).expect("a proposal makes a Ready");
+        let entries: Vec<&Record> = io
+            .wal_records
+            .iter()
+            .filter(|r| r.kind == WAL_KIND_ENTRY)
+            .collect();
+        assert_eq!(entries.len(), 1, "the proposal's entry is written");
+        let index = entries[0].index;
+        // The WAL write is in flight: nothing may be answered yet.
+        assert!(matches!(rx.try_recv(), Ok(None)));
+        m.persisted(10).expect("no snapshot");
+        settle(&mut m, 10);
+        let outcome = rx
+            .try_recv()
+            .expect("the reply is sent")
+            .expect("the reply arrived")
+            .expect("the put applied");
+        assert_eq!(outcome.raft_term, m.raft_term());
+        assert_eq!(m.applied_index(), index);
+        let events = m
+            .take_effects()
+            .into_iter()
+            .filter(|e| matches!(e, Effect::Events { .. }))
+            .count();
+        assert_eq!(events, 1, "the put's event goes to the watch hubs");
+    }
+
+    #[test]
+    fn a_write_whose_sync_never_completes_times_out_at_its_deadline() {
+        let mut m = started_leader();
+        let (p, mut rx) = proposal(9, put("stuck"));
+        m.propose(p, 1_000);
+        let _io = m.ready(1_000).expect("a proposal makes a Ready");
+        // The disk never answers; time passes.
+        m.tick(1_000 + REQUEST_TIMEOUT_MS - 1);
+        assert!(matches!(rx.try_recv(), Ok(None)));
+        m.tick(1_000 + REQUEST_TIMEOUT_MS + TICK_MS);
+        assert!(matches!(rx.try_recv(), Ok(Some(Err(EtcdError::Timeout)))));
+    }
+
+    #[test]
+    fn an_expired_lease_is_revoked_at_its_ttl_by_the_given_clock() {
+        let mut m = started_leader();
+        let grant = pb::InternalRaftRequest {
+            lease_grant: Some(pb::LeaseGrantRequest { ttl: 5, id: 42 }),
+            ..Default::default()
+        };
+        let (p, mut rx) = proposal(1, grant);
+        m.propose(p, 100);
+        settle(&mut m, 100);
+        assert!(matches!(rx.try_recv(), Ok(Some(Ok(_)))));
+        assert!(m.writer().lease(42).is_some());
+        // Granted at 100 ms with a 5 s TTL: alive until 5,100 ms.
+        m.tick(5_000);
+        settle(&mut m, 5_000);
+        assert!(m.writer().lease(42).is_some(), "not expired yet");
+        m.tick(5_100);
+        settle(&mut m, 5_100);
+        assert!(m.writer().lease(42).is_none(), "revoked at its deadline");
+    }
+
+    #[test]
+    fn a_read_is_answered_once_apply_reaches_its_read_index() {
+        let mut m = started_leader();
+        let (reply, mut rx) = oneshot::channel();
+        m.read(vec![ReadWait { reply }], 10);
+        settle(&mut m, 10);
+        assert_eq!(rx.try_recv(), Ok(Some(Ok(()))));
+    }
+
+    #[test]
+    fn a_checkpoint_lets_the_wal_go_behind_the_previous_one() {
+        let mut m = started_leader();
+        for id in 1..=3 {
+            let (p, _rx) = proposal(id, put(&format!("k{id}")));
+            m.propose(p, 10);
+        }
+        settle(&mut m, 10);
+        assert!(m.applied_past_checkpoint());
+        let req = m
+            .checkpoint_request()
+            .expect("the applied index has a term")
+            .expect("entries were applied since the last checkpoint");
+        assert_eq!(req.index, m.applied_index());
+        let done = m
+            .checkpoint_written(req.index, req.conf_state.clone(), Bytes::from_static(b"cp"))
+            .expect("the snapshot is newer than the log's start");
+        // The checkpoint the member started from (index 1) stays; the log is shorter than
+        // the tail kept for slightly-behind followers, so the whole WAL stays too.
+        assert_eq!(
+            done,
+            CheckpointDone {
+                wal_keep_from: 1,
+                remove_before: 1
+            }
+        );
+        assert!(!m.applied_past_checkpoint());
+        assert!(m.checkpoint_request().expect("term known").is_none());
+    }
+
+    /// Three members wired by an in-memory network whose disks sync at once: the smallest
+    /// simulation, stepping every member each round of `TICK_MS`.
+    struct Trio {
+        members: Vec<Member>,
+        now_ms: u64,
+        /// A member cut off from the others: messages to and from it are lost.
+        cut: Option<u64>,
+    }
+
+    impl Trio {
+        fn new() -> Trio {
+            let infos: Vec<MemberInfo> = (1..=3)
+                .map(|id| MemberInfo {
+                    id,
+                    name: format!("m{id}"),
+                    peer_urls: vec![format!("http://127.0.0.{id}:2380")],
+                    client_urls: vec![format!("http://127.0.0.{id}:2379")],
+                    is_learner: false,
+                })
+                .collect();
+            let members = (1..=3)
+                .map(|id| {
+                    let mut rc = keel_raft::Config::new(id);
+                    rc.heartbeat_tick = 1;
+                    rc.applied = 1;
+                    rc.seed = id;
+                    let storage = MemStorage::new_with_voters(&[1, 2, 3]);
+                    let node = RawNode::new(&rc, storage).expect("a valid raft configuration");
+                    let (writer, _reader) = kv::Store::new();
+                    let config = MemberConfig {
+                        id,
+                        name: format!("m{id}"),
+                        advertise_client_urls: vec![format!("http://127.0.0.{id}:2379")],
+                        cluster_token: "test".into(),
+                        request_timeout_ms: REQUEST_TIMEOUT_MS,
+                        tick_ms: TICK_MS,
+                        snapshot_count: 10_000,
+                    };
+                    let mut m =
+                        Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
+                    m.start(0);
+                    m
+                })
+                .collect();
+            Trio {
+                members,
+                now_ms: 0,
+                cut: None,
+            }
+        }
+
+        /// One round: every member ticks and carries out its Readys; messages are delivered
+        /// after the round, in the order they were sent.
+        fn round(&mut self) {
+            self.now_ms += TICK_MS;
+            let now_ms = self.now_ms;
+            let mut wire = Vec::new();
+            // Keep-alives forwarded (from, to, request id, lease) and their answers (to,
+            // request id, ttl), delivered after the round as the peer transport would.
+            let mut keepalives = Vec::new();
+            let mut keepalive_replies = Vec::new();
+            let mut refusals = Vec::new();
+            for m in &mut self.members {
+                m.tick(now_ms);
+                while let Some(io) = m.ready(now_ms) {
+                    wire.extend(io.messages);
+                    wire.extend(io.persisted_messages);
+                    m.persisted(now_ms).expect("no snapshots here");
+                }
+                for effect in m.take_effects() {
+                    match effect {
+                        Effect::ForwardKeepAlive {
+                            to,
+                            request_id,
+                            lease,
+                        } => keepalives.push((m.id(), to, request_id, lease)),
+                        Effect::KeepAliveReply {
+                            to,
+                            request_id,
+                            ttl_s,
+                        } => keepalive_replies.push((to, request_id, ttl_s)),
+                        Effect::RefuseForwarded {
+                            to,
+                            refusal,
+                            kind,
+                            id,
+                        } => refusals.push((to, refusal, kind, id)),
+                        _ => {}
+                    }
+                }
+            }
+            for msg in wire {
+                if self.cut.is_some_and(|c| c == msg.to || c == msg.from) {
+                    continue;
+                }
+                let to = msg.to as usize;
+                self.members[to - 1].step(msg);
+            }
+            for (to, refusal, kind, id) in refusals {
+                self.members[to as usize - 1].forwarded_refused(refusal, kind, id);
+            }
+            for (from, to, request_id, lease) in keepalives {
+                self.members[to as usize - 1].keepalive_from_peer(from, request_id, lease, now_ms);
+            }
+            for (to, request_id, ttl_s) in keepalive_replies {
+                self.members[to as usize - 1].keepalive_reply(request_id, ttl_s);
+            }
+        }
+
+        fn leader(&self) -> Option<usize> {
+            self.members.iter().position(|m| m.is_leader())
+        }
+
+        /// Rounds until a leader is elected and every member knows it; its index.
+        fn elect(&mut self) -> usize {
+            for _ in 0..100 {
+                self.round();
+                if self.leader().is_some() {
+                    break;
+                }
+            }
+            let leader = self.leader().expect("a leader within 100 ticks");
+            for _ in 0..5 {
+                self.round();
+            }
+            leader
+        }
+    }
+
+    #[test]
+    fn a_follower_forwards_keep_alives_to_the_leader_whose_clock_renews_the_lease() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        let grant = pb::InternalRaftRequest {
+            lease_grant: Some(pb::LeaseGrantRequest { ttl: 3, id: 5 }),
+            ..Default::default()
+        };
+        let (p, _rx) = proposal(1, grant);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose(p, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        assert!(trio.members[follower].writer().lease(5).is_some());
+        // Keep the lease alive from the follower past its TTL: each renewal is the leader's.
+        for _ in 0..4 {
+            let (reply, mut rx) = oneshot::channel();
+            let now_ms = trio.now_ms;
+            trio.members[follower].query(Query::KeepAlive { id: 5, reply }, now_ms);
+            for _ in 0..10 {
+                trio.round();
+            }
+            assert_eq!(
+                rx.try_recv(),
+                Ok(Some(Ok(3))),
+                "the leader's TTL comes back"
+            );
+        }
+        assert!(
+            trio.now_ms > 3_000,
+            "the lease outlived its TTL through keep-alives"
+        );
+        assert!(trio.members[leader].writer().lease(5).is_some());
+        // Without keep-alives the leader's clock revokes it.
+        for _ in 0..40 {
+            trio.round();
+        }
+        assert!(trio.members.iter().all(|m| m.writer().lease(5).is_none()));
+    }
+
+    #[test]
+    fn a_forwarded_write_the_leader_refuses_is_answered_at_once_on_the_follower() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let transferee = (leader + 1) % 3;
+        let follower = (leader + 2) % 3;
+        // A transfer to a member that cannot hear it stays in progress; meanwhile the leader
+        // drops proposals.
+        trio.cut = Some(transferee as u64 + 1);
+        let (reply, _transfer) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[leader].query(
+            Query::TransferLeader {
+                to: transferee as u64 + 1,
+                reply,
+            },
+            now_ms,
+        );
+        let (p, mut rx) = proposal(88, put("refused"));
+        trio.members[follower].propose(p, now_ms);
+        for _ in 0..3 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Err(EtcdError::TooManyRequests)))),
+            "the follower's client hears the leader's refusal long before its deadline"
+        );
+        assert_eq!(
+            Refusal::from_code(Refusal::LearnerNotReady.code()),
+            Some(Refusal::LearnerNotReady)
+        );
+        assert_eq!(ProposalKind::from_code(0), None);
+    }
+
+    #[test]
+    fn three_members_elect_a_leader_and_a_follower_write_is_answered_where_it_was_made() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        assert_eq!(trio.members[follower].leader_id(), leader as u64 + 1);
+        let (p, mut rx) = proposal(77, put("from-follower"));
+        let now_ms = trio.now_ms;
+        trio.members[follower].propose(p, now_ms);
+        for _ in 0..10 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Ok(_)))),
+            "the follower answers its own client once the write applied there"
+        );
+        let revisions: Vec<i64> = trio
+            .members
+            .iter()
+            .map(|m| m.writer().current_revision())
+            .collect();
+        assert_eq!(revisions, vec![2, 2, 2], "every member applied the put");
+    }
+
+    #[test]
+    fn a_member_recovered_from_its_wal_records_reapplies_what_it_had() {
+        let mut m = single();
+        m.start(0);
+        let mut wal = settle(&mut m, 0);
+        for id in 1..=3 {
+            let (p, _rx) = proposal(id, put(&format!("k{id}")));
+            m.propose(p, 10);
+        }
+        wal.extend(settle(&mut m, 10));
+        let revision = m.writer().current_revision();
+        assert_eq!(revision, 4, "three puts after the empty store's revision 1");
+
+        // Restart from the WAL alone (no checkpoint was written).
+        let mut rc = keel_raft::Config::new(1);
+        rc.heartbeat_tick = 1;
+        rc.seed = 1;
+        let infos = m.members().to_vec();
+        let r = recovery::recover(rc, recovery::Start::Founding, infos, None, wal)
+            .expect("a well-formed WAL recovers");
+        assert_eq!(r.checkpoint_index, 1, "the bootstrap snapshot");
+        let config = m.config.clone();
+        let mut again = Member::new(config, r.node, r.writer, r.members, r.alarms, 1);
+        again.start(20);
+        settle(&mut again, 20);
+        assert_eq!(again.writer().current_revision(), revision);
+        assert!(again.is_leader());
+    }
+}

@@ -1,0 +1,355 @@
+//! Membership as data: which changes are allowed, and the member list each applied change
+//! leaves. Raft's configuration (voters, learners) decides who is in; this list adds what etcd
+//! reports about each member (name, peer and client URLs, learner or not).
+//!
+//! Pure functions over member lists: publishing the list (to shards, to the peer transport) is
+//! the driver's business.
+
+use bytes::Bytes;
+use keel_grpc::EtcdError;
+use keel_raft::{ConfChange, ConfChangeType, ConfState};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::Member;
+use crate::shared::MemberChange;
+
+/// The membership change a ConfChange entry carries, as its context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfChangeContext {
+    /// Matches the waiting MemberAdd/Remove/Promote call on the member that proposed it.
+    pub request_id: u64,
+    pub member: Option<Member>,
+}
+
+/// What a membership call turns into, once checked against the current members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// A raft configuration change (add, remove, promote).
+    ConfChange {
+        change_type: ConfChangeType,
+        node_id: u64,
+        member: Member,
+    },
+    /// A peer-URL change: not a raft membership change, so it travels as a normal entry,
+    /// applied in order with everything else.
+    Update { id: u64, peer_urls: Vec<String> },
+}
+
+/// Checks a membership call against the current members, as etcd does before proposing.
+/// `cluster_token` derives a new member's id from its peer URLs.
+pub fn plan(
+    members: &[Member],
+    change: &MemberChange,
+    cluster_token: &str,
+) -> Result<Plan, EtcdError> {
+    let find = |id: u64| members.iter().find(|m| m.id == id).cloned();
+    match change {
+        MemberChange::Add { peer_urls, learner } => {
+            if members
+                .iter()
+                .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+            {
+                return Err(EtcdError::PeerUrlExist);
+            }
+            let probe = crate::config::InitialMember {
+                name: String::new(),
+                peer_urls: peer_urls.clone(),
+            };
+            let id = crate::ids::member_id(&probe, cluster_token);
+            if find(id).is_some() {
+                return Err(EtcdError::MemberExist);
+            }
+            Ok(Plan::ConfChange {
+                change_type: if *learner {
+                    ConfChangeType::AddLearnerNode
+                } else {
+                    ConfChangeType::AddNode
+                },
+                node_id: id,
+                member: Member {
+                    id,
+                    name: String::new(),
+                    peer_urls: peer_urls.clone(),
+                    client_urls: Vec::new(),
+                    is_learner: *learner,
+                },
+            })
+        }
+        MemberChange::Remove { id } => match find(*id) {
+            None => Err(EtcdError::MemberNotFound),
+            Some(m) => Ok(Plan::ConfChange {
+                change_type: ConfChangeType::RemoveNode,
+                node_id: *id,
+                member: m,
+            }),
+        },
+        MemberChange::Promote { id } => match find(*id) {
+            None => Err(EtcdError::MemberNotFound),
+            Some(m) if !m.is_learner => Err(EtcdError::MemberNotLearner),
+            Some(m) => Ok(Plan::ConfChange {
+                change_type: ConfChangeType::AddNode,
+                node_id: *id,
+                member: Member {
+                    is_learner: false,
+                    ..m
+                },
+            }),
+        },
+        MemberChange::Update { id, peer_urls } => match find(*id) {
+            None => Err(EtcdError::MemberNotFound),
+            Some(_) => Ok(Plan::Update {
+                id: *id,
+                peer_urls: peer_urls.clone(),
+            }),
+        },
+    }
+}
+
+/// The ConfChange to propose for a planned change, carrying `request_id` so the proposing
+/// member can answer its caller when the entry applies.
+pub fn conf_change(
+    change_type: ConfChangeType,
+    node_id: u64,
+    member: Member,
+    request_id: u64,
+) -> ConfChange {
+    let context = serde_json::to_vec(&ConfChangeContext {
+        request_id,
+        member: Some(member),
+    })
+    .expect("a member and an id always serialize to JSON");
+    ConfChange {
+        change_type,
+        node_id,
+        context: Bytes::from(context),
+    }
+}
+
+/// The member list after an applied ConfChange, given raft's configuration after it (`cs`),
+/// and the change's context when it has one.
+pub fn after_conf_change(
+    members: &[Member],
+    cc: &ConfChange,
+    cs: &ConfState,
+) -> (Vec<Member>, Option<ConfChangeContext>) {
+    let ctx: Option<ConfChangeContext> = serde_json::from_slice(&cc.context).ok();
+    let mut members = members.to_vec();
+    match cc.change_type {
+        ConfChangeType::RemoveNode => members.retain(|m| m.id != cc.node_id),
+        ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+            let learner = cc.change_type == ConfChangeType::AddLearnerNode;
+            match members.iter_mut().find(|m| m.id == cc.node_id) {
+                Some(m) => m.is_learner = learner,
+                None => {
+                    let mut m = ctx
+                        .as_ref()
+                        .and_then(|c| c.member.clone())
+                        .unwrap_or_else(|| unnamed(cc.node_id, learner));
+                    m.is_learner = learner;
+                    members.push(m);
+                }
+            }
+        }
+    }
+    // Raft's view decides who is in: drop anyone it no longer lists.
+    members.retain(|m| cs.voters.contains(&m.id) || cs.learners.contains(&m.id));
+    (members, ctx)
+}
+
+/// The member list after an applied attributes or peer-URL entry, and whether the peer-URL
+/// change found its member (None when the entry carried no peer-URL change).
+pub fn after_member_request(
+    members: &[Member],
+    attributes: Option<(u64, String, Vec<String>)>,
+    update: Option<(u64, Vec<String>)>,
+) -> (Vec<Member>, Option<bool>) {
+    let mut members = members.to_vec();
+    if let Some((id, name, client_urls)) = attributes {
+        if let Some(m) = members.iter_mut().find(|m| m.id == id) {
+            m.name = name;
+            m.client_urls = client_urls;
+        }
+    }
+    let updated = update.map(
+        |(id, peer_urls)| match members.iter_mut().find(|m| m.id == id) {
+            Some(m) => {
+                m.peer_urls = peer_urls;
+                true
+            }
+            None => false,
+        },
+    );
+    (members, updated)
+}
+
+/// The member list a bootstrap snapshot (no state, membership in its metadata) stands for:
+/// the members raft lists, with what `known` says about them.
+pub fn from_conf_state(known: &[Member], cs: &ConfState) -> Vec<Member> {
+    cs.voters
+        .iter()
+        .chain(cs.learners.iter())
+        .map(|id| {
+            known
+                .iter()
+                .find(|m| m.id == *id)
+                .cloned()
+                .unwrap_or_else(|| unnamed(*id, cs.learners.contains(id)))
+        })
+        .collect()
+}
+
+/// Whether the members list already carries this member's name and client URLs.
+pub fn attributes_published(
+    members: &[Member],
+    me: u64,
+    name: &str,
+    client_urls: &[String],
+) -> bool {
+    members
+        .iter()
+        .find(|m| m.id == me)
+        .is_some_and(|m| m.name == name && m.client_urls == client_urls)
+}
+
+fn unnamed(id: u64, is_learner: bool) -> Member {
+    Member {
+        id,
+        name: String::new(),
+        peer_urls: Vec::new(),
+        client_urls: Vec::new(),
+        is_learner,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, url: &str, is_learner: bool) -> Member {
+        Member {
+            id,
+            name: format!("m{id}"),
+            peer_urls: vec![url.to_string()],
+            client_urls: Vec::new(),
+            is_learner,
+        }
+    }
+
+    fn two() -> Vec<Member> {
+        vec![
+            member(1, "http://a:2380", false),
+            member(2, "http://b:2380", true),
+        ]
+    }
+
+    #[test]
+    fn plan_refuses_what_etcd_refuses() {
+        let ms = two();
+        let add_taken = MemberChange::Add {
+            peer_urls: vec!["http://a:2380".into()],
+            learner: false,
+        };
+        assert_eq!(plan(&ms, &add_taken, "t"), Err(EtcdError::PeerUrlExist));
+        assert_eq!(
+            plan(&ms, &MemberChange::Remove { id: 9 }, "t"),
+            Err(EtcdError::MemberNotFound)
+        );
+        assert_eq!(
+            plan(&ms, &MemberChange::Promote { id: 1 }, "t"),
+            Err(EtcdError::MemberNotLearner)
+        );
+        let update = MemberChange::Update {
+            id: 9,
+            peer_urls: vec![],
+        };
+        assert_eq!(plan(&ms, &update, "t"), Err(EtcdError::MemberNotFound));
+    }
+
+    #[test]
+    fn an_add_applies_with_the_member_its_context_names() {
+        let ms = two();
+        let add = MemberChange::Add {
+            peer_urls: vec!["http://c:2380".into()],
+            learner: true,
+        };
+        let Ok(Plan::ConfChange {
+            change_type,
+            node_id,
+            member,
+        }) = plan(&ms, &add, "t")
+        else {
+            panic!("an add of a new URL is planned as a conf change");
+        };
+        assert_eq!(change_type, ConfChangeType::AddLearnerNode);
+        let cc = conf_change(change_type, node_id, member.clone(), 42);
+        let cs = ConfState {
+            voters: vec![1],
+            learners: vec![2, node_id],
+        };
+        let (after, ctx) = after_conf_change(&ms, &cc, &cs);
+        assert_eq!(ctx.map(|c| c.request_id), Some(42));
+        assert_eq!(after.len(), 3);
+        assert_eq!(after[2], member);
+    }
+
+    #[test]
+    fn promote_and_remove_follow_raft_configuration() {
+        let ms = two();
+        let Ok(Plan::ConfChange {
+            change_type,
+            node_id,
+            member,
+        }) = plan(&ms, &MemberChange::Promote { id: 2 }, "t")
+        else {
+            panic!("promoting a learner is a conf change");
+        };
+        let cc = conf_change(change_type, node_id, member, 1);
+        let cs = ConfState {
+            voters: vec![1, 2],
+            learners: vec![],
+        };
+        let (after, _) = after_conf_change(&ms, &cc, &cs);
+        assert!(after.iter().all(|m| !m.is_learner));
+        let remove = conf_change(ConfChangeType::RemoveNode, 1, after[0].clone(), 2);
+        let cs = ConfState {
+            voters: vec![2],
+            learners: vec![],
+        };
+        let (after, _) = after_conf_change(&after, &remove, &cs);
+        assert_eq!(after.iter().map(|m| m.id).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn member_requests_set_attributes_and_peer_urls() {
+        let ms = two();
+        let (after, updated) = after_member_request(
+            &ms,
+            Some((2, "two".into(), vec!["http://b:2379".into()])),
+            Some((1, vec!["http://z:2380".into()])),
+        );
+        assert_eq!(updated, Some(true));
+        assert!(attributes_published(
+            &after,
+            2,
+            "two",
+            &["http://b:2379".to_string()]
+        ));
+        assert!(!attributes_published(&after, 1, "two", &[]));
+        assert_eq!(after[0].peer_urls, vec!["http://z:2380".to_string()]);
+        let (_, updated) = after_member_request(&ms, None, Some((9, vec![])));
+        assert_eq!(updated, Some(false));
+    }
+
+    #[test]
+    fn a_bootstrap_snapshot_names_members_raft_lists() {
+        let known = vec![member(1, "http://a:2380", false)];
+        let cs = ConfState {
+            voters: vec![1, 3],
+            learners: vec![4],
+        };
+        let ms = from_conf_state(&known, &cs);
+        assert_eq!(ms[0], known[0]);
+        assert_eq!((ms[1].id, ms[1].is_learner), (3, false));
+        assert_eq!((ms[2].id, ms[2].is_learner), (4, true));
+    }
+}

@@ -1,0 +1,308 @@
+//! The member's WAL records: what a Ready turns into, and how a restart rebuilds the member
+//! (raft log, store, membership, alarms) from the newest checkpoint and the records after it.
+//! Pure: the driver reads the files and writes the WAL; this module encodes and rebuilds, so a
+//! simulator can restart a member from its simulated disk the same way.
+//!
+//! Architecture invariant: a snapshot's WAL record is written only after its state is durable
+//! as a checkpoint, so replay that meets a snapshot record past the newest checkpoint refuses
+//! to start (only the empty bootstrap snapshot at index 1 has no checkpoint).
+
+use bytes::Bytes;
+use keel_io::Record;
+use keel_kv as kv;
+use keel_raft::{
+    Durability, Entry, HardState, MemStorage, RawNode, Snapshot, SnapshotMetadata, Storage,
+};
+
+use crate::alarms::Alarms;
+use crate::checkpoint::{self, Checkpoint};
+use crate::error::CoreError;
+use crate::ids::Member as MemberInfo;
+
+/// WAL record kinds. The WAL frames and checksums them; these say what the payload is.
+pub const WAL_KIND_ENTRY: u8 = 1;
+pub const WAL_KIND_HARD_STATE: u8 = 2;
+pub const WAL_KIND_SNAPSHOT: u8 = 3;
+
+/// The WAL records one Ready must make durable before its after-persist messages go out, in
+/// write order: the snapshot marker, the entries, then the hard state. `last_index` is the
+/// log's last index, which the hard state record is filed under when the Ready has no entries.
+/// Empty when the Ready need not be synced: a commit-only change rides along with the next
+/// synced batch instead of costing an fdatasync of its own (it is recoverable from the log and
+/// from peers).
+pub fn ready_records(
+    snapshot: Option<&SnapshotMetadata>,
+    entries: &[Entry],
+    hard_state: Option<&HardState>,
+    durability: Durability,
+    last_index: u64,
+) -> Vec<Record> {
+    if durability != Durability::Sync {
+        return Vec::new();
+    }
+    let mut records = Vec::with_capacity(entries.len() + 2);
+    if let Some(meta) = snapshot {
+        let mut buf = Vec::new();
+        meta.encode(&mut buf);
+        records.push(Record {
+            kind: WAL_KIND_SNAPSHOT,
+            index: meta.index,
+            payload: buf.into(),
+        });
+    }
+    for e in entries {
+        let mut buf = Vec::with_capacity(e.data.len() + 32);
+        e.encode(&mut buf);
+        records.push(Record {
+            kind: WAL_KIND_ENTRY,
+            index: e.index,
+            payload: buf.into(),
+        });
+    }
+    if let Some(hs) = hard_state {
+        let mut buf = Vec::new();
+        hs.encode(&mut buf);
+        let index = entries.last().map_or(last_index, |e| e.index);
+        records.push(Record {
+            kind: WAL_KIND_HARD_STATE,
+            index,
+            payload: buf.into(),
+        });
+    }
+    records
+}
+
+/// Rebuilds the raft log in `storage` (which already holds the newest checkpoint's snapshot,
+/// or the bootstrap configuration) from the WAL's records, oldest first. Entries apply as raft
+/// last wrote them (a later entry at an index overwrites the tail from there); a snapshot
+/// record discards everything before it.
+pub fn replay(storage: &mut MemStorage, records: Vec<Record>) -> Result<(), CoreError> {
+    let applied = storage.first_index() - 1;
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut hard_state: Option<HardState> = None;
+    for rec in records {
+        match rec.kind {
+            WAL_KIND_ENTRY => {
+                let e = Entry::decode(&rec.payload)
+                    .map_err(|e| CoreError::Wal(format!("bad entry record: {e}")))?;
+                while entries.last().is_some_and(|last| last.index >= e.index) {
+                    entries.pop();
+                }
+                entries.push(e);
+            }
+            WAL_KIND_HARD_STATE => {
+                hard_state = Some(
+                    HardState::decode(&rec.payload)
+                        .map_err(|e| CoreError::Wal(format!("bad hard state record: {e}")))?,
+                );
+            }
+            WAL_KIND_SNAPSHOT => {
+                let meta = SnapshotMetadata::decode(&rec.payload)
+                    .map_err(|e| CoreError::Wal(format!("bad snapshot record: {e}")))?;
+                entries.clear();
+                if meta.index > applied {
+                    if meta.index > 1 {
+                        return Err(CoreError::Wal(format!(
+                            "WAL names snapshot {} past the newest checkpoint {applied}",
+                            meta.index
+                        )));
+                    }
+                    storage.set_conf_state(meta.conf_state.clone());
+                    storage.apply_snapshot(Snapshot {
+                        metadata: meta,
+                        data: Bytes::new(),
+                    });
+                }
+            }
+            other => return Err(CoreError::Wal(format!("unknown WAL record kind {other}"))),
+        }
+    }
+    let applied = storage.first_index() - 1;
+    let tail: Vec<Entry> = entries.into_iter().filter(|e| e.index > applied).collect();
+    if let Some(first) = tail.first() {
+        if first.index != applied + 1 {
+            return Err(CoreError::Wal(format!(
+                "WAL entries start at {} but the checkpoint ends at {applied}: a gap",
+                first.index
+            )));
+        }
+        storage.append(&tail);
+    }
+    // The commit index may trail what the log holds (it is persisted lazily); it never points
+    // past the last entry we have, and never below what the checkpoint applied.
+    let mut hard_state = hard_state.unwrap_or_else(|| storage.hard_state());
+    hard_state.term = hard_state.term.max(storage.hard_state().term);
+    hard_state.commit = hard_state
+        .commit
+        .clamp(applied, storage.last_index().max(applied));
+    storage.set_hard_state(hard_state);
+    assert!(
+        storage.hard_state().commit <= storage.last_index().max(applied),
+        "recovered commit index past the recovered log"
+    );
+    Ok(())
+}
+
+/// How a member with no checkpoint of its own begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// A founding member: a bootstrap snapshot at index 1 holds the initial voters.
+    Founding,
+    /// A member joining an existing cluster: it starts empty and learns everything from the
+    /// leader.
+    Joining,
+}
+
+/// What a member restarts from: the raft node over its rebuilt log, the store, and the
+/// replicated state the checkpoint carried.
+pub struct Recovered {
+    pub node: RawNode<MemStorage>,
+    pub writer: kv::Writer,
+    pub reader: kv::Reader,
+    pub members: Vec<MemberInfo>,
+    pub alarms: Alarms,
+    /// The index the newest checkpoint (or the bootstrap snapshot) covers.
+    pub checkpoint_index: u64,
+}
+
+/// Rebuilds a member from what its driver read from disk: the newest valid checkpoint (if
+/// any) and the WAL's records, oldest first. `raft` is the raft configuration without its
+/// applied index, which recovery sets; `initial_members` is the identity's membership, used
+/// when there is no checkpoint.
+pub fn recover(
+    mut raft: keel_raft::Config,
+    start: Start,
+    initial_members: Vec<MemberInfo>,
+    checkpoint: Option<Checkpoint>,
+    records: Vec<Record>,
+) -> Result<Recovered, CoreError> {
+    let mut storage = match start {
+        Start::Joining => MemStorage::new(),
+        Start::Founding => {
+            let voters: Vec<u64> = initial_members.iter().map(|m| m.id).collect();
+            MemStorage::new_with_voters(&voters)
+        }
+    };
+    let mut members = initial_members;
+    let mut alarms = Alarms::default();
+    let (writer, reader) = match checkpoint {
+        Some(cp) => {
+            let (w, r) =
+                kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+            assert_eq!(
+                w.applied_index(),
+                cp.meta.index,
+                "checkpoint header and store disagree on the applied index"
+            );
+            members = cp.members.clone();
+            alarms = Alarms::from_list(&cp.alarms);
+            storage.set_conf_state(cp.meta.conf_state.clone());
+            // The checkpoint file is also what a far-behind follower receives as a snapshot.
+            let data = Bytes::from(checkpoint::encode(
+                cp.meta.index,
+                cp.meta.term,
+                &cp.meta.conf_state,
+                &cp.members,
+                &cp.alarms,
+                &cp.kv_image,
+            ));
+            storage.apply_snapshot(Snapshot {
+                metadata: cp.meta,
+                data,
+            });
+            (w, r)
+        }
+        None => kv::Store::new(),
+    };
+    replay(&mut storage, records)?;
+    let applied = storage.first_index() - 1;
+    let hard_state = storage.hard_state();
+    raft.applied = applied;
+    let node = RawNode::new(&raft, storage).map_err(|e| CoreError::Raft(e.to_string()))?;
+    tracing::info!(
+        applied_index = applied,
+        last_index = node.store().last_index(),
+        term = hard_state.term,
+        commit = hard_state.commit,
+        "recovered raft log"
+    );
+    Ok(Recovered {
+        node,
+        writer,
+        reader,
+        members,
+        alarms,
+        checkpoint_index: applied,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_raft::EntryType;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        Entry {
+            index,
+            term,
+            entry_type: EntryType::Normal,
+            data: Bytes::from(format!("e{index}t{term}")),
+        }
+    }
+
+    #[test]
+    fn a_commit_only_ready_writes_nothing() {
+        let hs = HardState {
+            term: 1,
+            vote: 1,
+            commit: 3,
+        };
+        assert!(ready_records(None, &[], Some(&hs), Durability::NoSync, 3).is_empty());
+        let records = ready_records(None, &[], Some(&hs), Durability::Sync, 3);
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            (records[0].kind, records[0].index),
+            (WAL_KIND_HARD_STATE, 3)
+        );
+    }
+
+    #[test]
+    fn replay_takes_the_last_write_of_each_index_and_clamps_commit() {
+        let mut written = Vec::new();
+        let hs = |term, commit| HardState {
+            term,
+            vote: 1,
+            commit,
+        };
+        written.extend(ready_records(
+            None,
+            &[entry(2, 1), entry(3, 1), entry(4, 1)],
+            Some(&hs(1, 3)),
+            Durability::Sync,
+            1,
+        ));
+        // A new leader overwrote index 4 onward; its hard state claims a commit we never got.
+        written.extend(ready_records(
+            None,
+            &[entry(4, 2)],
+            Some(&hs(2, 9)),
+            Durability::Sync,
+            4,
+        ));
+        let mut storage = MemStorage::new_with_voters(&[1]);
+        replay(&mut storage, written).expect("a well-formed WAL replays");
+        assert_eq!(storage.last_index(), 4);
+        assert_eq!(storage.term(4).expect("index 4 is in the log"), 2);
+        assert_eq!(storage.term(3).expect("index 3 is in the log"), 1);
+        let recovered = storage.hard_state();
+        assert_eq!((recovered.term, recovered.commit), (2, 4));
+    }
+
+    #[test]
+    fn a_gap_after_the_checkpoint_refuses_to_start() {
+        let records = ready_records(None, &[entry(5, 1)], None, Durability::Sync, 4);
+        let mut storage = MemStorage::new_with_voters(&[1]);
+        let err = replay(&mut storage, records).expect_err("index 2..4 are missing");
+        assert!(err.to_string().contains("a gap"), "{err}");
+    }
+}
