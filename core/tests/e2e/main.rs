@@ -18,3 +18,4 @@ mod durability;
 mod etcdctl;
 mod faults;
 mod limits;
+mod tls;
