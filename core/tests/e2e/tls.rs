@@ -496,3 +496,44 @@ fn http_and_https_listeners_coexist_on_different_urls() {
         200
     );
 }
+
+#[test]
+fn a_revoked_client_certificate_is_refused_with_client_crl_file_like_etcd() {
+    let pki = Pki::new();
+    pki.issue("ca", "client2-ca", "extendedKeyUsage=clientAuth\n");
+    std::fs::write(
+        pki.path("ca.cnf"),
+        "[ca]\ndefault_ca = ca_default\n[ca_default]\ndatabase = index.txt\n\
+         crlnumber = crlnumber\ndefault_md = sha256\ndefault_crl_days = 2\n\
+         certificate = ca.pem\nprivate_key = ca.key\n",
+    )
+    .expect("write the CA config");
+    std::fs::write(pki.path("index.txt"), "").expect("an empty CA database");
+    std::fs::write(pki.path("crlnumber"), "1000\n").expect("a CRL number");
+    pki.openssl(&["ca", "-config", "ca.cnf", "-revoke", "client-ca.pem"]);
+    pki.openssl(&["ca", "-config", "ca.cnf", "-gencrl", "-out", "crl.pem"]);
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let server = start(
+            kind,
+            &pki,
+            &[
+                "--client-cert-auth",
+                "--trusted-ca-file",
+                &pki.arg("ca.pem"),
+                "--client-crl-file",
+                &pki.arg("crl.pem"),
+            ],
+            Some("client2-ca"),
+        );
+        server.etcdctl(&["put", "crl", "ok"]).ok();
+        let revoked = etcdctl_with(
+            &server,
+            &pki.etcdctl_flags(Some("client-ca")),
+            &["--dial-timeout=2s", "--command-timeout=3s", "get", "crl"],
+        );
+        assert_ne!(
+            revoked.code, 0,
+            "{kind:?}: a revoked certificate got {revoked:?}"
+        );
+    }
+}
