@@ -173,6 +173,12 @@ fn etcdctl_put_get_health_over_tls_and_plaintext_refused_like_etcd() {
             &["--cacert", &pki.arg("ca.pem")],
         );
         assert_eq!(health.0, 200, "{kind:?} /health over TLS: {health:?}");
+        // curl picks h2 by ALPN above; the HTTP/1.1 endpoints answer over TLS too.
+        let health_http1 = curl(
+            &format!("{}/health", server.client_url()),
+            &["--http1.1", "--cacert", &pki.arg("ca.pem")],
+        );
+        assert_eq!(health_http1.0, 200, "{kind:?} /health over TLS, HTTP/1.1");
         let health: serde_json::Value =
             serde_json::from_str(&health.1).expect("/health answers JSON");
         // A plaintext gRPC client on the https port: refused.
