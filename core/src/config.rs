@@ -14,6 +14,7 @@ use clap::Parser;
 
 use crate::compactor::Retention;
 use crate::error::CoreError;
+use crate::tls::{CertSource, ClientAuth, ClientTls};
 
 /// etcd's defaults (embed/config.go), kept here so a reader can compare them side by side.
 pub const DEFAULT_MAX_TXN_OPS: u32 = 128;
@@ -236,21 +237,66 @@ pub struct Flags {
     )]
     pub preface_timeout_ms: u64,
 
-    /// TLS flags: not supported yet, refused rather than silently serving plaintext.
-    #[arg(long = "cert-file", env = "ETCD_CERT_FILE", hide = true)]
+    /// Path to the client server TLS cert file (PEM; the leaf first, then its chain).
+    #[arg(long = "cert-file", env = "ETCD_CERT_FILE")]
     pub cert_file: Option<String>,
-    #[arg(long = "key-file", env = "ETCD_KEY_FILE", hide = true)]
+    /// Path to the client server TLS key file (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long = "key-file", env = "ETCD_KEY_FILE")]
     pub key_file: Option<String>,
+    /// Path to the client server TLS trusted CA cert file; giving it requires client
+    /// certificates signed by it, as etcd does.
+    #[arg(long = "trusted-ca-file", env = "ETCD_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<String>,
+    /// Enable client cert authentication (needs --trusted-ca-file).
+    #[arg(long = "client-cert-auth", env = "ETCD_CLIENT_CERT_AUTH", num_args = 0..=1, default_missing_value = "true")]
+    pub client_cert_auth: Option<bool>,
+    /// Path to the client certificate revocation list file (PEM).
+    #[arg(long = "client-crl-file", env = "ETCD_CLIENT_CRL_FILE")]
+    pub client_crl_file: Option<String>,
+    /// Client TLS using generated certificates (written under <data-dir>/fixtures/client).
+    #[arg(long = "auto-tls", env = "ETCD_AUTO_TLS", num_args = 0..=1, default_missing_value = "true")]
+    pub auto_tls: Option<bool>,
+    /// Comma-separated list of supported TLS 1.2 cipher suites (Go's names); TLS 1.3 suites
+    /// are always on, as in Go.
+    #[arg(long = "cipher-suites", env = "ETCD_CIPHER_SUITES")]
+    pub cipher_suites: Option<String>,
+    /// Not supported: refused rather than silently accepting any client name.
+    #[arg(
+        long = "client-cert-allowed-hostname",
+        env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME",
+        hide = true
+    )]
+    pub client_cert_allowed_hostname: Option<String>,
+
+    /// Peer TLS flags: not supported yet, refused rather than silently serving plaintext.
     #[arg(long = "peer-cert-file", env = "ETCD_PEER_CERT_FILE", hide = true)]
     pub peer_cert_file: Option<String>,
     #[arg(long = "peer-key-file", env = "ETCD_PEER_KEY_FILE", hide = true)]
     pub peer_key_file: Option<String>,
-    #[arg(long = "auto-tls", env = "ETCD_AUTO_TLS", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub auto_tls: Option<bool>,
+    #[arg(
+        long = "peer-trusted-ca-file",
+        env = "ETCD_PEER_TRUSTED_CA_FILE",
+        hide = true
+    )]
+    pub peer_trusted_ca_file: Option<String>,
+    #[arg(long = "peer-crl-file", env = "ETCD_PEER_CRL_FILE", hide = true)]
+    pub peer_crl_file: Option<String>,
+    #[arg(
+        long = "peer-cert-allowed-cn",
+        env = "ETCD_PEER_CERT_ALLOWED_CN",
+        hide = true
+    )]
+    pub peer_cert_allowed_cn: Option<String>,
+    #[arg(
+        long = "peer-cert-allowed-hostname",
+        env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME",
+        hide = true
+    )]
+    pub peer_cert_allowed_hostname: Option<String>,
     #[arg(long = "peer-auto-tls", env = "ETCD_PEER_AUTO_TLS", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub peer_auto_tls: Option<bool>,
-    #[arg(long = "client-cert-auth", env = "ETCD_CLIENT_CERT_AUTH", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub client_cert_auth: Option<bool>,
+    #[arg(long = "peer-client-cert-auth", env = "ETCD_PEER_CLIENT_CERT_AUTH", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub peer_client_cert_auth: Option<bool>,
 
     /// etcd flags that tune internals Keel does not have; accepted so deployments keep working.
     #[arg(long = "enable-v2", env = "ETCD_ENABLE_V2", hide = true, num_args = 0..=1, default_missing_value = "true")]
@@ -338,7 +384,10 @@ pub struct Config {
     pub name: String,
     pub data_dir: PathBuf,
     pub wal_dir: PathBuf,
-    pub listen_client_addrs: Vec<SocketAddr>,
+    /// Client listeners, each plaintext or TLS by its URL's scheme.
+    pub listen_client: Vec<ClientListener>,
+    /// TLS for the https client listeners; None when every listener is plaintext.
+    pub client_tls: Option<ClientTls>,
     pub advertise_client_urls: Vec<String>,
     pub listen_peer_addrs: Vec<SocketAddr>,
     pub initial_advertise_peer_urls: Vec<String>,
@@ -367,6 +416,8 @@ pub struct Config {
     pub corrupt_check_interval: Option<std::time::Duration>,
     /// etcd flags we accept but do not act on, for the startup log.
     pub ignored_flags: Vec<&'static str>,
+    /// Configuration the member runs with but an operator should hear about, for the startup log.
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -383,26 +434,41 @@ impl Config {
     }
 
     pub fn from_flags(f: Flags) -> Result<Config, CoreError> {
-        let tls = [
-            &f.cert_file,
-            &f.key_file,
+        let given = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
+        let peer_tls = [
             &f.peer_cert_file,
             &f.peer_key_file,
+            &f.peer_trusted_ca_file,
+            &f.peer_crl_file,
+            &f.peer_cert_allowed_cn,
+            &f.peer_cert_allowed_hostname,
         ]
-        .iter()
-        .any(|v| v.as_deref().is_some_and(|s| !s.is_empty()))
-            || [f.auto_tls, f.peer_auto_tls, f.client_cert_auth].contains(&Some(true));
-        if tls {
+        .into_iter()
+        .any(given)
+            || [f.peer_auto_tls, f.peer_client_cert_auth].contains(&Some(true));
+        if peer_tls {
             return Err(CoreError::Config(
-                "TLS flags are not supported yet: refusing to serve plaintext where TLS was asked for".into(),
+                "peer TLS flags (--peer-*) are not supported yet: refusing to run the peer port in plaintext where TLS was asked for".into(),
             ));
         }
-        let listen_client_addrs = parse_listen_urls("listen-client-urls", &f.listen_client_urls)?;
+        if given(&f.client_cert_allowed_hostname) {
+            return Err(CoreError::Config(
+                "--client-cert-allowed-hostname is not supported: refusing to accept client certificates it would reject".into(),
+            ));
+        }
+        let listen_client = parse_client_listen_urls(&f.listen_client_urls)?;
+        let mut warnings = Vec::new();
+        let client_tls = client_tls(&f, &listen_client, &mut warnings)?;
         let listen_peer_addrs = parse_listen_urls("listen-peer-urls", &f.listen_peer_urls)?;
-        let advertise_client_urls = split_urls("advertise-client-urls", &f.advertise_client_urls)?;
+        let advertise_client_urls = split_urls(
+            "advertise-client-urls",
+            &f.advertise_client_urls,
+            Https::Allowed,
+        )?;
         let initial_advertise_peer_urls = split_urls(
             "initial-advertise-peer-urls",
             &f.initial_advertise_peer_urls,
+            Https::Refused,
         )?;
         let initial_cluster = match &f.initial_cluster {
             Some(s) if !s.is_empty() => parse_initial_cluster(s)?,
@@ -544,7 +610,8 @@ impl Config {
             name: f.name,
             data_dir,
             wal_dir,
-            listen_client_addrs,
+            listen_client,
+            client_tls,
             advertise_client_urls,
             listen_peer_addrs,
             initial_advertise_peer_urls,
@@ -569,6 +636,7 @@ impl Config {
             corrupt_check_interval: (!corrupt_check_interval.is_zero())
                 .then_some(corrupt_check_interval),
             ignored_flags,
+            warnings,
         })
     }
 }
@@ -633,7 +701,29 @@ pub fn normalize_go_args(args: impl IntoIterator<Item = String>) -> Vec<String> 
         .collect()
 }
 
-fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
+/// Whether a flag's URLs may use `https://`: client URLs may, peer URLs not yet (peer TLS
+/// is not implemented, and a peer URL we cannot dial must not be accepted silently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Https {
+    Allowed,
+    Refused,
+}
+
+/// A URL's scheme: how a listener on it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// One client listener: an address, served plaintext or TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientListener {
+    pub addr: SocketAddr,
+    pub scheme: Scheme,
+}
+
+fn split_urls(flag: &str, s: &str, https: Https) -> Result<Vec<String>, CoreError> {
     let urls: Vec<String> = s
         .split(',')
         .map(str::trim)
@@ -646,26 +736,40 @@ fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
         )));
     }
     for u in &urls {
-        url_host_port(flag, u)?;
+        url_scheme_host_port(flag, u, https)?;
     }
     Ok(urls)
 }
 
-/// Splits "http://host:port" into host and port, refusing schemes we cannot serve.
+/// Splits a peer URL "http://host:port" into host and port, refusing schemes we cannot serve
+/// or dial (https: peer TLS is not supported yet).
 pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> {
-    let rest = if let Some(r) = url.strip_prefix("http://") {
-        r
-    } else if url.starts_with("https://") || url.starts_with("unixs://") {
-        return Err(CoreError::Config(format!(
-            "--{flag}: {url:?}: TLS is not supported yet"
-        )));
-    } else if url.starts_with("unix://") {
+    let (_, host, port) = url_scheme_host_port(flag, url, Https::Refused)?;
+    Ok((host, port))
+}
+
+/// Splits "http(s)://host:port" into scheme, host and port.
+pub fn url_scheme_host_port(
+    flag: &str,
+    url: &str,
+    https: Https,
+) -> Result<(Scheme, String, u16), CoreError> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("http://") {
+        (Scheme::Http, r)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        if https == Https::Refused {
+            return Err(CoreError::Config(format!(
+                "--{flag}: {url:?}: peer TLS is not supported yet"
+            )));
+        }
+        (Scheme::Https, r)
+    } else if url.starts_with("unix://") || url.starts_with("unixs://") {
         return Err(CoreError::Config(format!(
             "--{flag}: {url:?}: unix sockets are not supported yet"
         )));
     } else {
         return Err(CoreError::Config(format!(
-            "--{flag}: URL scheme must be http, got {url:?}"
+            "--{flag}: URL scheme must be http or https, got {url:?}"
         )));
     };
     let rest = rest.trim_end_matches('/');
@@ -676,29 +780,136 @@ pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> 
         .parse()
         .map_err(|_| CoreError::Config(format!("--{flag}: bad port in {url:?}")))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((host.to_string(), port))
+    Ok((scheme, host.to_string(), port))
+}
+
+fn resolve(flag: &str, url: &str, host: String, port: u16) -> Result<SocketAddr, CoreError> {
+    // "localhost" resolves to both families; etcd binds the first, and so do we.
+    let host = if host == "localhost" {
+        "127.0.0.1".to_string()
+    } else {
+        host
+    };
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| CoreError::Config(format!("--{flag}: cannot resolve {url:?}: {e}")))?
+        .next()
+        .ok_or_else(|| CoreError::Config(format!("--{flag}: {url:?} resolves to nothing")))
 }
 
 fn parse_listen_urls(flag: &str, s: &str) -> Result<Vec<SocketAddr>, CoreError> {
     let mut addrs = Vec::new();
-    for url in split_urls(flag, s)? {
+    for url in split_urls(flag, s, Https::Refused)? {
         let (host, port) = url_host_port(flag, &url)?;
-        // "localhost" resolves to both families; etcd binds the first, and so do we.
-        let host = if host == "localhost" {
-            "127.0.0.1".to_string()
-        } else {
-            host
-        };
-        let addr = (host.as_str(), port)
-            .to_socket_addrs()
-            .map_err(|e| CoreError::Config(format!("--{flag}: cannot resolve {url:?}: {e}")))?
-            .next()
-            .ok_or_else(|| CoreError::Config(format!("--{flag}: {url:?} resolves to nothing")))?;
+        let addr = resolve(flag, &url, host, port)?;
         if !addrs.contains(&addr) {
             addrs.push(addr);
         }
     }
     Ok(addrs)
+}
+
+/// `--listen-client-urls`: http and https listeners may coexist, on different addresses.
+fn parse_client_listen_urls(s: &str) -> Result<Vec<ClientListener>, CoreError> {
+    let flag = "listen-client-urls";
+    let mut listeners: Vec<ClientListener> = Vec::new();
+    for url in split_urls(flag, s, Https::Allowed)? {
+        let (scheme, host, port) = url_scheme_host_port(flag, &url, Https::Allowed)?;
+        let addr = resolve(flag, &url, host, port)?;
+        match listeners.iter().find(|l| l.addr == addr) {
+            Some(l) if l.scheme != scheme => {
+                return Err(CoreError::Config(format!(
+                    "--{flag}: {addr} is named both as http and as https"
+                )));
+            }
+            Some(_) => {}
+            None => listeners.push(ClientListener { addr, scheme }),
+        }
+    }
+    Ok(listeners)
+}
+
+/// The client TLS settings from the flags, checked against the listeners: an https listener
+/// needs a certificate (files or --auto-tls), and --client-cert-auth needs a CA to verify with.
+fn client_tls(
+    f: &Flags,
+    listeners: &[ClientListener],
+    warnings: &mut Vec<String>,
+) -> Result<Option<ClientTls>, CoreError> {
+    let path = |v: &Option<String>| {
+        v.as_deref()
+            .filter(|s| !s.is_empty())
+            .map(|s| absolute_path("tls file", PathBuf::from(s)))
+            .transpose()
+    };
+    let cert_file = path(&f.cert_file)?;
+    let key_file = path(&f.key_file)?;
+    let trusted_ca_file = path(&f.trusted_ca_file)?;
+    let crl_file = path(&f.client_crl_file)?;
+    let https = listeners.iter().any(|l| l.scheme == Scheme::Https);
+    let certs = match (cert_file, key_file) {
+        (Some(cert_file), Some(key_file)) => {
+            if f.auto_tls == Some(true) {
+                warnings.push("ignoring --auto-tls: --cert-file and --key-file are given".into());
+            }
+            Some(CertSource::Files {
+                cert_file,
+                key_file,
+            })
+        }
+        (None, None) if f.auto_tls == Some(true) => Some(CertSource::SelfSigned),
+        (None, None) => None,
+        _ => {
+            return Err(CoreError::Config(
+                "--cert-file and --key-file must be given together".into(),
+            ))
+        }
+    };
+    let client_auth = if f.client_cert_auth == Some(true) || trusted_ca_file.is_some() {
+        // etcd requires and verifies client certificates as soon as a trusted CA is given,
+        // with or without --client-cert-auth.
+        ClientAuth::Require
+    } else {
+        ClientAuth::None
+    };
+    if client_auth == ClientAuth::Require && trusted_ca_file.is_none() {
+        return Err(CoreError::Config(
+            "--client-cert-auth needs --trusted-ca-file to verify client certificates with".into(),
+        ));
+    }
+    let cipher_suites = match f.cipher_suites.as_deref() {
+        Some(s) if !s.is_empty() => {
+            crate::tls::parse_cipher_suites(s).map_err(CoreError::Config)?
+        }
+        _ => Vec::new(),
+    };
+    let Some(certs) = certs else {
+        if https {
+            return Err(CoreError::Config(
+                "an https:// client URL needs TLS key/cert (--cert-file, --key-file) or --auto-tls"
+                    .into(),
+            ));
+        }
+        if client_auth == ClientAuth::Require || crl_file.is_some() {
+            return Err(CoreError::Config(
+                "client certificate flags need TLS: give --cert-file and --key-file (or --auto-tls) and an https:// client URL".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if !https {
+        // etcd serves plaintext here too, with the same warning.
+        warnings.push(
+            "client TLS certificates are given but no --listen-client-urls is https://: serving plaintext only".into(),
+        );
+    }
+    Ok(Some(ClientTls {
+        certs,
+        trusted_ca_file,
+        client_auth,
+        crl_file,
+        cipher_suites,
+    }))
 }
 
 /// Parses "n1=http://a:2380,n2=http://b:2380,n1=http://c:2380" (a name may repeat to give
@@ -741,9 +952,13 @@ mod tests {
     fn no_flags_serves_loopback_2379_like_etcd() {
         let c = parse(&[]).expect("defaults are valid");
         assert_eq!(
-            c.listen_client_addrs,
-            vec!["127.0.0.1:2379".parse::<SocketAddr>().expect("addr")]
+            c.listen_client,
+            vec![ClientListener {
+                addr: "127.0.0.1:2379".parse::<SocketAddr>().expect("addr"),
+                scheme: Scheme::Http
+            }]
         );
+        assert_eq!(c.client_tls, None);
         let cwd = std::env::current_dir().expect("the test has a working directory");
         assert_eq!(c.data_dir, cwd.join("default.keel"));
         assert_eq!(c.wal_dir, cwd.join("default.keel").join("wal"));
@@ -786,10 +1001,72 @@ mod tests {
     }
 
     #[test]
-    fn tls_is_refused_not_ignored() {
-        assert!(parse(&["--cert-file", "x.pem"]).is_err());
-        assert!(parse(&["--listen-client-urls", "https://127.0.0.1:2379"]).is_err());
-        assert!(parse(&["--auto-tls"]).is_err());
+    fn https_listeners_need_a_certificate_and_coexist_with_http() {
+        let err = parse(&["--listen-client-urls", "https://127.0.0.1:2379"]).expect_err("no cert");
+        assert!(err.to_string().contains("--cert-file"), "{err}");
+        let c = parse(&[
+            "--listen-client-urls",
+            "https://127.0.0.1:2379,http://127.0.0.1:2380",
+            "--auto-tls",
+        ])
+        .expect("auto-tls gives the https listener a certificate");
+        assert_eq!(c.listen_client[0].scheme, Scheme::Https);
+        assert_eq!(c.listen_client[1].scheme, Scheme::Http);
+        let tls = c.client_tls.expect("TLS settings");
+        assert_eq!(tls.certs, CertSource::SelfSigned);
+        assert_eq!(tls.client_auth, ClientAuth::None);
+        assert!(parse(&[
+            "--listen-client-urls",
+            "https://127.0.0.1:2379,http://127.0.0.1:2379",
+            "--auto-tls"
+        ])
+        .is_err());
+        assert!(
+            parse(&["--cert-file", "c.pem"]).is_err(),
+            "a cert without a key"
+        );
+        let c = parse(&[
+            "--listen-client-urls",
+            "https://127.0.0.1:2379",
+            "--cert-file",
+            "c.pem",
+            "--key-file",
+            "k.pem",
+            "--trusted-ca-file",
+            "ca.pem",
+        ])
+        .expect("valid");
+        let tls = c.client_tls.expect("TLS settings");
+        assert_eq!(
+            tls.client_auth,
+            ClientAuth::Require,
+            "a trusted CA alone requires client certificates, as in etcd"
+        );
+        assert!(tls.trusted_ca_file.expect("CA").is_absolute());
+        let err = parse(&[
+            "--auto-tls",
+            "--listen-client-urls",
+            "https://127.0.0.1:2379",
+            "--client-cert-auth",
+        ])
+        .expect_err("no CA to verify with");
+        assert!(err.to_string().contains("--trusted-ca-file"), "{err}");
+        assert!(parse(&["--auto-tls", "--cipher-suites", "TLS_RSA_WITH_RC4_128_SHA"]).is_err());
+    }
+
+    #[test]
+    fn peer_tls_is_refused_not_ignored() {
+        for args in [
+            &["--peer-cert-file", "x.pem"][..],
+            &["--peer-auto-tls"],
+            &["--peer-client-cert-auth"],
+            &["--peer-trusted-ca-file", "ca.pem"],
+            &["--listen-peer-urls", "https://127.0.0.1:2380"],
+            &["--initial-advertise-peer-urls", "https://127.0.0.1:2380"],
+            &["--client-cert-allowed-hostname", "x"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub enum CoreError {
     Store(String),
     #[error("raft: {0}")]
     Raft(String),
+    #[error("client TLS: {0}")]
+    Tls(String),
     #[error("corruption check: {0}")]
     Corrupt(String),
 }

@@ -21,4 +21,5 @@ pub mod rt;
 pub mod service;
 pub mod shard;
 pub mod shared;
+pub mod tls;
 pub mod watch;

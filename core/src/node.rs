@@ -99,12 +99,15 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     }
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     tracing::info!(
         name = %config.name,
         data_dir = %config.data_dir.display(),
         member_id = format!("{:x}", identity.member_id),
         cluster_id = format!("{:x}", identity.cluster_id),
-        listen_client_urls = ?config.listen_client_addrs,
+        listen_client_urls = ?config.listen_client,
         advertise_client_urls = ?config.advertise_client_urls,
         listen_peer_urls = ?config.listen_peer_addrs,
         shards = config.shards,

@@ -12,22 +12,24 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::{select, Either};
 use keel_grpc::{serve_connection, Runtime, ServerConfig};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
-use crate::config::Config;
+use crate::config::{Config, Scheme};
 use crate::error::CoreError;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::rt::{self, TcpListener};
 use crate::service::Api;
 use crate::shared::Shared;
+use crate::tls::{self, Acceptor, TlsFiles};
 use crate::watch::Hub;
 
 /// keel-grpc's runtime hooks, on glommio.
@@ -51,17 +53,30 @@ pub fn start(
 ) -> Result<Vec<rt::Pinned<()>>, CoreError> {
     assert!(count > 0, "a node needs at least one shard");
     let cpus = crate::config::available_cpus();
+    // --auto-tls writes its certificate once, here, before any shard loads it.
+    let tls_files = match &shared.config.client_tls {
+        Some(settings) => {
+            let hosts = tls_hosts(&shared.config);
+            Some(Arc::new(tls::prepare(
+                settings,
+                &shared.config.data_dir,
+                &hosts,
+            )?))
+        }
+        None => None,
+    };
     let (bound_tx, bound_rx) = mpsc::channel::<Result<(), CoreError>>();
     let mut handles = Vec::with_capacity(count);
     for shard in 0..count {
         let shared = shared.clone();
         let metrics = metrics.clone();
         let bound_tx = bound_tx.clone();
+        let tls_files = tls_files.clone();
         let handle = rt::spawn_pinned(
             &format!("keel-shard-{shard}"),
             shard % cpus,
             move || async move {
-                run(shard, shared, metrics, bound_tx).await;
+                run(shard, shared, metrics, tls_files, bound_tx).await;
             },
         )?;
         handles.push(handle);
@@ -75,6 +90,20 @@ pub fn start(
         }
     }
     Ok(handles)
+}
+
+/// The names --auto-tls's certificate is made for: the https listeners' addresses, and
+/// localhost (etcd uses the hosts of its client URLs).
+fn tls_hosts(config: &Config) -> Vec<String> {
+    let mut hosts: Vec<String> = config
+        .listen_client
+        .iter()
+        .filter(|l| l.scheme == Scheme::Https)
+        .map(|l| l.addr.ip().to_string())
+        .collect();
+    hosts.push("localhost".to_string());
+    hosts.dedup();
+    hosts
 }
 
 /// The gRPC server's limits, from the node's configuration and its derived size limits.
@@ -160,12 +189,31 @@ async fn run(
     shard: usize,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    tls_files: Option<Arc<TlsFiles>>,
     bound: mpsc::Sender<Result<(), CoreError>>,
 ) {
+    // Each shard loads its own TLS configuration, so a handshake never touches another core.
+    let acceptor = match tls_files.map(|files| Acceptor::new((*files).clone())) {
+        Some(Ok(a)) => Some(Rc::new(a)),
+        Some(Err(e)) => {
+            let _ = bound.send(Err(e));
+            return;
+        }
+        None => None,
+    };
     let mut listeners = Vec::new();
-    for addr in shared.config.listen_client_addrs.clone() {
+    for listener in shared.config.listen_client.clone() {
+        let addr = listener.addr;
+        let tls = match listener.scheme {
+            Scheme::Http => None,
+            Scheme::Https => Some(
+                acceptor
+                    .clone()
+                    .expect("config refuses an https listener without TLS settings"),
+            ),
+        };
         match rt::bind_listener(addr) {
-            Ok(l) => listeners.push((addr, l)),
+            Ok(l) => listeners.push((addr, l, tls)),
             Err(source) => {
                 let _ = bound.send(Err(CoreError::Listen { addr, source }));
                 return;
@@ -179,17 +227,16 @@ async fn run(
     let config = Rc::new(server_config(&shared.config, &shared.limits));
     let limit = ConnectionLimit::new(shard, shared.config.max_connections_per_shard);
     let runtime = Rc::new(Glommio);
+    let serving = Rc::new(Serving {
+        shard,
+        api,
+        config,
+        limit,
+        runtime,
+    });
     let mut tasks = Vec::new();
-    for (addr, listener) in listeners {
-        let accept = accept_loop(
-            shard,
-            addr,
-            listener,
-            api.clone(),
-            config.clone(),
-            limit.clone(),
-            runtime.clone(),
-        );
+    for (addr, listener, tls) in listeners {
+        let accept = accept_loop(serving.clone(), addr, listener, tls);
         tasks.push(rt::spawn_local_handle(accept));
     }
     for t in tasks {
@@ -197,15 +244,30 @@ async fn run(
     }
 }
 
-async fn accept_loop(
+/// What every listener of one shard serves its connections with.
+struct Serving {
     shard: usize,
-    addr: SocketAddr,
-    listener: TcpListener,
     api: Rc<Api>,
     config: Rc<ServerConfig>,
     limit: Rc<ConnectionLimit>,
     runtime: Rc<Glommio>,
+}
+
+/// Accepts on one listener; `tls` is its acceptor when the listener is https.
+async fn accept_loop(
+    serving: Rc<Serving>,
+    addr: SocketAddr,
+    listener: TcpListener,
+    tls: Option<Rc<Acceptor>>,
 ) {
+    let Serving {
+        shard,
+        api,
+        config,
+        limit,
+        runtime,
+    } = &*serving;
+    let shard = *shard;
     loop {
         match listener.accept().await {
             Ok(stream) => {
@@ -218,8 +280,34 @@ async fn accept_loop(
                 // Small unary calls must not wait for Nagle's timer.
                 let _ = stream.set_nodelay(true);
                 let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
+                let tls = tls.clone();
                 rt::spawn_local(async move {
-                    if let Err(e) = serve_connection(stream.compat(), api, config, runtime).await {
+                    let served = match tls {
+                        None => serve_connection(stream.compat(), api, config, runtime).await,
+                        Some(acceptor) => {
+                            let handshake = pin!(acceptor.accept(stream));
+                            // A client that connects and never finishes the handshake must not
+                            // hold a task, a slot and a socket: the same bound as the preface.
+                            let timeout = rt::sleep(config.preface_timeout);
+                            match select(handshake, pin!(timeout)).await {
+                                Either::Left((Ok(stream), _)) => {
+                                    serve_connection(stream.compat(), api, config, runtime).await
+                                }
+                                Either::Left((Err(e), _)) => {
+                                    tracing::debug!(shard, error = %e, "TLS handshake failed");
+                                    Ok(())
+                                }
+                                Either::Right(((), _)) => {
+                                    tracing::debug!(
+                                        shard,
+                                        "TLS handshake timed out (--preface-timeout-ms)"
+                                    );
+                                    Ok(())
+                                }
+                            }
+                        }
+                    };
+                    if let Err(e) = served {
                         // Clients reset connections when they exit: normal, so only at debug.
                         tracing::debug!(shard, error = %e, "connection ended with an error");
                     }

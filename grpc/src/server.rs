@@ -575,6 +575,14 @@ async fn serve_stream<H: Handler, R: Runtime>(
         .get(CONTENT_TYPE)
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
         .unwrap_or_default();
+    // A plain HTTP/2 GET (curl, a health probe, a browser over TLS, where ALPN picks h2) is
+    // the HTTP endpoints' business, as etcd's mux routes it: /health and /metrics answer over
+    // h2 as they do over HTTP/1.1.
+    let plain_http = parts.method == Method::GET || parts.method == Method::HEAD;
+    if plain_http && !is_grpc_content_type(&content_type) {
+        serve_http_over_h2(parts, respond, handler).await;
+        return;
+    }
     // grpc-go answers a non-gRPC content type with HTTP 415 and a gRPC status, so both gRPC
     // clients and plain HTTP/2 clients get an explanation.
     if !is_grpc_content_type(&content_type) {
@@ -651,6 +659,44 @@ async fn serve_stream<H: Handler, R: Runtime>(
 }
 
 /// Ends a stream before the handler runs: an HTTP status plus a trailers-only gRPC status.
+/// Answers a bodiless HTTP/2 request (GET or HEAD) with the handler's HTTP endpoints.
+async fn serve_http_over_h2<H: Handler>(
+    parts: http::request::Parts,
+    mut respond: SendResponse<Bytes>,
+    handler: Rc<H>,
+) {
+    let head_only = parts.method == Method::HEAD;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
+    let request = HttpRequest {
+        method: parts.method,
+        path,
+        headers: parts.headers,
+        body: Bytes::new(),
+    };
+    let answer = handler.http(request).await;
+    let mut response = http::Response::new(());
+    *response.status_mut() = answer.status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+    response.headers_mut().insert(
+        http::header::CONTENT_LENGTH,
+        HeaderValue::from(answer.body.len()),
+    );
+    let end_now = head_only || answer.body.is_empty();
+    let Ok(mut send) = respond.send_response(response, end_now) else {
+        return;
+    };
+    if !end_now {
+        // HTTP endpoint bodies are small (health, version, metrics text): h2 buffers them
+        // within the connection's send buffer limit.
+        let _ = send.send_data(answer.body, true);
+    }
+}
+
 fn reject(respond: &mut SendResponse<Bytes>, http_status: StatusCode, status: &Status) {
     assert!(!status.is_ok());
     tracing::debug!(%http_status, %status, "rejecting a gRPC stream before dispatch");

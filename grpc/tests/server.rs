@@ -656,6 +656,29 @@ fn non_grpc_content_type_is_http_415() {
 }
 
 #[test]
+fn http2_get_health_is_served_by_the_http_endpoints() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let request = http::Request::builder()
+            .method("GET")
+            .uri("http://keel/health")
+            .body(())
+            .expect("request");
+        let (response, _) = client.send_request(request, true).expect("send");
+        let response = response.await.expect("a response");
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("body data");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            bytes.extend_from_slice(&chunk);
+        }
+        assert_eq!(bytes, b"{\"health\":\"true\",\"reason\":\"\"}");
+    });
+}
+
+#[test]
 fn half_closed_streams_get_a_status() {
     run_client(|| async {
         let mut client = connect().await;

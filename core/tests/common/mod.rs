@@ -135,6 +135,9 @@ pub struct Server {
     child: Option<Child>,
     /// How many times the process was started, to name each run's log file.
     launches: u32,
+    /// etcdctl's TLS flags (--cacert, --cert, --key) when the client URL is https; None for
+    /// a plaintext server.
+    pub etcdctl_tls: Option<Vec<String>>,
 }
 
 impl Server {
@@ -179,6 +182,21 @@ impl Server {
         Server::start_full(kind, free_port(), free_port(), extra_args, env, data_dir)
     }
 
+    /// Starts a server whose client URL is https, with `extra_args` giving it its
+    /// certificates; `etcdctl_tls` are the flags etcdctl needs to reach it (readiness checks
+    /// and [`Server::etcdctl`] use them).
+    pub fn start_tls(kind: Kind, extra_args: &[&str], etcdctl_tls: &[&str]) -> Server {
+        Server::start_with(
+            kind,
+            free_port(),
+            free_port(),
+            extra_args,
+            &[],
+            None,
+            Some(etcdctl_tls.iter().map(|s| s.to_string()).collect()),
+        )
+    }
+
     fn start_full(
         kind: Kind,
         client_port: u16,
@@ -186,6 +204,26 @@ impl Server {
         extra_args: &[&str],
         env: &[(&str, &str)],
         data_dir: Option<PathBuf>,
+    ) -> Server {
+        Server::start_with(
+            kind,
+            client_port,
+            peer_port,
+            extra_args,
+            env,
+            data_dir,
+            None,
+        )
+    }
+
+    fn start_with(
+        kind: Kind,
+        client_port: u16,
+        peer_port: u16,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        data_dir: Option<PathBuf>,
+        etcdctl_tls: Option<Vec<String>>,
     ) -> Server {
         require_tool("etcdctl");
         if kind == Kind::Etcd {
@@ -209,6 +247,7 @@ impl Server {
                 .collect(),
             child: None,
             launches: 0,
+            etcdctl_tls,
         };
         server.launch();
         server.wait_ready();
@@ -221,7 +260,29 @@ impl Server {
     }
 
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.etcdctl_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// etcdctl's --endpoints for this server, with the TLS flags it needs in front of `args`.
+    fn etcdctl_target(&self, args: &[&str]) -> (String, Vec<String>) {
+        match &self.etcdctl_tls {
+            None => (
+                self.endpoint(),
+                args.iter().map(|s| s.to_string()).collect(),
+            ),
+            Some(tls) => (
+                self.client_url(),
+                tls.iter()
+                    .cloned()
+                    .chain(args.iter().map(|s| s.to_string()))
+                    .collect(),
+            ),
+        }
     }
 
     fn args(&self) -> Vec<String> {
@@ -317,12 +378,9 @@ impl Server {
             )
             .is_ok();
             if connects
-                && etcdctl_at(
-                    &self.endpoint(),
-                    &["endpoint", "health", "--command-timeout=2s"],
-                    None,
-                )
-                .code
+                && self
+                    .etcdctl(&["endpoint", "health", "--command-timeout=2s"])
+                    .code
                     == 0
             {
                 return;
@@ -414,12 +472,16 @@ impl Server {
 
     /// Runs etcdctl against this server.
     pub fn etcdctl(&self, args: &[&str]) -> Output {
-        etcdctl_at(&self.endpoint(), args, None)
+        let (endpoints, args) = self.etcdctl_target(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        etcdctl_at(&endpoints, &args, None)
     }
 
     /// Runs etcdctl against this server with `stdin` fed to it (for `txn -i`).
     pub fn etcdctl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        etcdctl_at(&self.endpoint(), args, Some(stdin))
+        let (endpoints, args) = self.etcdctl_target(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        etcdctl_at(&endpoints, &args, Some(stdin))
     }
 
     /// One plain HTTP/1.1 GET over a raw TCP connection; returns the status code and body.

@@ -19,3 +19,4 @@ mod etcdctl;
 mod faults;
 mod gateway;
 mod limits;
+mod tls;
