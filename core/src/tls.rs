@@ -390,16 +390,21 @@ mod tests {
         assert!(parse_cipher_suites(",").is_err());
     }
 
-    #[test]
-    fn auto_tls_writes_a_loadable_certificate_once_and_reuses_it() {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let tls = ClientTls {
+    /// A self-signed (`--auto-tls`) configuration with no client authentication.
+    fn self_signed() -> ClientTls {
+        ClientTls {
             certs: CertSource::SelfSigned,
             trusted_ca_file: None,
             client_auth: ClientAuth::None,
             crl_file: None,
             cipher_suites: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn auto_tls_writes_a_loadable_certificate_once_and_reuses_it() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let tls = self_signed();
         let hosts = vec!["127.0.0.1".to_string(), "localhost".to_string()];
         let files = prepare(&tls, dir.path(), &hosts).expect("self-signed certificate");
         assert_eq!(files.cert_file, dir.path().join("fixtures/client/cert.pem"));
@@ -417,13 +422,7 @@ mod tests {
     #[test]
     fn a_broken_swap_keeps_the_previous_configuration() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let tls = ClientTls {
-            certs: CertSource::SelfSigned,
-            trusted_ca_file: None,
-            client_auth: ClientAuth::None,
-            crl_file: None,
-            cipher_suites: Vec::new(),
-        };
+        let tls = self_signed();
         let files = prepare(&tls, dir.path(), &["localhost".to_string()]).expect("certificate");
         let acceptor = Acceptor::new(files.clone()).expect("the pair loads");
         let before = acceptor.current();

@@ -639,3 +639,23 @@ pub fn grpc_error<T: std::fmt::Debug>(result: Result<T, etcd_client::Error>) -> 
         other => panic!("expected a gRPC error status, got {other:?}"),
     }
 }
+
+/// Connects to `port`, sends `first_bytes`, and waits for the server to close the connection
+/// without answering; returns how long that took. Panics on an answer, or when nothing closes
+/// it within `wait_max`.
+pub fn closed_silently_after(port: u16, first_bytes: &[u8], wait_max: Duration) -> Duration {
+    use std::io::ErrorKind;
+    let started = Instant::now();
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    tcp.set_read_timeout(Some(wait_max))
+        .expect("set a read timeout");
+    tcp.write_all(first_bytes).expect("write");
+    let mut buf = [0u8; 64];
+    match tcp.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("an answer to {first_bytes:?}: {:?}", &buf[..n]),
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("not closed within {wait_max:?}: {e}"),
+    }
+    started.elapsed()
+}

@@ -558,19 +558,7 @@ fn silent_connections_are_closed_after_the_preface_timeout() {
     let keel = Server::keel(&["--preface-timeout-ms", "300"]);
     let port = keel.client_port;
     let silent_for = |first_bytes: &[u8]| {
-        let started = Instant::now();
-        let mut tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        tcp.set_read_timeout(Some(TIMEOUT + SLACK))
-            .expect("set a read timeout");
-        tcp.write_all(first_bytes).expect("write");
-        let mut buf = [0u8; 64];
-        match tcp.read(&mut buf) {
-            Ok(0) => {}
-            Ok(n) => panic!("an answer to {first_bytes:?}: {:?}", &buf[..n]),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
-            Err(e) => panic!("not closed within {:?}: {e}", TIMEOUT + SLACK),
-        }
-        started.elapsed()
+        crate::common::closed_silently_after(port, first_bytes, TIMEOUT + SLACK)
     };
     // Nothing at all, and most of the preface: neither is a protocol the server can serve yet.
     for first_bytes in [&b""[..], &PREFACE[..10], &PREFACE[..PREFACE.len() - 2]] {

@@ -5,8 +5,6 @@
 //!
 //! The certificates are made at test time with the `openssl` CLI (EC P-256 keys).
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -401,19 +399,8 @@ fn a_handshake_that_never_completes_is_closed_after_the_preface_timeout() {
     let keel = start(Kind::Keel, &pki, &["--preface-timeout-ms", "300"], None);
     // Nothing at all, and the first bytes of a TLS record header: neither completes.
     for first_bytes in [&b""[..], &[0x16, 0x03, 0x01, 0x02][..]] {
-        let started = Instant::now();
-        let mut tcp = TcpStream::connect(("127.0.0.1", keel.client_port)).expect("connect");
-        tcp.set_read_timeout(Some(TIMEOUT + SLACK))
-            .expect("set a read timeout");
-        tcp.write_all(first_bytes).expect("write");
-        let mut buf = [0u8; 64];
-        match tcp.read(&mut buf) {
-            Ok(0) => {}
-            Ok(n) => panic!("an answer to {first_bytes:?}: {:?}", &buf[..n]),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
-            Err(e) => panic!("not closed within {:?}: {e}", TIMEOUT + SLACK),
-        }
-        let elapsed = started.elapsed();
+        let elapsed =
+            crate::common::closed_silently_after(keel.client_port, first_bytes, TIMEOUT + SLACK);
         assert!(
             elapsed >= TIMEOUT && elapsed < TIMEOUT + SLACK,
             "{first_bytes:?}: closed after {elapsed:?}"

@@ -258,15 +258,7 @@ fn checkpoint_source_serializes_off_the_writer_while_it_applies() {
 
     // A compaction that starts while serializing makes the archive stale: refuse it.
     let source = w.checkpoint_source();
-    let revision = w.current_revision();
-    w.apply(
-        w.applied_index() + 1,
-        &Op::Compact(CompactionRequest {
-            revision,
-            physical: false,
-        }),
-    )
-    .expect("compact");
+    compact_at_current_revision(&mut w);
     assert_eq!(source.serialize(), Err(KvError::Compacted));
 }
 
@@ -393,15 +385,7 @@ fn store_hash_of_a_source_is_the_state_it_captured() {
     // A compaction newer than the captured one may trim what the scan reads: refuse, as
     // serialize does, and a fresh source hashes fine.
     let source = w.checkpoint_source();
-    let revision = w.current_revision();
-    w.apply(
-        w.applied_index() + 1,
-        &Op::Compact(CompactionRequest {
-            revision,
-            physical: false,
-        }),
-    )
-    .expect("compact");
+    compact_at_current_revision(&mut w);
     assert_eq!(source.hash(), Err(KvError::Compacted));
     assert!(w.checkpoint_source().hash().is_ok());
 }
@@ -420,4 +404,17 @@ fn keep_applying(w: &mut Writer) {
         &Op::LeaseGrant(LeaseGrantRequest { id: 9, ttl_s: 5 }),
     )
     .expect("grant");
+}
+
+/// Applies a (logical) compaction at the current revision.
+fn compact_at_current_revision(w: &mut Writer) {
+    let revision = w.current_revision();
+    w.apply(
+        w.applied_index() + 1,
+        &Op::Compact(CompactionRequest {
+            revision,
+            physical: false,
+        }),
+    )
+    .expect("compact");
 }
