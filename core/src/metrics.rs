@@ -336,6 +336,10 @@ const CODE_NAMES: [&str; CODES] = [
     "Unauthenticated",
 ];
 
+/// A method's row in the metrics table (see `Metrics::method_index`).
+#[derive(Clone, Copy, Debug)]
+pub struct MethodIndex(usize);
+
 pub struct Metrics {
     /// Calls started, per method (`grpc_server_started_total`).
     started: Vec<AtomicU64>,
@@ -359,21 +363,25 @@ impl Metrics {
         Arc::new(Metrics::default())
     }
 
-    fn method_index(path: &str) -> usize {
-        METHODS
-            .iter()
-            .position(|m| m.path == path)
-            .unwrap_or(METHODS.len() - 1)
+    /// The row of `path` in the method table, looked up once per call (the hot methods come
+    /// first, so most lookups stop within a few entries).
+    pub fn method_index(path: &str) -> MethodIndex {
+        MethodIndex(
+            METHODS
+                .iter()
+                .position(|m| m.path == path)
+                .unwrap_or(METHODS.len() - 1),
+        )
     }
 
     /// Counts a call as it starts.
-    pub fn record_started(&self, path: &str) {
-        self.started[Self::method_index(path)].fetch_add(1, Ordering::Relaxed);
+    pub fn record_started(&self, method: MethodIndex) {
+        self.started[method.0].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a call as it ends, with its status code.
-    pub fn record_grpc(&self, path: &str, code: Code) {
-        let m = Self::method_index(path);
+    pub fn record_grpc(&self, method: MethodIndex, code: Code) {
+        let m = method.0;
         let c = (code as usize).min(CODES - 1);
         self.handled[m * CODES + c].fetch_add(1, Ordering::Relaxed);
     }

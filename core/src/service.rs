@@ -68,9 +68,10 @@ fn etcd(e: EtcdError) -> Status {
 impl Handler for Api {
     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
         let path = call.head.path.clone();
-        self.metrics.record_started(&path);
+        let method = Metrics::method_index(&path);
+        self.metrics.record_started(method);
         let status = self.dispatch(&path, call, sink).await;
-        self.metrics.record_grpc(&path, status.code);
+        self.metrics.record_grpc(method, status.code);
         status
     }
 

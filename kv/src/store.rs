@@ -769,12 +769,7 @@ impl Writer {
                 .refs
                 .len();
         if done {
-            let stats = self
-                .vlog
-                .segments
-                .remove(&cursor.segment)
-                .expect("a segment under reclaim has stats");
-            assert!(stats.bytes_live == 0, "every live value was rewritten");
+            self.vlog.remove_segment(cursor.segment);
             return None;
         }
         Some(ReclaimCursor {

@@ -49,6 +49,11 @@ pub(crate) struct ValueLog {
     open_id: u32,
     segment_bytes: usize,
     pub(crate) segments: BTreeMap<u32, SegmentStats>,
+    /// The sums of every segment's `bytes_total` and `bytes_live`, kept as they change: the
+    /// store's size is read after every applied batch, and summing thousands of segments there
+    /// would put an O(segments) loop on the apply path.
+    all_bytes_total: u64,
+    all_bytes_live: u64,
 }
 
 impl ValueLog {
@@ -61,6 +66,8 @@ impl ValueLog {
             open_id: 0,
             segment_bytes,
             segments,
+            all_bytes_total: 0,
+            all_bytes_live: 0,
         }
     }
 
@@ -99,6 +106,8 @@ impl ValueLog {
             .expect("the open segment has stats");
         stats.bytes_total += value.len() as u64;
         stats.bytes_live += value.len() as u64;
+        self.all_bytes_total += value.len() as u64;
+        self.all_bytes_live += value.len() as u64;
         stats.refs.push((key.clone(), rev));
         (slice, self.open_id)
     }
@@ -136,6 +145,18 @@ impl ValueLog {
             "live bytes underflow"
         );
         stats.bytes_live -= value_bytes as u64;
+        self.all_bytes_live -= value_bytes as u64;
+    }
+
+    /// Drops a rewritten segment: every live value in it has moved to the open segment.
+    pub(crate) fn remove_segment(&mut self, segment: u32) {
+        assert!(segment != self.open_id, "the open segment is never removed");
+        let stats = self
+            .segments
+            .remove(&segment)
+            .expect("a segment under reclaim has stats");
+        assert!(stats.bytes_live == 0, "every live value was rewritten");
+        self.all_bytes_total -= stats.bytes_total;
     }
 
     /// The oldest frozen segment worth rewriting, if any: at most `RECLAIM_LIVE_PERCENT_MAX`
@@ -157,10 +178,18 @@ impl ValueLog {
 
     /// Bytes held by segments (live or not), for metrics and quota.
     pub(crate) fn bytes_total(&self) -> u64 {
-        self.segments.values().map(|s| s.bytes_total).sum()
+        debug_assert_eq!(
+            self.all_bytes_total,
+            self.segments.values().map(|s| s.bytes_total).sum::<u64>()
+        );
+        self.all_bytes_total
     }
 
     pub(crate) fn bytes_live(&self) -> u64 {
-        self.segments.values().map(|s| s.bytes_live).sum()
+        debug_assert_eq!(
+            self.all_bytes_live,
+            self.segments.values().map(|s| s.bytes_live).sum::<u64>()
+        );
+        self.all_bytes_live
     }
 }

@@ -162,13 +162,13 @@ impl Server {
     }
 
     pub fn start(kind: Kind, extra_args: &[&str]) -> Server {
-        Server::start_full(kind, free_port(), free_port(), extra_args, &[], None)
+        Server::start_with(kind, free_port(), free_port(), extra_args, &[], None, None)
     }
 
     /// Starts a server on the given client and peer ports (e.g. ones another server just
     /// left), with a fresh data directory.
     pub fn start_on(kind: Kind, client_port: u16, peer_port: u16, extra_args: &[&str]) -> Server {
-        Server::start_full(kind, client_port, peer_port, extra_args, &[], None)
+        Server::start_with(kind, client_port, peer_port, extra_args, &[], None, None)
     }
 
     /// Starts a server with environment variables set and, optionally, its data directory at
@@ -179,7 +179,15 @@ impl Server {
         env: &[(&str, &str)],
         data_dir: Option<PathBuf>,
     ) -> Server {
-        Server::start_full(kind, free_port(), free_port(), extra_args, env, data_dir)
+        Server::start_with(
+            kind,
+            free_port(),
+            free_port(),
+            extra_args,
+            env,
+            data_dir,
+            None,
+        )
     }
 
     /// Starts a server whose client URL is https, with `extra_args` giving it its
@@ -194,25 +202,6 @@ impl Server {
             &[],
             None,
             Some(etcdctl_tls.iter().map(|s| s.to_string()).collect()),
-        )
-    }
-
-    fn start_full(
-        kind: Kind,
-        client_port: u16,
-        peer_port: u16,
-        extra_args: &[&str],
-        env: &[(&str, &str)],
-        data_dir: Option<PathBuf>,
-    ) -> Server {
-        Server::start_with(
-            kind,
-            client_port,
-            peer_port,
-            extra_args,
-            env,
-            data_dir,
-            None,
         )
     }
 
