@@ -226,15 +226,30 @@ pub fn load_newest(dir: &Path) -> Result<Option<Checkpoint>, CoreError> {
             path: path.clone(),
             source,
         })?;
-        match decode(&bytes) {
-            Ok(cp) if cp.meta.index == index => return Ok(Some(cp)),
-            Ok(_) => {
-                tracing::warn!(path = %path.display(), "checkpoint name and contents disagree; skipped")
-            }
-            Err(why) => tracing::warn!(path = %path.display(), why, "damaged checkpoint skipped"),
+        if let Some(cp) = accept(index, &path.display().to_string(), &bytes) {
+            return Ok(Some(cp));
         }
     }
     Ok(None)
+}
+
+/// The checkpoint in file `name` (named for `index`), or None, logged, when it is damaged or
+/// its contents belong to another index. Pure, so the simulator chooses as a restart does.
+pub fn accept(index: u64, name: &str, bytes: &[u8]) -> Option<Checkpoint> {
+    match decode(bytes) {
+        Ok(cp) if cp.meta.index == index => Some(cp),
+        Ok(_) => {
+            tracing::warn!(
+                path = name,
+                "checkpoint name and contents disagree; skipped"
+            );
+            None
+        }
+        Err(why) => {
+            tracing::warn!(path = name, why, "damaged checkpoint skipped");
+            None
+        }
+    }
 }
 
 pub fn remove_older(dir: &Path, newest: u64) {

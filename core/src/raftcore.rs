@@ -99,12 +99,12 @@ pub async fn open(
         ClusterState::Existing => recovery::Start::Joining,
         ClusterState::New => recovery::Start::Founding,
     };
-    let mut rc = keel_raft::Config::new(identity.member_id);
-    rc.heartbeat_tick = 1;
-    rc.election_tick = (config.election_timeout_ms / config.heartbeat_interval_ms).max(2) as usize;
-    rc.seed = identity.member_id;
-    rc.max_size_per_msg_bytes = limits.raft_msg_bytes_max;
-    rc.max_uncommitted_entries_bytes = limits.raft_uncommitted_bytes_max;
+    let rc = recovery::raft_config(
+        identity.member_id,
+        (config.election_timeout_ms / config.heartbeat_interval_ms).max(2) as usize,
+        limits.raft_msg_bytes_max,
+        limits.raft_uncommitted_bytes_max,
+    );
     let recovered = recovery::recover(rc, start, identity.members.clone(), checkpoint, records)?;
     let recovery::Recovered {
         node,

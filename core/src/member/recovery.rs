@@ -103,7 +103,8 @@ pub fn replay(storage: &mut MemStorage, records: Vec<Record>) -> Result<(), Core
                 if meta.index > applied {
                     if meta.index > 1 {
                         return Err(CoreError::Wal(format!(
-                            "WAL names snapshot {} past the newest checkpoint {applied}",
+                            "WAL names snapshot {} but the newest valid checkpoint is at \
+                             {applied}: the snapshot's checkpoint file is missing or damaged",
                             meta.index
                         )));
                     }
@@ -141,6 +142,28 @@ pub fn replay(storage: &mut MemStorage, records: Vec<Record>) -> Result<(), Core
         "recovered commit index past the recovered log"
     );
     Ok(())
+}
+
+/// The raft configuration of a member (without the applied index, which `recover` sets): one
+/// tick per heartbeat, `election_tick` ticks to an election, messages and the uncommitted tail
+/// bounded by the size limits.
+pub fn raft_config(
+    member_id: u64,
+    election_tick: usize,
+    msg_bytes_max: u64,
+    uncommitted_bytes_max: u64,
+) -> keel_raft::Config {
+    assert!(
+        election_tick >= 2,
+        "an election takes more than one heartbeat"
+    );
+    let mut rc = keel_raft::Config::new(member_id);
+    rc.heartbeat_tick = 1;
+    rc.election_tick = election_tick;
+    rc.seed = member_id;
+    rc.max_size_per_msg_bytes = msg_bytes_max;
+    rc.max_uncommitted_entries_bytes = uncommitted_bytes_max;
+    rc
 }
 
 /// How a member with no checkpoint of its own begins.

@@ -1,0 +1,879 @@
+//! The simulated world: N members, each the production `Member` over a `Wal<SimStore>` and a
+//! map of durable checkpoint files, a network that drops, duplicates, delays, reorders and
+//! partitions, and one clock per member (skewed in rate, and stopped while the member is
+//! paused). Everything random comes from one seeded generator, so a seed replays exactly.
+//!
+//! The driver here does for each member what `raftcore.rs` does in production: feed inputs,
+//! take a Ready, send its messages, make its checkpoint and WAL records durable (the WAL
+//! append is a future polled across simulated steps, so a crash can land between its write
+//! and its fdatasync), send the messages that vouch for durable state, call `persisted`,
+//! carry out effects, and write checkpoints when due.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use futures_lite::future::block_on;
+use keel_core::checkpoint;
+use keel_core::ids::Member as MemberInfo;
+use keel_core::member::recovery::{self, Start};
+use keel_core::member::{Effect, Member, MemberConfig, ReadyIo};
+use keel_core::shared::{Proposal, Query, ReadWait};
+use keel_io::{SimFaults, SimStore, Wal, WalConfig, WalError};
+use keel_kv as kv;
+use keel_raft::{Message, MessageType, SnapshotStatus, Storage};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// One raft tick (etcd's heartbeat interval), on a member's clock.
+pub const TICK_MS: u64 = 10;
+/// Ticks to an election.
+pub const ELECTION_TICKS: usize = 10;
+/// etcd's request timeout, scaled to the simulated tick.
+pub const REQUEST_TIMEOUT_MS: u64 = 1_000;
+/// Proposals a member's mailbox holds; one more is refused as "too many requests".
+pub const MAILBOX_PROPOSALS_MAX: usize = 64;
+/// Messages in flight on the network; more are dropped (a full socket buffer).
+const NETWORK_IN_FLIGHT_MAX: usize = 20_000;
+/// The events kept for a failure's trace.
+const TRACE_EVENTS_KEPT: usize = 400;
+
+/// A deliberate bug in the driver, to prove that the checks catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    None,
+    /// Calls `persisted` (so applies and acknowledges) before the WAL append is durable.
+    AckBeforePersist,
+    /// Sends the messages that vouch for durable state (votes, append responses) before the
+    /// WAL append is durable.
+    SendBeforePersist,
+    /// Answers linearizable reads from the local store, without a ReadIndex round.
+    LocalLinearizableReads,
+}
+
+/// The knobs one seed draws.
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    pub members: usize,
+    pub snapshot_count: u64,
+    pub wal: WalConfig,
+    pub bug: Bug,
+}
+
+/// A network message between members.
+#[derive(Clone)]
+pub enum NetMsg {
+    /// A raft message, encoded as the peer transport frames it, and its type.
+    Raft(Bytes, MessageType),
+    KeepAlive {
+        request_id: u64,
+        lease: i64,
+    },
+    KeepAliveReply {
+        request_id: u64,
+        ttl_s: i64,
+    },
+    Refused {
+        refusal: keel_core::member::Refusal,
+        kind: keel_core::member::ProposalKind,
+        id: u64,
+    },
+}
+
+struct InFlight {
+    deliver_at_ms: u64,
+    from: usize,
+    to: usize,
+    msg: NetMsg,
+}
+
+type WalFuture = Pin<Box<dyn Future<Output = Result<(), WalError>>>>;
+
+/// A Ready whose WAL append is in progress.
+struct PendingIo {
+    append: Option<WalFuture>,
+    persisted_messages: Vec<Message>,
+}
+
+/// A member process that is up.
+pub struct Running {
+    pub member: Member,
+    wal: Rc<Wal<SimStore>>,
+    pub reader: kv::Reader,
+    io: Option<PendingIo>,
+}
+
+/// One member: its disks survive crashes, its process does not.
+pub struct Node {
+    pub id: u64,
+    pub disk: SimStore,
+    /// Durable checkpoint files by index (written whole and atomically, as `write_durably`).
+    pub checkpoints: BTreeMap<u64, Bytes>,
+    pub run: Option<Running>,
+    /// Until when the process is stopped (SIGSTOP): it runs nothing, its clock runs on.
+    pub paused_until_ms: u64,
+    /// The member's clock runs at (1_000_000 + skew_ppm) / 1_000_000 of simulated time.
+    pub skew_ppm: i64,
+    /// The member's mailboxes, as the shards fill them.
+    pub proposals: VecDeque<Proposal>,
+    pub reads: Vec<ReadWait>,
+    pub queries: Vec<Query>,
+    /// Why the process exited on its own (an error, or removal), while it is down.
+    pub why_down: Option<String>,
+}
+
+/// Counts for the run's report.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub crashes: u64,
+    pub restarts: u64,
+    pub pauses: u64,
+    pub partitions: u64,
+    pub eio_stops: u64,
+    pub corrupt_refusals: u64,
+    pub elections: u64,
+    pub checkpoints: u64,
+    pub snapshots_sent: u64,
+    pub messages: u64,
+    pub dropped: u64,
+}
+
+pub struct World {
+    pub config: WorldConfig,
+    pub rng: StdRng,
+    pub now_ms: u64,
+    pub nodes: Vec<Node>,
+    initial_members: Vec<MemberInfo>,
+    network: Vec<InFlight>,
+    /// `blocked[from][to]`: messages from `from` to `to` are lost (partitions, one-way too).
+    pub blocked: Vec<Vec<bool>>,
+    pub drop_per_million: u32,
+    pub dup_per_million: u32,
+    pub delay_ms_max: u64,
+    /// The leader of each term any member ever saw itself lead: at most one (election safety).
+    leaders_by_term: BTreeMap<u64, u64>,
+    /// The store revision after each applied raft index, as the first member to apply it saw
+    /// it: every member must agree (state machine safety).
+    revision_at_index: BTreeMap<u64, i64>,
+    pub counts: Counts,
+    trace: RefCell<VecDeque<String>>,
+}
+
+fn wal_config() -> WalConfig {
+    WalConfig {
+        // Small segments, so rotation, release and sealed-segment damage happen in short runs.
+        segment_bytes: 4 * 4096,
+        batch_bytes_max: 2 * 4096,
+        batch_records_max: 256,
+        queue_records_max: 1024,
+        queue_bytes_max: 64 * 4096,
+    }
+}
+
+impl WorldConfig {
+    pub fn new(members: usize, snapshot_count: u64, bug: Bug) -> WorldConfig {
+        WorldConfig {
+            members,
+            snapshot_count,
+            wal: wal_config(),
+            bug,
+        }
+    }
+}
+
+/// What a driver step of a member may end in.
+enum Stop {
+    /// The member returned an error or was removed: the process exits.
+    Exit(String),
+}
+
+impl World {
+    pub fn new(config: WorldConfig, seed: u64) -> World {
+        assert!(config.members >= 1 && config.members <= 7);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let n = config.members;
+        let initial_members: Vec<MemberInfo> = (0..n)
+            .map(|i| MemberInfo {
+                id: member_id(i),
+                name: format!("m{i}"),
+                peer_urls: vec![format!("http://sim-{i}:2380")],
+                client_urls: vec![format!("http://sim-{i}:2379")],
+                is_learner: false,
+            })
+            .collect();
+        let nodes = (0..n)
+            .map(|i| Node {
+                id: member_id(i),
+                disk: SimStore::new(rng.gen()),
+                checkpoints: BTreeMap::new(),
+                run: None,
+                paused_until_ms: 0,
+                skew_ppm: rng.gen_range(-50_000..=50_000),
+                proposals: VecDeque::new(),
+                reads: Vec::new(),
+                queries: Vec::new(),
+                why_down: None,
+            })
+            .collect();
+        let mut world = World {
+            config,
+            rng,
+            now_ms: 0,
+            nodes,
+            initial_members,
+            network: Vec::new(),
+            blocked: vec![vec![false; n]; n],
+            drop_per_million: 0,
+            dup_per_million: 0,
+            delay_ms_max: 2,
+            leaders_by_term: BTreeMap::new(),
+            revision_at_index: BTreeMap::new(),
+            counts: Counts::default(),
+            trace: RefCell::new(VecDeque::new()),
+        };
+        for i in 0..n {
+            world.start(i).expect("a fresh member starts");
+        }
+        world
+    }
+
+    pub fn note(&self, text: impl FnOnce() -> String) {
+        let mut trace = self.trace.borrow_mut();
+        if trace.len() == TRACE_EVENTS_KEPT {
+            trace.pop_front();
+        }
+        trace.push_back(format!("{:>7} ms  {}", self.now_ms, text()));
+    }
+
+    pub fn trace(&self) -> String {
+        self.trace
+            .borrow()
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Member `i`'s clock: simulated time at its own rate.
+    pub fn clock_ms(&self, i: usize) -> u64 {
+        let t = self.now_ms as i128;
+        (t + t * self.nodes[i].skew_ppm as i128 / 1_000_000) as u64
+    }
+
+    pub fn is_up(&self, i: usize) -> bool {
+        self.nodes[i].run.is_some()
+    }
+
+    pub fn is_serving(&self, i: usize) -> bool {
+        self.is_up(i) && self.nodes[i].paused_until_ms <= self.now_ms
+    }
+
+    /// Starts member `i`'s process from its disks, as `raftcore::open` does.
+    pub fn start(&mut self, i: usize) -> Result<(), String> {
+        assert!(self.nodes[i].run.is_none(), "member {i} is already up");
+        let node = &mut self.nodes[i];
+        let (wal, records) = block_on(Wal::open(node.disk.clone(), self.config.wal.clone()))
+            .map_err(|e| e.to_string())?;
+        // The newest checkpoint that validates, exactly as `checkpoint::load_newest` chooses.
+        let cp = node.checkpoints.iter().rev().find_map(|(index, bytes)| {
+            checkpoint::accept(*index, &checkpoint::file_name(*index), bytes)
+        });
+        let records_len = records.len();
+        let rc = recovery::raft_config(node.id, ELECTION_TICKS, 1 << 20, 1 << 30);
+        let recovered = recovery::recover(
+            rc,
+            Start::Founding,
+            self.initial_members.clone(),
+            cp,
+            records,
+        )
+        .map_err(|e| e.to_string())?;
+        let config = MemberConfig {
+            id: node.id,
+            name: format!("m{i}"),
+            advertise_client_urls: vec![format!("http://sim-{i}:2379")],
+            cluster_token: "sim".to_string(),
+            request_timeout_ms: REQUEST_TIMEOUT_MS,
+            tick_ms: TICK_MS,
+            snapshot_count: self.config.snapshot_count,
+        };
+        let (last_index, commit) = (
+            recovered.node.store().last_index(),
+            recovered.node.store().hard_state().commit,
+        );
+        let records_read = records_len;
+        self.note(|| {
+            format!(
+                "m{i} read {records_read} WAL records: last index {last_index}, commit {commit}"
+            )
+        });
+        let mut member = Member::new(
+            config,
+            recovered.node,
+            recovered.writer,
+            recovered.members,
+            recovered.alarms,
+            recovered.checkpoint_index,
+        );
+        let now = self.clock_ms(i);
+        member.start(now);
+        let (applied, term) = (member.applied_index(), member.raft_term());
+        self.note(|| format!("m{i} recovered: applied {applied}, term {term}"));
+        let node = &mut self.nodes[i];
+        node.run = Some(Running {
+            member,
+            wal: Rc::new(wal),
+            reader: recovered.reader,
+            io: None,
+        });
+        node.why_down = None;
+        self.drain_effects(i);
+        self.check_applied(i);
+        Ok(())
+    }
+
+    /// The process dies (kill -9 or power loss): unsynced data may be lost or torn, waiting
+    /// callers see their connection drop.
+    pub fn crash(&mut self, i: usize) {
+        if std::env::var("SIM_DEBUG_WAL").is_ok() {
+            let d = durable_records(&self.nodes[i].disk, &self.config.wal);
+            let st = self.nodes[i].disk.stats();
+            self.note(|| format!("m{i} before crash: {d} records durable; {st:?}"));
+        }
+        let node = &mut self.nodes[i];
+        if node.run.take().is_some() {
+            self.counts.crashes += 1;
+        }
+        node.disk.crash();
+        node.proposals.clear();
+        node.reads.clear();
+        node.queries.clear();
+        node.paused_until_ms = 0;
+        self.note(|| format!("m{i} crashed"));
+    }
+
+    /// A process that exits on its own (an error, or removal): what it wrote stays, unsynced
+    /// writes included, as the kernel's page cache would keep them.
+    fn exit(&mut self, i: usize, why: String) {
+        self.note(|| format!("m{i} exited: {why}"));
+        let node = &mut self.nodes[i];
+        node.run = None;
+        node.proposals.clear();
+        node.reads.clear();
+        node.queries.clear();
+        node.why_down = Some(why);
+    }
+
+    pub fn set_disk_faults(&mut self, i: usize, write_eio_per_million: u32) {
+        self.nodes[i].disk.set_faults(SimFaults {
+            write_eio_per_million,
+        });
+    }
+
+    // ---- The network ----
+
+    /// Puts a message on the wire; false when it is lost at once.
+    fn send(&mut self, from: usize, to: usize, msg: NetMsg) -> bool {
+        if to >= self.nodes.len() {
+            return false;
+        }
+        self.counts.messages += 1;
+        if self.network.len() >= NETWORK_IN_FLIGHT_MAX
+            || self.rng.gen_range(0..1_000_000) < self.drop_per_million
+        {
+            self.counts.dropped += 1;
+            return false;
+        }
+        // Raft tolerates duplicates, but a forwarded proposal is not idempotent and TCP never
+        // duplicates it (etcd's transport neither), so only other raft messages are doubled.
+        let duplicable = matches!(&msg, NetMsg::Raft(_, t) if *t != MessageType::Propose);
+        let copies = if duplicable && self.rng.gen_range(0..1_000_000) < self.dup_per_million {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = self.rng.gen_range(0..=self.delay_ms_max);
+            self.network.push(InFlight {
+                deliver_at_ms: self.now_ms + delay,
+                from,
+                to,
+                msg: msg.clone(),
+            });
+        }
+        true
+    }
+
+    fn send_raft(&mut self, from: usize, m: Message) {
+        let Some(to) = index_of(m.to) else {
+            return;
+        };
+        if m.msg_type == MessageType::Snapshot {
+            self.counts.snapshots_sent += 1;
+        }
+        let mut buf = Vec::new();
+        m.encode(&mut buf);
+        let (target, msg_type) = (m.to, m.msg_type);
+        if !self.send(from, to, NetMsg::Raft(Bytes::from(buf), msg_type))
+            && msg_type == MessageType::Snapshot
+        {
+            // As the peer transport does when a snapshot cannot go out: raft retries later.
+            if let Some(run) = self.nodes[from].run.as_mut() {
+                run.member.report_snapshot(target, SnapshotStatus::Failure);
+            }
+        }
+    }
+
+    /// Delivers every message due by now, in a random order (reordering what arrived together).
+    fn deliver(&mut self) {
+        let now = self.now_ms;
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < self.network.len() {
+            let m = &self.network[i];
+            // A paused member's socket buffers hold its messages until it runs again.
+            let held = self.is_up(m.to) && !self.is_serving(m.to);
+            if m.deliver_at_ms <= now && !held {
+                due.push(self.network.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        // swap_remove scrambled the order; make it a seeded shuffle.
+        for k in (1..due.len()).rev() {
+            let j = self.rng.gen_range(0..=k);
+            due.swap(k, j);
+        }
+        for m in due {
+            self.deliver_one(m);
+        }
+    }
+
+    fn deliver_one(&mut self, m: InFlight) {
+        let (from, to) = (m.from, m.to);
+        let lost = self.blocked[from][to] || !self.is_up(to);
+        if let NetMsg::Raft(bytes, _) = &m.msg {
+            let msg = Message::decode(bytes).expect("a message we encoded decodes");
+            if lost {
+                self.counts.dropped += 1;
+                // The transport notices a dead connection; raft then probes instead of
+                // streaming appends, and a lost snapshot is retried.
+                if let Some(run) = self.nodes[from].run.as_mut() {
+                    run.member.report_unreachable(msg.to);
+                    if msg.msg_type == MessageType::Snapshot {
+                        run.member.report_snapshot(msg.to, SnapshotStatus::Failure);
+                    }
+                }
+                return;
+            }
+            let is_snapshot = msg.msg_type == MessageType::Snapshot;
+            let target = msg.to;
+            self.nodes[to]
+                .run
+                .as_mut()
+                .expect("checked up")
+                .member
+                .step(msg);
+            if is_snapshot {
+                if let Some(run) = self.nodes[from].run.as_mut() {
+                    run.member.report_snapshot(target, SnapshotStatus::Finish);
+                }
+            }
+            return;
+        }
+        if lost {
+            self.counts.dropped += 1;
+            return;
+        }
+        let now = self.clock_ms(to);
+        let from_id = member_id(from);
+        let member = &mut self.nodes[to].run.as_mut().expect("checked up").member;
+        match m.msg {
+            NetMsg::Raft(..) => unreachable!("handled above"),
+            NetMsg::KeepAlive { request_id, lease } => {
+                member.keepalive_from_peer(from_id, request_id, lease, now)
+            }
+            NetMsg::KeepAliveReply { request_id, ttl_s } => {
+                member.keepalive_reply(request_id, ttl_s)
+            }
+            NetMsg::Refused { refusal, kind, id } => member.forwarded_refused(refusal, kind, id),
+        }
+    }
+
+    // ---- One simulated millisecond ----
+
+    pub fn step_ms(&mut self) {
+        self.now_ms += 1;
+        self.deliver();
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        for k in (1..order.len()).rev() {
+            let j = self.rng.gen_range(0..=k);
+            order.swap(k, j);
+        }
+        for i in order {
+            self.drain_effects(i);
+            if !self.is_serving(i) {
+                continue;
+            }
+            if let Err(Stop::Exit(why)) = self.drive(i) {
+                self.exit(i, why);
+            }
+        }
+    }
+
+    /// One turn of member `i`'s raft loop.
+    fn drive(&mut self, i: usize) -> Result<(), Stop> {
+        if self.nodes[i].run.as_ref().expect("up").io.is_some() {
+            return self.progress_io(i);
+        }
+        let now = self.clock_ms(i);
+        let bug = self.config.bug;
+        let node = &mut self.nodes[i];
+        let run = node.run.as_mut().expect("up");
+        run.member.tick(now);
+        for q in node.queries.drain(..) {
+            run.member.query(q, now);
+        }
+        while let Some(p) = node.proposals.pop_front() {
+            run.member.propose(p, now);
+        }
+        let reads = std::mem::take(&mut node.reads);
+        if bug == Bug::LocalLinearizableReads {
+            for r in reads {
+                let _ = r.reply.send(Ok(()));
+            }
+        } else {
+            run.member.read(reads, now);
+        }
+        self.drain_effects(i);
+        let run = self.nodes[i].run.as_mut().expect("up");
+        if run.member.has_ready() {
+            let io = run.member.ready(now).expect("has_ready");
+            self.carry_out(i, io)?;
+        } else if run.member.writer().compaction_pending() {
+            run.member.compact_step();
+        }
+        let run = self.nodes[i].run.as_mut().expect("up");
+        run.member.answer_compaction_waiters();
+        self.drain_effects(i);
+        self.check_applied(i);
+        Ok(())
+    }
+
+    fn carry_out(&mut self, i: usize, io: ReadyIo) -> Result<(), Stop> {
+        self.drain_effects(i);
+        let ReadyIo {
+            messages,
+            checkpoint_to_persist,
+            wal_records,
+            persisted_messages,
+        } = io;
+        for m in messages {
+            self.send_raft(i, m);
+        }
+        if let Some((index, data)) = checkpoint_to_persist {
+            self.note(|| format!("m{i} wrote the leader's snapshot at {index}"));
+            self.nodes[i].checkpoints.insert(index, data);
+        }
+        if let (Some(first), Some(last)) = (wal_records.first(), wal_records.last()) {
+            let (first, last, n) = (first.index, last.index, wal_records.len());
+            self.note(|| format!("m{i} appends {n} records, indexes {first}..={last}"));
+        }
+        let run = self.nodes[i].run.as_mut().expect("up");
+        let append: Option<WalFuture> = if wal_records.is_empty() {
+            None
+        } else {
+            let wal = run.wal.clone();
+            Some(Box::pin(async move { wal.append(wal_records).await }))
+        };
+        run.io = Some(PendingIo {
+            append,
+            persisted_messages,
+        });
+        match self.config.bug {
+            Bug::AckBeforePersist => {
+                let now = self.clock_ms(i);
+                let run = self.nodes[i].run.as_mut().expect("up");
+                run.member
+                    .persisted(now)
+                    .map_err(|e| Stop::Exit(e.to_string()))?;
+                let pending = run.io.as_mut().expect("just set");
+                let msgs = std::mem::take(&mut pending.persisted_messages);
+                for m in msgs {
+                    self.send_raft(i, m);
+                }
+                self.drain_effects(i);
+            }
+            Bug::SendBeforePersist => {
+                let run = self.nodes[i].run.as_mut().expect("up");
+                let pending = run.io.as_mut().expect("just set");
+                let msgs = std::mem::take(&mut pending.persisted_messages);
+                for m in msgs {
+                    self.send_raft(i, m);
+                }
+            }
+            Bug::None | Bug::LocalLinearizableReads => {}
+        }
+        self.progress_io(i)
+    }
+
+    /// Polls the WAL append once (the disk makes progress a little at a time); once durable,
+    /// sends what vouches for it and lets the member apply.
+    fn progress_io(&mut self, i: usize) -> Result<(), Stop> {
+        let run = self.nodes[i].run.as_mut().expect("up");
+        let pending = run.io.as_mut().expect("I/O in flight");
+        if let Some(append) = pending.append.as_mut() {
+            let mut cx = Context::from_waker(Waker::noop());
+            match append.as_mut().poll(&mut cx) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Err(e)) => {
+                    self.counts.eio_stops += 1;
+                    return Err(Stop::Exit(format!("the raft core failed: {e}")));
+                }
+                Poll::Ready(Ok(())) => {}
+            }
+        }
+        let pending = run.io.take().expect("I/O in flight");
+        if pending.append.is_some() {
+            if std::env::var("SIM_DEBUG_WAL").is_ok() {
+                let durable = durable_records(&self.nodes[i].disk, &self.config.wal);
+                self.note(|| format!("m{i} append durable ({durable} records durable)"));
+            } else {
+                self.note(|| format!("m{i} append durable"));
+            }
+        }
+        for m in pending.persisted_messages {
+            self.send_raft(i, m);
+        }
+        if self.config.bug != Bug::AckBeforePersist {
+            let now = self.clock_ms(i);
+            let run = self.nodes[i].run.as_mut().expect("up");
+            run.member
+                .persisted(now)
+                .map_err(|e| Stop::Exit(e.to_string()))?;
+        }
+        self.drain_effects(i);
+        self.check_applied(i);
+        let run = self.nodes[i].run.as_mut().expect("up");
+        if run.member.checkpoint_due() {
+            self.checkpoint(i)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a due checkpoint (serialized at once: the simulated disk has no latency), then
+    /// releases the WAL and old checkpoints as the member says.
+    fn checkpoint(&mut self, i: usize) -> Result<(), Stop> {
+        let node = &mut self.nodes[i];
+        let run = node.run.as_mut().expect("up");
+        let Some(req) = run
+            .member
+            .checkpoint_request()
+            .map_err(|e| Stop::Exit(e.to_string()))?
+        else {
+            return Ok(());
+        };
+        let Ok(image) = req.source.serialize() else {
+            return Ok(()); // A compaction raced the capture: the next checkpoint tries again.
+        };
+        let file = Bytes::from(checkpoint::encode(
+            req.index,
+            req.term,
+            &req.conf_state,
+            &req.members,
+            &req.alarms,
+            &image,
+        ));
+        node.checkpoints.insert(req.index, file.clone());
+        let done = run
+            .member
+            .checkpoint_written(req.index, req.conf_state.clone(), file)
+            .map_err(|e| Stop::Exit(e.to_string()))?;
+        block_on(run.wal.release_before(done.wal_keep_from))
+            .map_err(|e| Stop::Exit(e.to_string()))?;
+        node.checkpoints
+            .retain(|index, _| *index >= done.remove_before);
+        self.counts.checkpoints += 1;
+        let index = req.index;
+        self.note(|| format!("m{i} checkpoint at {index}"));
+        Ok(())
+    }
+
+    /// Carries out member `i`'s effects: messages to peers, published state, checks.
+    fn drain_effects(&mut self, i: usize) {
+        let Some(run) = self.nodes[i].run.as_mut() else {
+            return;
+        };
+        let effects = run.member.take_effects();
+        let (is_leader, term) = (run.member.is_leader(), run.member.raft_term());
+        for effect in effects {
+            match effect {
+                Effect::Leader { leader_id } => {
+                    self.note(|| format!("m{i} sees leader {leader_id:x} at term {term}"));
+                    if is_leader {
+                        self.counts.elections += 1;
+                        let me = member_id(i);
+                        let previous = *self.leaders_by_term.entry(term).or_insert(me);
+                        assert_eq!(
+                            previous,
+                            me,
+                            "election safety: two leaders in term {term}\n{}",
+                            self.trace()
+                        );
+                    }
+                }
+                Effect::StoreReplaced { reader } => {
+                    self.nodes[i].run.as_mut().expect("up").reader = reader;
+                }
+                Effect::RemoveCheckpointsBefore { index } => {
+                    self.nodes[i].checkpoints.retain(|k, _| *k >= index);
+                }
+                Effect::ForwardKeepAlive {
+                    to,
+                    request_id,
+                    lease,
+                } => {
+                    if let Some(to) = index_of(to) {
+                        let _ = self.send(i, to, NetMsg::KeepAlive { request_id, lease });
+                    }
+                }
+                Effect::KeepAliveReply {
+                    to,
+                    request_id,
+                    ttl_s,
+                } => {
+                    if let Some(to) = index_of(to) {
+                        let _ = self.send(i, to, NetMsg::KeepAliveReply { request_id, ttl_s });
+                    }
+                }
+                Effect::RefuseForwarded {
+                    to,
+                    refusal,
+                    kind,
+                    id,
+                } => {
+                    if let Some(to) = index_of(to) {
+                        let _ = self.send(i, to, NetMsg::Refused { refusal, kind, id });
+                    }
+                }
+                Effect::Removed => {
+                    self.exit(i, "removed from the cluster".to_string());
+                    return;
+                }
+                Effect::MembersChanged
+                | Effect::AlarmsChanged
+                | Effect::HardState { .. }
+                | Effect::Events { .. } => {}
+            }
+        }
+    }
+
+    /// State machine safety: every member's store is at the same revision after the same
+    /// raft index.
+    fn check_applied(&mut self, i: usize) {
+        let Some(run) = self.nodes[i].run.as_ref() else {
+            return;
+        };
+        let index = run.member.applied_index();
+        let revision = run.member.writer().current_revision();
+        let first = *self.revision_at_index.entry(index).or_insert(revision);
+        if first != revision {
+            panic!(
+                "state machine safety: m{i} is at revision {revision} after index {index}, \
+                 another member was at {first}\n{}",
+                self.trace()
+            );
+        }
+    }
+
+    /// Whether every member is up, applied the same index, and one leads.
+    pub fn converged(&self) -> bool {
+        let applied: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.run.as_ref().map(|r| r.member.applied_index()))
+            .collect();
+        applied.len() == self.nodes.len()
+            && applied.windows(2).all(|w| w[0] == w[1])
+            && self.nodes.iter().any(|n| {
+                n.run
+                    .as_ref()
+                    .is_some_and(|r| r.member.is_leader() && r.io.is_none())
+            })
+    }
+
+    /// HashKV at the lowest current revision agrees on every member.
+    pub fn check_hashes(&self) {
+        let revision = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.run.as_ref().map(|r| r.reader.current_revision()))
+            .min()
+            .expect("some member is up");
+        let hashes: Vec<(usize, u32)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                let run = n.run.as_ref()?;
+                let (hash, _) = run.reader.hash_kv(revision).ok()?;
+                Some((i, hash))
+            })
+            .collect();
+        assert!(
+            hashes.windows(2).all(|w| w[0].1 == w[1].1),
+            "HashKV at revision {revision} differs between members: {hashes:?}\n{}",
+            self.trace()
+        );
+    }
+
+    /// The leader member's index, if one is up and knows it leads.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.nodes.len()).find(|&i| {
+            self.nodes[i]
+                .run
+                .as_ref()
+                .is_some_and(|r| r.member.is_leader())
+        })
+    }
+
+    pub fn heal_network(&mut self) {
+        for row in &mut self.blocked {
+            row.iter_mut().for_each(|b| *b = false);
+        }
+        self.drop_per_million = 0;
+        self.dup_per_million = 0;
+        self.delay_ms_max = 2;
+    }
+}
+
+pub fn member_id(i: usize) -> u64 {
+    0x1000 + i as u64
+}
+
+pub fn index_of(id: u64) -> Option<usize> {
+    id.checked_sub(0x1000)
+        .map(|i| i as usize)
+        .filter(|i| *i < 7)
+}
+
+/// Debugging aid (`SIM_DEBUG_WAL=1`): how many records a restart would recover from what is
+/// durable on `disk` now, read from a copy so the disk itself is untouched.
+fn durable_records(disk: &SimStore, config: &WalConfig) -> usize {
+    let copy = SimStore::new(0);
+    for seq in disk.segment_seqs() {
+        let bytes = disk.durable_bytes(seq);
+        block_on(keel_io::SegmentStore::create(
+            &copy,
+            seq,
+            bytes.len() as u64,
+        ))
+        .expect("a sim segment is created");
+        copy.write_durable(seq, 0, &bytes);
+    }
+    block_on(Wal::open(copy, config.clone())).map_or(0, |(_, records)| records.len())
+}
