@@ -229,16 +229,17 @@ pub struct Member {
     attributes_published: bool,
     /// When the next raft tick is due, on the member's clock.
     next_tick_ms: u64,
-    /// Proposals of this member waiting to be applied, by proposal id.
-    waiting: Waiters<u64, Reply>,
+    /// Proposals of this member waiting to be applied, by proposal id, with the leader they
+    /// went to (this member's own id when it led).
+    waiting: Waiters<u64, (Reply, u64)>,
     /// Membership changes waiting to be applied, by request id, with the member concerned.
     member_waiting: Waiters<u64, (MemberReply, u64)>,
     /// Keep-alives forwarded to the leader, by request id.
     keepalive_waiting: Waiters<u64, KeepAliveReply>,
     /// A leadership transfer waiting for the new leader, by that leader's id (at most one).
     transfer_waiting: Waiters<u64, TransferReply>,
-    /// Reads waiting for their ReadIndex answer, by context.
-    reads_in_round: Waiters<u64, Vec<ReadWait>>,
+    /// Reads waiting for their ReadIndex answer, by context, with the leader the round went to.
+    reads_in_round: Waiters<u64, (Vec<ReadWait>, u64)>,
     /// Reads whose ReadIndex is known, waiting for apply to reach it (ascending index).
     reads_to_apply: VecDeque<(u64, Vec<ReadWait>)>,
     /// Physical compactions applied, answered once the compaction has finished.
@@ -405,7 +406,7 @@ impl Member {
         let err = refusal.error();
         match kind {
             ProposalKind::Client => {
-                if let Some(reply) = self.waiting.remove(&id) {
+                if let Some((reply, _)) = self.waiting.remove(&id) {
                     let _ = reply.send(Err(err));
                 }
             }
@@ -445,7 +446,8 @@ impl Member {
         match self.node.propose(p.data) {
             Ok(()) => {
                 let deadline_ms = now_ms + self.config.request_timeout_ms;
-                self.waiting.insert(p.id, p.reply, deadline_ms);
+                self.waiting
+                    .insert(p.id, (p.reply, self.leader_id), deadline_ms);
             }
             Err(keel_raft::Error::ProposalDropped(why)) => {
                 tracing::debug!(why, "proposal dropped");
@@ -476,7 +478,8 @@ impl Member {
         {
             Ok(()) => {
                 let deadline_ms = now_ms + self.config.request_timeout_ms;
-                self.reads_in_round.insert(ctx, batch, deadline_ms);
+                self.reads_in_round
+                    .insert(ctx, (batch, self.leader_id), deadline_ms);
             }
             Err(_) => {
                 let err = if self.leader_id != 0 {
@@ -646,7 +649,7 @@ impl Member {
 
     /// Calls that waited longer than etcd's request timeout get "request timed out".
     fn expire_waiting(&mut self, now_ms: u64) {
-        for reply in self.waiting.expire(now_ms) {
+        for (reply, _) in self.waiting.expire(now_ms) {
             let _ = reply.send(Err(EtcdError::Timeout));
         }
         for (reply, _) in self.member_waiting.expire(now_ms) {
@@ -658,9 +661,27 @@ impl Member {
         for reply in self.transfer_waiting.expire(now_ms) {
             let _ = reply.send(Err(EtcdError::Timeout));
         }
-        for waits in self.reads_in_round.expire(now_ms) {
+        for (waits, _) in self.reads_in_round.expire(now_ms) {
             for w in waits {
                 let _ = w.reply.send(Err(EtcdError::Timeout));
+            }
+        }
+    }
+
+    /// A new leader is known: the calls that went to another leader are answered now instead
+    /// of at their deadline, so their clients retry at once (a dead leader never answers, and
+    /// a write that waits out the request timeout keeps its client from making the next one).
+    /// A write's outcome is then unknown, exactly as after a timeout: the old leader may have
+    /// replicated it and the new one may commit it, so the answer is etcd's "request timed
+    /// out, possibly due to previous leader failure". A read round is answered as etcd
+    /// answers it, "leader changed"; nothing about it is uncertain.
+    fn fail_calls_sent_to_another_leader(&mut self, leader_id: u64) {
+        for (reply, _) in self.waiting.take_where(|(_, to)| *to != leader_id) {
+            let _ = reply.send(Err(EtcdError::TimeoutDueToLeaderFail));
+        }
+        for waits in self.reads_in_round.take_where(|(_, to)| *to != leader_id) {
+            for w in waits.0 {
+                let _ = w.reply.send(Err(EtcdError::LeaderChanged));
             }
         }
     }
@@ -762,6 +783,9 @@ impl Member {
             if let Some(reply) = self.transfer_waiting.remove(&ss.leader_id) {
                 let _ = reply.send(Ok(()));
             }
+            if ss.leader_id != 0 {
+                self.fail_calls_sent_to_another_leader(ss.leader_id);
+            }
             tracing::info!(leader = format!("{:x}", ss.leader_id), role = ?ss.role, "raft role changed");
         }
 
@@ -834,7 +858,7 @@ impl Member {
                     .try_into()
                     .expect("read contexts are 8 bytes we made"),
             );
-            if let Some(waits) = self.reads_in_round.remove(&ctx) {
+            if let Some((waits, _)) = self.reads_in_round.remove(&ctx) {
                 self.reads_to_apply.push_back((rs.index, waits));
             }
         }
@@ -924,7 +948,7 @@ impl Member {
                             None => Err(EtcdError::NotCapable),
                         };
                         self.writer.apply_empty(e.index);
-                        if let Some(reply) = self.waiting.remove(&id) {
+                        if let Some((reply, _)) = self.waiting.remove(&id) {
                             let _ = reply.send(result);
                         }
                         continue;
@@ -958,7 +982,7 @@ impl Member {
                             raft_term: term,
                         }
                     });
-                    if let Some(reply) = self.waiting.remove(&id) {
+                    if let Some((reply, _)) = self.waiting.remove(&id) {
                         if physical && result.is_ok() && self.writer.compaction_pending() {
                             // etcd answers a physical compaction once it has finished.
                             self.physical_waiting.push((reply, result));
@@ -1126,7 +1150,7 @@ impl Member {
         for (reply, _) in self.defrag_waiting.drain(..) {
             let _ = reply.send(Err(err));
         }
-        for reply in self.waiting.drain() {
+        for (reply, _) in self.waiting.drain() {
             let _ = reply.send(Err(err));
         }
         for (reply, _) in self.member_waiting.drain() {
@@ -1135,7 +1159,7 @@ impl Member {
         for reply in self.transfer_waiting.drain() {
             let _ = reply.send(Err(err));
         }
-        for waits in self.reads_in_round.drain() {
+        for (waits, _) in self.reads_in_round.drain() {
             for w in waits {
                 let _ = w.reply.send(Err(err));
             }

@@ -71,6 +71,19 @@ impl<K: Ord + Copy + Debug, T> Waiters<K, T> {
         taken
     }
 
+    /// Takes every call for which `which` holds, in key order.
+    pub fn take_where(&mut self, which: impl Fn(&T) -> bool) -> Vec<T> {
+        let keys: Vec<K> = self
+            .entries
+            .iter()
+            .filter(|(_, w)| which(&w.waiter))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.iter()
+            .filter_map(|k| self.entries.remove(k).map(|w| w.waiter))
+            .collect()
+    }
+
     /// Takes every call, in key order (the member is stopping).
     pub fn drain(&mut self) -> Vec<T> {
         std::mem::take(&mut self.entries)

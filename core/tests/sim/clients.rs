@@ -58,6 +58,10 @@ pub struct Clients {
     pub history: Vec<Operation>,
     pub acknowledged_writes: u64,
     pub compactions: u64,
+    /// When (simulated ms) the last write was acknowledged, and the last read answered, by
+    /// member.
+    pub last_write_ack_ms: u64,
+    pub last_read_ms_by_member: Vec<u64>,
 }
 
 pub fn key_name(k: usize) -> String {
@@ -81,6 +85,8 @@ impl Clients {
             history: Vec::new(),
             acknowledged_writes: 0,
             compactions: 0,
+            last_write_ack_ms: 0,
+            last_read_ms_by_member: vec![0; 8],
         }
     }
 
@@ -175,6 +181,7 @@ impl Clients {
             Some(output) => {
                 match &output {
                     Output::Get { kv } => {
+                        self.last_read_ms_by_member[call.member] = world.now_ms;
                         client.seen[call.key] = Seen {
                             value: kv.as_ref().map(|(v, _)| v.clone()),
                             mod_revision: kv.as_ref().map_or(0, |(_, r)| *r),
@@ -182,6 +189,7 @@ impl Clients {
                     }
                     _ => {
                         self.acknowledged_writes += 1;
+                        self.last_write_ack_ms = world.now_ms;
                         world.note(|| {
                             format!(
                                 "c{c} {:?} on {key} via m{} -> {output:?}",
@@ -243,8 +251,7 @@ impl Clients {
                 Waiting::Read(rx)
             }
             _ => {
-                let id = self.next_proposal_id;
-                self.next_proposal_id += 1;
+                let id = self.proposal_id(member);
                 let data = encode(id, &key_name(key), &input);
                 let (tx, rx) = oneshot::channel();
                 let node = &mut world.nodes[member];
@@ -269,6 +276,14 @@ impl Clients {
             waiting,
             give_up_ms: world.now_ms + 3 * REQUEST_TIMEOUT_MS,
         });
+    }
+
+    /// A proposal id as member `member`'s shards make them: unique per member (its id in the
+    /// high bits, as `Shared::next_proposal_id`), so entries proposed elsewhere never answer
+    /// this member's waiters.
+    fn proposal_id(&mut self, member: usize) -> u64 {
+        self.next_proposal_id += 1;
+        (crate::world::member_id(member) << 40) | self.next_proposal_id
     }
 
     /// Client 0 reads `key` through `member` (it must be idle).
@@ -299,8 +314,7 @@ impl Clients {
         if revision <= run.reader.compact_revision() {
             return;
         }
-        let id = self.next_proposal_id;
-        self.next_proposal_id += 1;
+        let id = self.proposal_id(member);
         let req = pb::InternalRaftRequest {
             header: Some(pb::RequestHeader {
                 id,
