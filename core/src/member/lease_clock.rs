@@ -67,6 +67,15 @@ impl LeaseClock {
             .collect()
     }
 
+    /// Whether the lease's countdown ran out by `now_ms` (its revoke is due or in flight).
+    /// Such a lease is not renewed: its revoke may already be on its way through the log,
+    /// as etcd's lessor refuses to renew an expired lease.
+    pub fn has_expired(&self, id: i64, now_ms: u64) -> bool {
+        self.deadlines_ms
+            .get(&id)
+            .is_some_and(|deadline_ms| *deadline_ms <= now_ms)
+    }
+
     /// Notes that the revoke of an expired lease was proposed at `now_ms`.
     pub fn revoke_proposed(&mut self, id: i64, now_ms: u64) {
         assert!(
@@ -107,6 +116,18 @@ mod tests {
         clock.renew(1, 2, 1_500);
         assert!(clock.expired(2_000).is_empty());
         assert_eq!(clock.expired(3_500), vec![1]);
+    }
+
+    #[test]
+    fn an_expired_lease_is_not_renewable() {
+        let mut clock = LeaseClock::new();
+        clock.renew(7, 2, 1_000);
+        assert!(!clock.has_expired(7, 2_999));
+        assert!(clock.has_expired(7, 3_000));
+        assert!(
+            !clock.has_expired(8, 3_000),
+            "no countdown, nothing expired"
+        );
     }
 
     #[test]

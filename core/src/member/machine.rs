@@ -494,9 +494,21 @@ impl Member {
         }
     }
 
+    /// Whether this member may renew leases now: it still leads after the ticks due by
+    /// `now_ms` (a leader resumed after a long pause steps down on them through check-quorum
+    /// before answering anything), and it has applied everything committed (a revoke already
+    /// committed must not be answered as alive). A stale leader that renewed a lease the
+    /// cluster had revoked would tell its client the lease lives when it is gone.
+    fn may_renew_leases(&mut self, now_ms: u64) -> bool {
+        self.tick(now_ms);
+        let raft = self.node.raft();
+        raft.soft_state().role == Role::Leader
+            && self.writer.applied_index() >= raft.hard_state().commit
+    }
+
     /// A keep-alive a follower forwarded to us.
     pub fn keepalive_from_peer(&mut self, from: u64, request_id: u64, lease: i64, now_ms: u64) {
-        let ttl_s = if self.is_leader {
+        let ttl_s = if self.may_renew_leases(now_ms) {
             self.renew_lease(lease, now_ms)
         } else {
             KEEPALIVE_NOT_LEADER
@@ -524,12 +536,14 @@ impl Member {
         let not_leader = self.not_leader();
         match q {
             Query::KeepAlive { id, reply } => {
-                if self.is_leader {
+                if self.may_renew_leases(now_ms) {
                     let _ = reply.send(Ok(self.renew_lease(id, now_ms)));
                     return;
                 }
-                // Only the leader's clock renews leases: forward, as etcd does.
-                if self.leader_id == 0 {
+                // Only the leader's clock renews leases: forward, as etcd does. A leader that
+                // may not renew now (it just lost leadership, or is applying) answers as a
+                // member without a leader would; the client's keep-alive loop retries.
+                if self.leader_id == 0 || self.leader_id == self.config.id {
                     let _ = reply.send(Err(not_leader));
                     return;
                 }
@@ -721,8 +735,13 @@ impl Member {
         self.lease_clock.restart(leases, now_ms);
     }
 
-    /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown.
+    /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown or
+    /// already expired (its revoke is due or on its way through the log: renewing it would
+    /// tell the client it lives just before it is revoked).
     fn renew_lease(&mut self, id: i64, now_ms: u64) -> i64 {
+        if self.lease_clock.has_expired(id, now_ms) {
+            return 0;
+        }
         match self.writer.lease(id) {
             Some(l) => {
                 self.lease_clock.renew(id, l.ttl_s, now_ms);

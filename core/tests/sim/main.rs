@@ -28,6 +28,7 @@ mod porcupine;
 
 mod availability;
 mod clients;
+mod leases;
 mod world;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -36,6 +37,7 @@ use rand::Rng;
 
 use clients::{Clients, KEYS};
 use keel_core::shared::Query;
+use leases::LeaseClients;
 use world::{member_id, Bug, Counts, World, WorldConfig};
 
 /// How long faults are injected, in simulated milliseconds.
@@ -43,6 +45,7 @@ const CHAOS_MS: std::ops::Range<u64> = 1_500..4_000;
 /// After healing, the cluster must converge within this.
 const LIVENESS_MS: u64 = 8_000;
 const CLIENTS: usize = 6;
+const LEASE_CLIENTS: usize = 2;
 
 /// What one seed did, for the totals.
 #[derive(Debug, Default, Clone, Copy)]
@@ -51,6 +54,9 @@ struct Report {
     operations: u64,
     acknowledged_writes: u64,
     compactions: u64,
+    leases_granted: u64,
+    keepalives: u64,
+    leases_expired: u64,
     simulated_ms: u64,
 }
 
@@ -67,6 +73,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
     let snapshot_count = rng.gen_range(20..200);
     let mut world = World::new(WorldConfig::new(members, snapshot_count, bug), seed);
     let mut clients = Clients::new(CLIENTS);
+    let mut lease_clients = LeaseClients::new(LEASE_CLIENTS);
     let chaos_ms = rng.gen_range(CHAOS_MS);
     let mut healings: Vec<(u64, Healing)> = Vec::new();
     // A fault starts on average every `fault_every_ms`.
@@ -75,6 +82,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
     while world.now_ms < chaos_ms {
         world.step_ms();
         clients.step(&mut world, true);
+        lease_clients.step(&mut world, true);
         let now = world.now_ms;
         healings.retain(|(at, healing)| {
             if *at > now {
@@ -102,6 +110,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
     loop {
         world.step_ms();
         clients.step(&mut world, true);
+        lease_clients.step(&mut world, true);
         if world.converged() && clients.acknowledged_writes > acknowledged_before + 5 {
             break;
         }
@@ -126,6 +135,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
     while clients.busy() && world.now_ms < drained_by {
         world.step_ms();
         clients.step(&mut world, false);
+        lease_clients.step(&mut world, false);
     }
     for member in 0..members {
         for key in 0..KEYS {
@@ -157,6 +167,9 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
         operations: clients.history.len() as u64,
         acknowledged_writes: clients.acknowledged_writes,
         compactions: clients.compactions,
+        leases_granted: lease_clients.granted,
+        keepalives: lease_clients.keepalives,
+        leases_expired: lease_clients.expired,
         simulated_ms: world.now_ms,
     })
 }
@@ -405,6 +418,9 @@ fn add(total: &mut Report, r: &Report) {
     total.operations += r.operations;
     total.acknowledged_writes += r.acknowledged_writes;
     total.compactions += r.compactions;
+    total.leases_granted += r.leases_granted;
+    total.keepalives += r.keepalives;
+    total.leases_expired += r.leases_expired;
     total.simulated_ms += r.simulated_ms;
 }
 

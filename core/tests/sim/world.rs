@@ -160,6 +160,8 @@ pub struct World {
     /// it: every member must agree (state machine safety).
     revision_at_index: BTreeMap<u64, i64>,
     pub counts: Counts,
+    /// How many times each member's process started (a restart is a new incarnation).
+    incarnations: Vec<u64>,
     trace: RefCell<VecDeque<String>>,
 }
 
@@ -233,6 +235,7 @@ impl World {
             leaders_by_term: BTreeMap::new(),
             revision_at_index: BTreeMap::new(),
             counts: Counts::default(),
+            incarnations: vec![0; n],
             trace: RefCell::new(VecDeque::new()),
         };
         for i in 0..n {
@@ -262,6 +265,10 @@ impl World {
     pub fn clock_ms(&self, i: usize) -> u64 {
         let t = self.now_ms as i128;
         (t + t * self.nodes[i].skew_ppm as i128 / 1_000_000) as u64
+    }
+
+    pub fn incarnation(&self, i: usize) -> u64 {
+        self.incarnations[i]
     }
 
     pub fn is_up(&self, i: usize) -> bool {
@@ -331,6 +338,7 @@ impl World {
             io: None,
         });
         node.why_down = None;
+        self.incarnations[i] += 1;
         self.drain_effects(i);
         self.check_applied(i);
         Ok(())
