@@ -12,11 +12,15 @@
 //!   by a small snapshot interval.
 //!
 //! Clients issue puts, deletes, compare-and-swap txns and linearizable reads, and every call
-//! is recorded. Checked at every step: election safety (one leader per term) and state
-//! machine safety (every member at the same revision after the same raft index). Checked at
-//! the end, once faults heal: liveness (the cluster converges and a write succeeds),
-//! linearizability of the whole history (the porcupine checker of the cluster tests), and
-//! HashKV equal on every member.
+//! is recorded; lease clients grant leases and keep them alive through random members.
+//! Checked at every step: election safety (one leader per term), state machine safety (every
+//! member at the same revision after the same raft index), the watch guarantees on the events
+//! every member publishes (ordered, each revision whole, none skipped, the same on every
+//! member, prev_kv the key's previous version), and leases (never revoked before their TTL,
+//! on the fastest clock, since the last answered keep-alive; never renewed once revoked).
+//! Checked at the end, once faults heal: liveness (the cluster converges and a write
+//! succeeds), linearizability of the whole history (the porcupine checker of the cluster
+//! tests), and HashKV equal on every member.
 //!
 //! `SEED=n cargo test -p keel-core --test sim` replays seed n (of every test in the binary);
 //! `SEEDS=n` runs n seeds per test from `SEED_BASE` (0). A failure prints the command that
@@ -57,6 +61,7 @@ struct Report {
     leases_granted: u64,
     keepalives: u64,
     leases_expired: u64,
+    watch_events_checked: u64,
     simulated_ms: u64,
 }
 
@@ -170,6 +175,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
         leases_granted: lease_clients.granted,
         keepalives: lease_clients.keepalives,
         leases_expired: lease_clients.expired,
+        watch_events_checked: world.events_checked,
         simulated_ms: world.now_ms,
     })
 }
@@ -421,6 +427,7 @@ fn add(total: &mut Report, r: &Report) {
     total.leases_granted += r.leases_granted;
     total.keepalives += r.keepalives;
     total.leases_expired += r.leases_expired;
+    total.watch_events_checked += r.watch_events_checked;
     total.simulated_ms += r.simulated_ms;
 }
 

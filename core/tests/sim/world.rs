@@ -162,6 +162,17 @@ pub struct World {
     pub counts: Counts,
     /// How many times each member's process started (a restart is a new incarnation).
     incarnations: Vec<u64>,
+    /// The watch events of every revision, as the first member to publish it did: every
+    /// member must publish the same (history agreement).
+    events_at_revision: BTreeMap<i64, Vec<kv::Event>>,
+    /// Per member: the last revision its current process published, when it has published
+    /// every revision since its start or since its last snapshot install (contiguity).
+    last_published: Vec<Option<i64>>,
+    /// The model the events are checked against: every key's latest version after the
+    /// revisions checked so far (prev_kv must be exactly that).
+    model: BTreeMap<Bytes, kv::KeyValue>,
+    model_revision: i64,
+    pub events_checked: u64,
     trace: RefCell<VecDeque<String>>,
 }
 
@@ -236,6 +247,11 @@ impl World {
             revision_at_index: BTreeMap::new(),
             counts: Counts::default(),
             incarnations: vec![0; n],
+            events_at_revision: BTreeMap::new(),
+            last_published: vec![None; n],
+            model: BTreeMap::new(),
+            model_revision: 1,
+            events_checked: 0,
             trace: RefCell::new(VecDeque::new()),
         };
         for i in 0..n {
@@ -339,6 +355,7 @@ impl World {
         });
         node.why_down = None;
         self.incarnations[i] += 1;
+        self.last_published[i] = Some(self.nodes[i].run.as_ref().expect("started").reader.current_revision());
         self.drain_effects(i);
         self.check_applied(i);
         Ok(())
@@ -735,8 +752,10 @@ impl World {
                     }
                 }
                 Effect::StoreReplaced { reader } => {
+                    self.last_published[i] = Some(reader.current_revision());
                     self.nodes[i].run.as_mut().expect("up").reader = reader;
                 }
+                Effect::Events { revision, events } => self.check_events(i, revision, events),
                 Effect::RemoveCheckpointsBefore { index } => {
                     self.nodes[i].checkpoints.retain(|k, _| *k >= index);
                 }
@@ -772,10 +791,7 @@ impl World {
                     self.exit(i, "removed from the cluster".to_string());
                     return;
                 }
-                Effect::MembersChanged
-                | Effect::AlarmsChanged
-                | Effect::HardState { .. }
-                | Effect::Events { .. } => {}
+                Effect::MembersChanged | Effect::AlarmsChanged | Effect::HardState { .. } => {}
             }
         }
     }
@@ -795,6 +811,77 @@ impl World {
                  another member was at {first}\n{}",
                 self.trace()
             );
+        }
+    }
+
+    /// The watch guarantees, on what member `i` published after applying up to `revision`:
+    /// events come in revision order, each revision whole in one batch, none skipped since
+    /// the process started (or installed a snapshot); every member publishes the same events
+    /// for a revision; and each event's prev_kv is the key's previous version.
+    fn check_events(&mut self, i: usize, revision: i64, events: Vec<kv::Event>) {
+        let mut by_revision: BTreeMap<i64, Vec<kv::Event>> = BTreeMap::new();
+        let mut previous = None;
+        for e in &events {
+            let rev = e.kv.mod_revision;
+            assert!(
+                previous.is_none_or(|p| p <= rev),
+                "m{i} published events out of revision order: {previous:?} then {rev}\n{}",
+                self.trace()
+            );
+            previous = Some(rev);
+            by_revision.entry(rev).or_default().push(e.clone());
+        }
+        let first = *by_revision.keys().next().expect("a batch has events");
+        let last = *by_revision.keys().next_back().expect("a batch has events");
+        assert!(last <= revision, "m{i} published revision {last} past its store's {revision}");
+        if let Some(published) = self.last_published[i] {
+            assert_eq!(
+                first,
+                published + 1,
+                "m{i} published revision {first} after {published}: a revision skipped or repeated\n{}",
+                self.trace()
+            );
+        }
+        self.last_published[i] = Some(last);
+        for (rev, same_revision) in by_revision {
+            match self.events_at_revision.get(&rev) {
+                Some(first_seen) => assert_eq!(
+                    first_seen, &same_revision,
+                    "m{i} published other events at revision {rev} than another member\n{}",
+                    self.trace()
+                ),
+                None => {
+                    self.events_at_revision.insert(rev, same_revision);
+                }
+            }
+        }
+        self.advance_model();
+    }
+
+    /// Checks prev_kv against the model for the revisions now known in order.
+    fn advance_model(&mut self) {
+        while let Some(events) = self.events_at_revision.get(&(self.model_revision + 1)) {
+            let rev = self.model_revision + 1;
+            for e in events {
+                let before = self.model.get(&e.kv.key);
+                assert_eq!(
+                    e.prev_kv.as_ref(),
+                    before,
+                    "prev_kv of {:?} at revision {rev} is not the key's previous version\n{}",
+                    e.kv.key,
+                    self.trace()
+                );
+                match e.kind {
+                    kv::EventKind::Put => {
+                        self.model.insert(e.kv.key.clone(), e.kv.clone());
+                    }
+                    kv::EventKind::Delete => {
+                        self.model.remove(&e.kv.key);
+                    }
+                }
+                self.events_checked += 1;
+            }
+            self.model_revision = rev;
         }
     }
 
