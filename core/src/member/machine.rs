@@ -494,16 +494,26 @@ impl Member {
         }
     }
 
-    /// Whether this member may renew leases now: it still leads after the ticks due by
+    /// Whether this member may renew leases now. It must still lead after the ticks due by
     /// `now_ms` (a leader resumed after a long pause steps down on them through check-quorum
-    /// before answering anything), and it has applied everything committed (a revoke already
-    /// committed must not be answered as alive). A stale leader that renewed a lease the
-    /// cluster had revoked would tell its client the lease lives when it is gone.
+    /// before answering anything); it must have committed an entry of its own term, because
+    /// until then it does not know what is committed (a previous leader's revoke may sit
+    /// uncommitted in its log, and commit right after a renewal, as ReadIndex waits for the
+    /// same); and it must have applied everything committed (a committed revoke must not be
+    /// answered as alive). A leader that renewed a lease the cluster revokes would tell its
+    /// client the lease lives when it is gone.
     fn may_renew_leases(&mut self, now_ms: u64) -> bool {
         self.tick(now_ms);
         let raft = self.node.raft();
+        let hs = raft.hard_state();
+        let committed_in_term = self
+            .node
+            .store()
+            .term(hs.commit)
+            .is_ok_and(|term| term == hs.term);
         raft.soft_state().role == Role::Leader
-            && self.writer.applied_index() >= raft.hard_state().commit
+            && committed_in_term
+            && self.writer.applied_index() >= hs.commit
     }
 
     /// A keep-alive a follower forwarded to us.

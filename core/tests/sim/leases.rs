@@ -194,6 +194,8 @@ impl LeaseClients {
             let Some(lease) = client.lease.as_mut() else {
                 continue;
             };
+            // Members added since the grant start unknown.
+            lease.seen_in.resize(world.nodes.len(), None);
             for (i, node) in world.nodes.iter().enumerate() {
                 let Some(run) = node.run.as_ref() else {
                     lease.seen_in[i] = None;

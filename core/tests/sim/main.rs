@@ -9,7 +9,10 @@
 //! - a bit flip in a sealed WAL segment (the member must refuse to start, naming the file
 //!   and offset) and in the newest checkpoint (it must fall back to the older one);
 //! - leadership transfers and compactions, with checkpoints and snapshot installs triggered
-//!   by a small snapshot interval.
+//!   by a small snapshot interval;
+//! - membership changes as an operator makes them: a learner added (and its process started
+//!   with the membership the answer lists), promoted, and voters removed (their process
+//!   stopped for good).
 //!
 //! Clients issue puts, deletes, compare-and-swap txns and linearizable reads, and every call
 //! is recorded; lease clients grant leases and keep them alive through random members.
@@ -24,7 +27,7 @@
 //!
 //! `SEED=n cargo test -p keel-core --test sim` replays seed n (of every test in the binary);
 //! `SEEDS=n` runs n seeds per test from `SEED_BASE` (0). A failure prints the command that
-//! replays it and the last events of the run; `SIM_DEBUG_WAL=1` adds, at every WAL append
+//! replays it and the last events of the run (`SIM_TRACE_EVENTS=n` keeps n); `SIM_DEBUG_WAL=1` adds, at every WAL append
 //! and crash, how many records a restart would recover.
 
 #[path = "../cluster/porcupine.rs"]
@@ -104,10 +107,10 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
     // Heal everything, then the cluster must converge and serve again.
     let healed_at = world.now_ms;
     world.heal_network();
-    for i in 0..members {
+    for i in 0..world.nodes.len() {
         world.set_disk_faults(i, 0);
         world.nodes[i].paused_until_ms = 0;
-        if !world.is_up(i) {
+        if !world.is_up(i) && !world.nodes[i].removed {
             restart(&mut world, i);
         }
     }
@@ -116,6 +119,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
         world.step_ms();
         clients.step(&mut world, true);
         lease_clients.step(&mut world, true);
+        world.stop_removed_members();
         if world.converged() && clients.acknowledged_writes > acknowledged_before + 5 {
             break;
         }
@@ -142,7 +146,10 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
         clients.step(&mut world, false);
         lease_clients.step(&mut world, false);
     }
-    for member in 0..members {
+    let current: Vec<usize> = (0..world.nodes.len())
+        .filter(|&i| !world.nodes[i].removed)
+        .collect();
+    for member in current {
         for key in 0..KEYS {
             clients.final_read(&mut world, member, key);
         }
@@ -193,7 +200,7 @@ fn restart(world: &mut World, i: usize) {
 fn heal(world: &mut World, healing: &Healing) {
     match *healing {
         Healing::Restart(i) => {
-            if !world.is_up(i) {
+            if !world.is_up(i) && !world.nodes[i].removed {
                 world.set_disk_faults(i, 0);
                 restart(world, i);
             }
@@ -271,6 +278,7 @@ fn inject(world: &mut World, healings: &mut Vec<(u64, Healing)>) {
         }
         80..=84 => flip_sealed_wal_bit(world, i),
         85..=89 => flip_checkpoint_bit(world, i),
+        90..=94 => world.change_membership(),
         _ => {
             // Leadership transfer to a random voter.
             if let Some(leader) = world.leader() {
@@ -289,7 +297,7 @@ fn inject(world: &mut World, healings: &mut Vec<(u64, Healing)>) {
 /// naming the segment and the offset. The sim then repairs the byte (an operator restoring
 /// the member) and the member starts.
 fn flip_sealed_wal_bit(world: &mut World, i: usize) {
-    if world.is_up(i) {
+    if world.is_up(i) || world.nodes[i].removed {
         return;
     }
     // Sealed: every segment before the active one, which is the last holding data (a prepared
@@ -330,7 +338,7 @@ fn flip_sealed_wal_bit(world: &mut World, i: usize) {
 /// one (a leader's snapshot is the only checkpoint), refuses to start and says why. The sim
 /// then restores the file (an operator's repair) and leaves the member down.
 fn flip_checkpoint_bit(world: &mut World, i: usize) {
-    if world.is_up(i) {
+    if world.is_up(i) || world.nodes[i].removed {
         return;
     }
     let Some((&index, bytes)) = world.nodes[i].checkpoints.iter().next_back() else {
@@ -421,6 +429,9 @@ fn add(total: &mut Report, r: &Report) {
     t.snapshots_sent += c.snapshots_sent;
     t.messages += c.messages;
     t.dropped += c.dropped;
+    t.members_added += c.members_added;
+    t.members_removed += c.members_removed;
+    t.promotions += c.promotions;
     total.operations += r.operations;
     total.acknowledged_writes += r.acknowledged_writes;
     total.compactions += r.compactions;

@@ -17,12 +17,14 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use futures_channel::oneshot;
 use futures_lite::future::block_on;
 use keel_core::checkpoint;
 use keel_core::ids::Member as MemberInfo;
 use keel_core::member::recovery::{self, Start};
 use keel_core::member::{Effect, Member, MemberConfig, ReadyIo};
-use keel_core::shared::{Proposal, Query, ReadWait};
+use keel_core::shared::{MemberChange, Proposal, Query, ReadWait};
+use keel_grpc::EtcdError;
 use keel_io::{SimFaults, SimStore, Wal, WalConfig, WalError};
 use keel_kv as kv;
 use keel_raft::{Message, MessageType, SnapshotStatus, Storage};
@@ -110,6 +112,12 @@ pub struct Running {
 /// One member: its disks survive crashes, its process does not.
 pub struct Node {
     pub id: u64,
+    /// How the process starts without a checkpoint: founding, or joining an existing cluster.
+    start_mode: Start,
+    /// The membership it is started with (etcd's --initial-cluster).
+    initial_members: Vec<MemberInfo>,
+    /// Removed from the cluster: its process is stopped for good.
+    pub removed: bool,
     pub disk: SimStore,
     /// Durable checkpoint files by index (written whole and atomically, as `write_durably`).
     pub checkpoints: BTreeMap<u64, Bytes>,
@@ -140,6 +148,9 @@ pub struct Counts {
     pub snapshots_sent: u64,
     pub messages: u64,
     pub dropped: u64,
+    pub members_added: u64,
+    pub members_removed: u64,
+    pub promotions: u64,
 }
 
 pub struct World {
@@ -147,7 +158,6 @@ pub struct World {
     pub rng: StdRng,
     pub now_ms: u64,
     pub nodes: Vec<Node>,
-    initial_members: Vec<MemberInfo>,
     network: Vec<InFlight>,
     /// `blocked[from][to]`: messages from `from` to `to` are lost (partitions, one-way too).
     pub blocked: Vec<Vec<bool>>,
@@ -160,8 +170,12 @@ pub struct World {
     /// it: every member must agree (state machine safety).
     revision_at_index: BTreeMap<u64, i64>,
     pub counts: Counts,
+    /// Membership changes asked of the leader, waiting for their answer.
+    pending_changes: Vec<PendingChange>,
     /// How many times each member's process started (a restart is a new incarnation).
     incarnations: Vec<u64>,
+    /// How many events the trace keeps (`SIM_TRACE_EVENTS`, or `TRACE_EVENTS_KEPT`).
+    trace_events_kept: usize,
     /// The watch events of every revision, as the first member to publish it did: every
     /// member must publish the same (history agreement).
     events_at_revision: BTreeMap<i64, Vec<kv::Event>>,
@@ -221,6 +235,9 @@ impl World {
         let nodes = (0..n)
             .map(|i| Node {
                 id: member_id(i),
+                start_mode: Start::Founding,
+                initial_members: initial_members.clone(),
+                removed: false,
                 disk: SimStore::new(rng.gen()),
                 checkpoints: BTreeMap::new(),
                 run: None,
@@ -237,7 +254,6 @@ impl World {
             rng,
             now_ms: 0,
             nodes,
-            initial_members,
             network: Vec::new(),
             blocked: vec![vec![false; n]; n],
             drop_per_million: 0,
@@ -246,7 +262,12 @@ impl World {
             leaders_by_term: BTreeMap::new(),
             revision_at_index: BTreeMap::new(),
             counts: Counts::default(),
+            pending_changes: Vec::new(),
             incarnations: vec![0; n],
+            trace_events_kept: std::env::var("SIM_TRACE_EVENTS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(TRACE_EVENTS_KEPT),
             events_at_revision: BTreeMap::new(),
             last_published: vec![None; n],
             model: BTreeMap::new(),
@@ -262,7 +283,7 @@ impl World {
 
     pub fn note(&self, text: impl FnOnce() -> String) {
         let mut trace = self.trace.borrow_mut();
-        if trace.len() == TRACE_EVENTS_KEPT {
+        if trace.len() >= self.trace_events_kept {
             trace.pop_front();
         }
         trace.push_back(format!("{:>7} ms  {}", self.now_ms, text()));
@@ -309,8 +330,8 @@ impl World {
         let rc = recovery::raft_config(node.id, ELECTION_TICKS, 1 << 20, 1 << 30);
         let recovered = recovery::recover(
             rc,
-            Start::Founding,
-            self.initial_members.clone(),
+            node.start_mode,
+            node.initial_members.clone(),
             cp,
             records,
         )
@@ -355,9 +376,17 @@ impl World {
         });
         node.why_down = None;
         self.incarnations[i] += 1;
-        self.last_published[i] = Some(self.nodes[i].run.as_ref().expect("started").reader.current_revision());
-        self.drain_effects(i);
-        self.check_applied(i);
+        self.last_published[i] = Some(
+            self.nodes[i]
+                .run
+                .as_ref()
+                .expect("started")
+                .reader
+                .current_revision(),
+        );
+        if self.drain_effects(i) {
+            self.check_applied(i);
+        }
         Ok(())
     }
 
@@ -434,7 +463,7 @@ impl World {
     }
 
     fn send_raft(&mut self, from: usize, m: Message) {
-        let Some(to) = index_of(m.to) else {
+        let Some(to) = self.index_of(m.to) else {
             return;
         };
         if m.msg_type == MessageType::Snapshot {
@@ -515,7 +544,7 @@ impl World {
             return;
         }
         let now = self.clock_ms(to);
-        let from_id = member_id(from);
+        let from_id = self.nodes[from].id;
         let member = &mut self.nodes[to].run.as_mut().expect("checked up").member;
         match m.msg {
             NetMsg::Raft(..) => unreachable!("handled above"),
@@ -533,6 +562,7 @@ impl World {
 
     pub fn step_ms(&mut self) {
         self.now_ms += 1;
+        self.poll_changes();
         self.deliver();
         let mut order: Vec<usize> = (0..self.nodes.len()).collect();
         for k in (1..order.len()).rev() {
@@ -574,7 +604,9 @@ impl World {
         } else {
             run.member.read(reads, now);
         }
-        self.drain_effects(i);
+        if !self.drain_effects(i) {
+            return Ok(());
+        }
         let run = self.nodes[i].run.as_mut().expect("up");
         if run.member.has_ready() {
             let io = run.member.ready(now).expect("has_ready");
@@ -582,15 +614,20 @@ impl World {
         } else if run.member.writer().compaction_pending() {
             run.member.compact_step();
         }
-        let run = self.nodes[i].run.as_mut().expect("up");
+        let Some(run) = self.nodes[i].run.as_mut() else {
+            return Ok(()); // Removed from the cluster by what it just applied.
+        };
         run.member.answer_compaction_waiters();
-        self.drain_effects(i);
-        self.check_applied(i);
+        if self.drain_effects(i) {
+            self.check_applied(i);
+        }
         Ok(())
     }
 
     fn carry_out(&mut self, i: usize, io: ReadyIo) -> Result<(), Stop> {
-        self.drain_effects(i);
+        if !self.drain_effects(i) {
+            return Ok(());
+        }
         let ReadyIo {
             messages,
             checkpoint_to_persist,
@@ -631,7 +668,9 @@ impl World {
                 for m in msgs {
                     self.send_raft(i, m);
                 }
-                self.drain_effects(i);
+                if !self.drain_effects(i) {
+                    return Ok(());
+                }
             }
             Bug::SendBeforePersist => {
                 let run = self.nodes[i].run.as_mut().expect("up");
@@ -681,7 +720,9 @@ impl World {
                 .persisted(now)
                 .map_err(|e| Stop::Exit(e.to_string()))?;
         }
-        self.drain_effects(i);
+        if !self.drain_effects(i) {
+            return Ok(());
+        }
         self.check_applied(i);
         let run = self.nodes[i].run.as_mut().expect("up");
         if run.member.checkpoint_due() {
@@ -728,8 +769,14 @@ impl World {
         Ok(())
     }
 
-    /// Carries out member `i`'s effects: messages to peers, published state, checks.
-    fn drain_effects(&mut self, i: usize) {
+    /// Carries out member `i`'s effects: messages to peers, published state, checks. False
+    /// when the process is gone after them (it was removed from the cluster).
+    fn drain_effects(&mut self, i: usize) -> bool {
+        self.carry_out_effects(i);
+        self.nodes[i].run.is_some()
+    }
+
+    fn carry_out_effects(&mut self, i: usize) {
         let Some(run) = self.nodes[i].run.as_mut() else {
             return;
         };
@@ -741,7 +788,7 @@ impl World {
                     self.note(|| format!("m{i} sees leader {leader_id:x} at term {term}"));
                     if is_leader {
                         self.counts.elections += 1;
-                        let me = member_id(i);
+                        let me = self.nodes[i].id;
                         let previous = *self.leaders_by_term.entry(term).or_insert(me);
                         assert_eq!(
                             previous,
@@ -764,7 +811,7 @@ impl World {
                     request_id,
                     lease,
                 } => {
-                    if let Some(to) = index_of(to) {
+                    if let Some(to) = self.index_of(to) {
                         let _ = self.send(i, to, NetMsg::KeepAlive { request_id, lease });
                     }
                 }
@@ -773,7 +820,7 @@ impl World {
                     request_id,
                     ttl_s,
                 } => {
-                    if let Some(to) = index_of(to) {
+                    if let Some(to) = self.index_of(to) {
                         let _ = self.send(i, to, NetMsg::KeepAliveReply { request_id, ttl_s });
                     }
                 }
@@ -783,12 +830,13 @@ impl World {
                     kind,
                     id,
                 } => {
-                    if let Some(to) = index_of(to) {
+                    if let Some(to) = self.index_of(to) {
                         let _ = self.send(i, to, NetMsg::Refused { refusal, kind, id });
                     }
                 }
                 Effect::Removed => {
                     self.exit(i, "removed from the cluster".to_string());
+                    self.nodes[i].removed = true;
                     return;
                 }
                 Effect::MembersChanged | Effect::AlarmsChanged | Effect::HardState { .. } => {}
@@ -833,7 +881,10 @@ impl World {
         }
         let first = *by_revision.keys().next().expect("a batch has events");
         let last = *by_revision.keys().next_back().expect("a batch has events");
-        assert!(last <= revision, "m{i} published revision {last} past its store's {revision}");
+        assert!(
+            last <= revision,
+            "m{i} published revision {last} past its store's {revision}"
+        );
         if let Some(published) = self.last_published[i] {
             assert_eq!(
                 first,
@@ -846,7 +897,8 @@ impl World {
         for (rev, same_revision) in by_revision {
             match self.events_at_revision.get(&rev) {
                 Some(first_seen) => assert_eq!(
-                    first_seen, &same_revision,
+                    first_seen,
+                    &same_revision,
                     "m{i} published other events at revision {rev} than another member\n{}",
                     self.trace()
                 ),
@@ -885,14 +937,163 @@ impl World {
         }
     }
 
+    pub fn index_of(&self, id: u64) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
+    /// The members the leader's applied membership lists (voters and learners).
+    pub fn membership(&self) -> Option<Vec<MemberInfo>> {
+        let leader = self.leader()?;
+        Some(self.nodes[leader].run.as_ref()?.member.members().to_vec())
+    }
+
+    /// Asks the leader to add a learner, remove a voter, or promote a learner, as
+    /// `etcdctl member add --learner / remove / promote` would.
+    pub fn change_membership(&mut self) {
+        if !self.pending_changes.is_empty() {
+            return;
+        }
+        let (Some(leader), Some(members)) = (self.leader(), self.membership()) else {
+            return;
+        };
+        let voters: Vec<u64> = members
+            .iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        let learners: Vec<u64> = members
+            .iter()
+            .filter(|m| m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        // A learner waiting for promotion is promoted first (retried until caught up).
+        let pick = if learners.is_empty() {
+            self.rng.gen_range(0..2)
+        } else {
+            2
+        };
+        let (change, kind) = match pick {
+            0 if self.nodes.len() < self.config.members + 3 && learners.is_empty() => {
+                let index = self.nodes.len();
+                let change = MemberChange::Add {
+                    peer_urls: vec![format!("http://sim-{index}:2380")],
+                    learner: true,
+                };
+                (change, ChangeKind::Add { index })
+            }
+            1 if voters.len() > 3 => {
+                let id = voters[self.rng.gen_range(0..voters.len())];
+                let Some(index) = self.index_of(id) else {
+                    return;
+                };
+                (MemberChange::Remove { id }, ChangeKind::Remove { index })
+            }
+            2 if !learners.is_empty() => {
+                let id = learners[self.rng.gen_range(0..learners.len())];
+                (MemberChange::Promote { id }, ChangeKind::Promote)
+            }
+            _ => return,
+        };
+        self.note(|| format!("membership change asked of m{leader}: {kind:?}"));
+        let (tx, rx) = oneshot::channel();
+        self.nodes[leader]
+            .queries
+            .push(Query::Member { change, reply: tx });
+        self.pending_changes.push(PendingChange { rx, kind });
+    }
+
+    /// What an operator does after checking `member list`: a member the cluster no longer
+    /// lists (its removal applied though the answer was lost) is stopped for good.
+    pub fn stop_removed_members(&mut self) {
+        let Some(members) = self.membership() else {
+            return;
+        };
+        for i in 0..self.nodes.len() {
+            let listed = members.iter().any(|m| m.id == self.nodes[i].id);
+            if !listed && !self.nodes[i].removed {
+                self.note(|| format!("m{i} is no longer listed: stopped"));
+                if self.is_up(i) {
+                    self.crash(i);
+                }
+                self.nodes[i].removed = true;
+                self.counts.members_removed += 1;
+            }
+        }
+    }
+
+    /// Carries out what an operator does after a membership change is applied.
+    fn poll_changes(&mut self) {
+        let mut still = Vec::new();
+        for mut change in std::mem::take(&mut self.pending_changes) {
+            match change.rx.try_recv() {
+                Ok(None) => still.push(change),
+                Ok(Some(Ok((id, members)))) => self.changed(change.kind, id, members),
+                Ok(Some(Err(e))) => {
+                    self.note(|| format!("membership change {:?} refused: {e:?}", change.kind))
+                }
+                Err(_) => self.note(|| format!("membership change {:?}: no answer", change.kind)),
+            }
+        }
+        self.pending_changes = still;
+    }
+
+    fn changed(&mut self, kind: ChangeKind, id: u64, members: Vec<MemberInfo>) {
+        self.note(|| format!("membership change {kind:?} applied: {id:x}"));
+        match kind {
+            ChangeKind::Add { index } => {
+                assert_eq!(index, self.nodes.len(), "one addition at a time");
+                let disk_seed = self.rng.gen();
+                self.nodes.push(Node {
+                    id,
+                    start_mode: Start::Joining,
+                    initial_members: members,
+                    removed: false,
+                    disk: SimStore::new(disk_seed),
+                    checkpoints: BTreeMap::new(),
+                    run: None,
+                    paused_until_ms: 0,
+                    skew_ppm: self.rng.gen_range(-50_000..=50_000),
+                    proposals: VecDeque::new(),
+                    reads: Vec::new(),
+                    queries: Vec::new(),
+                    why_down: None,
+                });
+                for row in &mut self.blocked {
+                    row.push(false);
+                }
+                self.blocked.push(vec![false; index + 1]);
+                self.incarnations.push(0);
+                self.last_published.push(None);
+                self.start(index).expect("a new member starts");
+                self.counts.members_added += 1;
+            }
+            ChangeKind::Remove { index } => {
+                if self.is_up(index) {
+                    self.crash(index);
+                }
+                self.nodes[index].removed = true;
+                self.counts.members_removed += 1;
+            }
+            ChangeKind::Promote => self.counts.promotions += 1,
+        }
+    }
+
     /// Whether every member is up, applied the same index, and one leads.
     pub fn converged(&self) -> bool {
-        let applied: Vec<u64> = self
+        // The members are those the leader's applied membership lists: a removal whose
+        // answer was lost still removed its member.
+        let Some(members) = self.membership() else {
+            return false;
+        };
+        let current = self
             .nodes
             .iter()
+            .filter(|n| !n.removed && members.iter().any(|m| m.id == n.id));
+        let applied: Vec<u64> = current
+            .clone()
             .filter_map(|n| n.run.as_ref().map(|r| r.member.applied_index()))
             .collect();
-        applied.len() == self.nodes.len()
+        applied.len() == current.count()
             && applied.windows(2).all(|w| w[0] == w[1])
             && self.nodes.iter().any(|n| {
                 n.run
@@ -946,14 +1147,28 @@ impl World {
     }
 }
 
+/// The id of founding member `i`, and the prefix of the proposal ids its shards make.
 pub fn member_id(i: usize) -> u64 {
     0x1000 + i as u64
 }
 
-pub fn index_of(id: u64) -> Option<usize> {
-    id.checked_sub(0x1000)
-        .map(|i| i as usize)
-        .filter(|i| *i < 7)
+/// A membership change asked of the leader, and what the operator does once it is applied.
+struct PendingChange {
+    rx: oneshot::Receiver<Result<(u64, Vec<MemberInfo>), EtcdError>>,
+    kind: ChangeKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ChangeKind {
+    /// Start a new member with this node index once its addition is applied.
+    Add {
+        index: usize,
+    },
+    /// Stop the removed member's process for good.
+    Remove {
+        index: usize,
+    },
+    Promote,
 }
 
 /// Debugging aid (`SIM_DEBUG_WAL=1`): how many records a restart would recover from what is
