@@ -1,8 +1,8 @@
 //! Availability under single-member faults, measured in simulated time on a calm network:
 //! - a killed leader: how long until writes succeed again (goal: within two election
 //!   timeouts, every time);
-//! - a follower that restarts (its log replayed): leadership must not move (pre-vote and
-//!   check-quorum);
+//! - a follower that restarts (its log replayed), or a killed leader that comes back after a
+//!   new one took over: leadership must not move (pre-vote and check-quorum);
 //! - a leader paused (SIGSTOP) past the election timeout, then resumed: how long until it
 //!   serves linearizable reads again;
 //! - a starved follower (its raft loop runs only every so often): leadership must not move.
@@ -61,6 +61,25 @@ pub fn leader_kill_gap_ms(seed: u64) -> u64 {
             "seed {seed}: writes never resumed"
         );
     }
+}
+
+/// Kills the leader, waits for a new one, restarts the old leader (its log replayed); returns
+/// whether leadership moved again within two seconds of the restart (it must not: the
+/// restarted member has an older log and pre-vote keeps it from disrupting).
+pub fn restarted_leader_moves_leader(seed: u64) -> bool {
+    let (mut world, mut clients) = settled(seed);
+    let old = world.leader().expect("settled");
+    world.crash(old);
+    while leader_term(&world).is_none_or(|(l, _)| l == old) {
+        world.step_ms();
+        clients.step(&mut world, true);
+        assert!(world.now_ms < 20_000, "seed {seed}: no new leader");
+    }
+    run_for(&mut world, &mut clients, 200);
+    let before = leader_term(&world).expect("a new leader");
+    world.start(old).expect("restarts");
+    run_for(&mut world, &mut clients, 2_000);
+    leader_term(&world) != Some(before)
 }
 
 /// Restarts a follower after `down_ms`; returns whether leadership moved within a second

@@ -511,6 +511,14 @@ fn availability_after_single_member_faults() {
         "a follower restart moved leadership in {moved_by_restart} of {} runs",
         seeds.len()
     );
+    let moved_by_old_leader = seeds
+        .iter()
+        .filter(|&&s| restarted_leader_moves_leader(s))
+        .count();
+    eprintln!(
+        "a killed leader's restart moved leadership in {moved_by_old_leader} of {} runs",
+        seeds.len()
+    );
     let serve = seeds
         .iter()
         .map(|&s| paused_leader_serves_after_ms(s, 3 * ELECTION_TIMEOUT_MS))
@@ -532,6 +540,10 @@ fn availability_after_single_member_faults() {
         "writes resumed too late after a leader kill: median {median_gap} ms, worst {worst_gap} ms"
     );
     assert_eq!(moved_by_restart, 0, "a follower's restart moved leadership");
+    assert_eq!(
+        moved_by_old_leader, 0,
+        "a killed leader's restart moved leadership"
+    );
     assert_eq!(moved_by_starving, 0, "a starved follower moved leadership");
     assert!(
         worst_resume <= 2 * ELECTION_TIMEOUT_MS,
