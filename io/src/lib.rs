@@ -44,7 +44,7 @@ pub use dma::{measure_fsync_floor, pread_fallbacks, DmaSegment, DmaStore, FloorS
 pub use error::WalError;
 pub use frame::Record;
 pub use sim::{SimExecutor, SimFaults, SimStats, SimStore};
-pub use store::SegmentStore;
+pub use store::{FsyncFailure, SegmentStore};
 pub use wal::{Wal, WalConfig, WalStats};
 
 /// The production WAL: O_DIRECT segment files through glommio's io_uring.

@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::frame::BLOCK_BYTES;
-use crate::store::{BackgroundTask, SegmentStore};
+use crate::store::{BackgroundTask, FsyncFailure, SegmentStore};
 
 const SECTOR_BYTES: usize = 512;
 const _: () = assert!(BLOCK_BYTES % SECTOR_BYTES == 0);
@@ -30,6 +30,9 @@ pub struct SimFaults {
     /// Chance, in parts per million, that a `write_at` fails with EIO after landing a random prefix of
     /// its blocks in the volatile cache.
     pub write_eio_per_million: u32,
+    /// Chance, in parts per million, that an `fdatasync` fails with EIO (the WAL then stops:
+    /// see `fsync_failure`).
+    pub fsync_eio_per_million: u32,
 }
 
 /// Counters of the operations a `SimStore` served.
@@ -80,6 +83,7 @@ impl SimStore {
     /// Sets the faults injected from now on.
     pub fn set_faults(&self, faults: SimFaults) {
         assert!(faults.write_eio_per_million <= 1_000_000);
+        assert!(faults.fsync_eio_per_million <= 1_000_000);
         self.disk.borrow_mut().faults = faults;
     }
 
@@ -256,6 +260,12 @@ impl SegmentStore for SimStore {
         futures_lite::future::yield_now().await;
         let disk = &mut *self.disk.borrow_mut();
         disk.stats.fdatasyncs += 1;
+        if disk.faults.fsync_eio_per_million > 0
+            && disk.rng.gen_range(0..1_000_000) < disk.faults.fsync_eio_per_million
+        {
+            // Nothing became durable; what the dirty blocks hold is decided at the crash.
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         let file = disk
             .files
             .get_mut(segment)
@@ -271,6 +281,10 @@ impl SegmentStore for SimStore {
     fn spawn_background(&self, task: BackgroundTask) {
         // SimStore operations never wait on anything outside themselves, so the task finishes here.
         futures_lite::future::block_on(task);
+    }
+
+    fn fsync_failure(&self) -> FsyncFailure {
+        FsyncFailure::StopTheWal
     }
 }
 

@@ -11,6 +11,18 @@ use std::pin::Pin;
 /// A detached background task (the spare-segment preparation).
 pub type BackgroundTask = Pin<Box<dyn Future<Output = ()>>>;
 
+/// What the WAL does when an fdatasync fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncFailure {
+    /// Abort the process: the kernel may have dropped the dirty pages and cleared the error,
+    /// so a retry could "succeed" without the data. Restart and recover instead. What real
+    /// disks get.
+    Abort,
+    /// Stop the WAL (every call fails) and let the caller end the process: for a simulated
+    /// disk, whose simulation must go on after the member dies.
+    StopTheWal,
+}
+
 /// Segment files, named by a sequence number, on one storage device.
 ///
 /// All offsets and lengths passed to `write_at` are multiples of `frame::BLOCK_BYTES`.
@@ -56,4 +68,9 @@ pub trait SegmentStore: 'static {
 
     /// Runs `task` in the background on the current executor.
     fn spawn_background(&self, task: BackgroundTask);
+
+    /// What a failed `fdatasync` does to the process (see `FsyncFailure`).
+    fn fsync_failure(&self) -> FsyncFailure {
+        FsyncFailure::Abort
+    }
 }

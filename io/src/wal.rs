@@ -11,7 +11,7 @@ use crate::frame::{
     align_down, align_up, encode_batch, find_later_header, frame_padded_bytes, parse_batch,
     BatchParse, Record, BATCH_HEADER_BYTES, BLOCK_BYTES, FRAME_HEADER_BYTES,
 };
-use crate::store::SegmentStore;
+use crate::store::{FsyncFailure, SegmentStore};
 
 /// Limits and sizes of a WAL. `WalConfig::default()` suits production; tests shrink it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -584,8 +584,19 @@ impl<S: SegmentStore> Wal<S> {
         if let Err(error) = inner.store.fdatasync(&handle).await {
             // The kernel may have dropped the dirty pages and cleared the error: a retry could
             // "succeed" without the data. Never retry an fsync; restart and recover instead.
-            tracing::error!(file = %inner.store.describe(seq), %error, "wal fdatasync failed; aborting");
-            std::process::abort();
+            let file = inner.store.describe(seq);
+            match inner.store.fsync_failure() {
+                FsyncFailure::Abort => {
+                    tracing::error!(file = %file, %error, "wal fdatasync failed; aborting");
+                    std::process::abort();
+                }
+                FsyncFailure::StopTheWal => {
+                    guard.armed = false;
+                    let reason = format!("fdatasync of {file} failed: {error}");
+                    inner.state.borrow_mut().stop(&reason, &guard.calls);
+                    return;
+                }
+            }
         }
         guard.armed = false;
         {
@@ -987,12 +998,16 @@ mod tests {
             if cycle == cycles {
                 break;
             }
-            let faults = if rng.gen_ratio(1, 4) {
-                SimFaults {
+            let faults = match rng.gen_range(0..8) {
+                0 | 1 => SimFaults {
                     write_eio_per_million: 30_000,
-                }
-            } else {
-                SimFaults::default()
+                    ..SimFaults::default()
+                },
+                2 => SimFaults {
+                    fsync_eio_per_million: 30_000,
+                    ..SimFaults::default()
+                },
+                _ => SimFaults::default(),
             };
             store.set_faults(faults);
             let wal = Rc::new(wal);
@@ -1017,7 +1032,7 @@ mod tests {
                         let indices: Vec<u64> = records.iter().map(|record| record.index).collect();
                         match wal.append(records).await {
                             Ok(()) => model.borrow_mut().durable.extend(indices),
-                            Err(WalError::Stopped { .. }) if faults.write_eio_per_million > 0 => {
+                            Err(WalError::Stopped { .. }) if faults != SimFaults::default() => {
                                 model.borrow_mut().appends_failed += 1;
                                 return;
                             }
@@ -1096,6 +1111,7 @@ mod tests {
             }
             disk.set_faults(SimFaults {
                 write_eio_per_million: 1_000_000,
+                ..SimFaults::default()
             });
             index += 1;
             let filler = room(&wal).saturating_sub(rng.gen_range(64..600)) as usize;

@@ -5,7 +5,8 @@
 //! - crashes that lose unsynced data (torn WAL tails), power loss of every member at once;
 //! - pauses longer than the election timeout (SIGSTOP), then resumption;
 //! - symmetric and one-way partitions; dropped, duplicated, delayed and reordered messages;
-//! - EIO on WAL writes (the member must stop, and restarts later);
+//! - EIO on WAL writes and on fdatasync (the member must stop, and restarts later; after a
+//!   failed fdatasync its unsynced writes may be lost, as the kernel may drop them);
 //! - a bit flip in a sealed WAL segment (the member must refuse to start, naming the file
 //!   and offset) and in the newest checkpoint (it must fall back to the older one);
 //! - leadership transfers and compactions, with checkpoints and snapshot installs triggered
@@ -44,6 +45,7 @@ use rand::Rng;
 
 use clients::{Clients, KEYS};
 use keel_core::shared::Query;
+use keel_io::SimFaults;
 use leases::LeaseClients;
 use world::{member_id, Bug, Counts, World, WorldConfig};
 
@@ -108,7 +110,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
     let healed_at = world.now_ms;
     world.heal_network();
     for i in 0..world.nodes.len() {
-        world.set_disk_faults(i, 0);
+        world.set_disk_faults(i, SimFaults::default());
         world.nodes[i].paused_until_ms = 0;
         if !world.is_up(i) && !world.nodes[i].removed {
             restart(&mut world, i);
@@ -201,7 +203,7 @@ fn heal(world: &mut World, healing: &Healing) {
     match *healing {
         Healing::Restart(i) => {
             if !world.is_up(i) && !world.nodes[i].removed {
-                world.set_disk_faults(i, 0);
+                world.set_disk_faults(i, SimFaults::default());
                 restart(world, i);
             }
         }
@@ -211,7 +213,7 @@ fn heal(world: &mut World, healing: &Healing) {
             world.dup_per_million = 0;
             world.delay_ms_max = 2;
         }
-        Healing::DiskCalm(i) => world.set_disk_faults(i, 0),
+        Healing::DiskCalm(i) => world.set_disk_faults(i, SimFaults::default()),
     }
 }
 
@@ -270,10 +272,22 @@ fn inject(world: &mut World, healings: &mut Vec<(u64, Healing)>) {
         }
         75..=79 => {
             if world.is_up(i) {
-                world.set_disk_faults(i, 300_000);
+                // Writes or fdatasyncs fail for a moment: the member must stop either way.
+                let faults = if world.rng.gen_bool(0.5) {
+                    SimFaults {
+                        write_eio_per_million: 300_000,
+                        ..SimFaults::default()
+                    }
+                } else {
+                    SimFaults {
+                        fsync_eio_per_million: 300_000,
+                        ..SimFaults::default()
+                    }
+                };
+                world.set_disk_faults(i, faults);
                 healings.push((now + 30, Healing::DiskCalm(i)));
                 healings.push((now + world.rng.gen_range(100..1_000), Healing::Restart(i)));
-                world.note(|| format!("m{i}'s disk fails writes"));
+                world.note(|| format!("m{i}'s disk fails: {faults:?}"));
             }
         }
         80..=84 => flip_sealed_wal_bit(world, i),

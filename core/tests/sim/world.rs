@@ -411,9 +411,13 @@ impl World {
     }
 
     /// A process that exits on its own (an error, or removal): what it wrote stays, unsynced
-    /// writes included, as the kernel's page cache would keep them.
+    /// writes included, as the kernel's page cache would keep them, except after a failed
+    /// fdatasync, when the kernel may have dropped them (modelled as a crash of the disk).
     fn exit(&mut self, i: usize, why: String) {
         self.note(|| format!("m{i} exited: {why}"));
+        if why.contains("fdatasync") {
+            self.nodes[i].disk.crash();
+        }
         let node = &mut self.nodes[i];
         node.run = None;
         node.proposals.clear();
@@ -422,10 +426,8 @@ impl World {
         node.why_down = Some(why);
     }
 
-    pub fn set_disk_faults(&mut self, i: usize, write_eio_per_million: u32) {
-        self.nodes[i].disk.set_faults(SimFaults {
-            write_eio_per_million,
-        });
+    pub fn set_disk_faults(&mut self, i: usize, faults: SimFaults) {
+        self.nodes[i].disk.set_faults(faults);
     }
 
     // ---- The network ----
