@@ -20,13 +20,17 @@ pub async fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> 
         );
     }
     match path {
-        "/health" => match health(shared).await {
-            Ok(()) => json(StatusCode::OK, r#"{"health":"true","reason":""}"#.into()),
-            Err(reason) => json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({"health": "false", "reason": reason}).to_string(),
-            ),
-        },
+        "/health" => {
+            let result = health(shared).await;
+            metrics.record_health(result.is_ok());
+            match result {
+                Ok(()) => json(StatusCode::OK, r#"{"health":"true","reason":""}"#.into()),
+                Err(reason) => json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({"health": "false", "reason": reason}).to_string(),
+                ),
+            }
+        }
         "/livez" => HttpResponse::new(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
         "/readyz" => {
             if shared.has_leader() {

@@ -14,6 +14,8 @@
 //! 4. carry out `take_effects()` after each call.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_grpc::EtcdError;
@@ -37,6 +39,7 @@ use crate::shared::{
     kv_error, Answer, LeaseStatus, MemberChange, Outcome, Proposal, Query, ReadWait, Reply,
     SnapshotSource,
 };
+use crate::stats::RaftStats;
 
 /// Keys the compactor visits per step, so a step stays well under a millisecond.
 pub const COMPACT_KEYS_PER_STEP: usize = 256;
@@ -123,6 +126,8 @@ pub struct MemberConfig {
     pub tick_ms: u64,
     /// Applied entries between checkpoints (etcd's --snapshot-count).
     pub snapshot_count: u64,
+    /// Where the member counts its raft and MVCC facts for /metrics (atomics; no I/O).
+    pub stats: Arc<RaftStats>,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -297,6 +302,7 @@ impl Member {
         };
         member.set_members(members);
         member.effects.push(Effect::AlarmsChanged);
+        member.recount_keys();
         member
     }
 
@@ -406,6 +412,7 @@ impl Member {
         match kind {
             ProposalKind::Client => {
                 if let Some(reply) = self.waiting.remove(&id) {
+                    self.proposal_failed();
                     let _ = reply.send(Err(err));
                 }
             }
@@ -454,10 +461,12 @@ impl Member {
                 } else {
                     EtcdError::NoLeader
                 };
+                self.proposal_failed();
                 let _ = p.reply.send(Err(err));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "proposal refused");
+                self.proposal_failed();
                 let _ = p.reply.send(Err(EtcdError::Stopped));
             }
         }
@@ -647,6 +656,7 @@ impl Member {
     /// Calls that waited longer than etcd's request timeout get "request timed out".
     fn expire_waiting(&mut self, now_ms: u64) {
         for reply in self.waiting.expire(now_ms) {
+            self.proposal_failed();
             let _ = reply.send(Err(EtcdError::Timeout));
         }
         for (reply, _) in self.member_waiting.expire(now_ms) {
@@ -659,6 +669,7 @@ impl Member {
             let _ = reply.send(Err(EtcdError::Timeout));
         }
         for waits in self.reads_in_round.expire(now_ms) {
+            RaftStats::count(&self.config.stats.read_indexes_failed, 1);
             for w in waits {
                 let _ = w.reply.send(Err(EtcdError::Timeout));
             }
@@ -746,6 +757,10 @@ impl Member {
         }
         let rd = self.node.ready();
         if let Some(ss) = rd.soft_state {
+            // etcd counts a change each time a leader other than the last one becomes known.
+            if ss.leader_id != 0 && ss.leader_id != self.leader_id {
+                RaftStats::count(&self.config.stats.leader_changes_seen, 1);
+            }
             self.leader_id = ss.leader_id;
             self.effects.push(Effect::Leader {
                 leader_id: ss.leader_id,
@@ -873,6 +888,7 @@ impl Member {
             "a snapshot's store is at the snapshot's index"
         );
         self.writer = writer;
+        self.recount_keys();
         self.effects.push(Effect::StoreReplaced { reader });
         self.set_members(cp.members);
         self.alarms = Alarms::from_list(&cp.alarms);
@@ -952,6 +968,7 @@ impl Member {
                         }
                     };
                     let result = result.map(|applied| {
+                        self.count_events(&applied.events);
                         events.extend(applied.events);
                         Outcome {
                             response: Answer::Op(applied.response),
@@ -1119,6 +1136,48 @@ impl Member {
     // ---- Stopping ----
 
     /// Answers every waiting call with `err` (the member is stopping).
+    /// Client proposals taken into raft and not answered yet (`etcd_server_proposals_pending`).
+    pub fn proposals_pending(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn proposal_failed(&self) {
+        RaftStats::count(&self.config.stats.proposals_failed, 1);
+    }
+
+    /// Counts what applied writes did, as etcd's mvcc counters do: each key put, each key
+    /// deleted, and the live keys (a new key is one at version 1; a delete removes one).
+    fn count_events(&self, events: &[kv::Event]) {
+        let stats = &self.config.stats;
+        let (mut puts, mut deletes, mut created) = (0, 0, 0);
+        for e in events {
+            match e.kind {
+                kv::EventKind::Put => {
+                    puts += 1;
+                    created += i64::from(e.kv.version == 1);
+                }
+                kv::EventKind::Delete => deletes += 1,
+            }
+        }
+        RaftStats::count(&stats.puts, puts);
+        RaftStats::count(&stats.deletes, deletes);
+        stats
+            .keys
+            .fetch_add(created - deletes as i64, Ordering::Relaxed);
+    }
+
+    /// Sets the live-key gauge from the store itself (at start and when a snapshot replaced it).
+    fn recount_keys(&self) {
+        let all = kv::RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            range_end: Bytes::from_static(b"\0"),
+            count_only: true,
+            ..Default::default()
+        };
+        let count = self.writer.reader().range(&all).map_or(0, |r| r.count);
+        self.config.stats.keys.store(count, Ordering::Relaxed);
+    }
+
     pub fn fail_all_waiting(&mut self, err: EtcdError) {
         for (reply, _) in self.physical_waiting.drain(..) {
             let _ = reply.send(Err(err));
@@ -1127,6 +1186,7 @@ impl Member {
             let _ = reply.send(Err(err));
         }
         for reply in self.waiting.drain() {
+            self.proposal_failed();
             let _ = reply.send(Err(err));
         }
         for (reply, _) in self.member_waiting.drain() {
@@ -1236,6 +1296,7 @@ mod tests {
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             tick_ms: TICK_MS,
             snapshot_count: 10_000,
+            stats: Arc::default(),
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -1431,6 +1492,7 @@ mod tests {
                         request_timeout_ms: REQUEST_TIMEOUT_MS,
                         tick_ms: TICK_MS,
                         snapshot_count: 10_000,
+                        stats: Arc::default(),
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);

@@ -19,4 +19,5 @@ mod etcdctl;
 mod faults;
 mod gateway;
 mod limits;
+mod observability;
 mod tls;
