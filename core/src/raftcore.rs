@@ -155,6 +155,7 @@ impl RaftCore {
             shared.raft_stats.clone(),
         );
         for addr in &shared.config.listen_peer_addrs {
+            crate::lifecycle::log_listening_for_peers(addr);
             transport
                 .listen(*addr)
                 .map_err(|source| CoreError::Listen {

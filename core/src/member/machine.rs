@@ -258,6 +258,10 @@ pub struct Member {
     last_checkpoint_index: u64,
     pending: Option<PendingReady>,
     effects: Vec<Effect>,
+    /// The leader last logged (see `log_lifecycle`).
+    leader_id_logged: u64,
+    role_logged: Option<Role>,
+    cluster_version_logged: bool,
 }
 
 impl Member {
@@ -299,6 +303,9 @@ impl Member {
             last_checkpoint_index,
             pending: None,
             effects: Vec::new(),
+            leader_id_logged: 0,
+            role_logged: None,
+            cluster_version_logged: false,
         };
         member.set_members(members);
         member.effects.push(Effect::AlarmsChanged);
@@ -704,6 +711,51 @@ impl Member {
         }
     }
 
+    /// Logs role and leader changes in etcd's raft words ("became leader at term", "elected
+    /// leader"), and, when a leader first becomes known, the cluster version lines etcd logs at
+    /// that point: Keel's cluster version is fixed, so it is set and its capabilities enabled
+    /// as soon as the cluster can take writes.
+    fn log_lifecycle(&mut self, role: Role, leader_id: u64, previous_leader: u64) {
+        let id = self.config.id;
+        let term = self.node.status().hard_state.term;
+        let role_changed = self.role_logged != Some(role);
+        self.role_logged = Some(role);
+        match role {
+            _ if !role_changed => {}
+            Role::Leader => tracing::info!("{id:x} became leader at term {term}"),
+            Role::Follower => tracing::info!("{id:x} became follower at term {term}"),
+            Role::Candidate => tracing::info!("{id:x} became candidate at term {term}"),
+            Role::PreCandidate => tracing::info!("{id:x} became pre-candidate at term {term}"),
+        }
+        if leader_id != previous_leader {
+            match (previous_leader, leader_id) {
+                (_, 0) => tracing::info!(
+                    "raft.node: {id:x} lost leader {previous_leader:x} at term {term}"
+                ),
+                (0, _) => tracing::info!(
+                    "raft.node: {id:x} elected leader {leader_id:x} at term {term}"
+                ),
+                _ => tracing::info!(
+                    "raft.node: {id:x} changed leader from {previous_leader:x} to {leader_id:x} at term {term}"
+                ),
+            }
+        }
+        if leader_id != 0 && !self.cluster_version_logged {
+            self.cluster_version_logged = true;
+            let version = crate::service::ETCD_CLUSTER_VERSION
+                .rsplit_once('.')
+                .map_or(crate::service::ETCD_CLUSTER_VERSION, |(v, _)| v);
+            tracing::info!(
+                cluster_version = version,
+                "set the initial cluster version to {version}"
+            );
+            tracing::info!(
+                cluster_version = version,
+                "enabled capabilities for version {version}"
+            );
+        }
+    }
+
     /// Every lease's countdown restarts from its full TTL: on start and when this member becomes
     /// leader, as etcd does, since the old leader's clock is gone.
     fn restart_lease_clocks(&mut self, now_ms: u64) {
@@ -762,11 +814,15 @@ impl Member {
                 RaftStats::count(&self.config.stats.leader_changes_seen, 1);
             }
             self.leader_id = ss.leader_id;
+
             self.effects.push(Effect::Leader {
                 leader_id: ss.leader_id,
             });
             let was_leader = self.is_leader;
+            let had_leader = self.leader_id_logged;
             self.is_leader = ss.role == Role::Leader;
+            self.log_lifecycle(ss.role, ss.leader_id, had_leader);
+            self.leader_id_logged = ss.leader_id;
             if self.is_leader && !was_leader {
                 self.restart_lease_clocks(now_ms);
             }
@@ -1022,8 +1078,20 @@ impl Member {
             .keel_member_attributes
             .map(|a| (a.id, a.name, a.client_urls));
         let update = req.keel_member_update.map(|u| (u.id, u.peer_ur_ls));
+        let own = attributes
+            .as_ref()
+            .is_some_and(|(id, _, _)| *id == self.config.id);
         let (members, updated) =
             membership::after_member_request(&self.members, attributes, update);
+        if own {
+            // etcd's words (etcdserver.publish), which operators and tools grep for.
+            tracing::info!(
+                local_member_id = format!("{:x}", self.config.id),
+                name = %self.config.name,
+                client_urls = ?self.config.advertise_client_urls,
+                "published local member to cluster through raft"
+            );
+        }
         self.set_members(members);
         if let Some((reply, node)) = self.member_waiting.remove(&request_id) {
             let _ = reply.send(match updated {
