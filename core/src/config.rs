@@ -53,7 +53,9 @@ pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = keel_grpc::DEFAULT_PREFACE_TIMEOUT.a
     name = "keel",
     version,
     about = "Keel: an etcd v3 compatible, strongly consistent key-value store",
-    long_about = None
+    long_about = None,
+    // Go's flag package lets a later flag override an earlier one; so does etcd, so do we.
+    args_override_self = true
 )]
 pub struct Flags {
     /// Human-readable name for this member.

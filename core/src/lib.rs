@@ -19,6 +19,7 @@ pub mod member;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod probes;
 pub mod procstat;
 pub mod raftcore;
 pub mod rt;
