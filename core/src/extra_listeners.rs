@@ -61,17 +61,24 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, CoreError> {
     UnixListener::bind(path).map_err(|e| fail(e.into()))
 }
 
-/// Serves every connection of one unix listener with `handler`.
-pub async fn accept_unix<H: Handler, R: Runtime + 'static>(
+/// Serves every connection of one unix listener with `handler`. `admit` is the shard's
+/// connection limit: a connection it refuses (None) is closed at once; the slot it grants is
+/// held for the connection's life.
+pub async fn accept_unix<H: Handler, R: Runtime + 'static, S: 'static>(
     path: PathBuf,
     listener: UnixListener,
     handler: Rc<H>,
     config: Rc<ServerConfig>,
     runtime: Rc<R>,
+    admit: impl Fn() -> Option<S>,
 ) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                let Some(slot) = admit() else {
+                    drop(stream);
+                    continue;
+                };
                 let (handler, config, runtime) = (handler.clone(), config.clone(), runtime.clone());
                 rt::spawn_local(async move {
                     if let Err(e) =
@@ -79,6 +86,7 @@ pub async fn accept_unix<H: Handler, R: Runtime + 'static>(
                     {
                         tracing::debug!(error = %e, "unix connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
             Err(e) => {

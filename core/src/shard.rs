@@ -269,12 +269,16 @@ async fn run(
         }
     }
     for (path, listener) in unix_listeners {
+        let limit = serving.limit.clone();
+        // A unix peer has no address: the limit's log line names the wildcard instead.
+        let admit = move || limit.admit(SocketAddr::from(([0, 0, 0, 0], 0)), None);
         let accept = extra_listeners::accept_unix(
             path,
             listener,
             serving.api.clone(),
             serving.config.clone(),
             serving.runtime.clone(),
+            admit,
         );
         tasks.push(Box::pin(rt::spawn_local_handle(accept)));
     }

@@ -315,6 +315,13 @@ impl Drop for Pod {
     }
 }
 
+/// Whether `path` on `addr` answers 200 "ok" (false while nothing listens there yet).
+fn probe_ok(addr: &str, path: &str) -> bool {
+    let sock: std::net::SocketAddr = addr.parse().expect("an address");
+    std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(1)).is_ok()
+        && http_get(addr, path) == (200, "ok".into())
+}
+
 fn wait_until(
     what: &str,
     timeout: Duration,
@@ -370,7 +377,7 @@ fn the_statefulset_forms_a_cluster_as_three_pods_would() {
         || {
             POD_IPS
                 .iter()
-                .all(|ip| http_get(&format!("{ip}:2381"), "/readyz") == (200, "ok".into()))
+                .all(|ip| probe_ok(&format!("{ip}:2381"), "/readyz"))
         },
         &|| logs(&pods),
     );
@@ -415,17 +422,28 @@ fn the_statefulset_forms_a_cluster_as_three_pods_would() {
 
     // A pod restarts (rescheduled, same volume): its script finds the WAL and says "existing".
     pods[1].stop();
-    etcdctl_at(
+    // If the stopped pod led, a write waits for the next election (a proposal forwarded to
+    // the dead leader times out, as on etcd): retry until the two others have a leader.
+    let mut put = etcdctl_at(
         &format!("{}:2379", POD_IPS[0]),
         &["put", "deploy/k", "v2"],
         None,
-    )
-    .ok();
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while put.code != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        put = etcdctl_at(
+            &format!("{}:2379", POD_IPS[0]),
+            &["put", "deploy/k", "v2"],
+            None,
+        );
+    }
+    assert_eq!(put.code, 0, "{put:?}\n{}", logs(&pods));
     pods[1].start(&container);
     wait_until(
         "the restarted pod ready",
         Duration::from_secs(30),
-        || http_get(&format!("{}:2381", POD_IPS[1]), "/readyz") == (200, "ok".into()),
+        || probe_ok(&format!("{}:2381", POD_IPS[1]), "/readyz"),
         &|| logs(&pods),
     );
     let log = pods[1].log();

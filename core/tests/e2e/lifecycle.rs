@@ -64,10 +64,11 @@ fn lifecycle_lines_are_etcds() {
 fn etcdctl_reaches_a_unix_socket_as_on_etcd() {
     for kind in [Kind::Keel, Kind::Etcd] {
         let (client, peer) = (free_port(), free_port());
-        // A path relative to the server's working directory, as etcd reads `unix://name`.
-        let urls = format!("http://127.0.0.1:{client},unix://member.sock");
+        // A path relative to the server's working directory: etcd reads `unix://host:port` as
+        // the file "host:port" (its flag parser insists on that form).
+        let urls = format!("http://127.0.0.1:{client},unix://member.sock:1");
         let mut server = Server::start_on(kind, client, peer, &["--listen-client-urls", &urls]);
-        let socket = server.dir.path().join("member.sock");
+        let socket = server.dir.path().join("member.sock:1");
         let endpoint = format!("unix://{}", socket.display());
         let put = etcdctl_at(&endpoint, &["put", "over/unix", "yes"], None);
         assert_eq!(put.code, 0, "{kind:?}: {put:?}");
@@ -81,7 +82,7 @@ fn etcdctl_reaches_a_unix_socket_as_on_etcd() {
         if kind == Kind::Keel {
             let log = server.log_text();
             assert!(
-                log.contains("serving insecure client requests on member.sock"),
+                log.contains("serving insecure client requests on member.sock:1"),
                 "{log}"
             );
         }
