@@ -14,6 +14,7 @@ use clap::Parser;
 
 use crate::compactor::Retention;
 use crate::error::CoreError;
+use crate::flags_compat::EtcdCompatFlags;
 use crate::tls::{CertSource, ClientAuth, ClientTls};
 
 /// etcd's defaults (embed/config.go), kept here so a reader can compare them side by side.
@@ -52,7 +53,9 @@ pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = keel_grpc::DEFAULT_PREFACE_TIMEOUT.a
     name = "keel",
     version,
     about = "Keel: an etcd v3 compatible, strongly consistent key-value store",
-    long_about = None
+    long_about = None,
+    // Go's flag package lets a later flag override an earlier one; so does etcd, so do we.
+    args_override_self = true
 )]
 pub struct Flags {
     /// Human-readable name for this member.
@@ -61,11 +64,11 @@ pub struct Flags {
 
     /// Path to the data directory (default: "<name>.keel").
     #[arg(long = "data-dir", env = "ETCD_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
+    pub data_dir: Option<String>,
 
     /// Path to a dedicated WAL directory (default: inside the data directory).
     #[arg(long = "wal-dir", env = "ETCD_WAL_DIR")]
-    pub wal_dir: Option<PathBuf>,
+    pub wal_dir: Option<String>,
 
     /// List of URLs to listen on for client traffic.
     #[arg(
@@ -361,6 +364,14 @@ pub struct Flags {
         default_value = "0s"
     )]
     pub experimental_corrupt_check_time: String,
+
+    /// URLs to serve /metrics and /health on, HTTP only (no gRPC), as etcd's metrics listener.
+    #[arg(long = "listen-metrics-urls", env = "ETCD_LISTEN_METRICS_URLS")]
+    pub listen_metrics_urls: Option<String>,
+
+    /// The rest of etcd 3.4's flags: ignored or refused (see `flags_compat`).
+    #[command(flatten)]
+    pub etcd_compat: EtcdCompatFlags,
 }
 
 /// Whether a new member starts a new cluster or joins one that exists (etcd's
@@ -386,6 +397,10 @@ pub struct Config {
     pub wal_dir: PathBuf,
     /// Client listeners, each plaintext or TLS by its URL's scheme.
     pub listen_client: Vec<ClientListener>,
+    /// Client listeners on unix sockets (`unix://path`, `unixs://path`), served by shard 0.
+    pub listen_client_unix: Vec<UnixListenerSpec>,
+    /// Listeners serving only /metrics and /health over HTTP/1.1 (`--listen-metrics-urls`).
+    pub listen_metrics: Vec<ClientListener>,
     /// TLS for the https client listeners; None when every listener is plaintext.
     pub client_tls: Option<ClientTls>,
     pub advertise_client_urls: Vec<String>,
@@ -456,9 +471,32 @@ impl Config {
                 "--client-cert-allowed-hostname is not supported: refusing to accept client certificates it would reject".into(),
             ));
         }
-        let listen_client = parse_client_listen_urls(&f.listen_client_urls)?;
+        let mut ignored_flags = f.etcd_compat.check()?;
+        let (listen_client, listen_client_unix) =
+            parse_client_listen_urls("listen-client-urls", &f.listen_client_urls)?;
+        let (listen_metrics, metrics_unix) = match f.listen_metrics_urls.as_deref() {
+            Some(urls) if !urls.trim().is_empty() => {
+                parse_client_listen_urls("listen-metrics-urls", urls)?
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
+        if !metrics_unix.is_empty() {
+            return Err(CoreError::Config(
+                "--listen-metrics-urls: unix sockets are not supported there".into(),
+            ));
+        }
         let mut warnings = Vec::new();
-        let client_tls = client_tls(&f, &listen_client, &mut warnings)?;
+        let tls_listeners: Vec<ClientListener> = listen_client
+            .iter()
+            .chain(&listen_metrics)
+            .copied()
+            .chain(listen_client_unix.iter().map(|u| ClientListener {
+                // Only the scheme matters for the TLS checks.
+                addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+                scheme: u.scheme,
+            }))
+            .collect();
+        let client_tls = client_tls(&f, &tls_listeners, &mut warnings)?;
         let listen_peer_addrs = parse_listen_urls("listen-peer-urls", &f.listen_peer_urls)?;
         let advertise_client_urls = split_urls(
             "advertise-client-urls",
@@ -499,8 +537,13 @@ impl Config {
                 f.election_timeout_ms, f.heartbeat_interval_ms
             )));
         }
+        let log_level = if f.etcd_compat.debug_logging() {
+            "debug".to_string()
+        } else {
+            f.log_level.clone()
+        };
         if !matches!(
-            f.log_level.as_str(),
+            log_level.as_str(),
             "debug" | "info" | "warn" | "error" | "panic" | "fatal"
         ) {
             return Err(CoreError::Config(format!(
@@ -570,17 +613,20 @@ impl Config {
                 "--raft-cpu {raft_cpu} is not an available CPU (have {cpus})"
             )));
         }
-        let data_dir = f
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("{}.keel", f.name)));
-        let wal_dir = f.wal_dir.clone().unwrap_or_else(|| data_dir.join("wal"));
+        // An empty value means the default, as etcd's flags read it (`--wal-dir ''`).
+        let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty()).map(PathBuf::from);
+        let data_dir =
+            non_empty(&f.data_dir).unwrap_or_else(|| PathBuf::from(format!("{}.keel", f.name)));
+        let wal_dir = non_empty(&f.wal_dir).unwrap_or_else(|| data_dir.join("wal"));
         // glommio's Directory::open fails with EBADF on a relative path (the WAL's directory
         // fsync), so resolve both against the working directory once, here.
         let data_dir = absolute_path("data-dir", data_dir)?;
         let wal_dir = absolute_path("wal-dir", wal_dir)?;
-        let mut ignored_flags = Vec::new();
-        let ignored: [(&'static str, bool); 13] = [
+        let ignored: [(&'static str, bool); 14] = [
+            (
+                "experimental-watch-progress-notify-interval",
+                f.experimental_watch_progress_notify_interval.is_some(),
+            ),
             ("enable-v2", f.enable_v2.is_some()),
             ("enable-pprof", f.enable_pprof.is_some()),
             ("strict-reconfig-check", f.strict_reconfig_check.is_some()),
@@ -611,6 +657,8 @@ impl Config {
             data_dir,
             wal_dir,
             listen_client,
+            listen_client_unix,
+            listen_metrics,
             client_tls,
             advertise_client_urls,
             listen_peer_addrs,
@@ -628,7 +676,7 @@ impl Config {
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
-            log_level: f.log_level,
+            log_level,
             auto_compaction,
             shards,
             raft_cpu,
@@ -736,6 +784,10 @@ fn split_urls(flag: &str, s: &str, https: Https) -> Result<Vec<String>, CoreErro
         )));
     }
     for u in &urls {
+        // Client URLs may name unix sockets, as etcd's do; peer URLs may not.
+        if https == Https::Allowed && unix_socket_url(u).is_some() {
+            continue;
+        }
         url_scheme_host_port(flag, u, https)?;
     }
     Ok(urls)
@@ -810,10 +862,52 @@ fn parse_listen_urls(flag: &str, s: &str) -> Result<Vec<SocketAddr>, CoreError> 
 }
 
 /// `--listen-client-urls`: http and https listeners may coexist, on different addresses.
-fn parse_client_listen_urls(s: &str) -> Result<Vec<ClientListener>, CoreError> {
-    let flag = "listen-client-urls";
+/// A unix socket path from `unix://path` or `unixs://path`, as etcd reads it (the URL's host
+/// and path together: `unix://localhost:2379` is the file "localhost:2379" in the working
+/// directory, `unix:///run/etcd.sock` an absolute path). None for other schemes.
+pub fn unix_socket_url(url: &str) -> Option<(Scheme, PathBuf)> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("unix://") {
+        (Scheme::Http, r)
+    } else if let Some(r) = url.strip_prefix("unixs://") {
+        (Scheme::Https, r)
+    } else {
+        return None;
+    };
+    Some((scheme, PathBuf::from(rest)))
+}
+
+/// A client listener on a unix socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnixListenerSpec {
+    pub path: PathBuf,
+    pub scheme: Scheme,
+}
+
+fn parse_client_listen_urls(
+    flag: &str,
+    s: &str,
+) -> Result<(Vec<ClientListener>, Vec<UnixListenerSpec>), CoreError> {
     let mut listeners: Vec<ClientListener> = Vec::new();
+    let mut unix: Vec<UnixListenerSpec> = Vec::new();
     for url in split_urls(flag, s, Https::Allowed)? {
+        if let Some((scheme, path)) = unix_socket_url(&url) {
+            if path.as_os_str().is_empty() {
+                return Err(CoreError::Config(format!(
+                    "--{flag}: {url:?} names no socket"
+                )));
+            }
+            if scheme == Scheme::Https {
+                // TLS over a unix socket is not wired yet; plaintext where TLS was asked for
+                // would break the URL's promise.
+                return Err(CoreError::Config(format!(
+                    "--{flag}: {url:?}: unixs:// (TLS on a unix socket) is not supported yet"
+                )));
+            }
+            if !unix.iter().any(|u| u.path == path) {
+                unix.push(UnixListenerSpec { path, scheme });
+            }
+            continue;
+        }
         let (scheme, host, port) = url_scheme_host_port(flag, &url, Https::Allowed)?;
         let addr = resolve(flag, &url, host, port)?;
         match listeners.iter().find(|l| l.addr == addr) {
@@ -826,7 +920,7 @@ fn parse_client_listen_urls(s: &str) -> Result<Vec<ClientListener>, CoreError> {
             None => listeners.push(ClientListener { addr, scheme }),
         }
     }
-    Ok(listeners)
+    Ok((listeners, unix))
 }
 
 /// The client TLS settings from the flags, checked against the listeners: an https listener

@@ -17,6 +17,11 @@ pub enum CoreError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen on unix socket {}: {source}", path.display())]
+    ListenUnix {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("executor: {0}")]
     Executor(String),
     #[error("write-ahead log: {0}")]

@@ -11,7 +11,10 @@ use crate::service::{json, ETCD_CLUSTER_VERSION, ETCD_VERSION};
 use crate::shared::Shared;
 
 pub async fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> HttpResponse {
-    let path = request.path.split('?').next().unwrap_or("");
+    let (path, query) = request
+        .path
+        .split_once('?')
+        .unwrap_or((request.path.as_str(), ""));
     if request.method != http::Method::GET && request.method != http::Method::HEAD {
         return HttpResponse::new(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -20,25 +23,19 @@ pub async fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> 
         );
     }
     match path {
-        "/health" => match health(shared).await {
-            Ok(()) => json(StatusCode::OK, r#"{"health":"true","reason":""}"#.into()),
-            Err(reason) => json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({"health": "false", "reason": reason}).to_string(),
-            ),
-        },
-        "/livez" => HttpResponse::new(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
-        "/readyz" => {
-            if shared.has_leader() {
-                HttpResponse::new(StatusCode::OK, "text/plain; charset=utf-8", "ok\n")
-            } else {
-                HttpResponse::new(
+        "/health" => {
+            let result = health(shared).await;
+            metrics.record_health(result.is_ok());
+            match result {
+                Ok(()) => json(StatusCode::OK, r#"{"health":"true","reason":""}"#.into()),
+                Err(reason) => json(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain; charset=utf-8",
-                    "not ready: no leader\n",
-                )
+                    serde_json::json!({"health": "false", "reason": reason}).to_string(),
+                ),
             }
         }
+        "/livez" => crate::probes::serve(shared, crate::probes::Probe::Live, query).await,
+        "/readyz" => crate::probes::serve(shared, crate::probes::Probe::Ready, query).await,
         "/version" => json(
             StatusCode::OK,
             format!(r#"{{"etcdserver":"{ETCD_VERSION}","etcdcluster":"{ETCD_CLUSTER_VERSION}"}}"#),

@@ -30,7 +30,8 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     // the raft core: refuse to start instead.
     Limits::new(&config).assert_nested();
     let _lock = lock_data_dir(&config)?;
-    let (identity, _bootstrap) = Identity::load_or_create(&config)?;
+    let (identity, bootstrap) = Identity::load_or_create(&config)?;
+    crate::lifecycle::log_starting(&identity, &bootstrap);
 
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CoreError>>();
     let (check_tx, check_rx) = mpsc::channel::<Result<(), CoreError>>();
@@ -102,6 +103,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    crate::lifecycle::log_serving(&config);
     tracing::info!(
         name = %config.name,
         data_dir = %config.data_dir.display(),

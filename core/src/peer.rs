@@ -17,8 +17,9 @@ use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +27,7 @@ use keel_raft::{Message, MessageType, SnapshotStatus};
 
 use crate::config::url_host_port;
 use crate::rt::{self, TcpStream};
+use crate::stats::{PeerStats, PeerTable, RaftStats};
 
 /// Messages queued for one peer before new ones are dropped.
 pub const PEER_QUEUE_MSGS_MAX: usize = 16 * 1024;
@@ -177,6 +179,8 @@ struct Peer {
     addrs: RefCell<Vec<String>>,
     queue: RefCell<VecDeque<(Bytes, Option<u64>)>>,
     queue_bytes: Cell<usize>,
+    /// This peer's traffic counters (shared with /metrics).
+    stats: Arc<PeerStats>,
     signal: Signal,
     removed: Cell<bool>,
 }
@@ -203,10 +207,25 @@ pub struct Transport {
     /// HashKV requests this member sent, by request id, waiting for the peer's answer.
     hash_waiting: RefCell<HashMap<u64, futures_channel::oneshot::Sender<PeerHash>>>,
     next_hash_request: Cell<u64>,
+    /// Per-peer traffic for /metrics.
+    peer_stats: Arc<PeerTable>,
+    /// Heartbeat send failures for /metrics.
+    raft_stats: Arc<RaftStats>,
+    /// When the last heartbeat to each peer was queued, until its response arrives: the
+    /// round trip etcd's `etcd_network_peer_round_trip_time_seconds` reports. etcd probes each
+    /// peer on a side channel; Keel times the raft heartbeats the leader already sends, so the
+    /// leader measures its followers (the time includes the follower's loop turnaround).
+    heartbeat_sent_at: RefCell<HashMap<u64, Instant>>,
 }
 
 impl Transport {
-    pub fn new(me: u64, cluster_id: u64, frame_bytes_max: usize) -> Rc<Transport> {
+    pub fn new(
+        me: u64,
+        cluster_id: u64,
+        frame_bytes_max: usize,
+        peer_stats: Arc<PeerTable>,
+        raft_stats: Arc<RaftStats>,
+    ) -> Rc<Transport> {
         assert!(
             frame_bytes_max < u32::MAX as usize,
             "peer frames carry a u32 length"
@@ -223,6 +242,9 @@ impl Transport {
             frame_bytes_max,
             hash_waiting: RefCell::new(HashMap::new()),
             next_hash_request: Cell::new(1),
+            peer_stats,
+            raft_stats,
+            heartbeat_sent_at: RefCell::new(HashMap::new()),
         })
     }
 
@@ -270,6 +292,7 @@ impl Transport {
                         addrs: RefCell::new(urls.clone()),
                         queue: RefCell::new(VecDeque::new()),
                         queue_bytes: Cell::new(0),
+                        stats: self.peer_stats.peer(*id),
                         signal: Signal::default(),
                         removed: Cell::new(false),
                     });
@@ -299,7 +322,17 @@ impl Transport {
         buf.extend_from_slice(&[0; 4]);
         buf.push(FRAME_RAFT);
         m.encode(&mut buf);
-        self.enqueue(m.to, buf, snapshot_to);
+        let queued = self.enqueue(m.to, buf, snapshot_to);
+        if m.msg_type == MessageType::Heartbeat {
+            if queued {
+                self.heartbeat_sent_at
+                    .borrow_mut()
+                    .entry(m.to)
+                    .or_insert_with(Instant::now);
+            } else {
+                RaftStats::count(&self.raft_stats.heartbeat_send_failures, 1);
+            }
+        }
     }
 
     /// Asks `to` (the leader) to renew a lease for a client of this member.
@@ -382,12 +415,13 @@ impl Transport {
         }
     }
 
-    /// Queues a frame whose first 4 bytes are reserved for its length.
-    fn enqueue(&self, to: u64, mut buf: Vec<u8>, snapshot_to: Option<u64>) {
+    /// Queues a frame whose first 4 bytes are reserved for its length; false when it was
+    /// dropped (unknown peer, too large, queue full).
+    fn enqueue(&self, to: u64, mut buf: Vec<u8>, snapshot_to: Option<u64>) -> bool {
         let peers = self.peers.borrow();
         let Some(peer) = peers.get(&to) else {
             tracing::debug!(to, "frame for an unknown peer dropped");
-            return;
+            return false;
         };
         if buf.len() - 4 > self.frame_bytes_max {
             // Only a snapshot can outgrow a frame (requests are bounded below it by Limits):
@@ -399,7 +433,7 @@ impl Transport {
                 "peer frame too large; dropped"
             );
             self.snapshot_not_sent(snapshot_to);
-            return;
+            return false;
         }
         let len = u32::try_from(buf.len() - 4).expect("frames stay below frame_bytes_max");
         buf[..4].copy_from_slice(&len.to_be_bytes());
@@ -407,14 +441,16 @@ impl Transport {
             || (peer.queue_bytes.get() + buf.len() > PEER_QUEUE_BYTES_MAX
                 && !peer.queue.borrow().is_empty());
         if full {
+            RaftStats::count(&peer.stats.sent_failures, 1);
             self.snapshot_not_sent(snapshot_to);
-            return;
+            return false;
         }
         peer.queue_bytes.set(peer.queue_bytes.get() + buf.len());
         peer.queue
             .borrow_mut()
             .push_back((Bytes::from(buf), snapshot_to));
         peer.signal.wake();
+        true
     }
 
     /// Messages received since the last call (at most the inbox bound).
@@ -549,10 +585,16 @@ impl Transport {
             let mut result = Ok(());
             if !batch.is_empty() {
                 result = stream.write_all(&batch).await;
+                if result.is_ok() {
+                    RaftStats::count(&peer.stats.sent_bytes, batch.len() as u64);
+                }
                 batch.clear();
             }
             if let (Ok(()), Some(frame)) = (&result, large) {
                 result = stream.write_all(&frame).await;
+                if result.is_ok() {
+                    RaftStats::count(&peer.stats.sent_bytes, frame.len() as u64);
+                }
             }
             self.report_snapshots(&snapshots, result.is_ok());
             result?;
@@ -614,8 +656,10 @@ impl Transport {
                 "peer connection meant for another member",
             ));
         }
+        let stats = self.peer_stats.peer(from);
         loop {
             let frame = read_frame(&mut stream, self.frame_bytes_max).await?;
+            RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
             let Some((&kind, body)) = frame.split_first() else {
                 return Err(std::io::Error::other("empty peer frame"));
             };
@@ -627,6 +671,11 @@ impl Transport {
                         return Err(std::io::Error::other(
                             "message sender does not match the connection",
                         ));
+                    }
+                    if m.msg_type == MessageType::HeartbeatResponse {
+                        if let Some(sent) = self.heartbeat_sent_at.borrow_mut().remove(&from) {
+                            stats.round_trip.observe_duration(sent.elapsed());
+                        }
                     }
                     let mut inbox = self.inbox.borrow_mut();
                     if inbox.len() < INBOX_MSGS_MAX {

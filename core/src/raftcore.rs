@@ -39,6 +39,7 @@ use crate::member::{recovery, Effect, Member, MemberConfig, ProposalKind, ReadyI
 use crate::peer::{Control, Transport};
 use crate::rt;
 use crate::shared::Shared;
+use crate::stats::RaftStats;
 use crate::watch::WatchBatch;
 
 /// Test-only: the key whose stored value a member damages at start (see `open`).
@@ -150,8 +151,11 @@ impl RaftCore {
             shared.member_id(),
             shared.cluster_id(),
             shared.limits.peer_frame_bytes_max,
+            shared.peer_stats.clone(),
+            shared.raft_stats.clone(),
         );
         for addr in &shared.config.listen_peer_addrs {
+            crate::lifecycle::log_listening_for_peers(addr);
             transport
                 .listen(*addr)
                 .map_err(|source| CoreError::Listen {
@@ -173,6 +177,7 @@ impl RaftCore {
             request_timeout_ms: shared.request_timeout().as_millis() as u64,
             tick_ms: shared.config.heartbeat_interval_ms,
             snapshot_count: shared.config.snapshot_count,
+            stats: shared.raft_stats.clone(),
         };
         let member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         let mut core = RaftCore {
@@ -362,9 +367,11 @@ impl RaftCore {
 
     async fn handle_ready(&mut self) -> Result<(), CoreError> {
         let now_ms = self.now_ms();
+        let (applied_before, started) = (self.member.applied_index(), Instant::now());
         let Some(io) = self.member.ready(now_ms) else {
             return Ok(());
         };
+        self.observe_apply(applied_before, started);
         // Publish what the member decided (leader, term, applied writes) before waiting on I/O.
         self.publish();
         let ReadyIo {
@@ -379,24 +386,50 @@ impl RaftCore {
         if let Some((index, data)) = checkpoint_to_persist {
             self.persist_snapshot(index, data).await?;
         }
+        let stats = self.shared.raft_stats.clone();
         if !wal_records.is_empty() {
+            stats.wal_batch_entries.observe(wal_records.len() as u64);
+            let started = Instant::now();
             // Returns only after the write and its fdatasync completed; a failed fsync aborts
             // the process inside keel-io, so an error here is an I/O error before the sync.
             self.wal
                 .append(wal_records)
                 .await
                 .map_err(|e| CoreError::Wal(e.to_string()))?;
+            stats.wal_fsync.observe_duration(started.elapsed());
         }
         for m in persisted_messages {
             self.transport.send(m);
         }
         let now_ms = self.now_ms();
+        let (applied_before, started) = (self.member.applied_index(), Instant::now());
         self.member.persisted(now_ms)?;
+        self.observe_apply(applied_before, started);
         self.publish();
         if self.member.checkpoint_due() {
             self.checkpoint().await?;
         }
         Ok(())
+    }
+
+    /// Times a step of the member that may have applied entries (see
+    /// `RaftStats::backend_commit`); steps that applied nothing are not counted, as etcd's
+    /// backend commits only when there is work.
+    fn observe_apply(&self, applied_before: u64, started: Instant) {
+        if self.member.applied_index() <= applied_before {
+            return;
+        }
+        let stats = &self.shared.raft_stats;
+        let elapsed = started.elapsed();
+        stats.backend_commit.observe_duration(elapsed);
+        if elapsed > crate::stats::SLOW_APPLY {
+            RaftStats::count(&stats.slow_apply, 1);
+            tracing::warn!(
+                elapsed_ms = elapsed.as_millis() as u64,
+                expected_ms = crate::stats::SLOW_APPLY.as_millis() as u64,
+                "apply request took too long"
+            );
+        }
     }
 
     /// Writes a leader's snapshot as our newest checkpoint (durably).
@@ -461,6 +494,10 @@ impl RaftCore {
         self.shared
             .applied_index
             .store(self.member.applied_index(), Ordering::Release);
+        self.shared
+            .raft_stats
+            .proposals_pending
+            .store(self.member.proposals_pending() as u64, Ordering::Relaxed);
         publish_store_size(&self.shared, self.member.writer());
     }
 
@@ -538,6 +575,10 @@ impl RaftCore {
             tracing::info!(index, "checkpoint skipped: a compaction raced it");
             return Ok(());
         };
+        self.shared
+            .raft_stats
+            .checkpoint
+            .observe_duration(started.elapsed());
         tracing::info!(
             index,
             bytes = file.len(),

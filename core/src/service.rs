@@ -70,8 +70,10 @@ impl Handler for Api {
         let path = call.head.path.clone();
         let method = Metrics::method_index(&path);
         self.metrics.record_started(method);
+        let (started, counts) = (std::time::Instant::now(), sink.counts());
         let status = self.dispatch(&path, call, sink).await;
         self.metrics.record_grpc(method, status.code);
+        self.metrics.record_call(method, &counts, started.elapsed());
         status
     }
 

@@ -24,6 +24,7 @@ use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::config::{Config, Scheme};
 use crate::error::CoreError;
+use crate::extra_listeners::{self, MetricsOnly};
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::rt::{self, TcpListener};
@@ -202,7 +203,16 @@ async fn run(
         None => None,
     };
     let mut listeners = Vec::new();
-    for listener in shared.config.listen_client.clone() {
+    let client_count = shared.config.listen_client.len();
+    // The metrics listeners (HTTP only) bind beside the client ones, on every shard.
+    let all_tcp = shared
+        .config
+        .listen_client
+        .iter()
+        .chain(&shared.config.listen_metrics)
+        .copied()
+        .collect::<Vec<_>>();
+    for listener in all_tcp {
         let addr = listener.addr;
         let tls = match listener.scheme {
             Scheme::Http => None,
@@ -220,9 +230,23 @@ async fn run(
             }
         }
     }
+    // A unix socket cannot be shared between shards: shard 0 serves each one.
+    let mut unix_listeners = Vec::new();
+    if shard == 0 {
+        for spec in &shared.config.listen_client_unix {
+            match extra_listeners::bind_unix(&spec.path) {
+                Ok(l) => unix_listeners.push((spec.path.clone(), l)),
+                Err(e) => {
+                    let _ = bound.send(Err(e));
+                    return;
+                }
+            }
+        }
+    }
     let _ = bound.send(Ok(()));
     let hub = Hub::new(shard, shared.clone());
     rt::spawn_local(hub.clone().run());
+    let metrics_only = Rc::new(MetricsOnly::new(shared.clone(), metrics.clone()));
     let api = Rc::new(Api::new(shared.clone(), metrics, hub));
     let config = Rc::new(server_config(&shared.config, &shared.limits));
     let limit = ConnectionLimit::new(shard, shared.config.max_connections_per_shard);
@@ -234,10 +258,29 @@ async fn run(
         limit,
         runtime,
     });
-    let mut tasks = Vec::new();
-    for (addr, listener, tls) in listeners {
-        let accept = accept_loop(serving.clone(), addr, listener, tls);
-        tasks.push(rt::spawn_local_handle(accept));
+    let mut tasks: Vec<Pin<Box<dyn Future<Output = ()>>>> = Vec::new();
+    for (i, (addr, listener, tls)) in listeners.into_iter().enumerate() {
+        if i < client_count {
+            let accept = accept_loop(serving.clone(), serving.api.clone(), addr, listener, tls);
+            tasks.push(Box::pin(rt::spawn_local_handle(accept)));
+        } else {
+            let accept = accept_loop(serving.clone(), metrics_only.clone(), addr, listener, tls);
+            tasks.push(Box::pin(rt::spawn_local_handle(accept)));
+        }
+    }
+    for (path, listener) in unix_listeners {
+        let limit = serving.limit.clone();
+        // A unix peer has no address: the limit's log line names the wildcard instead.
+        let admit = move || limit.admit(SocketAddr::from(([0, 0, 0, 0], 0)), None);
+        let accept = extra_listeners::accept_unix(
+            path,
+            listener,
+            serving.api.clone(),
+            serving.config.clone(),
+            serving.runtime.clone(),
+            admit,
+        );
+        tasks.push(Box::pin(rt::spawn_local_handle(accept)));
     }
     for t in tasks {
         t.await;
@@ -253,20 +296,23 @@ struct Serving {
     runtime: Rc<Glommio>,
 }
 
-/// Accepts on one listener; `tls` is its acceptor when the listener is https.
-async fn accept_loop(
+/// Accepts on one listener, serving its connections with `handler` (the etcd API, or only the
+/// metrics endpoints); `tls` is its acceptor when the listener is https.
+async fn accept_loop<H: keel_grpc::Handler>(
     serving: Rc<Serving>,
+    handler: Rc<H>,
     addr: SocketAddr,
     listener: TcpListener,
     tls: Option<Rc<Acceptor>>,
 ) {
     let Serving {
         shard,
-        api,
+        api: _,
         config,
         limit,
         runtime,
     } = &*serving;
+    let api = &handler;
     let shard = *shard;
     loop {
         match listener.accept().await {

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::ids::{Identity, Member};
 use crate::limits::Limits;
 use crate::rt::Mailbox;
+use crate::stats::{PeerTable, RaftStats};
 use crate::watch::WatchBatch;
 
 /// Proposals waiting for the raft core. Beyond this the server answers "too many requests",
@@ -184,6 +185,10 @@ pub struct Shared {
     pub signalled: AtomicBool,
     pub stopping: AtomicBool,
     pub started_at: Instant,
+    /// The raft facts and disk timings /metrics reports, counted where they happen.
+    pub raft_stats: Arc<RaftStats>,
+    /// Per-peer traffic, counted by the peer transport.
+    pub peer_stats: Arc<PeerTable>,
     next_id: AtomicU64,
 }
 
@@ -229,6 +234,8 @@ impl Shared {
             signalled: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             started_at: Instant::now(),
+            raft_stats: Arc::default(),
+            peer_stats: Arc::default(),
             next_id: AtomicU64::new(next_id),
         }
     }

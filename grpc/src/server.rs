@@ -2,7 +2,7 @@
 //! flow control, trailers. Runtime-agnostic: the server supplies a [`Runtime`] to spawn local
 //! tasks and sleep, and an I/O object implementing tokio's `AsyncRead + AsyncWrite`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::{pin, Pin};
@@ -153,12 +153,29 @@ pub struct Call {
     pub requests: RequestStream,
 }
 
+/// What one call moved, message by message (go-grpc-prometheus's `grpc_server_msg_*` and
+/// etcd's `etcd_network_client_grpc_*_bytes_total` count the same). Bytes are message bodies,
+/// without the 5-byte gRPC prefix, as etcd counts them. Shared by the call's request stream and
+/// its response sink (one task, so plain cells).
+#[derive(Debug, Default)]
+pub struct CallCounts {
+    pub messages_received: Cell<u64>,
+    pub bytes_received: Cell<u64>,
+    pub messages_sent: Cell<u64>,
+    pub bytes_sent: Cell<u64>,
+}
+
+fn add(cell: &Cell<u64>, n: u64) {
+    cell.set(cell.get() + n);
+}
+
 /// The request messages of one call, in order, under the receive limit.
 #[derive(Debug)]
 pub struct RequestStream {
     body: RecvStream,
     decoder: MessageDecoder,
     end: StreamEnd,
+    counts: Rc<CallCounts>,
 }
 
 #[derive(Debug)]
@@ -169,11 +186,12 @@ enum StreamEnd {
 }
 
 impl RequestStream {
-    fn new(body: RecvStream, max_message_bytes: usize) -> RequestStream {
+    fn new(body: RecvStream, max_message_bytes: usize, counts: Rc<CallCounts>) -> RequestStream {
         RequestStream {
             body,
             decoder: MessageDecoder::new(max_message_bytes),
             end: StreamEnd::Open,
+            counts,
         }
     }
 
@@ -189,7 +207,11 @@ impl RequestStream {
                 StreamEnd::Ended | StreamEnd::Open => {}
             }
             match self.decoder.next_message() {
-                Ok(Some(message)) => return Ok(Some(message)),
+                Ok(Some(message)) => {
+                    add(&self.counts.messages_received, 1);
+                    add(&self.counts.bytes_received, message.len() as u64);
+                    return Ok(Some(message));
+                }
                 Ok(None) => {}
                 Err(status) => {
                     self.end = StreamEnd::Failed(status.clone());
@@ -267,6 +289,7 @@ pub struct ResponseSink {
     /// Set while a frame is partly written: a send future dropped there (deadline, reset, a
     /// handler's select) leaves a torn message that trailers must not follow.
     frame_torn: bool,
+    counts: Rc<CallCounts>,
 }
 
 enum Wire {
@@ -296,12 +319,22 @@ impl std::fmt::Debug for ResponseSink {
 }
 
 impl ResponseSink {
-    fn new(respond: SendResponse<Bytes>, max_send_message_bytes: usize) -> ResponseSink {
+    fn new(
+        respond: SendResponse<Bytes>,
+        max_send_message_bytes: usize,
+        counts: Rc<CallCounts>,
+    ) -> ResponseSink {
         ResponseSink {
             wire: Rc::new(RefCell::new(Wire::Fresh(respond))),
             max_send_message_bytes,
             frame_torn: false,
+            counts,
         }
+    }
+
+    /// The call's message and byte counts so far (both directions), for metrics.
+    pub fn counts(&self) -> Rc<CallCounts> {
+        self.counts.clone()
     }
 
     /// Encodes and sends one response message, waiting for send capacity.
@@ -327,6 +360,7 @@ impl ResponseSink {
         }
         self.start()?;
         self.frame_torn = true;
+        let body_bytes = (frame.len() - crate::codec::PREFIX_BYTES) as u64;
         while !frame.is_empty() {
             let mut capacity_bytes = self.with_stream(|stream| {
                 let capacity_bytes = stream.capacity();
@@ -348,6 +382,8 @@ impl ResponseSink {
                 .map_err(|error| status_from_h2(&error))?;
         }
         self.frame_torn = false;
+        add(&self.counts.messages_sent, 1);
+        add(&self.counts.bytes_sent, body_bytes);
         Ok(())
     }
 
@@ -630,8 +666,9 @@ async fn serve_stream<H: Handler, R: Runtime>(
         metadata: parts.headers,
         timeout,
     };
-    let requests = RequestStream::new(body, config.max_recv_message_bytes);
-    let mut sink = ResponseSink::new(respond, config.max_send_message_bytes);
+    let counts = Rc::new(CallCounts::default());
+    let requests = RequestStream::new(body, config.max_recv_message_bytes, counts.clone());
+    let mut sink = ResponseSink::new(respond, config.max_send_message_bytes, counts);
     let reset = sink.reset_watcher();
     let cancellation = async move {
         let reset = pin!(reset);

@@ -14,6 +14,8 @@
 //! 4. carry out `take_effects()` after each call.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_grpc::EtcdError;
@@ -37,6 +39,7 @@ use crate::shared::{
     kv_error, Answer, LeaseStatus, MemberChange, Outcome, Proposal, Query, ReadWait, Reply,
     SnapshotSource,
 };
+use crate::stats::RaftStats;
 
 /// Keys the compactor visits per step, so a step stays well under a millisecond.
 pub const COMPACT_KEYS_PER_STEP: usize = 256;
@@ -123,6 +126,8 @@ pub struct MemberConfig {
     pub tick_ms: u64,
     /// Applied entries between checkpoints (etcd's --snapshot-count).
     pub snapshot_count: u64,
+    /// Where the member counts its raft and MVCC facts for /metrics (atomics; no I/O).
+    pub stats: Arc<RaftStats>,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -254,6 +259,10 @@ pub struct Member {
     last_checkpoint_index: u64,
     pending: Option<PendingReady>,
     effects: Vec<Effect>,
+    /// The leader last logged (see `log_lifecycle`).
+    leader_id_logged: u64,
+    role_logged: Option<Role>,
+    cluster_version_logged: bool,
 }
 
 impl Member {
@@ -295,9 +304,13 @@ impl Member {
             last_checkpoint_index,
             pending: None,
             effects: Vec::new(),
+            leader_id_logged: 0,
+            role_logged: None,
+            cluster_version_logged: false,
         };
         member.set_members(members);
         member.effects.push(Effect::AlarmsChanged);
+        member.recount_keys();
         member
     }
 
@@ -407,6 +420,7 @@ impl Member {
         match kind {
             ProposalKind::Client => {
                 if let Some((reply, _)) = self.waiting.remove(&id) {
+                    self.proposal_failed();
                     let _ = reply.send(Err(err));
                 }
             }
@@ -456,10 +470,12 @@ impl Member {
                 } else {
                     EtcdError::NoLeader
                 };
+                self.proposal_failed();
                 let _ = p.reply.send(Err(err));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "proposal refused");
+                self.proposal_failed();
                 let _ = p.reply.send(Err(EtcdError::Stopped));
             }
         }
@@ -674,6 +690,7 @@ impl Member {
     /// Calls that waited longer than etcd's request timeout get "request timed out".
     fn expire_waiting(&mut self, now_ms: u64) {
         for (reply, _) in self.waiting.expire(now_ms) {
+            self.proposal_failed();
             let _ = reply.send(Err(EtcdError::Timeout));
         }
         for (reply, _) in self.member_waiting.expire(now_ms) {
@@ -686,6 +703,7 @@ impl Member {
             let _ = reply.send(Err(EtcdError::Timeout));
         }
         for (waits, _) in self.reads_in_round.expire(now_ms) {
+            RaftStats::count(&self.config.stats.read_indexes_failed, 1);
             for w in waits {
                 let _ = w.reply.send(Err(EtcdError::Timeout));
             }
@@ -701,9 +719,11 @@ impl Member {
     /// answers it, "leader changed"; nothing about it is uncertain.
     fn fail_calls_sent_to_another_leader(&mut self, leader_id: u64) {
         for (reply, _) in self.waiting.take_where(|(_, to)| *to != leader_id) {
+            self.proposal_failed();
             let _ = reply.send(Err(EtcdError::TimeoutDueToLeaderFail));
         }
         for waits in self.reads_in_round.take_where(|(_, to)| *to != leader_id) {
+            RaftStats::count(&self.config.stats.read_indexes_failed, 1);
             for w in waits.0 {
                 let _ = w.reply.send(Err(EtcdError::LeaderChanged));
             }
@@ -735,6 +755,51 @@ impl Member {
         if self.node.propose(Bytes::from(req.encode_to_vec())).is_ok() {
             // Assume it lands; the membership apply re-arms this if it did not.
             self.attributes_published = true;
+        }
+    }
+
+    /// Logs role and leader changes in etcd's raft words ("became leader at term", "elected
+    /// leader"), and, when a leader first becomes known, the cluster version lines etcd logs at
+    /// that point: Keel's cluster version is fixed, so it is set and its capabilities enabled
+    /// as soon as the cluster can take writes.
+    fn log_lifecycle(&mut self, role: Role, leader_id: u64, previous_leader: u64) {
+        let id = self.config.id;
+        let term = self.node.status().hard_state.term;
+        let role_changed = self.role_logged != Some(role);
+        self.role_logged = Some(role);
+        match role {
+            _ if !role_changed => {}
+            Role::Leader => tracing::info!("{id:x} became leader at term {term}"),
+            Role::Follower => tracing::info!("{id:x} became follower at term {term}"),
+            Role::Candidate => tracing::info!("{id:x} became candidate at term {term}"),
+            Role::PreCandidate => tracing::info!("{id:x} became pre-candidate at term {term}"),
+        }
+        if leader_id != previous_leader {
+            match (previous_leader, leader_id) {
+                (_, 0) => tracing::info!(
+                    "raft.node: {id:x} lost leader {previous_leader:x} at term {term}"
+                ),
+                (0, _) => tracing::info!(
+                    "raft.node: {id:x} elected leader {leader_id:x} at term {term}"
+                ),
+                _ => tracing::info!(
+                    "raft.node: {id:x} changed leader from {previous_leader:x} to {leader_id:x} at term {term}"
+                ),
+            }
+        }
+        if leader_id != 0 && !self.cluster_version_logged {
+            self.cluster_version_logged = true;
+            let version = crate::service::ETCD_CLUSTER_VERSION
+                .rsplit_once('.')
+                .map_or(crate::service::ETCD_CLUSTER_VERSION, |(v, _)| v);
+            tracing::info!(
+                cluster_version = version,
+                "set the initial cluster version to {version}"
+            );
+            tracing::info!(
+                cluster_version = version,
+                "enabled capabilities for version {version}"
+            );
         }
     }
 
@@ -796,12 +861,20 @@ impl Member {
         }
         let rd = self.node.ready();
         if let Some(ss) = rd.soft_state {
+            // etcd counts a change each time a leader other than the last one becomes known.
+            if ss.leader_id != 0 && ss.leader_id != self.leader_id {
+                RaftStats::count(&self.config.stats.leader_changes_seen, 1);
+            }
             self.leader_id = ss.leader_id;
+
             self.effects.push(Effect::Leader {
                 leader_id: ss.leader_id,
             });
             let was_leader = self.is_leader;
+            let had_leader = self.leader_id_logged;
             self.is_leader = ss.role == Role::Leader;
+            self.log_lifecycle(ss.role, ss.leader_id, had_leader);
+            self.leader_id_logged = ss.leader_id;
             if self.is_leader && !was_leader {
                 self.restart_lease_clocks(now_ms);
             }
@@ -926,6 +999,7 @@ impl Member {
             "a snapshot's store is at the snapshot's index"
         );
         self.writer = writer;
+        self.recount_keys();
         self.effects.push(Effect::StoreReplaced { reader });
         self.set_members(cp.members);
         self.alarms = Alarms::from_list(&cp.alarms);
@@ -1005,6 +1079,7 @@ impl Member {
                         }
                     };
                     let result = result.map(|applied| {
+                        self.count_events(&applied.events);
                         events.extend(applied.events);
                         Outcome {
                             response: Answer::Op(applied.response),
@@ -1058,8 +1133,20 @@ impl Member {
             .keel_member_attributes
             .map(|a| (a.id, a.name, a.client_urls));
         let update = req.keel_member_update.map(|u| (u.id, u.peer_ur_ls));
+        let own = attributes
+            .as_ref()
+            .is_some_and(|(id, _, _)| *id == self.config.id);
         let (members, updated) =
             membership::after_member_request(&self.members, attributes, update);
+        if own {
+            // etcd's words (etcdserver.publish), which operators and tools grep for.
+            tracing::info!(
+                local_member_id = format!("{:x}", self.config.id),
+                name = %self.config.name,
+                client_urls = ?self.config.advertise_client_urls,
+                "published local member to cluster through raft"
+            );
+        }
         self.set_members(members);
         if let Some((reply, node)) = self.member_waiting.remove(&request_id) {
             let _ = reply.send(match updated {
@@ -1172,6 +1259,48 @@ impl Member {
     // ---- Stopping ----
 
     /// Answers every waiting call with `err` (the member is stopping).
+    /// Client proposals taken into raft and not answered yet (`etcd_server_proposals_pending`).
+    pub fn proposals_pending(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn proposal_failed(&self) {
+        RaftStats::count(&self.config.stats.proposals_failed, 1);
+    }
+
+    /// Counts what applied writes did, as etcd's mvcc counters do: each key put, each key
+    /// deleted, and the live keys (a new key is one at version 1; a delete removes one).
+    fn count_events(&self, events: &[kv::Event]) {
+        let stats = &self.config.stats;
+        let (mut puts, mut deletes, mut created) = (0, 0, 0);
+        for e in events {
+            match e.kind {
+                kv::EventKind::Put => {
+                    puts += 1;
+                    created += i64::from(e.kv.version == 1);
+                }
+                kv::EventKind::Delete => deletes += 1,
+            }
+        }
+        RaftStats::count(&stats.puts, puts);
+        RaftStats::count(&stats.deletes, deletes);
+        stats
+            .keys
+            .fetch_add(created - deletes as i64, Ordering::Relaxed);
+    }
+
+    /// Sets the live-key gauge from the store itself (at start and when a snapshot replaced it).
+    fn recount_keys(&self) {
+        let all = kv::RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            range_end: Bytes::from_static(b"\0"),
+            count_only: true,
+            ..Default::default()
+        };
+        let count = self.writer.reader().range(&all).map_or(0, |r| r.count);
+        self.config.stats.keys.store(count, Ordering::Relaxed);
+    }
+
     pub fn fail_all_waiting(&mut self, err: EtcdError) {
         for (reply, _) in self.physical_waiting.drain(..) {
             let _ = reply.send(Err(err));
@@ -1180,6 +1309,7 @@ impl Member {
             let _ = reply.send(Err(err));
         }
         for (reply, _) in self.waiting.drain() {
+            self.proposal_failed();
             let _ = reply.send(Err(err));
         }
         for (reply, _) in self.member_waiting.drain() {
@@ -1289,6 +1419,7 @@ mod tests {
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             tick_ms: TICK_MS,
             snapshot_count: 10_000,
+            stats: Arc::default(),
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -1484,6 +1615,7 @@ mod tests {
                         request_timeout_ms: REQUEST_TIMEOUT_MS,
                         tick_ms: TICK_MS,
                         snapshot_count: 10_000,
+                        stats: Arc::default(),
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);

@@ -141,3 +141,41 @@ fn keep_alives_through_followers_reach_the_leader() {
         "the lease expired despite keep-alives"
     );
 }
+
+/// The peer series etcd's dashboards plot (traffic per peer, the leader's round trip to each
+/// follower) have samples, labelled with the peer's hex id, once members talk.
+#[test]
+fn peer_metrics_have_samples_in_a_cluster() {
+    let mut c = Cluster::start(3, Net::Loopback, &[]);
+    let all = [0, 1, 2];
+    let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(10));
+    c.etcdctl(leader, &["put", "k", "v"]).ok();
+    // Heartbeats go out every tick; give a few of them time to come back.
+    std::thread::sleep(Duration::from_millis(500));
+    let addr = c.members[leader]
+        .client_url()
+        .trim_start_matches("http://")
+        .to_string();
+    let (code, body) = crate::common::http_get(&addr, "/metrics");
+    assert_eq!(code, 200);
+    for i in all.into_iter().filter(|&i| i != leader) {
+        let id = c.member_hex_id(leader, i);
+        for series in [
+            format!("etcd_network_peer_sent_bytes_total{{To=\"{id}\"}} "),
+            format!("etcd_network_peer_received_bytes_total{{From=\"{id}\"}} "),
+            format!("etcd_network_peer_round_trip_time_seconds_count{{To=\"{id}\"}} "),
+        ] {
+            let value: f64 = body
+                .lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+                .parse()
+                .expect("a number");
+            assert!(value > 0.0, "{series}{value}");
+        }
+    }
+    assert!(body.contains("\netcd_server_is_leader 1\n"), "{body}");
+    for i in all {
+        c.stop(i);
+    }
+}

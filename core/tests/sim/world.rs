@@ -344,6 +344,7 @@ impl World {
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             tick_ms: TICK_MS,
             snapshot_count: self.config.snapshot_count,
+            stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
