@@ -191,22 +191,136 @@ impl CheckpointSource {
                 })
                 .collect(),
         };
-        let key_count = data.keys.len() as u64;
-        let payload = rkyv::to_bytes::<rancor::Error>(&data)
-            .expect("serializing plain data into memory cannot fail");
-        let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        out.extend_from_slice(&key_count.to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-        let header_crc = crc32fast::hash(&out);
-        out.extend_from_slice(&header_crc.to_le_bytes());
-        assert!(out.len() == HEADER_BYTES);
-        out.extend_from_slice(&payload);
+        Ok(frame(&data))
+    }
+
+    /// The compact revision captured.
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_rev
+    }
+
+    /// The leases captured, `(id, ttl_s)` ascending by id.
+    pub fn leases(&self) -> &[(i64, i64)] {
+        &self.leases
+    }
+
+    /// Every version an export keeps, in revision order: those with `main <= revision()` that
+    /// the compaction at the captured compact revision keeps (whether or not the background
+    /// compaction has trimmed the rest yet), as etcd's key bucket holds them. Values are shared
+    /// slices of the value log, not copies. Fails with `Compacted` as [`Self::serialize`] does.
+    pub fn versions_by_revision(&self) -> Result<Vec<ExportVersion>> {
+        let guard = epoch::pin();
+        let mut out = Vec::new();
+        for entry in self.reader.shared.index.iter() {
+            let versions = entry.value().load(&guard);
+            let kept = &versions[compacted_start(versions, self.compact_rev)..];
+            for v in kept.iter().take_while(|v| v.rev.main <= self.revision) {
+                out.push(ExportVersion {
+                    key: entry.key().clone(),
+                    rev: v.rev,
+                    tombstone: v.kind == VersionKind::Tombstone,
+                    create_revision: v.create_revision,
+                    version: v.version,
+                    lease: v.lease,
+                    value: v.value.clone(),
+                });
+            }
+        }
+        if self.reader.compact_revision() != self.compact_rev {
+            return Err(KvError::Compacted);
+        }
+        out.sort_unstable_by_key(|v| v.rev);
+        assert!(
+            out.windows(2).all(|w| w[0].rev < w[1].rev),
+            "every version has its own revision"
+        );
         Ok(out)
     }
+}
+
+/// One version of one key, as an export writes it or an import reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportVersion {
+    pub key: Bytes,
+    pub rev: Revision,
+    pub tombstone: bool,
+    pub create_revision: i64,
+    pub version: i64,
+    pub lease: i64,
+    pub value: Bytes,
+}
+
+/// Builds a checkpoint image (what [`Store::restore`] reads) from imported versions in any
+/// order, e.g. an etcd snapshot's key bucket. The image is validated by restoring it, so a
+/// version list etcd could not have written (a key on an unknown lease, revisions above
+/// `current_rev`) is refused here rather than at the member's start.
+pub fn image_from_versions(
+    applied_index: u64,
+    current_rev: i64,
+    compact_rev: i64,
+    mut leases: Vec<(i64, i64)>,
+    mut versions: Vec<ExportVersion>,
+) -> Result<Vec<u8>> {
+    versions.sort_unstable_by(|a, b| a.key.cmp(&b.key).then(a.rev.cmp(&b.rev)));
+    leases.sort_unstable();
+    let mut keys: Vec<KeyRecord> = Vec::new();
+    let mut values = Vec::new();
+    for v in versions {
+        if keys.last().is_none_or(|k| k.key.as_slice() != v.key.as_ref()) {
+            keys.push(KeyRecord {
+                key: v.key.to_vec(),
+                versions: Vec::new(),
+            });
+        }
+        let value_offset = values.len() as u64;
+        values.extend_from_slice(&v.value);
+        keys.last_mut()
+            .expect("pushed above")
+            .versions
+            .push(VersionRecord {
+                main: v.rev.main,
+                sub: v.rev.sub,
+                tombstone: v.tombstone,
+                create_revision: v.create_revision,
+                version: v.version,
+                lease: v.lease,
+                value_offset,
+                value_bytes: v.value.len() as u64,
+            });
+    }
+    let data = CheckpointData {
+        applied_index,
+        current_rev,
+        compact_rev,
+        keys,
+        values,
+        leases: leases
+            .into_iter()
+            .map(|(id, ttl_s)| LeaseRecord { id, ttl_s })
+            .collect(),
+    };
+    let image = frame(&data);
+    restore(&image)?;
+    Ok(image)
+}
+
+/// The framed archive of `data` (see the module's description).
+fn frame(data: &CheckpointData) -> Vec<u8> {
+    let key_count = data.keys.len() as u64;
+    let payload = rkyv::to_bytes::<rancor::Error>(data)
+        .expect("serializing plain data into memory cannot fail");
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&key_count.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    let header_crc = crc32fast::hash(&out);
+    out.extend_from_slice(&header_crc.to_le_bytes());
+    assert!(out.len() == HEADER_BYTES);
+    out.extend_from_slice(&payload);
+    out
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {
