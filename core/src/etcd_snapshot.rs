@@ -234,7 +234,8 @@ impl TempDb {
             .open(&path)
             .map_err(|e| io("temporary snapshot file", e))?;
         std::fs::remove_file(&path).map_err(|e| io("unlinking the temporary snapshot", e))?;
-        let (writer, size_bytes) = write_db(snap, std::io::BufWriter::with_capacity(1 << 20, file))?;
+        let (writer, size_bytes) =
+            write_db(snap, std::io::BufWriter::with_capacity(1 << 20, file))?;
         let file = writer
             .into_inner()
             .map_err(|e| io("writing the temporary snapshot", e.into_error()))?;
@@ -476,7 +477,10 @@ mod tests {
         assert_eq!(bytes.len() as u64, size);
         let db = BoltReader::open(Box::<[u8]>::from(&bytes[..]), size).expect("opens");
         let imported = read_db(&db).expect("reads");
-        assert_eq!(imported.versions, snap.source.versions_by_revision().expect("versions"));
+        assert_eq!(
+            imported.versions,
+            snap.source.versions_by_revision().expect("versions")
+        );
         assert_eq!(imported.leases, vec![(7, 60)]);
         assert_eq!(imported.current_rev, snap.source.revision());
         let status = db.status().expect("status");

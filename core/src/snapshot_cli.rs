@@ -96,8 +96,8 @@ fn status(args: &[String]) -> Result<(), CoreError> {
         }
         i += 1;
     }
-    let file =
-        file.ok_or_else(|| CoreError::Config("snapshot status requires exactly one argument".into()))?;
+    let file = file
+        .ok_or_else(|| CoreError::Config("snapshot status requires exactly one argument".into()))?;
     let db = etcd_snapshot::open_file(Path::new(&file))?;
     let status = db
         .status()
@@ -201,8 +201,9 @@ fn restore(args: &[String]) -> Result<(), CoreError> {
         }
         i += 1;
     }
-    let file = file
-        .ok_or_else(|| CoreError::Config("snapshot restore requires exactly one argument".into()))?;
+    let file = file.ok_or_else(|| {
+        CoreError::Config("snapshot restore requires exactly one argument".into())
+    })?;
     let parsed = Flags::try_parse_from(normalize_go_args(flags).into_iter().map(OsString::from))
         .map_err(|e| CoreError::Config(e.to_string()))?;
     let config = Config::from_flags(parsed)?;
@@ -220,7 +221,10 @@ fn restore(args: &[String]) -> Result<(), CoreError> {
 pub fn restore_into(path: &Path, config: &Config, skip_hash_check: bool) -> Result<(), CoreError> {
     for dir in [&config.data_dir, &config.wal_dir] {
         if dir.exists() {
-            return Err(CoreError::Config(format!("data-dir {:?} exists", dir.display().to_string())));
+            return Err(CoreError::Config(format!(
+                "data-dir {:?} exists",
+                dir.display().to_string()
+            )));
         }
     }
     if !skip_hash_check {
@@ -298,7 +302,10 @@ mod tests {
              | 7c93c49c |       10 |         15 |      20 kB |\n\
              +----------+----------+------------+------------+\n"
         );
-        assert_eq!(render_status(&s, Format::Simple), "7c93c49c, 10, 15, 20 kB\n");
+        assert_eq!(
+            render_status(&s, Format::Simple),
+            "7c93c49c, 10, 15, 20 kB\n"
+        );
         assert_eq!(
             render_status(&s, Format::Json),
             "{\"hash\":2090058908,\"revision\":10,\"totalKey\":15,\"totalSize\":20480}\n"

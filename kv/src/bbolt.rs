@@ -119,7 +119,10 @@ impl Element {
 
 /// Lays out one branch or leaf page (with its overflow pages) whose id is `pgid`.
 fn encode_page(pgid: u64, flags: u16, elements: &[Element], page_bytes: usize) -> Vec<u8> {
-    assert!(elements.len() <= PAGE_ELEMENTS_MAX, "a page's count is a u16");
+    assert!(
+        elements.len() <= PAGE_ELEMENTS_MAX,
+        "a page's count is a u16"
+    );
     let data_bytes: usize = elements.iter().map(Element::bytes).sum();
     let pages = (PAGE_HEADER_BYTES + data_bytes).div_ceil(page_bytes).max(1);
     let mut page = vec![0u8; pages * page_bytes];
@@ -156,7 +159,10 @@ fn encode_page(pgid: u64, flags: u16, elements: &[Element], page_bytes: usize) -
                 data_at += value.len();
             }
             Element::Branch { key, child } => {
-                assert!(flags == PAGE_FLAG_BRANCH, "branch elements go on branch pages");
+                assert!(
+                    flags == PAGE_FLAG_BRANCH,
+                    "branch elements go on branch pages"
+                );
                 put_u32(&mut page, at, pos);
                 put_u32(&mut page, at + 4, key.len() as u32);
                 put_u64(&mut page, at + 8, *child);
@@ -206,10 +212,15 @@ impl<W: Write + Seek> BoltWriter<W> {
 
     /// Begins a top-level bucket; names must ascend and the previous bucket must be finished.
     pub fn begin_bucket(&mut self, name: &[u8]) -> Result<()> {
-        assert!(self.tree.is_none(), "finish a bucket before beginning the next");
+        assert!(
+            self.tree.is_none(),
+            "finish a bucket before beginning the next"
+        );
         assert!(!name.is_empty() && name.len() <= KEY_BYTES_MAX);
         assert!(
-            self.buckets.last().is_none_or(|(last, _)| last.as_slice() < name),
+            self.buckets
+                .last()
+                .is_none_or(|(last, _)| last.as_slice() < name),
             "buckets are written in ascending name order"
         );
         self.tree = Some(TreeBuilder {
@@ -266,7 +277,10 @@ impl<W: Write + Seek> BoltWriter<W> {
         let tree = self.tree.as_mut().expect("an open bucket");
         let elements = std::mem::take(&mut tree.levels[level]);
         tree.level_bytes[level] = PAGE_HEADER_BYTES;
-        let first_key = elements.first().map(|e| e.key().to_vec()).unwrap_or_default();
+        let first_key = elements
+            .first()
+            .map(|e| e.key().to_vec())
+            .unwrap_or_default();
         if tree.levels.len() == level + 1 {
             tree.levels.push(Vec::new());
             tree.level_bytes.push(PAGE_HEADER_BYTES);
@@ -421,7 +435,9 @@ impl Bucket {
     fn from_value(value: &[u8]) -> Result<Bucket> {
         let root = get_u64(value, 0).map_err(|_| bolt("a bucket value shorter than its header"))?;
         if root == 0 {
-            Ok(Bucket::Inline(value[BUCKET_HEADER_BYTES.min(value.len())..].to_vec()))
+            Ok(Bucket::Inline(
+                value[BUCKET_HEADER_BYTES.min(value.len())..].to_vec(),
+            ))
         } else {
             Ok(Bucket::Paged(root))
         }
@@ -550,9 +566,7 @@ impl<S: PageSource + ?Sized> BoltReader<S> {
         read(&mut header, pgid * page_bytes)?;
         let overflow = u64::from(get_u32(&header, 12)?);
         let pages = overflow + 1;
-        if pgid + pages > self.meta.high_pgid
-            || (pgid + pages) * page_bytes > self.source_bytes
-        {
+        if pgid + pages > self.meta.high_pgid || (pgid + pages) * page_bytes > self.source_bytes {
             return Err(bolt(format!("page {pgid}: overflow past the end")));
         }
         let mut page = vec![0u8; (pages * page_bytes) as usize];
@@ -621,7 +635,9 @@ impl<S: PageSource + ?Sized> BoltReader<S> {
         f: &mut dyn FnMut(&[u8], u32, &[u8]) -> Result<()>,
     ) -> Result<()> {
         if depth > TREE_DEPTH_MAX {
-            return Err(bolt(format!("page {pgid}: the tree is deeper than {TREE_DEPTH_MAX}")));
+            return Err(bolt(format!(
+                "page {pgid}: the tree is deeper than {TREE_DEPTH_MAX}"
+            )));
         }
         let page = self.page(pgid)?;
         self.walk_page(&page, depth, last_key, f)
@@ -763,7 +779,11 @@ mod tests {
         }
         let (out, size) = w.finish().expect("finish");
         let bytes = out.into_inner();
-        assert_eq!(bytes.len() as u64, size, "the file is exactly the pages in use");
+        assert_eq!(
+            bytes.len() as u64,
+            size,
+            "the file is exactly the pages in use"
+        );
         bytes
     }
 
@@ -820,8 +840,14 @@ mod tests {
     fn round_trips_small_buckets() {
         let buckets = vec![
             ("alarm", vec![]),
-            ("key", vec![(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), vec![])]),
-            ("meta", vec![(b"consistent_index".to_vec(), 7u64.to_be_bytes().to_vec())]),
+            (
+                "key",
+                vec![(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), vec![])],
+            ),
+            (
+                "meta",
+                vec![(b"consistent_index".to_vec(), 7u64.to_be_bytes().to_vec())],
+            ),
         ];
         let bytes = write(&buckets);
         assert_eq!(bytes.len() % PAGE_BYTES, 0);
@@ -847,7 +873,11 @@ mod tests {
                 (i.to_be_bytes().to_vec(), value)
             })
             .collect();
-        let bytes = write(&[("a", vec![]), ("key", kvs.clone()), ("z", kvs[..3].to_vec())]);
+        let bytes = write(&[
+            ("a", vec![]),
+            ("key", kvs.clone()),
+            ("z", kvs[..3].to_vec()),
+        ]);
         let back = read_all(&bytes);
         assert_eq!(back[1].1.len(), kvs.len());
         assert!(back[1].1 == kvs, "every key and value reads back");
@@ -866,7 +896,10 @@ mod tests {
         let big = vec![0xab; 10 * PAGE_BYTES];
         let bytes = write(&[(
             "b",
-            vec![(b"k1".to_vec(), big.clone()), (b"k2".to_vec(), b"x".to_vec())],
+            vec![
+                (b"k1".to_vec(), big.clone()),
+                (b"k2".to_vec(), b"x".to_vec()),
+            ],
         )]);
         let back = read_all(&bytes);
         assert_eq!(back[0].1[0].1, big);
@@ -899,11 +932,16 @@ mod tests {
     #[test]
     fn inline_buckets_read_as_bbolt_writes_them() {
         // An inline bucket: header with root 0, then a leaf page with id 0.
-        let page = encode_page(0, PAGE_FLAG_LEAF, &[Element::Leaf {
-            flags: 0,
-            key: b"clusterVersion".to_vec(),
-            value: b"3.4.0".to_vec(),
-        }], PAGE_BYTES);
+        let page = encode_page(
+            0,
+            PAGE_FLAG_LEAF,
+            &[Element::Leaf {
+                flags: 0,
+                key: b"clusterVersion".to_vec(),
+                value: b"3.4.0".to_vec(),
+            }],
+            PAGE_BYTES,
+        );
         let used = PAGE_HEADER_BYTES + LEAF_ELEMENT_BYTES + 14 + 5;
         let mut value = vec![0u8; BUCKET_HEADER_BYTES];
         value.extend_from_slice(&page[..used]);
@@ -916,7 +954,10 @@ mod tests {
             Ok(())
         })
         .expect("walk");
-        assert_eq!(seen, vec![(b"clusterVersion".to_vec(), Some(b"3.4.0".to_vec()))]);
+        assert_eq!(
+            seen,
+            vec![(b"clusterVersion".to_vec(), Some(b"3.4.0".to_vec()))]
+        );
     }
 
     #[test]

@@ -266,7 +266,10 @@ pub fn image_from_versions(
     let mut keys: Vec<KeyRecord> = Vec::new();
     let mut values = Vec::new();
     for v in versions {
-        if keys.last().is_none_or(|k| k.key.as_slice() != v.key.as_ref()) {
+        if keys
+            .last()
+            .is_none_or(|k| k.key.as_slice() != v.key.as_ref())
+        {
             keys.push(KeyRecord {
                 key: v.key.to_vec(),
                 versions: Vec::new(),
