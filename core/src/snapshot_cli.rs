@@ -282,7 +282,8 @@ mod tests {
     fn sizes_read_as_go_humanize_prints_them() {
         assert_eq!(humanize_bytes(5), "5 B");
         assert_eq!(humanize_bytes(20480), "20 kB");
-        assert_eq!(humanize_bytes(2_150_000), "2.1 MB");
+        assert_eq!(humanize_bytes(2_140_000), "2.1 MB");
+        assert_eq!(humanize_bytes(2_150_000), "2.2 MB");
         assert_eq!(humanize_bytes(999), "999 B");
     }
 
