@@ -49,7 +49,10 @@ const PAGE_ELEMENTS_MAX: usize = u16::MAX as usize;
 pub const KEY_BYTES_MAX: usize = 32768;
 pub const VALUE_BYTES_MAX: usize = (1 << 31) - 2;
 
-const _: () = assert!(PAGE_BYTES % 512 == 0, "etcdctl expects a multiple of 512");
+const _: () = assert!(
+    PAGE_BYTES.is_multiple_of(512),
+    "etcdctl expects a multiple of 512"
+);
 const _: () = assert!(PAGE_HEADER_BYTES + 64 <= PAGE_BYTES);
 
 fn bolt(why: impl Into<String>) -> KvError {
@@ -424,6 +427,11 @@ impl PageSource for [u8] {
     }
 }
 
+/// A bucket walk's callback: each key and its value (`None` for a nested bucket).
+pub type Visit<'a> = dyn FnMut(&[u8], Option<&[u8]>) -> Result<()> + 'a;
+/// The raw walk's callback: key, leaf flags, value bytes.
+type VisitRaw<'a> = dyn FnMut(&[u8], u32, &[u8]) -> Result<()> + 'a;
+
 /// A bucket found in its parent: its root page, or its whole page stored inline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Bucket {
@@ -601,11 +609,7 @@ impl<S: PageSource + ?Sized> BoltReader<S> {
 
     /// Visits every key of `bucket` in order, as bbolt's `Bucket.ForEach`: the value is `None`
     /// for a nested bucket.
-    pub fn for_each(
-        &self,
-        bucket: &Bucket,
-        f: &mut dyn FnMut(&[u8], Option<&[u8]>) -> Result<()>,
-    ) -> Result<()> {
+    pub fn for_each(&self, bucket: &Bucket, f: &mut Visit<'_>) -> Result<()> {
         self.for_each_raw(bucket, &mut |key, flags, value| {
             if flags & LEAF_FLAG_BUCKET != 0 {
                 f(key, None)
@@ -615,11 +619,7 @@ impl<S: PageSource + ?Sized> BoltReader<S> {
         })
     }
 
-    fn for_each_raw(
-        &self,
-        bucket: &Bucket,
-        f: &mut dyn FnMut(&[u8], u32, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    fn for_each_raw(&self, bucket: &Bucket, f: &mut VisitRaw<'_>) -> Result<()> {
         let mut last_key: Option<Vec<u8>> = None;
         match bucket {
             Bucket::Paged(root) => self.walk(*root, 0, &mut last_key, f),
@@ -632,7 +632,7 @@ impl<S: PageSource + ?Sized> BoltReader<S> {
         pgid: u64,
         depth: usize,
         last_key: &mut Option<Vec<u8>>,
-        f: &mut dyn FnMut(&[u8], u32, &[u8]) -> Result<()>,
+        f: &mut VisitRaw<'_>,
     ) -> Result<()> {
         if depth > TREE_DEPTH_MAX {
             return Err(bolt(format!(
@@ -648,7 +648,7 @@ impl<S: PageSource + ?Sized> BoltReader<S> {
         page: &[u8],
         depth: usize,
         last_key: &mut Option<Vec<u8>>,
-        f: &mut dyn FnMut(&[u8], u32, &[u8]) -> Result<()>,
+        f: &mut VisitRaw<'_>,
     ) -> Result<()> {
         let pgid = get_u64(page, 0)?;
         let flags = get_u16(page, 8)?;
@@ -888,7 +888,9 @@ mod tests {
     use super::*;
     use std::io::Cursor;
 
-    fn write(buckets: &[(&str, Vec<(Vec<u8>, Vec<u8>)>)]) -> Vec<u8> {
+    type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn write(buckets: &[(&str, Pairs)]) -> Vec<u8> {
         let mut w = BoltWriter::new(Cursor::new(Vec::new())).expect("in memory");
         for (name, kvs) in buckets {
             w.begin_bucket(name.as_bytes()).expect("begin");
@@ -907,7 +909,7 @@ mod tests {
         bytes
     }
 
-    fn read_all(bytes: &[u8]) -> Vec<(Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>)> {
+    fn read_all(bytes: &[u8]) -> Vec<(Vec<u8>, Pairs)> {
         let r = BoltReader::open(Box::<[u8]>::from(bytes), bytes.len() as u64).expect("opens");
         let mut out = Vec::new();
         for (name, bucket) in r.buckets().expect("buckets") {
