@@ -427,6 +427,85 @@ mod tests {
     use super::*;
     use std::io::Cursor;
 
+    fn small_snapshot() -> SnapshotSource {
+        let (mut writer, _reader) = kv::Store::new();
+        for i in 0..2000u64 {
+            let op = kv::Op::Put(kv::PutRequest {
+                key: format!("key/{i:05}").into(),
+                value: vec![b'x'; 700].into(),
+                ..Default::default()
+            });
+            writer.apply(i + 1, &op).expect("applies");
+        }
+        SnapshotSource {
+            source: writer.checkpoint_source(),
+            index: 2000,
+            term: 2,
+            conf_state: keel_raft::ConfState::default(),
+            members: vec![crate::ids::Member {
+                id: 0xabc,
+                name: "n1".into(),
+                peer_urls: vec!["http://127.0.0.1:2380".into()],
+                client_urls: vec![],
+                is_learner: false,
+            }],
+            alarms: vec![crate::alarms::AlarmMember {
+                member_id: 0xabc,
+                alarm: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_stream_file_is_unlinked_and_reads_back_as_written_with_a_checked_sha256() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let snap = small_snapshot();
+        let db = TempDb::write(dir.path(), &snap).expect("written");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("snap"))
+            .expect("the folder exists")
+            .collect();
+        assert!(left.is_empty(), "nothing is left in the data dir: {left:?}");
+        // The chunks are the database write_db makes, whole pages, then a sha256 trailer.
+        let mut streamed = Vec::new();
+        while (streamed.len() as u64) < db.size_bytes() {
+            streamed.extend(db.read_chunk(streamed.len() as u64).expect("a chunk"));
+        }
+        let (direct, _) = write_db(&snap, Cursor::new(Vec::new())).expect("written");
+        assert_eq!(streamed, direct.into_inner());
+        assert!(streamed.len() > CHUNK_BYTES, "more than one chunk");
+        let sha = sha2::Sha256::digest(&streamed);
+        let file = dir.path().join("saved.db");
+        let mut saved = streamed.clone();
+        saved.extend_from_slice(&sha);
+        std::fs::write(&file, &saved).expect("saved");
+        assert!(has_sha256(saved.len() as u64) && !has_sha256(streamed.len() as u64));
+        verify_sha256(&file).expect("the trailer matches");
+        let status = open_file(&file).expect("opens").status().expect("status");
+        assert_eq!(
+            status.total_size,
+            streamed.len() as u64,
+            "the trailer is not the db's"
+        );
+        assert_eq!(status.revision, 2001);
+        let imported = read_db(&open_file(&file).expect("opens")).expect("reads");
+        assert_eq!(imported.versions.len(), 2000);
+        // A flipped byte fails the check; a file without a trailer needs --skip-hash-check.
+        saved[5000] ^= 1;
+        std::fs::write(&file, &saved).expect("saved");
+        let err = verify_sha256(&file).expect_err("damage found");
+        assert!(err.to_string().contains("expected sha256"), "{err}");
+        std::fs::write(&file, &streamed).expect("saved");
+        let err = verify_sha256(&file).expect_err("no trailer");
+        assert!(err.to_string().contains("--skip-hash-check"), "{err}");
+        assert_eq!(
+            open_file(&file)
+                .expect("a bare database opens")
+                .status()
+                .expect("status"),
+            status
+        );
+    }
+
     #[test]
     fn a_store_round_trips_through_etcds_schema() {
         let (mut writer, _reader) = kv::Store::new();
