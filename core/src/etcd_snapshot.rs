@@ -94,7 +94,6 @@ fn snapshot_error(e: impl std::fmt::Display) -> CoreError {
 /// the database's size. Fails with keel-kv's `Compacted` when a compaction started after the
 /// capture: take a new capture and retry.
 pub fn write_db<W: Write + Seek>(snap: &SnapshotSource, out: W) -> Result<(W, u64), kv::KvError> {
-    let versions = snap.source.versions_by_revision()?;
     let mut w = BoltWriter::new(out)?;
     // Top-level buckets in name order, as bbolt keeps them.
     w.begin_bucket(b"alarm")?;
@@ -122,21 +121,21 @@ pub fn write_db<W: Write + Seek>(snap: &SnapshotSource, out: W) -> Result<(W, u6
 
     w.begin_bucket(BUCKET_KEY)?;
     let mut buf = Vec::new();
-    for v in &versions {
+    snap.source.for_each_by_revision(&mut |v| {
         let mut key = rev_bytes(v.rev).to_vec();
         let kv_pb = if v.tombstone {
             key.push(TOMBSTONE_MARK);
             mvccpb::KeyValue {
-                key: v.key.clone(),
+                key: v.key,
                 ..Default::default()
             }
         } else {
             mvccpb::KeyValue {
-                key: v.key.clone(),
+                key: v.key,
                 create_revision: v.create_revision,
                 mod_revision: v.rev.main,
                 version: v.version,
-                value: v.value.clone(),
+                value: v.value,
                 lease: v.lease,
             }
         };
@@ -144,9 +143,8 @@ pub fn write_db<W: Write + Seek>(snap: &SnapshotSource, out: W) -> Result<(W, u6
         kv_pb
             .encode(&mut buf)
             .expect("a Vec grows to hold any message");
-        w.put(&key, &buf)?;
-    }
-    drop(versions);
+        w.put(&key, &buf)
+    })?;
     w.end_bucket()?;
 
     w.begin_bucket(BUCKET_LEASE)?;

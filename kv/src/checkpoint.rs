@@ -204,36 +204,66 @@ impl CheckpointSource {
         &self.leases
     }
 
-    /// Every version an export keeps, in revision order: those with `main <= revision()` that
-    /// the compaction at the captured compact revision keeps (whether or not the background
-    /// compaction has trimmed the rest yet), as etcd's key bucket holds them. Values are shared
-    /// slices of the value log, not copies. Fails with `Compacted` as [`Self::serialize`] does.
-    pub fn versions_by_revision(&self) -> Result<Vec<ExportVersion>> {
+    /// Visits every version an export keeps, in revision order: those with
+    /// `main <= revision()` that the compaction at the captured compact revision keeps (whether
+    /// or not the background compaction has trimmed the rest yet), as etcd's key bucket holds
+    /// them. Memory: one 24-byte entry per version and a handle per key, never a value (each
+    /// visit shares the value-log slice). Fails with `Compacted` as [`Self::serialize`] does,
+    /// before visiting anything; stops at `f`'s first error.
+    pub fn for_each_by_revision(
+        &self,
+        f: &mut dyn FnMut(ExportVersion) -> Result<()>,
+    ) -> Result<()> {
+        // The pinned guard keeps every list loaded here alive (the writer replaces lists
+        // copy-on-write), so the visits read exactly what this pass saw.
         let guard = epoch::pin();
-        let mut out = Vec::new();
+        let mut keys = Vec::new();
+        let mut order: Vec<(Revision, u32, u32)> = Vec::new();
         for entry in self.reader.shared.index.iter() {
             let versions = entry.value().load(&guard);
-            let kept = &versions[compacted_start(versions, self.compact_rev)..];
-            for v in kept.iter().take_while(|v| v.rev.main <= self.revision) {
-                out.push(ExportVersion {
-                    key: entry.key().clone(),
-                    rev: v.rev,
-                    tombstone: v.kind == VersionKind::Tombstone,
-                    create_revision: v.create_revision,
-                    version: v.version,
-                    lease: v.lease,
-                    value: v.value.clone(),
-                });
+            let start = compacted_start(versions, self.compact_rev);
+            let kept = &versions[start..];
+            let kept = &kept[..kept.partition_point(|v| v.rev.main <= self.revision)];
+            if kept.is_empty() {
+                continue;
             }
+            let key_index = u32::try_from(keys.len()).expect("fewer than 2^32 keys");
+            for (i, v) in kept.iter().enumerate() {
+                order.push((v.rev, key_index, i as u32));
+            }
+            keys.push((entry.key().clone(), kept));
         }
         if self.reader.compact_revision() != self.compact_rev {
             return Err(KvError::Compacted);
         }
-        out.sort_unstable_by_key(|v| v.rev);
+        order.sort_unstable_by_key(|(rev, _, _)| *rev);
         assert!(
-            out.windows(2).all(|w| w[0].rev < w[1].rev),
+            order.windows(2).all(|w| w[0].0 < w[1].0),
             "every version has its own revision"
         );
+        for (_, key_index, version_index) in order {
+            let (key, versions) = &keys[key_index as usize];
+            let v = &versions[version_index as usize];
+            f(ExportVersion {
+                key: key.clone(),
+                rev: v.rev,
+                tombstone: v.kind == VersionKind::Tombstone,
+                create_revision: v.create_revision,
+                version: v.version,
+                lease: v.lease,
+                value: v.value.clone(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::for_each_by_revision`], collected (tests and small stores).
+    pub fn versions_by_revision(&self) -> Result<Vec<ExportVersion>> {
+        let mut out = Vec::new();
+        self.for_each_by_revision(&mut |v| {
+            out.push(v);
+            Ok(())
+        })?;
         Ok(out)
     }
 }
