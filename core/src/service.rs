@@ -698,6 +698,8 @@ impl Api {
                 Ok(db) => break (db, revision),
                 // A compaction began during the capture's scan: capture again after it.
                 Err(kv::KvError::Compacted) if attempts < HASH_ATTEMPTS_MAX => continue,
+                // An I/O error is not one of etcd's API errors: etcd's togRPCError answers it
+                // as Unknown with the error's text, and so do we.
                 Err(e) => {
                     tracing::warn!(error = %e, "snapshot failed");
                     return Status::new(keel_grpc::Code::Unknown, e.to_string());

@@ -21,6 +21,11 @@
 //!
 //! keel-kv does no I/O: the writer writes into any `Write + Seek` and the reader reads through
 //! the `PageSource` its caller implements.
+//!
+//! Why not the `bbolt-rs` crate (a port of bbolt 1.3.10): one release, no license given on
+//! crates.io, a full transactional database (mmap, file locks, freelist management) where
+//! snapshots need one sequential write and a read-only walk, and a dependency tree (clap, fake,
+//! bumpalo, fs4, ...) that would slow every build here for a few hundred lines of format.
 
 use std::io::{Seek, SeekFrom, Write};
 
