@@ -294,7 +294,8 @@ pub fn image_from_versions(
     versions.sort_unstable_by(|a, b| a.key.cmp(&b.key).then(a.rev.cmp(&b.rev)));
     leases.sort_unstable();
     let mut keys: Vec<KeyRecord> = Vec::new();
-    let mut values = Vec::new();
+    // Sized once: growing by doubling would hold two copies of every value at each step.
+    let mut values = Vec::with_capacity(versions.iter().map(|v| v.value.len()).sum());
     for v in versions {
         if keys
             .last()
@@ -333,6 +334,8 @@ pub fn image_from_versions(
             .collect(),
     };
     let image = frame(&data);
+    // The archive holds a copy of every value: free the first before the check restores a third.
+    drop(data);
     restore(&image)?;
     Ok(image)
 }
