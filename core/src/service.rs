@@ -698,6 +698,7 @@ impl Api {
                 Ok(db) => break (db, revision),
                 // A compaction began during the capture's scan: capture again after it.
                 Err(kv::KvError::Compacted) if attempts < HASH_ATTEMPTS_MAX => continue,
+                Err(e @ kv::KvError::Compacted) => return etcd(kv_error(e)),
                 // An I/O error is not one of etcd's API errors: etcd's togRPCError answers it
                 // as Unknown with the error's text, and so do we.
                 Err(e) => {
