@@ -146,57 +146,6 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
     })
 }
 
-/// The total length of the checkpoint at the start of `bytes`, read from its section lengths.
-fn encoded_len(bytes: &[u8]) -> Result<usize, String> {
-    let mut c = Cursor { bytes, at: 0 };
-    c.take(8 + 4 + 8 + 8)?;
-    let conf_len = c.u32()? as usize;
-    c.take(conf_len)?;
-    let members_len = c.u32()? as usize;
-    c.take(members_len)?;
-    let kv_len = usize::try_from(c.u64()?).map_err(|_| "store image too large")?;
-    c.take(kv_len)?;
-    c.take(4)?;
-    Ok(c.at)
-}
-
-/// The blob Maintenance.Snapshot streams. etcdctl expects etcd's layout: a body whose length
-/// is a multiple of 512 (etcd's is a bbolt file) followed by the body's SHA-256. Ours is the
-/// checkpoint, zero-padded to 512 bytes, then the SHA-256.
-pub fn snapshot_blob(checkpoint: &[u8]) -> Vec<u8> {
-    use sha2::Digest;
-    const ALIGN: usize = 512;
-    let mut blob = Vec::with_capacity(checkpoint.len() + ALIGN + 32);
-    blob.extend_from_slice(checkpoint);
-    blob.resize(checkpoint.len().div_ceil(ALIGN) * ALIGN, 0);
-    let hash = sha2::Sha256::digest(&blob);
-    blob.extend_from_slice(&hash);
-    assert_eq!(
-        blob.len() % ALIGN,
-        32,
-        "etcdctl checks size % 512 == sha256 size"
-    );
-    blob
-}
-
-/// Reads a blob written by [`snapshot_blob`] (e.g. by `etcdctl snapshot save`): verifies the
-/// SHA-256, then decodes the checkpoint inside.
-pub fn decode_snapshot_blob(blob: &[u8]) -> Result<Checkpoint, String> {
-    use sha2::Digest;
-    if blob.len() < 32 || blob.len() % 512 != 32 {
-        return Err("not a snapshot blob: size is not a multiple of 512 plus 32".into());
-    }
-    let (body, hash) = blob.split_at(blob.len() - 32);
-    if sha2::Sha256::digest(body).as_slice() != hash {
-        return Err("snapshot sha256 mismatch".into());
-    }
-    let len = encoded_len(body)?;
-    if body[len..].iter().any(|b| *b != 0) {
-        return Err("non-zero padding after the checkpoint".into());
-    }
-    decode(&body[..len])
-}
-
 pub fn file_name(index: u64) -> String {
     format!("checkpoint-{index:016x}.keel")
 }
@@ -265,25 +214,6 @@ pub fn remove_older(dir: &Path, newest: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn snapshot_blobs_have_etcds_layout_and_round_trip() {
-        let conf = ConfState {
-            voters: vec![1],
-            learners: vec![],
-        };
-        let file = encode(5, 2, &conf, &[], &[], b"image");
-        let blob = snapshot_blob(&file);
-        assert_eq!(blob.len() % 512, 32);
-        let cp = decode_snapshot_blob(&blob).expect("round trip");
-        assert_eq!((cp.meta.index, cp.kv_image.as_slice()), (5, &b"image"[..]));
-        let mut bad = blob.clone();
-        bad[3] ^= 1;
-        assert!(
-            decode_snapshot_blob(&bad).is_err(),
-            "a flipped byte fails the sha256"
-        );
-    }
 
     #[test]
     fn round_trips_and_rejects_damage() {

@@ -34,4 +34,6 @@ pub enum CoreError {
     Tls(String),
     #[error("corruption check: {0}")]
     Corrupt(String),
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }

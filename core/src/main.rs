@@ -7,6 +7,12 @@ use keel_core::config::Config;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // `keel snapshot status|restore`: etcdctl's snapshot tools, for moving from etcd.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("snapshot") {
+        init_logging("warn");
+        std::process::exit(keel_core::snapshot_cli::run(&args[2..]));
+    }
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {

@@ -273,7 +273,8 @@ impl RaftCore {
 
     fn step_peers(&mut self) {
         for m in self.transport.take_inbox() {
-            self.member.step(m);
+            let now_ms = self.now_ms();
+            self.member.step(m, now_ms);
         }
         for c in self.transport.take_control() {
             match c {

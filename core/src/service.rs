@@ -670,11 +670,13 @@ impl Api {
         })
     }
 
-    /// Streams a point-in-time image of the store: Keel's checkpoint file (MVCC image, raft
-    /// position, membership), in chunks, with remaining_bytes counting down to 0 as etcd's.
-    /// Serializing runs on this shard's blocking thread, so the shard keeps serving.
+    /// Streams a point-in-time image of the store as etcd 3.4 does: its bbolt backend in
+    /// etcd's schema (crate::etcd_snapshot), in chunks with remaining_bytes counting down to 0,
+    /// then the database's SHA-256 in a last message, so `etcdctl snapshot status` and
+    /// `restore` read it. The database is written to a temporary file in the data directory on
+    /// this shard's blocking thread from a consistent capture (the raft core only captures),
+    /// then read back chunk by chunk, so memory stays bounded whatever the store's size.
     async fn snapshot(&self, call: Call, sink: &mut ResponseSink) -> Status {
-        const CHUNK_BYTES: usize = 1024 * 1024;
         let Call {
             head: _,
             mut requests,
@@ -682,44 +684,65 @@ impl Api {
         if let Err(status) = requests.decode_one::<pb::SnapshotRequest>().await {
             return status;
         }
-        let snap = match self.shared.query(|reply| Query::Snapshot { reply }).await {
-            Ok(s) => s,
-            Err(e) => return etcd(e),
-        };
-        let revision = self.shared.reader().current_revision();
-        let file = glommio::executor()
-            .spawn_blocking(move || {
-                snap.source.serialize().map(|image| {
-                    let file = crate::checkpoint::encode(
-                        snap.index,
-                        snap.term,
-                        &snap.conf_state,
-                        &snap.members,
-                        &snap.alarms,
-                        &image,
-                    );
-                    crate::checkpoint::snapshot_blob(&file)
-                })
-            })
-            .await;
-        let file = match file {
-            Ok(f) => bytes::Bytes::from(f),
-            // A compaction raced the capture: the client may simply retry.
-            Err(e) => return etcd(kv_error(e)),
+        let mut attempts = 0;
+        let (db, revision) = loop {
+            attempts += 1;
+            let snap = match self.shared.query(|reply| Query::Snapshot { reply }).await {
+                Ok(s) => s,
+                Err(e) => return etcd(e),
+            };
+            let revision = snap.source.revision();
+            let dir = self.shared.config.data_dir.clone();
+            let written = glommio::executor()
+                .spawn_blocking(move || crate::etcd_snapshot::TempDb::write(&dir, &snap))
+                .await;
+            match written {
+                Ok(db) => break (db, revision),
+                // A compaction began during the capture's scan: capture again after it.
+                Err(kv::KvError::Compacted) if attempts < HASH_ATTEMPTS_MAX => continue,
+                Err(e @ kv::KvError::Compacted) => return etcd(kv_error(e)),
+                // An I/O error is not one of etcd's API errors: etcd's togRPCError answers it
+                // as Unknown with the error's text, and so do we.
+                Err(e) => {
+                    tracing::warn!(error = %e, "snapshot failed");
+                    return Status::new(keel_grpc::Code::Unknown, e.to_string());
+                }
+            }
         };
         let header = self.shared.header(revision);
-        let mut offset = 0;
-        while offset < file.len() {
-            let end = (offset + CHUNK_BYTES).min(file.len());
+        let db = Arc::new(db);
+        let total = db.size_bytes();
+        let mut sent = 0u64;
+        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+        while sent < total {
+            let db = db.clone();
+            let at = sent;
+            let chunk = glommio::executor()
+                .spawn_blocking(move || db.read_chunk(at))
+                .await;
+            let chunk = match chunk {
+                Ok(c) => bytes::Bytes::from(c),
+                Err(e) => return Status::new(keel_grpc::Code::Unknown, e.to_string()),
+            };
+            sha2::Digest::update(&mut hasher, &chunk);
+            sent += chunk.len() as u64;
             let resp = pb::SnapshotResponse {
                 header,
-                remaining_bytes: (file.len() - end) as u64,
-                blob: file.slice(offset..end),
+                remaining_bytes: total - sent,
+                blob: chunk,
             };
             if let Err(status) = sink.send(&resp).await {
                 return status;
             }
-            offset = end;
+        }
+        let sha = sha2::Digest::finalize(hasher);
+        let resp = pb::SnapshotResponse {
+            header,
+            remaining_bytes: 0,
+            blob: bytes::Bytes::copy_from_slice(&sha),
+        };
+        if let Err(status) = sink.send(&resp).await {
+            return status;
         }
         Status::ok()
     }

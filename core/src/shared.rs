@@ -443,5 +443,7 @@ pub fn kv_error(e: kv::KvError) -> EtcdError {
         kv::KvError::LeaseTtlTooLarge => EtcdError::LeaseTtlTooLarge,
         // A damaged checkpoint stops the node at start; it never reaches a client.
         kv::KvError::CheckpointDamaged(_) => EtcdError::Corrupt,
+        // bbolt files are read and written only by snapshot tools, never for a client's request.
+        kv::KvError::Bolt(_) => EtcdError::Corrupt,
     }
 }

@@ -191,22 +191,172 @@ impl CheckpointSource {
                 })
                 .collect(),
         };
-        let key_count = data.keys.len() as u64;
-        let payload = rkyv::to_bytes::<rancor::Error>(&data)
-            .expect("serializing plain data into memory cannot fail");
-        let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        out.extend_from_slice(&key_count.to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-        let header_crc = crc32fast::hash(&out);
-        out.extend_from_slice(&header_crc.to_le_bytes());
-        assert!(out.len() == HEADER_BYTES);
-        out.extend_from_slice(&payload);
+        Ok(frame(&data))
+    }
+
+    /// The compact revision captured.
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_rev
+    }
+
+    /// The leases captured, `(id, ttl_s)` ascending by id.
+    pub fn leases(&self) -> &[(i64, i64)] {
+        &self.leases
+    }
+
+    /// Visits every version an export keeps, in revision order: those with
+    /// `main <= revision()` that the compaction at the captured compact revision keeps (whether
+    /// or not the background compaction has trimmed the rest yet), as etcd's key bucket holds
+    /// them. Memory: one 24-byte entry per version and a handle per key, never a value (each
+    /// visit shares the value-log slice). Fails with `Compacted` as [`Self::serialize`] does,
+    /// before visiting anything; stops at `f`'s first error.
+    pub fn for_each_by_revision(
+        &self,
+        f: &mut dyn FnMut(ExportVersion) -> Result<()>,
+    ) -> Result<()> {
+        // The pinned guard keeps every list loaded here alive (the writer replaces lists
+        // copy-on-write), so the visits read exactly what this pass saw.
+        let guard = epoch::pin();
+        let mut keys = Vec::new();
+        let mut order: Vec<(Revision, u32, u32)> = Vec::new();
+        for entry in self.reader.shared.index.iter() {
+            let versions = entry.value().load(&guard);
+            let start = compacted_start(versions, self.compact_rev);
+            let kept = &versions[start..];
+            let kept = &kept[..kept.partition_point(|v| v.rev.main <= self.revision)];
+            if kept.is_empty() {
+                continue;
+            }
+            let key_index = u32::try_from(keys.len()).expect("fewer than 2^32 keys");
+            for (i, v) in kept.iter().enumerate() {
+                order.push((v.rev, key_index, i as u32));
+            }
+            keys.push((entry.key().clone(), kept));
+        }
+        if self.reader.compact_revision() != self.compact_rev {
+            return Err(KvError::Compacted);
+        }
+        order.sort_unstable_by_key(|(rev, _, _)| *rev);
+        assert!(
+            order.windows(2).all(|w| w[0].0 < w[1].0),
+            "every version has its own revision"
+        );
+        for (_, key_index, version_index) in order {
+            let (key, versions) = &keys[key_index as usize];
+            let v = &versions[version_index as usize];
+            f(ExportVersion {
+                key: key.clone(),
+                rev: v.rev,
+                tombstone: v.kind == VersionKind::Tombstone,
+                create_revision: v.create_revision,
+                version: v.version,
+                lease: v.lease,
+                value: v.value.clone(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::for_each_by_revision`], collected (tests and small stores).
+    pub fn versions_by_revision(&self) -> Result<Vec<ExportVersion>> {
+        let mut out = Vec::new();
+        self.for_each_by_revision(&mut |v| {
+            out.push(v);
+            Ok(())
+        })?;
         Ok(out)
     }
+}
+
+/// One version of one key, as an export writes it or an import reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportVersion {
+    pub key: Bytes,
+    pub rev: Revision,
+    pub tombstone: bool,
+    pub create_revision: i64,
+    pub version: i64,
+    pub lease: i64,
+    pub value: Bytes,
+}
+
+/// Builds a checkpoint image (what [`Store::restore`] reads) from imported versions in any
+/// order, e.g. an etcd snapshot's key bucket. The image is validated by restoring it, so a
+/// version list etcd could not have written (a key on an unknown lease, revisions above
+/// `current_rev`) is refused here rather than at the member's start.
+pub fn image_from_versions(
+    applied_index: u64,
+    current_rev: i64,
+    compact_rev: i64,
+    mut leases: Vec<(i64, i64)>,
+    mut versions: Vec<ExportVersion>,
+) -> Result<Vec<u8>> {
+    versions.sort_unstable_by(|a, b| a.key.cmp(&b.key).then(a.rev.cmp(&b.rev)));
+    leases.sort_unstable();
+    let mut keys: Vec<KeyRecord> = Vec::new();
+    // Sized once: growing by doubling would hold two copies of every value at each step.
+    let mut values = Vec::with_capacity(versions.iter().map(|v| v.value.len()).sum());
+    for v in versions {
+        if keys
+            .last()
+            .is_none_or(|k| k.key.as_slice() != v.key.as_ref())
+        {
+            keys.push(KeyRecord {
+                key: v.key.to_vec(),
+                versions: Vec::new(),
+            });
+        }
+        let value_offset = values.len() as u64;
+        values.extend_from_slice(&v.value);
+        keys.last_mut()
+            .expect("pushed above")
+            .versions
+            .push(VersionRecord {
+                main: v.rev.main,
+                sub: v.rev.sub,
+                tombstone: v.tombstone,
+                create_revision: v.create_revision,
+                version: v.version,
+                lease: v.lease,
+                value_offset,
+                value_bytes: v.value.len() as u64,
+            });
+    }
+    let data = CheckpointData {
+        applied_index,
+        current_rev,
+        compact_rev,
+        keys,
+        values,
+        leases: leases
+            .into_iter()
+            .map(|(id, ttl_s)| LeaseRecord { id, ttl_s })
+            .collect(),
+    };
+    let image = frame(&data);
+    // The archive holds a copy of every value: free the first before the check restores a third.
+    drop(data);
+    restore(&image)?;
+    Ok(image)
+}
+
+/// The framed archive of `data` (see the module's description).
+fn frame(data: &CheckpointData) -> Vec<u8> {
+    let key_count = data.keys.len() as u64;
+    let payload = rkyv::to_bytes::<rancor::Error>(data)
+        .expect("serializing plain data into memory cannot fail");
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&key_count.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    let header_crc = crc32fast::hash(&out);
+    out.extend_from_slice(&header_crc.to_le_bytes());
+    assert!(out.len() == HEADER_BYTES);
+    out.extend_from_slice(&payload);
+    out
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {

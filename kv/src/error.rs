@@ -42,6 +42,10 @@ pub enum KvError {
     /// A checkpoint failed validation (not an etcd error: the server refuses to start from it).
     #[error("keel-kv: damaged checkpoint: {0}")]
     CheckpointDamaged(&'static str),
+    /// A bbolt database (an etcd snapshot) that cannot be read or written (not an etcd error:
+    /// snapshot tools report it).
+    #[error("keel-kv: bbolt: {0}")]
+    Bolt(String),
 }
 
 /// The crate's result type.

@@ -28,6 +28,7 @@
 //!
 //! Architecture invariant: keel-kv never sees protobuf types; keel-grpc converts at its boundary.
 
+pub mod bbolt;
 mod checkpoint;
 pub mod error;
 mod index;
@@ -37,7 +38,9 @@ pub mod types;
 pub mod validate;
 mod vlog;
 
-pub use checkpoint::{CheckpointSource, HEADER_BYTES as CHECKPOINT_HEADER_BYTES};
+pub use checkpoint::{
+    image_from_versions, CheckpointSource, ExportVersion, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+};
 pub use error::{KvError, Result};
 pub use store::{CompactionStatus, Reader, Store, Writer, COMPACT_REVISION_NONE, REVISION_INITIAL};
 pub use types::*;

@@ -244,6 +244,12 @@ impl<S: Storage> Raft<S> {
         self.prs.get(&id)
     }
 
+    /// Ticks without hearing from a leader before a follower may vote for another (the
+    /// configured, not the randomized, election timeout).
+    pub fn election_timeout_ticks(&self) -> usize {
+        self.election_timeout
+    }
+
     /// The target of an in-progress leadership transfer.
     pub fn lead_transferee(&self) -> Option<u64> {
         self.lead_transferee

@@ -45,6 +45,10 @@ use crate::stats::RaftStats;
 pub const COMPACT_KEYS_PER_STEP: usize = 256;
 /// The TTL a member that is not the leader answers to a forwarded keep-alive.
 pub const KEEPALIVE_NOT_LEADER: i64 = -1;
+/// The share of an election timeout within which a leader must have heard from a quorum to
+/// renew leases: the rest is margin for members' clocks running at different rates (the
+/// simulation skews them by up to 5 % each way).
+const LEASE_GUARD_PERCENT: u64 = 80;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
 
@@ -251,6 +255,9 @@ pub struct Member {
     physical_waiting: Vec<(Reply, Result<Outcome, EtcdError>)>,
     /// Defragment calls waiting for the value-log rewrite, with the store's size when each asked.
     defrag_waiting: Vec<(DefragReply, u64)>,
+    /// When each peer last answered this member's appends or heartbeats in the current term
+    /// (the leader's evidence that no other leader can exist; see `quorum_heard_recently`).
+    heard_from_ms: std::collections::BTreeMap<u64, u64>,
     /// When each lease expires, by the leader's clock. Only a leader expires leases.
     lease_clock: LeaseClock,
     next_read_ctx: u64,
@@ -297,6 +304,7 @@ impl Member {
             reads_to_apply: VecDeque::new(),
             physical_waiting: Vec::new(),
             defrag_waiting: Vec::new(),
+            heard_from_ms: std::collections::BTreeMap::new(),
             lease_clock: LeaseClock::new(),
             next_read_ctx: 1,
             next_request_id: 1,
@@ -386,9 +394,19 @@ impl Member {
 
     // ---- Inputs ----
 
-    /// A raft message from a peer. A proposal a follower forwarded that raft refuses is
-    /// reported back to that follower, so its client hears at once (see `Refusal`).
-    pub fn step(&mut self, m: Message) {
+    /// A raft message from a peer, received at `now_ms`. A proposal a follower forwarded that
+    /// raft refuses is reported back to that follower, so its client hears at once (see
+    /// `Refusal`).
+    pub fn step(&mut self, m: Message, now_ms: u64) {
+        if matches!(
+            m.msg_type,
+            MessageType::AppendResponse | MessageType::HeartbeatResponse
+        ) && m.term == self.node.raft().hard_state().term
+        {
+            // The follower answered this leader's append or heartbeat: it had just reset its
+            // election timer, so it votes for no one else for an election timeout.
+            self.heard_from_ms.insert(m.from, now_ms);
+        }
         let forwarded =
             (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
                 .then(|| (m.from, m.entries.clone()));
@@ -528,8 +546,35 @@ impl Member {
             .term(hs.commit)
             .is_ok_and(|term| term == hs.term);
         raft.soft_state().role == Role::Leader
+            && raft.lead_transferee().is_none()
             && committed_in_term
             && self.writer.applied_index() >= hs.commit
+            && self.quorum_heard_recently(now_ms)
+    }
+
+    /// Whether a quorum of voters (this member included) answered this leader within the
+    /// leader guard: an election timeout shrunk by `LEASE_GUARD_PERCENT`, for clocks that run
+    /// at different rates. Every member of such a quorum votes for no one else until its own
+    /// election timeout passes, and any new leader needs one of their votes, so no other
+    /// leader exists now, and one elected later restarts every lease countdown at its full
+    /// TTL. A leader cut off from its quorum (its check-quorum has not fired yet, or its clock
+    /// runs slow) stops renewing before a new leader can exist.
+    fn quorum_heard_recently(&self, now_ms: u64) -> bool {
+        let raft = self.node.raft();
+        let election_ms = raft.election_timeout_ticks() as u64 * self.config.tick_ms;
+        let guard_ms = election_ms * LEASE_GUARD_PERCENT / 100;
+        let voters = raft.conf_state().voters;
+        let heard = voters
+            .iter()
+            .filter(|&&v| {
+                v == self.config.id
+                    || self
+                        .heard_from_ms
+                        .get(&v)
+                        .is_some_and(|at| now_ms.saturating_sub(*at) <= guard_ms)
+            })
+            .count();
+        heard * 2 > voters.len()
     }
 
     /// A keep-alive a follower forwarded to us.
@@ -1675,7 +1720,7 @@ mod tests {
                     continue;
                 }
                 let to = msg.to as usize;
-                self.members[to - 1].step(msg);
+                self.members[to - 1].step(msg, now_ms);
             }
             for (to, refusal, kind, id) in refusals {
                 self.members[to as usize - 1].forwarded_refused(refusal, kind, id);

@@ -256,6 +256,17 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `count` members named n0.. and waits until each answers `endpoint health`.
     pub fn start(count: usize, net: Net, extra_args: &[&str]) -> Cluster {
+        Cluster::start_prepared(count, net, extra_args, &|_, _| {})
+    }
+
+    /// Like [`Cluster::start`], but first calls `prepare(member, initial_cluster)` for each
+    /// member (e.g. to restore a snapshot into its data directory).
+    pub fn start_prepared(
+        count: usize,
+        net: Net,
+        extra_args: &[&str],
+        prepare: &dyn Fn(&Member, &str),
+    ) -> Cluster {
         require_tool("etcdctl");
         assert!(count >= 1, "a cluster has members");
         let netns = match net {
@@ -290,6 +301,7 @@ impl Cluster {
             .join(",");
         for m in &mut cluster.members {
             m.initial_cluster = initial_cluster.clone();
+            prepare(m, &initial_cluster);
             m.launch();
         }
         for i in 0..count {

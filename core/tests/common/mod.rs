@@ -205,7 +205,7 @@ impl Server {
         )
     }
 
-    fn start_with(
+    pub fn start_with(
         kind: Kind,
         client_port: u16,
         peer_port: u16,

@@ -90,6 +90,10 @@ struct InFlight {
     deliver_at_ms: u64,
     from: usize,
     to: usize,
+    /// The receiving process the message was sent to: a connection ends with its process, so
+    /// a message to a process that has since restarted is lost (the new process has new
+    /// connections, and request ids that start over).
+    to_incarnation: u64,
     msg: NetMsg,
 }
 
@@ -459,6 +463,7 @@ impl World {
                 deliver_at_ms: self.now_ms + delay,
                 from,
                 to,
+                to_incarnation: self.incarnations[to],
                 msg: msg.clone(),
             });
         }
@@ -512,7 +517,8 @@ impl World {
 
     fn deliver_one(&mut self, m: InFlight) {
         let (from, to) = (m.from, m.to);
-        let lost = self.blocked[from][to] || !self.is_up(to);
+        let lost =
+            self.blocked[from][to] || !self.is_up(to) || m.to_incarnation != self.incarnations[to];
         if let NetMsg::Raft(bytes, _) = &m.msg {
             let msg = Message::decode(bytes).expect("a message we encoded decodes");
             if lost {
@@ -529,12 +535,13 @@ impl World {
             }
             let is_snapshot = msg.msg_type == MessageType::Snapshot;
             let target = msg.to;
+            let now = self.clock_ms(to);
             self.nodes[to]
                 .run
                 .as_mut()
                 .expect("checked up")
                 .member
-                .step(msg);
+                .step(msg, now);
             if is_snapshot {
                 if let Some(run) = self.nodes[from].run.as_mut() {
                     run.member.report_snapshot(target, SnapshotStatus::Finish);
