@@ -16,6 +16,7 @@ pub mod member;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod peer_tls;
 pub mod raftcore;
 pub mod rt;
 pub mod service;

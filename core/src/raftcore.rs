@@ -150,12 +150,13 @@ impl RaftCore {
             shared.member_id(),
             shared.cluster_id(),
             shared.limits.peer_frame_bytes_max,
+            crate::peer_tls::load(&shared.config)?,
         );
-        for addr in &shared.config.listen_peer_addrs {
+        for l in &shared.config.listen_peer {
             transport
-                .listen(*addr)
+                .listen(l.addr, l.scheme)
                 .map_err(|source| CoreError::Listen {
-                    addr: *addr,
+                    addr: l.addr,
                     source,
                 })?;
         }

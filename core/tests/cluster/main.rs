@@ -21,6 +21,7 @@ mod corrupt;
 mod failover;
 mod membership;
 mod partition;
+mod peer_tls;
 
 use std::time::Duration;
 
