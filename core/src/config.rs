@@ -929,9 +929,11 @@ fn peer_tls(
         text(&f.peer_cert_allowed_cn),
         text(&f.peer_cert_allowed_hostname),
     ) {
-        (Some(cn), Some(host)) => return Err(CoreError::Config(format!(
+        (Some(cn), Some(host)) => {
+            return Err(CoreError::Config(format!(
             "AllowedCN and AllowedHostname are mutually exclusive (cn={cn:?}, hostname={host:?})"
-        ))),
+        )))
+        }
         (Some(cn), None) => Allowed::CommonName(cn),
         (None, Some(host)) => Allowed::Hostname(host),
         (None, None) => Allowed::Any,

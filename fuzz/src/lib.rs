@@ -221,23 +221,17 @@ struct EchoHandler {
 }
 
 impl Handler for EchoHandler {
-    fn grpc<'a>(
-        self: Rc<Self>,
-        mut call: Call,
-        sink: &'a mut ResponseSink,
-    ) -> impl Future<Output = Status> + 'a {
-        async move {
-            loop {
-                match call.requests.next_raw().await {
-                    Ok(Some(_)) => {
-                        self.messages.set(self.messages.get() + 1);
-                        if let Err(status) = sink.send(&pb::RangeResponse::default()).await {
-                            return status;
-                        }
+    async fn grpc(self: Rc<Self>, mut call: Call, sink: &mut ResponseSink) -> Status {
+        loop {
+            match call.requests.next_raw().await {
+                Ok(Some(_)) => {
+                    self.messages.set(self.messages.get() + 1);
+                    if let Err(status) = sink.send(&pb::RangeResponse::default()).await {
+                        return status;
                     }
-                    Ok(None) => return Status::ok(),
-                    Err(status) => return status,
                 }
+                Ok(None) => return Status::ok(),
+                Err(status) => return status,
             }
         }
     }
