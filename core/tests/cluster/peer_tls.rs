@@ -161,6 +161,38 @@ fn a_peer_mtls_cluster_serves_writes_and_survives_losing_its_leader() {
     assert_eq!(kvs.len(), 21, "every write on every member: {keys:?}");
 }
 
+#[test]
+fn peer_auto_tls_and_an_allowed_hostname_form_clusters() {
+    // --peer-auto-tls: self-signed certificates, peers not verified (as in etcd).
+    let c = Cluster::start_with(3, Net::Loopback, &["--peer-auto-tls"], "https", |_| {
+        Vec::new()
+    });
+    let put = c.etcdctl(0, &["put", "auto", "tls"]);
+    assert_eq!(put.code, 0, "{put:?}");
+    let (_, kvs) = c.wait_converged(&[0, 1, 2], Duration::from_secs(20));
+    assert_eq!(kvs.len(), 1);
+    assert!(c.members[1]
+        .data_dir
+        .join("fixtures/peer/cert.pem")
+        .exists());
+    drop(c);
+    // --peer-cert-allowed-hostname: every certificate names 127.0.0.1, so every member
+    // accepts every other (the refusal of a certificate that does not name it is tls.rs's
+    // unit test).
+    let pki = Pki::new();
+    for i in 0..3 {
+        pki.issue("ca", &format!("member{i}"));
+    }
+    let c = Cluster::start_with(3, Net::Loopback, &[], "https", |i| {
+        let mut flags = pki.peer_flags(&format!("member{i}"));
+        flags.extend(["--peer-cert-allowed-hostname".into(), "127.0.0.1".into()]);
+        flags
+    });
+    let put = c.etcdctl(2, &["put", "allowed", "hostname"]);
+    assert_eq!(put.code, 0, "{put:?}");
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(20));
+}
+
 /// One process of a hand-built cluster (for clusters that never become ready), killed on drop.
 struct Process {
     child: Child,
