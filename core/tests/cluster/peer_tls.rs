@@ -311,9 +311,12 @@ fn wrong_ca_cluster(program: &str, pki: &Pki, refusal: &str) -> WrongCaOutcome {
         &["get", "k", "--consistency=s", "--print-value-only"],
     );
     let outsider_sees_write = read.stdout.trim() == "v";
-    let refusal_logged = members[0].log().contains(refusal);
-    if !refusal_logged {
-        eprintln!("{program} n0's log:\n{}", members[0].log());
+    let log = members[0].log();
+    let refusal_line = log.lines().find(|l| l.contains(refusal));
+    let refusal_logged = refusal_line.is_some();
+    match refusal_line {
+        Some(line) => eprintln!("{program} n0 logs: {line}"),
+        None => eprintln!("{program} n0's log:\n{log}"),
     }
     WrongCaOutcome {
         good_members_write,
