@@ -15,7 +15,7 @@ use clap::Parser;
 use crate::compactor::Retention;
 use crate::error::CoreError;
 use crate::flags_compat::EtcdCompatFlags;
-use crate::tls::{CertSource, ClientAuth, ClientTls};
+use crate::tls::{Allowed, CertSource, ClientAuth, Side, TlsSettings};
 
 /// etcd's defaults (embed/config.go), kept here so a reader can compare them side by side.
 pub const DEFAULT_MAX_TXN_OPS: u32 = 128;
@@ -271,34 +271,35 @@ pub struct Flags {
     )]
     pub client_cert_allowed_hostname: Option<String>,
 
-    /// Peer TLS flags: not supported yet, refused rather than silently serving plaintext.
-    #[arg(long = "peer-cert-file", env = "ETCD_PEER_CERT_FILE", hide = true)]
+    /// Path to the peer server TLS cert file; a dialing member presents it as its client
+    /// certificate too (give it both serverAuth and clientAuth usages).
+    #[arg(long = "peer-cert-file", env = "ETCD_PEER_CERT_FILE")]
     pub peer_cert_file: Option<String>,
-    #[arg(long = "peer-key-file", env = "ETCD_PEER_KEY_FILE", hide = true)]
+    /// Path to the peer server TLS key file.
+    #[arg(long = "peer-key-file", env = "ETCD_PEER_KEY_FILE")]
     pub peer_key_file: Option<String>,
-    #[arg(
-        long = "peer-trusted-ca-file",
-        env = "ETCD_PEER_TRUSTED_CA_FILE",
-        hide = true
-    )]
+    /// Path to the peer server TLS trusted CA file: peers' certificates are verified against
+    /// it on both sides of a connection.
+    #[arg(long = "peer-trusted-ca-file", env = "ETCD_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<String>,
-    #[arg(long = "peer-crl-file", env = "ETCD_PEER_CRL_FILE", hide = true)]
+    /// Path to the peer certificate revocation list file (PEM).
+    #[arg(long = "peer-crl-file", env = "ETCD_PEER_CRL_FILE")]
     pub peer_crl_file: Option<String>,
-    #[arg(
-        long = "peer-cert-allowed-cn",
-        env = "ETCD_PEER_CERT_ALLOWED_CN",
-        hide = true
-    )]
+    /// Allowed CommonName for inter-peer authentication.
+    #[arg(long = "peer-cert-allowed-cn", env = "ETCD_PEER_CERT_ALLOWED_CN")]
     pub peer_cert_allowed_cn: Option<String>,
+    /// Allowed TLS hostname for inter-peer authentication.
     #[arg(
         long = "peer-cert-allowed-hostname",
-        env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME",
-        hide = true
+        env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME"
     )]
     pub peer_cert_allowed_hostname: Option<String>,
-    #[arg(long = "peer-auto-tls", env = "ETCD_PEER_AUTO_TLS", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    /// Peer TLS using self-generated certificates (under <data-dir>/fixtures/peer); peers are
+    /// then not verified, as in etcd.
+    #[arg(long = "peer-auto-tls", env = "ETCD_PEER_AUTO_TLS", num_args = 0..=1, default_missing_value = "true")]
     pub peer_auto_tls: Option<bool>,
-    #[arg(long = "peer-client-cert-auth", env = "ETCD_PEER_CLIENT_CERT_AUTH", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    /// Enable peer client cert authentication (needs --peer-trusted-ca-file).
+    #[arg(long = "peer-client-cert-auth", env = "ETCD_PEER_CLIENT_CERT_AUTH", num_args = 0..=1, default_missing_value = "true")]
     pub peer_client_cert_auth: Option<bool>,
 
     /// etcd flags that tune internals Keel does not have; accepted so deployments keep working.
@@ -402,9 +403,13 @@ pub struct Config {
     /// Listeners serving only /metrics and /health over HTTP/1.1 (`--listen-metrics-urls`).
     pub listen_metrics: Vec<ClientListener>,
     /// TLS for the https client listeners; None when every listener is plaintext.
-    pub client_tls: Option<ClientTls>,
+    pub client_tls: Option<TlsSettings>,
     pub advertise_client_urls: Vec<String>,
-    pub listen_peer_addrs: Vec<SocketAddr>,
+    /// Peer listeners, each plaintext or TLS by its URL's scheme.
+    pub listen_peer: Vec<ClientListener>,
+    /// TLS for https peer listeners and for dialing https peer URLs; None when no peer URL is
+    /// https.
+    pub peer_tls: Option<TlsSettings>,
     pub initial_advertise_peer_urls: Vec<String>,
     pub initial_cluster: Vec<InitialMember>,
     pub initial_cluster_state: ClusterState,
@@ -450,22 +455,6 @@ impl Config {
 
     pub fn from_flags(f: Flags) -> Result<Config, CoreError> {
         let given = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
-        let peer_tls = [
-            &f.peer_cert_file,
-            &f.peer_key_file,
-            &f.peer_trusted_ca_file,
-            &f.peer_crl_file,
-            &f.peer_cert_allowed_cn,
-            &f.peer_cert_allowed_hostname,
-        ]
-        .into_iter()
-        .any(given)
-            || [f.peer_auto_tls, f.peer_client_cert_auth].contains(&Some(true));
-        if peer_tls {
-            return Err(CoreError::Config(
-                "peer TLS flags (--peer-*) are not supported yet: refusing to run the peer port in plaintext where TLS was asked for".into(),
-            ));
-        }
         if given(&f.client_cert_allowed_hostname) {
             return Err(CoreError::Config(
                 "--client-cert-allowed-hostname is not supported: refusing to accept client certificates it would reject".into(),
@@ -497,16 +486,17 @@ impl Config {
             }))
             .collect();
         let client_tls = client_tls(&f, &tls_listeners, &mut warnings)?;
-        let listen_peer_addrs = parse_listen_urls("listen-peer-urls", &f.listen_peer_urls)?;
-        let advertise_client_urls = split_urls(
-            "advertise-client-urls",
-            &f.advertise_client_urls,
-            Https::Allowed,
-        )?;
+        let (listen_peer, peer_unix) =
+            parse_client_listen_urls("listen-peer-urls", &f.listen_peer_urls)?;
+        if !peer_unix.is_empty() {
+            return Err(CoreError::Config(
+                "--listen-peer-urls: unix sockets are not supported for peers".into(),
+            ));
+        }
+        let advertise_client_urls = split_urls("advertise-client-urls", &f.advertise_client_urls)?;
         let initial_advertise_peer_urls = split_urls(
             "initial-advertise-peer-urls",
             &f.initial_advertise_peer_urls,
-            Https::Refused,
         )?;
         let initial_cluster = match &f.initial_cluster {
             Some(s) if !s.is_empty() => parse_initial_cluster(s)?,
@@ -516,6 +506,7 @@ impl Config {
                 peer_urls: initial_advertise_peer_urls.clone(),
             }],
         };
+        let peer_tls = peer_tls(&f, &listen_peer, &initial_cluster, &mut warnings)?;
         if !initial_cluster.iter().any(|m| m.name == f.name) {
             return Err(CoreError::Config(format!(
                 "couldn't find local name {:?} in the initial cluster configuration",
@@ -661,7 +652,8 @@ impl Config {
             listen_metrics,
             client_tls,
             advertise_client_urls,
-            listen_peer_addrs,
+            listen_peer,
+            peer_tls,
             initial_advertise_peer_urls,
             initial_cluster,
             initial_cluster_state,
@@ -749,14 +741,6 @@ pub fn normalize_go_args(args: impl IntoIterator<Item = String>) -> Vec<String> 
         .collect()
 }
 
-/// Whether a flag's URLs may use `https://`: client URLs may, peer URLs not yet (peer TLS
-/// is not implemented, and a peer URL we cannot dial must not be accepted silently).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Https {
-    Allowed,
-    Refused,
-}
-
 /// A URL's scheme: how a listener on it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheme {
@@ -771,7 +755,7 @@ pub struct ClientListener {
     pub scheme: Scheme,
 }
 
-fn split_urls(flag: &str, s: &str, https: Https) -> Result<Vec<String>, CoreError> {
+fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
     let urls: Vec<String> = s
         .split(',')
         .map(str::trim)
@@ -784,36 +768,27 @@ fn split_urls(flag: &str, s: &str, https: Https) -> Result<Vec<String>, CoreErro
         )));
     }
     for u in &urls {
-        // Client URLs may name unix sockets, as etcd's do; peer URLs may not.
-        if https == Https::Allowed && unix_socket_url(u).is_some() {
+        // Client URLs may name unix sockets, as etcd's do; the peer flags refuse them.
+        if unix_socket_url(u).is_some() {
             continue;
         }
-        url_scheme_host_port(flag, u, https)?;
+        url_scheme_host_port(flag, u)?;
     }
     Ok(urls)
 }
 
-/// Splits a peer URL "http://host:port" into host and port, refusing schemes we cannot serve
-/// or dial (https: peer TLS is not supported yet).
+/// Splits a peer URL "http(s)://host:port" into host and port, refusing schemes we cannot
+/// serve or dial.
 pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> {
-    let (_, host, port) = url_scheme_host_port(flag, url, Https::Refused)?;
+    let (_, host, port) = url_scheme_host_port(flag, url)?;
     Ok((host, port))
 }
 
 /// Splits "http(s)://host:port" into scheme, host and port.
-pub fn url_scheme_host_port(
-    flag: &str,
-    url: &str,
-    https: Https,
-) -> Result<(Scheme, String, u16), CoreError> {
+pub fn url_scheme_host_port(flag: &str, url: &str) -> Result<(Scheme, String, u16), CoreError> {
     let (scheme, rest) = if let Some(r) = url.strip_prefix("http://") {
         (Scheme::Http, r)
     } else if let Some(r) = url.strip_prefix("https://") {
-        if https == Https::Refused {
-            return Err(CoreError::Config(format!(
-                "--{flag}: {url:?}: peer TLS is not supported yet"
-            )));
-        }
         (Scheme::Https, r)
     } else if url.starts_with("unix://") || url.starts_with("unixs://") {
         return Err(CoreError::Config(format!(
@@ -849,19 +824,8 @@ fn resolve(flag: &str, url: &str, host: String, port: u16) -> Result<SocketAddr,
         .ok_or_else(|| CoreError::Config(format!("--{flag}: {url:?} resolves to nothing")))
 }
 
-fn parse_listen_urls(flag: &str, s: &str) -> Result<Vec<SocketAddr>, CoreError> {
-    let mut addrs = Vec::new();
-    for url in split_urls(flag, s, Https::Refused)? {
-        let (host, port) = url_host_port(flag, &url)?;
-        let addr = resolve(flag, &url, host, port)?;
-        if !addrs.contains(&addr) {
-            addrs.push(addr);
-        }
-    }
-    Ok(addrs)
-}
-
-/// `--listen-client-urls`: http and https listeners may coexist, on different addresses.
+/// `--listen-client-urls` and `--listen-peer-urls`: http and https listeners may coexist, on
+/// different addresses.
 /// A unix socket path from `unix://path` or `unixs://path`, as etcd reads it (the URL's host
 /// and path together: `unix://localhost:2379` is the file "localhost:2379" in the working
 /// directory, `unix:///run/etcd.sock` an absolute path). None for other schemes.
@@ -889,7 +853,7 @@ fn parse_client_listen_urls(
 ) -> Result<(Vec<ClientListener>, Vec<UnixListenerSpec>), CoreError> {
     let mut listeners: Vec<ClientListener> = Vec::new();
     let mut unix: Vec<UnixListenerSpec> = Vec::new();
-    for url in split_urls(flag, s, Https::Allowed)? {
+    for url in split_urls(flag, s)? {
         if let Some((scheme, path)) = unix_socket_url(&url) {
             if path.as_os_str().is_empty() {
                 return Err(CoreError::Config(format!(
@@ -908,7 +872,7 @@ fn parse_client_listen_urls(
             }
             continue;
         }
-        let (scheme, host, port) = url_scheme_host_port(flag, &url, Https::Allowed)?;
+        let (scheme, host, port) = url_scheme_host_port(flag, &url)?;
         let addr = resolve(flag, &url, host, port)?;
         match listeners.iter().find(|l| l.addr == addr) {
             Some(l) if l.scheme != scheme => {
@@ -929,7 +893,7 @@ fn client_tls(
     f: &Flags,
     listeners: &[ClientListener],
     warnings: &mut Vec<String>,
-) -> Result<Option<ClientTls>, CoreError> {
+) -> Result<Option<TlsSettings>, CoreError> {
     let path = |v: &Option<String>| {
         v.as_deref()
             .filter(|s| !s.is_empty())
@@ -997,12 +961,122 @@ fn client_tls(
             "client TLS certificates are given but no --listen-client-urls is https://: serving plaintext only".into(),
         );
     }
-    Ok(Some(ClientTls {
+    Ok(Some(TlsSettings {
+        side: Side::Client,
         certs,
         trusted_ca_file,
         client_auth,
         crl_file,
         cipher_suites,
+        allowed: Allowed::Any,
+    }))
+}
+
+/// The peer TLS settings from the flags (etcd's `--peer-*`), checked against the peer URLs:
+/// an https peer listener needs a certificate, and so does dialing an https peer URL (the
+/// dialer presents it as its client certificate), which also needs a CA to verify the peer
+/// with unless auto TLS skips verification.
+fn peer_tls(
+    f: &Flags,
+    listeners: &[ClientListener],
+    initial_cluster: &[InitialMember],
+    warnings: &mut Vec<String>,
+) -> Result<Option<TlsSettings>, CoreError> {
+    let path = |v: &Option<String>| {
+        v.as_deref()
+            .filter(|s| !s.is_empty())
+            .map(|s| absolute_path("peer tls file", PathBuf::from(s)))
+            .transpose()
+    };
+    let text = |v: &Option<String>| v.as_deref().filter(|s| !s.is_empty()).map(String::from);
+    let trusted_ca_file = path(&f.peer_trusted_ca_file)?;
+    let crl_file = path(&f.peer_crl_file)?;
+    let listens_https = listeners.iter().any(|l| l.scheme == Scheme::Https);
+    let dials_https = initial_cluster
+        .iter()
+        .flat_map(|m| &m.peer_urls)
+        .any(|u| u.starts_with("https://"));
+    let certs = match (path(&f.peer_cert_file)?, path(&f.peer_key_file)?) {
+        (Some(cert_file), Some(key_file)) => {
+            if f.peer_auto_tls == Some(true) {
+                warnings.push("ignoring peer auto TLS since certs given".into());
+            }
+            Some(CertSource::Files {
+                cert_file,
+                key_file,
+            })
+        }
+        (None, None) if f.peer_auto_tls == Some(true) => Some(CertSource::SelfSigned),
+        (None, None) => None,
+        _ => {
+            return Err(CoreError::Config(
+                "--peer-cert-file and --peer-key-file must be given together".into(),
+            ))
+        }
+    };
+    // As on the client port, a trusted CA alone already requires peers' certificates.
+    let client_auth = if f.peer_client_cert_auth == Some(true) || trusted_ca_file.is_some() {
+        ClientAuth::Require
+    } else {
+        ClientAuth::None
+    };
+    if client_auth == ClientAuth::Require && trusted_ca_file.is_none() {
+        return Err(CoreError::Config(
+            "--peer-client-cert-auth needs --peer-trusted-ca-file to verify peer certificates with"
+                .into(),
+        ));
+    }
+    let allowed = match (
+        text(&f.peer_cert_allowed_cn),
+        text(&f.peer_cert_allowed_hostname),
+    ) {
+        (Some(cn), Some(host)) => {
+            return Err(CoreError::Config(format!(
+            "AllowedCN and AllowedHostname are mutually exclusive (cn={cn:?}, hostname={host:?})"
+        )))
+        }
+        (Some(cn), None) => Allowed::CommonName(cn),
+        (None, Some(host)) => Allowed::Hostname(host),
+        (None, None) => Allowed::Any,
+    };
+    let cipher_suites = match f.cipher_suites.as_deref() {
+        Some(s) if !s.is_empty() => {
+            crate::tls::parse_cipher_suites(s).map_err(CoreError::Config)?
+        }
+        _ => Vec::new(),
+    };
+    let Some(certs) = certs else {
+        if listens_https || dials_https {
+            return Err(CoreError::Config(
+                "an https:// peer URL needs peer TLS key/cert (--peer-cert-file, --peer-key-file) or --peer-auto-tls".into(),
+            ));
+        }
+        if client_auth == ClientAuth::Require || crl_file.is_some() || allowed != Allowed::Any {
+            return Err(CoreError::Config(
+                "peer certificate flags need peer TLS: give --peer-cert-file and --peer-key-file (or --peer-auto-tls) and https:// peer URLs".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if dials_https && certs != CertSource::SelfSigned && trusted_ca_file.is_none() {
+        return Err(CoreError::Config(
+            "dialing https:// peer URLs needs --peer-trusted-ca-file to verify the peers with (Keel does not fall back to the system's roots)".into(),
+        ));
+    }
+    if !listens_https {
+        // etcd ignores the files for an http peer listener, with the same warning.
+        warnings.push(
+            "peer TLS certificates are given but no --listen-peer-urls is https://: the peer listener serves plaintext".into(),
+        );
+    }
+    Ok(Some(TlsSettings {
+        side: Side::Peer,
+        certs,
+        trusted_ca_file,
+        client_auth,
+        crl_file,
+        cipher_suites,
+        allowed,
     }))
 }
 
@@ -1149,18 +1223,59 @@ mod tests {
     }
 
     #[test]
-    fn peer_tls_is_refused_not_ignored() {
-        for args in [
-            &["--peer-cert-file", "x.pem"][..],
-            &["--peer-auto-tls"],
-            &["--peer-client-cert-auth"],
+    fn peer_tls_needs_certificates_and_a_ca_to_dial_with() {
+        let https_peer = [
+            "--listen-peer-urls",
+            "https://127.0.0.1:2380",
+            "--initial-advertise-peer-urls",
+            "https://127.0.0.1:2380",
+        ];
+        let with = |extra: &[&str]| {
+            let args: Vec<&str> = https_peer.iter().chain(extra).copied().collect();
+            parse(&args)
+        };
+        assert!(
+            with(&[]).is_err(),
+            "an https peer URL without a certificate"
+        );
+        let files = ["--peer-cert-file", "p.pem", "--peer-key-file", "p.key"];
+        assert!(
+            with(&files).is_err(),
+            "dialing https without a CA to verify"
+        );
+        let mut args = files.to_vec();
+        args.extend([
+            "--peer-trusted-ca-file",
+            "ca.pem",
+            "--peer-cert-allowed-cn",
+            "n1",
+        ]);
+        let c = with(&args).expect("mTLS peers");
+        assert_eq!(c.listen_peer[0].scheme, Scheme::Https);
+        let tls = c.peer_tls.expect("peer TLS");
+        assert_eq!(tls.side, Side::Peer);
+        assert_eq!(tls.client_auth, ClientAuth::Require);
+        assert_eq!(tls.allowed, Allowed::CommonName("n1".into()));
+        let auto = with(&["--peer-auto-tls"]).expect("auto TLS needs no CA");
+        assert_eq!(
+            auto.peer_tls.expect("peer TLS").certs,
+            CertSource::SelfSigned
+        );
+        args.extend(["--peer-cert-allowed-hostname", "x"]);
+        assert!(with(&args).is_err(), "CN and hostname are exclusive");
+        for refused in [
+            &["--peer-client-cert-auth"][..],
             &["--peer-trusted-ca-file", "ca.pem"],
-            &["--listen-peer-urls", "https://127.0.0.1:2380"],
-            &["--initial-advertise-peer-urls", "https://127.0.0.1:2380"],
+            &["--peer-cert-allowed-cn", "x"],
             &["--client-cert-allowed-hostname", "x"],
         ] {
-            assert!(parse(args).is_err(), "{args:?}");
+            assert!(parse(refused).is_err(), "{refused:?}");
         }
+        let plain = parse(&["--peer-auto-tls"]).expect("plaintext peers with auto TLS");
+        assert!(plain
+            .warnings
+            .iter()
+            .any(|w| w.contains("serves plaintext")));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod member;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod peer_tls;
 pub mod probes;
 pub mod procstat;
 pub mod raftcore;

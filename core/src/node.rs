@@ -111,7 +111,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         cluster_id = format!("{:x}", identity.cluster_id),
         listen_client_urls = ?config.listen_client,
         advertise_client_urls = ?config.advertise_client_urls,
-        listen_peer_urls = ?config.listen_peer_addrs,
+        listen_peer_urls = ?config.listen_peer,
         shards = config.shards,
         raft_cpu = config.raft_cpu,
         ignored_flags = ?config.ignored_flags,

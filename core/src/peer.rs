@@ -10,7 +10,14 @@
 //!
 //! Frame: u32 big-endian length, then the payload (a handshake, then one `keel_raft::Message`
 //! in its own binary encoding per frame). A snapshot travels as one large frame, which TCP
-//! streams in chunks; both sides bound its size.
+//! streams in chunks; both sides bound its size. Parsing a handshake and a frame are pure
+//! functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
+//!
+//! TLS (`https://` peer URLs): an https listener runs the server side of a handshake (bounded
+//! by [`PEER_HANDSHAKE_TIMEOUT`]) before reading the hello; a sender dialing an https URL runs
+//! the client side, presenting this member's peer certificate, and verifies the peer's (see
+//! `tls.rs`). An https listener never reads a plaintext byte as a frame, and an http URL is
+//! dialed in plaintext, as etcd does.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -25,9 +32,10 @@ use bytes::Bytes;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
 use keel_raft::{Message, MessageType, SnapshotStatus};
 
-use crate::config::url_host_port;
+use crate::config::{url_scheme_host_port, Scheme};
 use crate::rt::{self, TcpStream};
 use crate::stats::{PeerStats, PeerTable, RaftStats};
+use crate::tls::{Acceptor, Connector};
 
 /// Messages queued for one peer before new ones are dropped.
 pub const PEER_QUEUE_MSGS_MAX: usize = 16 * 1024;
@@ -38,6 +46,9 @@ pub const INBOX_MSGS_MAX: usize = 64 * 1024;
 /// Bytes written per syscall batch.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// How long a TLS handshake on the peer port may take, either side, before the connection is
+/// dropped (a peer that connects and stays silent must not hold a task forever).
+pub const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const HANDSHAKE_MAGIC: &[u8; 8] = b"KEELPEER";
 const PROTOCOL_VERSION: u32 = 1;
@@ -192,8 +203,136 @@ struct Reports {
     snapshots: Vec<(u64, SnapshotStatus)>,
 }
 
+/// Peer TLS on the raft core: the acceptor for https listeners, and the connector for https
+/// peer URLs (None when no CA is given to verify peers with and auto TLS is off: such a member
+/// may listen on https but cannot dial it).
+pub struct PeerTls {
+    pub acceptor: Acceptor,
+    pub connector: Option<Connector>,
+}
+
+/// A handshake, as [`parse_hello`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub cluster_id: u64,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// One frame after the handshake, as [`parse_frame`] reads it.
+#[derive(Debug)]
+pub enum Incoming {
+    Raft(Message),
+    Control(Control),
+    HashKvReply { request_id: u64, reply: PeerHash },
+}
+
+/// A frame's length from its 4-byte prefix, refused above `max_bytes`.
+pub fn frame_len(prefix: [u8; 4], max_bytes: usize) -> std::io::Result<usize> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max_bytes {
+        return Err(std::io::Error::other(format!(
+            "peer frame of {len} bytes exceeds {max_bytes}"
+        )));
+    }
+    Ok(len)
+}
+
+/// Encodes this member's handshake as a whole frame (length prefix included).
+pub fn encode_hello(hello: Hello) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(4 + HANDSHAKE_BYTES);
+    buf.extend_from_slice(&(HANDSHAKE_BYTES as u32).to_be_bytes());
+    buf.extend_from_slice(HANDSHAKE_MAGIC);
+    buf.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    buf.extend_from_slice(&hello.cluster_id.to_be_bytes());
+    buf.extend_from_slice(&hello.from.to_be_bytes());
+    buf.extend_from_slice(&hello.to.to_be_bytes());
+    assert_eq!(buf.len(), 4 + HANDSHAKE_BYTES);
+    buf
+}
+
+/// Reads a handshake frame's payload (without its length prefix).
+pub fn parse_hello(frame: &[u8]) -> std::io::Result<Hello> {
+    if frame.len() != HANDSHAKE_BYTES || &frame[..8] != HANDSHAKE_MAGIC {
+        return Err(std::io::Error::other("not a keel peer"));
+    }
+    let u64_at = |o: usize| u64::from_be_bytes(frame[o..o + 8].try_into().expect("8 bytes"));
+    let version = u32::from_be_bytes(frame[8..12].try_into().expect("4 bytes"));
+    if version != PROTOCOL_VERSION {
+        return Err(std::io::Error::other(format!(
+            "peer protocol version {version} is not ours"
+        )));
+    }
+    Ok(Hello {
+        cluster_id: u64_at(12),
+        from: u64_at(20),
+        to: u64_at(28),
+    })
+}
+
+/// Reads one frame's payload (without its length prefix) from the peer `from` named in the
+/// connection's handshake. An error ends the connection.
+pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
+    let Some((&kind, body)) = frame.split_first() else {
+        return Err(std::io::Error::other("empty peer frame"));
+    };
+    let u64_at = |o: usize| u64::from_be_bytes(body[o..o + 8].try_into().expect("8 bytes"));
+    let i64_at = |o: usize| i64::from_be_bytes(body[o..o + 8].try_into().expect("8 bytes"));
+    let incoming = match kind {
+        FRAME_RAFT => {
+            let m = Message::decode(body).map_err(|e| std::io::Error::other(e.to_string()))?;
+            if m.from != from {
+                return Err(std::io::Error::other(
+                    "message sender does not match the connection",
+                ));
+            }
+            Incoming::Raft(m)
+        }
+        FRAME_KEEPALIVE if body.len() == 16 => Incoming::Control(Control::KeepAlive {
+            from,
+            request_id: u64_at(0),
+            lease: i64_at(8),
+        }),
+        FRAME_KEEPALIVE_REPLY if body.len() == 16 => Incoming::Control(Control::KeepAliveReply {
+            request_id: u64_at(0),
+            ttl: i64_at(8),
+        }),
+        FRAME_HASHKV if body.len() == HASHKV_REQUEST_BYTES => Incoming::Control(Control::HashKv {
+            from,
+            request_id: u64_at(0),
+            revision: i64_at(8),
+        }),
+        FRAME_PROPOSAL_REFUSED if body.len() == PROPOSAL_REFUSED_BYTES => {
+            Incoming::Control(Control::ProposalRefused {
+                refusal_code: body[0],
+                kind_code: body[1],
+                id: u64_at(2),
+            })
+        }
+        FRAME_HASHKV_REPLY => {
+            let (request_id, reply) = PeerHash::decode(body)
+                .ok_or_else(|| std::io::Error::other("malformed HashKV reply"))?;
+            Incoming::HashKvReply { request_id, reply }
+        }
+        _ => {
+            return Err(std::io::Error::other(format!(
+                "unknown peer frame kind {kind} of {} bytes",
+                body.len()
+            )))
+        }
+    };
+    Ok(incoming)
+}
+
+/// A connection a sender dialed: plaintext for http peer URLs, TLS for https ones.
+enum Dialed {
+    Plain(TcpStream),
+    Tls(Box<futures_rustls::client::TlsStream<TcpStream>>),
+}
+
 pub struct Transport {
     me: u64,
+    tls: Option<PeerTls>,
     /// 0 until a joining member hears the cluster's id from a peer.
     cluster_id: Cell<u64>,
     learned_cluster_id: Cell<Option<u64>>,
@@ -225,6 +364,7 @@ impl Transport {
         frame_bytes_max: usize,
         peer_stats: Arc<PeerTable>,
         raft_stats: Arc<RaftStats>,
+        tls: Option<PeerTls>,
     ) -> Rc<Transport> {
         assert!(
             frame_bytes_max < u32::MAX as usize,
@@ -232,6 +372,7 @@ impl Transport {
         );
         Rc::new(Transport {
             me,
+            tls,
             cluster_id: Cell::new(cluster_id),
             learned_cluster_id: Cell::new(None),
             peers: RefCell::new(HashMap::new()),
@@ -248,10 +389,14 @@ impl Transport {
         })
     }
 
-    /// Serves incoming peer connections on `addr`, forever. The listener allows address reuse,
-    /// so a member replacing another on the same peer URL starts while the old one's
-    /// connections sit in TIME_WAIT.
-    pub fn listen(self: &Rc<Self>, addr: SocketAddr) -> std::io::Result<()> {
+    /// Serves incoming peer connections on `addr`, forever, in TLS when `scheme` is https.
+    /// The listener allows address reuse, so a member replacing another on the same peer URL
+    /// starts while the old one's connections sit in TIME_WAIT.
+    pub fn listen(self: &Rc<Self>, addr: SocketAddr, scheme: Scheme) -> std::io::Result<()> {
+        assert!(
+            scheme == Scheme::Http || self.tls.is_some(),
+            "config refuses an https peer listener without peer TLS"
+        );
         let listener = rt::bind_listener(addr)?;
         let this = self.clone();
         rt::spawn_local(async move {
@@ -261,7 +406,7 @@ impl Transport {
                         let _ = stream.set_nodelay(true);
                         let this = this.clone();
                         rt::spawn_local(async move {
-                            if let Err(e) = this.read_peer(stream).await {
+                            if let Err(e) = this.serve_peer(stream, scheme).await {
                                 tracing::debug!(error = %e, "peer connection ended");
                             }
                         });
@@ -499,7 +644,7 @@ impl Transport {
                 }
             };
             backoff = BACKOFF_MIN;
-            if let Err(e) = self.write_loop(&peer, stream).await {
+            if let Err(e) = self.write_dialed(&peer, stream).await {
                 tracing::debug!(peer = format!("{:x}", peer.id), error = %e, "peer connection lost");
                 self.drop_queue(&peer);
                 self.reports.borrow_mut().unreachable.push(peer.id);
@@ -522,36 +667,79 @@ impl Transport {
         peer.queue_bytes.set(0);
     }
 
-    async fn connect(&self, peer: &Peer) -> Option<TcpStream> {
+    async fn connect(&self, peer: &Peer) -> Option<Dialed> {
         let urls = peer.addrs.borrow().clone();
+        let hello = encode_hello(Hello {
+            cluster_id: self.cluster_id.get(),
+            from: self.me,
+            to: peer.id,
+        });
         for url in urls {
-            let Ok((host, port)) = url_host_port("peer-urls", &url) else {
+            let Ok((scheme, host, port)) = url_scheme_host_port("peer-urls", &url) else {
                 continue;
             };
-            let host = if host == "localhost" {
-                "127.0.0.1".to_string()
+            let ip = if host == "localhost" {
+                "127.0.0.1"
             } else {
-                host
+                host.as_str()
             };
-            let addr = format!("{host}:{port}");
-            if let Ok(mut s) = TcpStream::connect(addr.as_str()).await {
-                let _ = s.set_nodelay(true);
-                let mut hello = Vec::with_capacity(4 + HANDSHAKE_BYTES);
-                hello.extend_from_slice(&(HANDSHAKE_BYTES as u32).to_be_bytes());
-                hello.extend_from_slice(HANDSHAKE_MAGIC);
-                hello.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
-                hello.extend_from_slice(&self.cluster_id.get().to_be_bytes());
-                hello.extend_from_slice(&self.me.to_be_bytes());
-                hello.extend_from_slice(&peer.id.to_be_bytes());
-                if s.write_all(&hello).await.is_ok() {
-                    return Some(s);
+            let addr = format!("{ip}:{port}");
+            let Ok(s) = TcpStream::connect(addr.as_str()).await else {
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            let mut dialed = match scheme {
+                Scheme::Http => Dialed::Plain(s),
+                Scheme::Https => {
+                    let Some(connector) = self.tls.as_ref().and_then(|t| t.connector.as_ref())
+                    else {
+                        tracing::warn!(%url, "cannot dial an https peer URL: no --peer-trusted-ca-file (or --peer-auto-tls) to verify it with");
+                        continue;
+                    };
+                    let handshake = async { Some(connector.connect(&host, s).await) };
+                    let expired = async {
+                        rt::sleep(PEER_HANDSHAKE_TIMEOUT).await;
+                        None
+                    };
+                    match futures_lite::future::or(handshake, expired).await {
+                        Some(Ok(tls)) => Dialed::Tls(Box::new(tls)),
+                        Some(Err(e)) => {
+                            tracing::warn!(peer = format!("{:x}", peer.id), %url, error = %e, "peer TLS handshake failed");
+                            continue;
+                        }
+                        None => {
+                            tracing::warn!(peer = format!("{:x}", peer.id), %url, "peer TLS handshake timed out");
+                            continue;
+                        }
+                    }
                 }
+            };
+            let sent = match &mut dialed {
+                Dialed::Plain(s) => s.write_all(&hello).await,
+                Dialed::Tls(s) => match s.write_all(&hello).await {
+                    Ok(()) => s.flush().await,
+                    Err(e) => Err(e),
+                },
+            };
+            if sent.is_ok() {
+                return Some(dialed);
             }
         }
         None
     }
 
-    async fn write_loop(&self, peer: &Peer, mut stream: TcpStream) -> std::io::Result<()> {
+    async fn write_dialed(&self, peer: &Peer, dialed: Dialed) -> std::io::Result<()> {
+        match dialed {
+            Dialed::Plain(s) => self.write_loop(peer, s).await,
+            Dialed::Tls(s) => self.write_loop(peer, *s).await,
+        }
+    }
+
+    async fn write_loop<S: futures_lite::AsyncWrite + Unpin>(
+        &self,
+        peer: &Peer,
+        mut stream: S,
+    ) -> std::io::Result<()> {
         let mut batch = Vec::with_capacity(WRITE_BATCH_BYTES);
         loop {
             if peer.removed.get() {
@@ -596,6 +784,10 @@ impl Transport {
                     RaftStats::count(&peer.stats.sent_bytes, frame.len() as u64);
                 }
             }
+            if result.is_ok() {
+                // A TLS stream may hold the last record until flushed; TCP's flush is free.
+                result = stream.flush().await;
+            }
             self.report_snapshots(&snapshots, result.is_ok());
             result?;
         }
@@ -618,19 +810,45 @@ impl Transport {
         self.inbox_signal.wake();
     }
 
-    async fn read_peer(&self, mut stream: TcpStream) -> std::io::Result<()> {
-        let hello = read_frame(&mut stream, HANDSHAKE_BYTES).await?;
-        if hello.len() != HANDSHAKE_BYTES || &hello[..8] != HANDSHAKE_MAGIC {
-            return Err(std::io::Error::other("not a keel peer"));
+    /// Runs an accepted connection: the TLS handshake first on an https listener, then the
+    /// peer protocol.
+    async fn serve_peer(&self, stream: TcpStream, scheme: Scheme) -> std::io::Result<()> {
+        match scheme {
+            Scheme::Http => self.read_peer(stream).await,
+            Scheme::Https => {
+                let acceptor = &self.tls.as_ref().expect("checked by listen").acceptor;
+                let handshake = async { Some(acceptor.accept(stream).await) };
+                let expired = async {
+                    rt::sleep(PEER_HANDSHAKE_TIMEOUT).await;
+                    None
+                };
+                match futures_lite::future::or(handshake, expired).await {
+                    Some(Ok(tls)) => self.read_peer(tls).await,
+                    Some(Err(e)) => {
+                        // etcd logs the same refusal ("rejected connection from ...") at
+                        // warning level: a peer with a bad certificate is an operator's problem.
+                        tracing::warn!(error = %e, "rejected peer connection: TLS handshake failed");
+                        Err(e)
+                    }
+                    None => Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "peer TLS handshake timed out",
+                    )),
+                }
+            }
         }
-        let u64_at = |o: usize| u64::from_be_bytes(hello[o..o + 8].try_into().expect("8 bytes"));
-        let version = u32::from_be_bytes(hello[8..12].try_into().expect("4 bytes"));
-        let (cluster_id, from, to) = (u64_at(12), u64_at(20), u64_at(28));
-        if version != PROTOCOL_VERSION {
-            return Err(std::io::Error::other(format!(
-                "peer protocol version {version} is not ours"
-            )));
-        }
+    }
+
+    async fn read_peer<S: futures_lite::AsyncRead + Unpin>(
+        &self,
+        mut stream: S,
+    ) -> std::io::Result<()> {
+        let hello = parse_hello(&read_frame(&mut stream, HANDSHAKE_BYTES).await?)?;
+        let Hello {
+            cluster_id,
+            from,
+            to,
+        } = hello;
         let ours = self.cluster_id.get();
         if ours == 0 && cluster_id != 0 {
             // We are joining: the first member of the cluster to reach us tells us its id.
@@ -660,18 +878,8 @@ impl Transport {
         loop {
             let frame = read_frame(&mut stream, self.frame_bytes_max).await?;
             RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
-            let Some((&kind, body)) = frame.split_first() else {
-                return Err(std::io::Error::other("empty peer frame"));
-            };
-            match kind {
-                FRAME_RAFT => {
-                    let m =
-                        Message::decode(body).map_err(|e| std::io::Error::other(e.to_string()))?;
-                    if m.from != from {
-                        return Err(std::io::Error::other(
-                            "message sender does not match the connection",
-                        ));
-                    }
+            match parse_frame(&frame, from)? {
+                Incoming::Raft(m) => {
                     if m.msg_type == MessageType::HeartbeatResponse {
                         if let Some(sent) = self.heartbeat_sent_at.borrow_mut().remove(&from) {
                             stats.round_trip.observe_duration(sent.elapsed());
@@ -682,60 +890,16 @@ impl Transport {
                         inbox.push_back(m);
                     }
                 }
-                FRAME_KEEPALIVE | FRAME_KEEPALIVE_REPLY if body.len() == 16 => {
-                    let request_id = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
-                    let value = i64::from_be_bytes(body[8..].try_into().expect("8 bytes"));
-                    let c = if kind == FRAME_KEEPALIVE {
-                        Control::KeepAlive {
-                            from,
-                            request_id,
-                            lease: value,
-                        }
-                    } else {
-                        Control::KeepAliveReply {
-                            request_id,
-                            ttl: value,
-                        }
-                    };
+                Incoming::Control(c) => {
                     let mut control = self.control.borrow_mut();
                     if control.len() < INBOX_MSGS_MAX {
                         control.push_back(c);
                     }
                 }
-                FRAME_HASHKV if body.len() == HASHKV_REQUEST_BYTES => {
-                    let request_id = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
-                    let revision = i64::from_be_bytes(body[8..].try_into().expect("8 bytes"));
-                    let mut control = self.control.borrow_mut();
-                    if control.len() < INBOX_MSGS_MAX {
-                        control.push_back(Control::HashKv {
-                            from,
-                            request_id,
-                            revision,
-                        });
-                    }
-                }
-                FRAME_PROPOSAL_REFUSED if body.len() == PROPOSAL_REFUSED_BYTES => {
-                    let id = u64::from_be_bytes(body[2..].try_into().expect("8 bytes"));
-                    let mut control = self.control.borrow_mut();
-                    if control.len() < INBOX_MSGS_MAX {
-                        control.push_back(Control::ProposalRefused {
-                            refusal_code: body[0],
-                            kind_code: body[1],
-                            id,
-                        });
-                    }
-                }
-                FRAME_HASHKV_REPLY => {
-                    let (request_id, reply) = PeerHash::decode(body)
-                        .ok_or_else(|| std::io::Error::other("malformed HashKV reply"))?;
+                Incoming::HashKvReply { request_id, reply } => {
                     if let Some(tx) = self.hash_waiting.borrow_mut().remove(&request_id) {
                         let _ = tx.send(reply);
                     }
-                }
-                _ => {
-                    return Err(std::io::Error::other(format!(
-                        "unknown peer frame kind {kind}"
-                    )))
                 }
             }
             self.inbox_signal.wake();
@@ -743,15 +907,13 @@ impl Transport {
     }
 }
 
-async fn read_frame(stream: &mut TcpStream, max_bytes: usize) -> std::io::Result<Vec<u8>> {
+async fn read_frame<S: futures_lite::AsyncRead + Unpin>(
+    stream: &mut S,
+    max_bytes: usize,
+) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len).await?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > max_bytes {
-        return Err(std::io::Error::other(format!(
-            "peer frame of {len} bytes exceeds {max_bytes}"
-        )));
-    }
+    let len = frame_len(len, max_bytes)?;
     let mut buf = vec![0u8; len];
     stream.read_exact(&mut buf).await?;
     Ok(buf)

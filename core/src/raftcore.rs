@@ -153,13 +153,14 @@ impl RaftCore {
             shared.limits.peer_frame_bytes_max,
             shared.peer_stats.clone(),
             shared.raft_stats.clone(),
+            crate::peer_tls::load(&shared.config)?,
         );
-        for addr in &shared.config.listen_peer_addrs {
-            crate::lifecycle::log_listening_for_peers(addr);
+        for l in &shared.config.listen_peer {
+            crate::lifecycle::log_listening_for_peers(&l.addr);
             transport
-                .listen(*addr)
+                .listen(l.addr, l.scheme)
                 .map_err(|source| CoreError::Listen {
-                    addr: *addr,
+                    addr: l.addr,
                     source,
                 })?;
         }

@@ -55,6 +55,8 @@ pub struct Member {
     pub peer_port: u16,
     pub data_dir: PathBuf,
     pub netns: Option<String>,
+    /// "http" or "https": the scheme of this member's peer URL.
+    pub peer_scheme: &'static str,
     initial_cluster: String,
     cluster_state: ClusterState,
     log_dir: PathBuf,
@@ -72,7 +74,7 @@ impl Member {
     }
 
     pub fn peer_url(&self) -> String {
-        format!("http://{}:{}", self.host, self.peer_port)
+        format!("{}://{}:{}", self.peer_scheme, self.host, self.peer_port)
     }
 
     pub fn is_running(&self) -> bool {
@@ -251,12 +253,13 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     net: Net,
     extra_args: Vec<String>,
+    peer_scheme: &'static str,
 }
 
 impl Cluster {
     /// Starts `count` members named n0.. and waits until each answers `endpoint health`.
     pub fn start(count: usize, net: Net, extra_args: &[&str]) -> Cluster {
-        Cluster::start_prepared(count, net, extra_args, &|_, _| {})
+        Cluster::start_with(count, net, extra_args, "http", |_| Vec::new())
     }
 
     /// Like [`Cluster::start`], but first calls `prepare(member, initial_cluster)` for each
@@ -265,6 +268,50 @@ impl Cluster {
         count: usize,
         net: Net,
         extra_args: &[&str],
+        prepare: &dyn Fn(&Member, &str),
+    ) -> Cluster {
+        let mut cluster =
+            Cluster::launch_prepared(count, net, extra_args, "http", |_| Vec::new(), prepare);
+        for i in 0..count {
+            cluster.wait_ready(i);
+        }
+        cluster
+    }
+
+    /// Like [`Cluster::start`], with peer URLs of `peer_scheme` ("http" or "https") and flags
+    /// per member (`member_args(i)`, after `extra_args`: e.g. each member's own certificate).
+    pub fn start_with(
+        count: usize,
+        net: Net,
+        extra_args: &[&str],
+        peer_scheme: &'static str,
+        member_args: impl Fn(usize) -> Vec<String>,
+    ) -> Cluster {
+        let mut cluster = Cluster::launch_with(count, net, extra_args, peer_scheme, member_args);
+        for i in 0..count {
+            cluster.wait_ready(i);
+        }
+        cluster
+    }
+
+    /// [`Cluster::start_with`] without waiting for the members to be ready (for clusters where
+    /// some never will be).
+    pub fn launch_with(
+        count: usize,
+        net: Net,
+        extra_args: &[&str],
+        peer_scheme: &'static str,
+        member_args: impl Fn(usize) -> Vec<String>,
+    ) -> Cluster {
+        Cluster::launch_prepared(count, net, extra_args, peer_scheme, member_args, &|_, _| {})
+    }
+
+    fn launch_prepared(
+        count: usize,
+        net: Net,
+        extra_args: &[&str],
+        peer_scheme: &'static str,
+        member_args: impl Fn(usize) -> Vec<String>,
         prepare: &dyn Fn(&Member, &str),
     ) -> Cluster {
         require_tool("etcdctl");
@@ -288,9 +335,11 @@ impl Cluster {
             dir,
             net,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            peer_scheme,
         };
         for i in 0..count {
-            let member = cluster.new_member(&format!("n{i}"), i);
+            let mut member = cluster.new_member(&format!("n{i}"), i);
+            member.extra_args.extend(member_args(i));
             cluster.members.push(member);
         }
         let initial_cluster = cluster
@@ -303,9 +352,6 @@ impl Cluster {
             m.initial_cluster = initial_cluster.clone();
             prepare(m, &initial_cluster);
             m.launch();
-        }
-        for i in 0..count {
-            cluster.wait_ready(i);
         }
         cluster
     }
@@ -328,6 +374,7 @@ impl Cluster {
             peer_port,
             data_dir: self.dir.path().join(format!("{name}.data")),
             netns: ns,
+            peer_scheme: self.peer_scheme,
             initial_cluster: String::new(),
             cluster_state: ClusterState::New,
             log_dir: self.dir.path().to_path_buf(),

@@ -21,6 +21,7 @@ mod corrupt;
 mod failover;
 mod membership;
 mod partition;
+mod peer_tls;
 mod snapshot;
 
 use std::time::Duration;

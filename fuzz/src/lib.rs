@@ -1,0 +1,568 @@
+//! Fuzz targets for every parser that reads bytes Keel did not write itself in this process:
+//! what clients send (gRPC framing, request messages, raw HTTP/2), what peers send (handshake
+//! and frames, raft messages), and what the disk gives back (WAL segments, checkpoints).
+//!
+//! Each target is a plain `fn(&[u8])` that must never panic, hang or allocate without bound,
+//! whatever the bytes: bad input is an error value (etcd's answer on the client port, a closed
+//! connection on the peer port, a refused start on disk). Where a target can check more than
+//! "no panic", it does: a decoded message re-encodes to one that decodes the same, a WAL that
+//! opened recovers what was appended to it.
+//!
+//! Drivers:
+//! - `tests/smoke.rs` runs every target over its seed corpus (`corpus/<target>/`) and a few
+//!   thousand deterministic mutations of it, on stable, under `cargo test --workspace`;
+//!   `KEEL_FUZZ_SECONDS=N` turns it into an N-second run per target (no coverage guidance).
+//! - `libfuzzer/` is a cargo-fuzz project (nightly, libFuzzer, coverage-guided) with one
+//!   binary per target calling these same functions; RELIABILITY.md has the commands.
+//!
+//! Targets whose input carries a checksum (WAL frames, checkpoints) read their first byte as a
+//! mode: raw bytes as found on disk, or bytes whose checksums this target fills in first, so
+//! the fuzzer reaches the code behind the checksum instead of stopping at it.
+
+pub mod mutate;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use keel_grpc::server::{Call, Handler, ResponseSink, Runtime, ServerConfig};
+use keel_grpc::status::Status;
+use keel_proto::etcdserverpb as pb;
+use keel_proto::{v3electionpb, v3lockpb};
+
+/// A fuzz target: must return normally for every input.
+pub type Target = fn(&[u8]);
+
+/// Every target, by the name of its corpus directory and libFuzzer binary.
+pub const TARGETS: [(&str, Target); 7] = [
+    ("grpc_framing", grpc_framing),
+    ("grpc_requests", grpc_requests),
+    ("http2_server", http2_server),
+    ("wal_recovery", wal_recovery),
+    ("checkpoint_load", checkpoint_load),
+    ("raft_message", raft_message),
+    ("peer_frames", peer_frames),
+];
+
+/// Largest input a target looks at: larger ones are cut (keeps every run fast and bounded).
+pub const INPUT_BYTES_MAX: usize = 256 * 1024;
+
+fn bounded(data: &[u8]) -> &[u8] {
+    &data[..data.len().min(INPUT_BYTES_MAX)]
+}
+
+/// gRPC message framing: the 5-byte prefix reassembled from arbitrary DATA chunks under a
+/// receive limit, and `grpc-timeout` values.
+///
+/// Input: limit selector, chunk size, then the stream's bytes.
+pub fn grpc_framing(data: &[u8]) {
+    use keel_grpc::codec::{parse_grpc_timeout, MessageDecoder, PREFIX_BYTES};
+    let data = bounded(data);
+    let [limit, chunk, rest @ ..] = data else {
+        return;
+    };
+    // The server always runs with a positive limit (MessageDecoder asserts it).
+    let max_message_bytes = (usize::from(*limit) + 1) * 64;
+    let chunk_bytes = usize::from(*chunk).max(1);
+    let mut decoder = MessageDecoder::new(max_message_bytes);
+    let mut pushed = 0usize;
+    let mut decoded = 0usize;
+    'stream: for piece in rest.chunks(chunk_bytes) {
+        decoder.push(piece);
+        pushed += piece.len();
+        loop {
+            match decoder.next_message() {
+                Ok(Some(message)) => {
+                    assert!(
+                        message.len() <= max_message_bytes,
+                        "a message over the limit"
+                    );
+                    decoded += PREFIX_BYTES + message.len();
+                    assert!(decoded <= pushed, "more bytes decoded than received");
+                }
+                Ok(None) => break,
+                // An error ends the call (ResourceExhausted, Internal): the stream stops here.
+                Err(_) => break 'stream,
+            }
+        }
+        assert!(
+            decoder.buffered_bytes() <= pushed - decoded,
+            "the decoder holds bytes it never received"
+        );
+    }
+    let _ = decoder.end_of_stream_status();
+    let _ = parse_grpc_timeout(rest);
+}
+
+/// Every request message a Keel service decodes, decoded from arbitrary bytes; those Keel
+/// validates before proposing go through `core/src/convert.rs` and keel-kv's `validate_*`, as
+/// service.rs does. A message that decodes re-encodes to bytes that decode to the same message.
+///
+/// Input: message selector, then the message's bytes.
+pub fn grpc_requests(data: &[u8]) {
+    let data = bounded(data);
+    let [selector, body @ ..] = data else {
+        return;
+    };
+    /// Decodes `body` as `M`; when it decodes, checks the round trip and returns it.
+    fn decoded<M: prost::Message + Default + PartialEq>(body: &[u8]) -> Option<M> {
+        let message = M::decode(body).ok()?;
+        let again = M::decode(message.encode_to_vec().as_slice())
+            .expect("a message Keel encoded decodes again");
+        assert!(again == message, "decode(encode(m)) differs from m");
+        Some(message)
+    }
+    use keel_core::convert;
+    use keel_kv as kv;
+    match selector % 24 {
+        0 => {
+            if let Some(r) = decoded::<pb::RangeRequest>(body) {
+                let _ = kv::validate_range(&convert::range_request(r));
+            }
+        }
+        1 => {
+            if let Some(r) = decoded::<pb::PutRequest>(body) {
+                let _ = kv::validate_put(&convert::put_request(r));
+            }
+        }
+        2 => {
+            if let Some(r) = decoded::<pb::DeleteRangeRequest>(body) {
+                let _ = kv::validate_delete_range(&convert::delete_request(r));
+            }
+        }
+        3 => {
+            if let Some(r) = decoded::<pb::TxnRequest>(body) {
+                let _ = kv::validate_txn(
+                    &convert::txn_request(r),
+                    keel_core::config::DEFAULT_MAX_TXN_OPS as usize,
+                );
+            }
+        }
+        4 => {
+            let _ = decoded::<pb::CompactionRequest>(body);
+        }
+        5 => {
+            let _ = decoded::<pb::WatchRequest>(body);
+        }
+        6 => {
+            if let Some(r) = decoded::<pb::LeaseGrantRequest>(body) {
+                let _ = kv::validate_lease_grant(&kv::LeaseGrantRequest {
+                    id: r.id,
+                    ttl_s: r.ttl,
+                });
+            }
+        }
+        7 => {
+            let _ = decoded::<pb::LeaseRevokeRequest>(body);
+        }
+        8 => {
+            let _ = decoded::<pb::LeaseKeepAliveRequest>(body);
+        }
+        9 => {
+            let _ = decoded::<pb::LeaseTimeToLiveRequest>(body);
+        }
+        10 => {
+            let _ = decoded::<pb::MemberAddRequest>(body);
+        }
+        11 => {
+            let _ = decoded::<pb::MemberRemoveRequest>(body);
+        }
+        12 => {
+            let _ = decoded::<pb::MemberUpdateRequest>(body);
+        }
+        13 => {
+            let _ = decoded::<pb::MemberPromoteRequest>(body);
+        }
+        14 => {
+            let _ = decoded::<pb::AlarmRequest>(body);
+        }
+        15 => {
+            let _ = decoded::<pb::HashKvRequest>(body);
+        }
+        16 => {
+            let _ = decoded::<pb::MoveLeaderRequest>(body);
+        }
+        17 => {
+            let _ = decoded::<pb::AuthenticateRequest>(body);
+        }
+        18 => {
+            let _ = decoded::<pb::AuthRoleGrantPermissionRequest>(body);
+        }
+        19 => {
+            let _ = decoded::<v3lockpb::LockRequest>(body);
+        }
+        20 => {
+            let _ = decoded::<v3electionpb::CampaignRequest>(body);
+        }
+        21 => {
+            let _ = decoded::<v3electionpb::ProclaimRequest>(body);
+        }
+        22 => {
+            let _ = decoded::<pb::InternalRaftRequest>(body);
+        }
+        _ => {
+            let _ = decoded::<pb::AuthUserAddRequest>(body);
+        }
+    }
+}
+
+/// A handler that reads every request message of a call and answers each with an empty
+/// RangeResponse: enough to drive the server's framing, flow control and trailers. Counts the
+/// request messages it read.
+#[derive(Default)]
+struct EchoHandler {
+    messages: std::cell::Cell<usize>,
+}
+
+impl Handler for EchoHandler {
+    async fn grpc(self: Rc<Self>, mut call: Call, sink: &mut ResponseSink) -> Status {
+        loop {
+            match call.requests.next_raw().await {
+                Ok(Some(_)) => {
+                    self.messages.set(self.messages.get() + 1);
+                    if let Err(status) = sink.send(&pb::RangeResponse::default()).await {
+                        return status;
+                    }
+                }
+                Ok(None) => return Status::ok(),
+                Err(status) => return status,
+            }
+        }
+    }
+}
+
+/// A runtime whose spawned tasks the fuzz loop polls, and whose timers never fire (a deadline
+/// would only end the connection early, which is not what is being fuzzed).
+#[derive(Default)]
+struct LoopRuntime {
+    spawned: RefCell<Vec<Pin<Box<dyn Future<Output = ()>>>>>,
+}
+
+impl Runtime for LoopRuntime {
+    fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
+        self.spawned.borrow_mut().push(task);
+    }
+    fn sleep(&self, _duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// Records that some task was woken during a polling round.
+#[derive(Default)]
+struct WakeFlag(AtomicBool);
+
+impl std::task::Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Rounds of polling after which a connection fed all of its input must have nothing left to
+/// do; each round polls every task once.
+const HTTP2_ROUNDS_MAX: usize = 10_000;
+
+/// Raw bytes from a client into `serve_connection` (HTTP/2 or HTTP/1.1, sniffed), over an
+/// in-memory duplex; what the server writes back is read and dropped.
+pub fn http2_server(data: &[u8]) {
+    http2_serve(data);
+}
+
+/// [`http2_server`]'s work; returns how many gRPC request messages reached the handler (the
+/// seed corpus checks its seeds get that far).
+pub fn http2_serve(data: &[u8]) -> usize {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let data = Bytes::copy_from_slice(bounded(data));
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let (mut client_rx, mut client_tx) = tokio::io::split(client);
+    let config = Rc::new(ServerConfig {
+        max_recv_message_bytes: 64 * 1024,
+        ..ServerConfig::default()
+    });
+    let runtime = Rc::new(LoopRuntime::default());
+    let handler = Rc::new(EchoHandler::default());
+    let mut tasks: Vec<Pin<Box<dyn Future<Output = ()>>>> = Vec::new();
+    tasks.push(Box::pin({
+        let runtime = runtime.clone();
+        let handler = handler.clone();
+        async move {
+            let _ = keel_grpc::server::serve_connection(server, handler, config, runtime).await;
+        }
+    }));
+    tasks.push(Box::pin(async move {
+        // Small writes, so the server sees frames split at arbitrary points. The write side
+        // stays open (a client closing it at once would have h2 drop calls it never saw
+        // through): the loop below ends the connection once nothing is left to do.
+        for piece in data.chunks(997) {
+            if client_tx.write_all(piece).await.is_err() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    }));
+    tasks.push(Box::pin(async move {
+        let mut sink = vec![0u8; 16 * 1024];
+        while matches!(client_rx.read(&mut sink).await, Ok(n) if n > 0) {}
+    }));
+    let woken = Arc::new(WakeFlag::default());
+    let waker = Waker::from(woken.clone());
+    let mut cx = Context::from_waker(&waker);
+    for _ in 0..HTTP2_ROUNDS_MAX {
+        woken.0.store(false, Ordering::Relaxed);
+        let before = tasks.len();
+        tasks.retain_mut(|t| t.as_mut().poll(&mut cx).is_pending());
+        let finished = tasks.len() < before;
+        let spawned = !runtime.spawned.borrow().is_empty();
+        tasks.append(&mut runtime.spawned.borrow_mut());
+        // Every wake-up comes from these tasks (the duplex wakes its other end): a round that
+        // woke nothing, finished nothing and spawned nothing leaves only timers to wait for.
+        if tasks.is_empty() || !(woken.0.load(Ordering::Relaxed) || finished || spawned) {
+            break;
+        }
+    }
+    // Tasks still pending after the input ended wait on timers that never fire (idle streams
+    // under a deadline): dropping them is what a closed connection does.
+    drop(tasks);
+    handler.messages.get()
+}
+
+/// Polls a future that needs no other task (the simulated disk answers at once).
+fn run_now<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..1_000_000 {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+    panic!("a simulated-disk operation never completed");
+}
+
+/// The WAL configuration of the fuzzed logs: small segments, so inputs span several.
+fn wal_config() -> keel_io::wal::WalConfig {
+    keel_io::wal::WalConfig {
+        segment_bytes: 4 * keel_io::frame::BLOCK_BYTES as u64,
+        batch_bytes_max: 8 * 1024,
+        batch_records_max: 16,
+        queue_records_max: 16,
+        queue_bytes_max: 16 * 1024,
+    }
+}
+
+/// WAL recovery (`Wal::open` over `io/src/sim.rs`'s in-memory store).
+///
+/// Mode 0 (raw): the input is the segments' bytes as found on disk. Mode 1 (written then
+/// damaged): the input lists records, which a real WAL appends, then byte edits land on the
+/// segments. Either way: open returns records or an error, never panics; when it opens, a
+/// record appended now is recovered by the next open after the ones recovered before.
+pub fn wal_recovery(data: &[u8]) {
+    use keel_io::frame::Record;
+    use keel_io::sim::SimStore;
+    use keel_io::store::SegmentStore;
+    use keel_io::wal::Wal;
+    let data = bounded(data);
+    let [mode, rest @ ..] = data else {
+        return;
+    };
+    let config = wal_config();
+    let segment_bytes = config.segment_bytes as usize;
+    let store = SimStore::new(7);
+    if mode % 2 == 0 {
+        for (i, bytes) in rest.chunks(segment_bytes).take(4).enumerate() {
+            let seq = i as u64 + 1;
+            run_now(store.create(seq, config.segment_bytes)).expect("the sim disk creates");
+            store.write_durable(seq, 0, bytes);
+        }
+    } else {
+        let Some(edits_at) = rest.iter().position(|b| *b == 0xEE) else {
+            return;
+        };
+        let (records, edits) = rest.split_at(edits_at);
+        let (wal, _) = run_now(Wal::open(store.clone(), config.clone())).expect("an empty WAL");
+        // Records: kind byte, length byte, payload; indices count up from 1.
+        let mut index = 1;
+        let mut at = 0;
+        while at + 2 <= records.len() {
+            let kind = records[at];
+            let len = usize::from(records[at + 1]) * 8;
+            let end = (at + 2 + len).min(records.len());
+            let payload = Bytes::copy_from_slice(&records[at + 2..end]);
+            at = end;
+            let appended = run_now(wal.append(vec![Record {
+                kind,
+                index,
+                payload,
+            }]));
+            if appended.is_err() {
+                return;
+            }
+            index += 1;
+        }
+        drop(wal);
+        // Edits: offset (u16) and xor mask, against the concatenated segments.
+        let seqs = store.segment_seqs();
+        for edit in edits[1..].chunks_exact(3) {
+            let offset = usize::from(u16::from_le_bytes([edit[0], edit[1]]));
+            let (seq_i, within) = (offset / segment_bytes, offset % segment_bytes);
+            if let Some(seq) = seqs.get(seq_i % seqs.len().max(1)) {
+                let old = store.durable_bytes(*seq)[within];
+                store.write_durable(*seq, within, &[old ^ edit[2].max(1)]);
+            }
+        }
+    }
+    let Ok((wal, recovered)) = run_now(Wal::open(store.clone(), config.clone())) else {
+        return;
+    };
+    let next = recovered.last().map_or(1, |r| r.index + 1);
+    let record = Record {
+        kind: 1,
+        index: next,
+        payload: Bytes::from_static(b"appended after recovery"),
+    };
+    if run_now(wal.append(vec![record.clone()])).is_err() {
+        return;
+    }
+    drop(wal);
+    let (_, again) =
+        run_now(Wal::open(store, config)).expect("a WAL Keel opened and appended to opens again");
+    let mut expected = recovered;
+    expected.push(record);
+    assert_eq!(
+        again, expected,
+        "reopening recovers what was there plus the append"
+    );
+}
+
+/// Checkpoint loading: the core checkpoint file (`core/src/checkpoint.rs`) and the MVCC image
+/// inside it (`kv/src/checkpoint.rs`), as a restart or an installed snapshot loads them.
+///
+/// Mode 0: the input is a checkpoint file. Mode 1: the input is a checkpoint file whose crc this
+/// target appends. Mode 2: the input is an MVCC image payload whose header (key count from the
+/// next byte, length, crcs) this target writes.
+pub fn checkpoint_load(data: &[u8]) {
+    let data = bounded(data);
+    let [mode, rest @ ..] = data else {
+        return;
+    };
+    match mode % 3 {
+        0 => load_checkpoint_file(rest),
+        1 => {
+            let mut file = rest.to_vec();
+            file.extend_from_slice(&crc32fast::hash(rest).to_le_bytes());
+            load_checkpoint_file(&file);
+        }
+        _ => {
+            let [key_count, payload @ ..] = rest else {
+                return;
+            };
+            load_kv_image(&kv_image(u64::from(*key_count), payload));
+        }
+    }
+}
+
+/// A keel-kv checkpoint frame around `payload` (the header layout of `kv/src/checkpoint.rs`).
+pub fn kv_image(key_count: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(keel_kv::CHECKPOINT_HEADER_BYTES + payload.len());
+    out.extend_from_slice(b"KEELKVCP");
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&key_count.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    let header_crc = crc32fast::hash(&out);
+    out.extend_from_slice(&header_crc.to_le_bytes());
+    assert_eq!(out.len(), keel_kv::CHECKPOINT_HEADER_BYTES);
+    out.extend_from_slice(payload);
+    out
+}
+
+fn load_checkpoint_file(bytes: &[u8]) {
+    if let Ok(checkpoint) = keel_core::checkpoint::decode(bytes) {
+        load_kv_image(&checkpoint.kv_image);
+    }
+}
+
+/// Restores an MVCC image; one that restores is read whole (every key's history) and
+/// checkpointed again, and the new image restores to the same revision and hash.
+fn load_kv_image(image: &[u8]) {
+    let Ok((writer, reader)) = keel_kv::Store::restore(image) else {
+        return;
+    };
+    let revision = reader.current_revision();
+    let source = writer.checkpoint_source();
+    let hash = source.hash();
+    let again = writer.checkpoint();
+    let (writer2, reader2) = keel_kv::Store::restore(&again).expect("an image Keel wrote restores");
+    assert_eq!(reader2.current_revision(), revision);
+    assert_eq!(
+        writer2.checkpoint_source().hash().ok(),
+        hash.ok(),
+        "a restored image checkpoints to the same hash"
+    );
+}
+
+/// Raft's own binary codec (`raft/src/types.rs`): every decoder, and the round trip of what
+/// decodes.
+///
+/// Input: type selector, then the encoded value.
+pub fn raft_message(data: &[u8]) {
+    use keel_raft::{ConfChange, ConfState, Entry, HardState, Message, Snapshot};
+    let data = bounded(data);
+    let [selector, body @ ..] = data else {
+        return;
+    };
+    macro_rules! round_trip {
+        ($ty:ty) => {
+            if let Ok(value) = <$ty>::decode(body) {
+                let mut buf = Vec::new();
+                value.encode(&mut buf);
+                let again = <$ty>::decode(&buf).expect("what keel-raft encodes decodes");
+                assert_eq!(again, value, "decode(encode(v)) differs from v");
+            }
+        };
+    }
+    match selector % 6 {
+        0 => round_trip!(Message),
+        1 => round_trip!(Entry),
+        2 => round_trip!(HardState),
+        3 => round_trip!(ConfState),
+        4 => round_trip!(Snapshot),
+        _ => round_trip!(ConfChange),
+    }
+}
+
+/// The peer transport's handshake and frames (`core/src/peer.rs`): the byte stream of one
+/// incoming connection, read as the transport reads it (length prefix under the frame limit,
+/// the handshake, then frames until one is refused).
+pub fn peer_frames(data: &[u8]) {
+    use keel_core::peer::{frame_len, parse_frame, parse_hello};
+    const FRAME_BYTES_MAX: usize = 64 * 1024;
+    const HANDSHAKE_BYTES: usize = 36;
+    let mut rest = bounded(data);
+    let mut next = |max: usize| -> Option<&[u8]> {
+        let prefix: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+        let len = frame_len(prefix, max).ok()?;
+        let frame = rest.get(4..4 + len)?;
+        rest = &rest[4 + len..];
+        Some(frame)
+    };
+    let Some(hello) = next(HANDSHAKE_BYTES) else {
+        return;
+    };
+    let Ok(hello) = parse_hello(hello) else {
+        return;
+    };
+    while let Some(frame) = next(FRAME_BYTES_MAX) {
+        if parse_frame(frame, hello.from).is_err() {
+            return;
+        }
+    }
+}
