@@ -13,101 +13,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, require_tool};
+use crate::common::{free_port, require_tool, OpensslPki};
 use crate::harness::{Cluster, Net};
 
 /// A throwaway PKI: the cluster's CA, a stranger CA, and peer certificates issued by either.
-struct Pki {
-    dir: tempfile::TempDir,
+struct Pki(OpensslPki);
+
+impl std::ops::Deref for Pki {
+    type Target = OpensslPki;
+    fn deref(&self) -> &OpensslPki {
+        &self.0
+    }
 }
 
 impl Pki {
     fn new() -> Pki {
-        require_tool("openssl");
-        let pki = Pki {
-            dir: tempfile::Builder::new()
-                .prefix("keel-peer-pki-")
-                .tempdir()
-                .expect("a temp dir"),
-        };
-        for ca in ["ca", "rogue-ca"] {
-            pki.openssl(&[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN=keel-test-{ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ]);
-        }
-        pki
-    }
-
-    fn openssl(&self, args: &[&str]) {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .expect("openssl runs");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        Pki(OpensslPki::new("keel-peer-pki-", &["ca", "rogue-ca"]))
     }
 
     /// A peer certificate `name` from `ca`, for 127.0.0.1, usable by both sides of a peer
     /// connection (etcd's peers dial with their server certificate, and so do Keel's).
     fn issue(&self, ca: &str, name: &str) {
-        std::fs::write(
-            self.path(&format!("{name}.ext")),
+        self.0.issue(
+            ca,
+            name,
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
-        )
-        .expect("write extensions");
-        self.openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            &format!("/CN={name}"),
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-        ]);
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.pem"),
-        ]);
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        );
     }
 
     /// Peer flags for the certificate `name`, trusting (and requiring certificates from) the

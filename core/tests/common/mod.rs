@@ -648,3 +648,101 @@ pub fn closed_silently_after(port: u16, first_bytes: &[u8], wait_max: Duration) 
     }
     started.elapsed()
 }
+
+/// A throwaway PKI made with the `openssl` CLI (EC P-256 keys): self-signed CAs, and
+/// certificates they issue. The TLS tests build their own certificate sets on it.
+pub struct OpensslPki {
+    pub dir: tempfile::TempDir,
+}
+
+impl OpensslPki {
+    /// A PKI under a fresh temporary directory with one self-signed CA per name in `cas`
+    /// (`<ca>.pem`, `<ca>.key`).
+    pub fn new(prefix: &str, cas: &[&str]) -> OpensslPki {
+        require_tool("openssl");
+        let pki = OpensslPki {
+            dir: tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .expect("a temp dir"),
+        };
+        for ca in cas {
+            pki.openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=keel-test-{ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ]);
+        }
+        pki
+    }
+
+    pub fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .expect("openssl runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Certificate `name` (`<name>.pem`, `<name>.key`, CN=name) issued by `ca`, with the
+    /// openssl `extensions` given (subjectAltName, extendedKeyUsage, ...).
+    pub fn issue(&self, ca: &str, name: &str, extensions: &str) {
+        std::fs::write(self.path(&format!("{name}.ext")), extensions).expect("write extensions");
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+        ]);
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.pem"),
+        ]);
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn arg(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+}

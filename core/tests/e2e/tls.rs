@@ -5,106 +5,36 @@
 //!
 //! The certificates are made at test time with the `openssl` CLI (EC P-256 keys).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::{require_tool, Kind, Output, Server};
+use crate::common::{require_tool, Kind, OpensslPki, Output, Server};
 
 /// A throwaway PKI: two CAs, server and client certificates from each.
-struct Pki {
-    dir: tempfile::TempDir,
+struct Pki(OpensslPki);
+
+impl std::ops::Deref for Pki {
+    type Target = OpensslPki;
+    fn deref(&self) -> &OpensslPki {
+        &self.0
+    }
 }
 
 impl Pki {
     fn new() -> Pki {
-        require_tool("openssl");
-        let pki = Pki {
-            dir: tempfile::Builder::new()
-                .prefix("keel-pki-")
-                .tempdir()
-                .expect("a temp dir"),
-        };
+        let pki = Pki(OpensslPki::new("keel-pki-", &["ca", "ca2"]));
         for ca in ["ca", "ca2"] {
-            pki.openssl(&[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN=keel-test-{ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ]);
             // etcd 3.4 dials its own gRPC gateway with the server certificate as a client
             // certificate, so the server's may also serve as a client's.
-            pki.issue(ca, &format!("server-{ca}"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n");
+            pki.issue(
+                ca,
+                &format!("server-{ca}"),
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+            );
             pki.issue(ca, &format!("client-{ca}"), "extendedKeyUsage=clientAuth\n");
         }
         pki
-    }
-
-    fn openssl(&self, args: &[&str]) {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .expect("openssl runs");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn issue(&self, ca: &str, name: &str, extensions: &str) {
-        std::fs::write(self.path(&format!("{name}.ext")), extensions).expect("write extensions");
-        self.openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            &format!("/CN={name}"),
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-        ]);
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.pem"),
-        ]);
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn arg(&self, name: &str) -> String {
-        self.path(name).display().to_string()
     }
 
     /// The server flags for the server certificate from CA 1.
