@@ -873,7 +873,13 @@ impl Member {
 
     /// Proposes a revoke for every lease past its deadline (leader only).
     fn expire_leases(&mut self, now_ms: u64) {
-        if !self.is_leader {
+        // Both raft's own role and `is_leader`: `is_leader` changes at the next Ready, so a
+        // leader deposed by a message it just stepped, or by the ticks of a long pause, would
+        // otherwise propose revokes from its stale lease clock and, as a follower, forward
+        // them to the new leader, which commits them; and a member raft just made leader has
+        // not yet restarted its lease clocks (that happens at the Ready that reports it), so
+        // its old deadlines must not revoke anything either (both found by the simulation).
+        if !self.is_leader || self.node.raft().soft_state().role != Role::Leader {
             return;
         }
         for id in self.lease_clock.expired(now_ms) {

@@ -26,6 +26,7 @@ enum Pending {
     Grant(oneshot::Receiver<Result<Outcome, EtcdError>>),
     KeepAlive {
         sent_ms: u64,
+        member: usize,
         rx: oneshot::Receiver<Result<i64, EtcdError>>,
     },
 }
@@ -102,21 +103,31 @@ impl LeaseClients {
                 // expires unkept if it does.
                 Ok(Some(Err(_))) | Err(_) => {}
             },
-            Pending::KeepAlive { sent_ms, rx } => match rx.try_recv() {
+            Pending::KeepAlive {
+                sent_ms,
+                member,
+                rx,
+            } => match rx.try_recv() {
                 Ok(None) => return,
                 Ok(Some(Ok(ttl_s))) => {
                     let lease = client.lease.as_mut().expect("kept alive");
                     if ttl_s > 0 {
+                        // An answer may arrive late (the member that forwarded it was paused),
+                        // so only a keep-alive sent after the revoke must not be answered alive.
                         assert!(
-                            lease.revoked_at_ms.is_none(),
-                            "lease {:x} was kept alive (TTL {ttl_s}) after its revoke was applied\n{}",
+                            lease.revoked_at_ms.is_none_or(|revoked| *sent_ms < revoked),
+                            "lease {:x} was kept alive (TTL {ttl_s}) through m{member}, asked at \
+                             {sent_ms} ms, after its revoke was applied at {:?} ms\n{}",
                             lease.id,
+                            lease.revoked_at_ms,
                             world.trace()
                         );
                         lease.alive_since_ms = Some(*sent_ms);
                         self.keepalives += 1;
-                        let (id, sent) = (lease.id, *sent_ms);
-                        world.note(|| format!("lease {id:x} kept alive (sent at {sent} ms)"));
+                        let (id, sent, via) = (lease.id, *sent_ms, *member);
+                        world.note(|| {
+                            format!("lease {id:x} kept alive via m{via} (sent at {sent} ms)")
+                        });
                     } else {
                         // The leader knows no such lease (never granted, or revoked): the
                         // client grants a new one.
@@ -183,6 +194,7 @@ impl LeaseClients {
             .push(Query::KeepAlive { id, reply: tx });
         self.clients[c].pending = Some(Pending::KeepAlive {
             sent_ms: world.now_ms,
+            member,
             rx,
         });
     }

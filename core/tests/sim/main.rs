@@ -21,7 +21,8 @@
 //! member at the same revision after the same raft index), the watch guarantees on the events
 //! every member publishes (ordered, each revision whole, none skipped, the same on every
 //! member, prev_kv the key's previous version), and leases (never revoked before their TTL,
-//! on the fastest clock, since the last answered keep-alive; never renewed once revoked).
+//! on the fastest clock, since the last answered keep-alive; a keep-alive sent after the
+//! revoke never answered as alive).
 //! Checked at the end, once faults heal: liveness (the cluster converges and a write
 //! succeeds), linearizability of the whole history (the porcupine checker of the cluster
 //! tests), and HashKV equal on every member.
