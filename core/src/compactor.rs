@@ -644,6 +644,23 @@ impl AutoCompactor {
     }
 }
 
+/// The log entry of a compaction to `revision` under proposal id `id`, as etcd's compactor
+/// proposes it: not physical (etcd's compactor does not wait for the compaction to finish).
+pub fn compaction_entry(id: u64, revision: i64) -> Bytes {
+    let request = pb::InternalRaftRequest {
+        header: Some(pb::RequestHeader {
+            id,
+            ..Default::default()
+        }),
+        compaction: Some(pb::CompactionRequest {
+            revision,
+            physical: false,
+        }),
+        ..Default::default()
+    };
+    Bytes::from(request.encode_to_vec())
+}
+
 /// Queues the compaction behind the client proposals already waiting, with its own proposal id,
 /// so it is batched, timed out and answered like any other proposal.
 fn propose(
@@ -651,23 +668,11 @@ fn propose(
     revision: i64,
 ) -> Result<oneshot::Receiver<Result<Applied, EtcdError>>, EtcdError> {
     let id = shared.next_proposal_id();
-    let request = pb::InternalRaftRequest {
-        header: Some(pb::RequestHeader {
-            id,
-            ..Default::default()
-        }),
-        // Not physical: etcd's compactor does not wait for the compaction to finish either.
-        compaction: Some(pb::CompactionRequest {
-            revision,
-            physical: false,
-        }),
-        ..Default::default()
-    };
     let (reply, answer) = oneshot::channel();
     shared
         .proposals
         .try_send(Proposal {
-            data: Bytes::from(request.encode_to_vec()),
+            data: compaction_entry(id, revision),
             id,
             reply,
         })

@@ -315,22 +315,11 @@ impl Clients {
             return;
         }
         let id = self.proposal_id(member);
-        let req = pb::InternalRaftRequest {
-            header: Some(pb::RequestHeader {
-                id,
-                ..Default::default()
-            }),
-            compaction: Some(pb::CompactionRequest {
-                revision,
-                physical: false,
-            }),
-            ..Default::default()
-        };
         let (tx, _rx) = oneshot::channel();
         let node = &mut world.nodes[member];
         if node.proposals.len() < MAILBOX_PROPOSALS_MAX {
             node.proposals.push_back(Proposal {
-                data: Bytes::from(req.encode_to_vec()),
+                data: keel_core::compactor::compaction_entry(id, revision),
                 id,
                 reply: tx,
             });
