@@ -927,6 +927,8 @@ impl Member {
             self.log_lifecycle(ss.role, ss.leader_id, had_leader);
             self.leader_id_logged = ss.leader_id;
             if self.is_leader && !was_leader {
+                // Answers to an earlier leadership prove nothing about this one.
+                self.heard_from_ms.clear();
                 self.restart_lease_clocks(now_ms);
             }
             // Publish our name and client URLs as soon as there is a leader to take them.
