@@ -14,6 +14,7 @@
 //! 4. carry out `take_effects()` after each call.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_grpc::EtcdError;
@@ -27,6 +28,7 @@ use keel_raft::{
 use prost::Message as _;
 
 use crate::alarms::{AlarmAction, AlarmMember, Alarms};
+use crate::auth::{self, AuthImage, AuthState, TokenTable};
 use crate::checkpoint;
 use crate::convert;
 use crate::error::CoreError;
@@ -42,6 +44,8 @@ use crate::shared::{
 pub const COMPACT_KEYS_PER_STEP: usize = 256;
 /// The TTL a member that is not the leader answers to a forwarded keep-alive.
 pub const KEEPALIVE_NOT_LEADER: i64 = -1;
+/// How often expired auth tokens are swept, on the member's clock.
+const TOKEN_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
 
@@ -123,6 +127,8 @@ pub struct MemberConfig {
     pub tick_ms: u64,
     /// Applied entries between checkpoints (etcd's --snapshot-count).
     pub snapshot_count: u64,
+    /// How long a simple auth token lives after its last use (`--auth-token-ttl`).
+    pub auth_token_ttl_ms: u64,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -132,6 +138,8 @@ pub enum Effect {
     MembersChanged,
     /// The replicated alarms changed: publish `Member::alarms()`.
     AlarmsChanged,
+    /// The auth store or this member's tokens changed: publish `Member::auth()`.
+    AuthChanged,
     /// The leader changed (0: none known).
     Leader { leader_id: u64 },
     /// The hard state changed: publish the term and commit index.
@@ -194,6 +202,7 @@ pub struct CheckpointRequest {
     pub conf_state: ConfState,
     pub members: Vec<MemberInfo>,
     pub alarms: Vec<AlarmMember>,
+    pub auth: AuthImage,
     pub source: kv::CheckpointSource,
 }
 
@@ -221,6 +230,14 @@ pub struct Member {
     members: Vec<MemberInfo>,
     /// The raised alarms, changed only by applied alarm entries (replicated, checkpointed).
     alarms: Alarms,
+    /// The auth store, changed only by applied auth entries (replicated, checkpointed); shared
+    /// with the shards' published copy, so a change copies it first (`Arc::make_mut`).
+    auth: Arc<AuthState>,
+    /// This member's live simple tokens (assigned at apply; not checkpointed: a restart
+    /// forgets them, as etcd's do).
+    auth_tokens: Arc<TokenTable>,
+    /// When expired tokens are next swept.
+    next_token_sweep_ms: u64,
     /// The current term, as the last hard state said (answers carry it).
     raft_term: u64,
     leader_id: u64,
@@ -274,6 +291,9 @@ impl Member {
             writer,
             members: Vec::new(),
             alarms,
+            auth: Arc::new(AuthState::default()),
+            auth_tokens: Arc::new(TokenTable::default()),
+            next_token_sweep_ms: 0,
             raft_term,
             leader_id: 0,
             is_leader: false,
@@ -297,7 +317,15 @@ impl Member {
         };
         member.set_members(members);
         member.effects.push(Effect::AlarmsChanged);
+        member.restore_auth(&AuthImage::default());
         member
+    }
+
+    /// Replaces the auth store with a checkpoint's (start, snapshot install). Tokens stay:
+    /// a leader's snapshot does not log anyone out, as in etcd.
+    pub fn restore_auth(&mut self, image: &AuthImage) {
+        self.auth = Arc::new(AuthState::from_image(image));
+        self.effects.push(Effect::AuthChanged);
     }
 
     /// Starts the clocks at `now_ms`: the first tick is one interval away, every lease gets its
@@ -320,6 +348,10 @@ impl Member {
     }
     pub fn alarms(&self) -> &Alarms {
         &self.alarms
+    }
+    /// The auth store and live tokens, to publish (cheap: two `Arc`s).
+    pub fn auth(&self) -> (Arc<AuthState>, Arc<TokenTable>) {
+        (self.auth.clone(), self.auth_tokens.clone())
     }
     pub fn leader_id(&self) -> u64 {
         self.leader_id
@@ -437,6 +469,12 @@ impl Member {
         }
         self.expire_leases(now_ms);
         self.expire_waiting(now_ms);
+        if now_ms >= self.next_token_sweep_ms {
+            self.next_token_sweep_ms = now_ms + TOKEN_SWEEP_INTERVAL_MS;
+            if !self.auth_tokens.is_empty() && Arc::make_mut(&mut self.auth_tokens).expire(now_ms) {
+                self.effects.push(Effect::AuthChanged);
+            }
+        }
         self.publish_attributes();
     }
 
@@ -562,6 +600,7 @@ impl Member {
                     conf_state: self.node.raft().conf_state(),
                     members: self.members.clone(),
                     alarms: self.alarms.list(),
+                    auth: self.auth.image(),
                 });
                 let _ = reply.send(snapshot.map_err(|_| EtcdError::Unhealthy));
             }
@@ -877,6 +916,7 @@ impl Member {
         self.set_members(cp.members);
         self.alarms = Alarms::from_list(&cp.alarms);
         self.effects.push(Effect::AlarmsChanged);
+        self.restore_auth(&cp.auth);
         self.last_checkpoint_index = index;
         self.applied_since_checkpoint = 0;
         self.restart_lease_clocks(now_ms);
@@ -929,11 +969,39 @@ impl Member {
                         }
                         continue;
                     }
+                    if auth::apply::is_auth_request(&req) {
+                        let result = self.apply_auth(&req, e.index, now_ms);
+                        self.writer.apply_empty(e.index);
+                        if let Some(reply) = self.waiting.remove(&id) {
+                            let _ = reply.send(result.map(|reply| Outcome {
+                                response: Answer::Auth {
+                                    reply,
+                                    revision: self.writer.current_revision(),
+                                },
+                                raft_term: term,
+                            }));
+                        }
+                        continue;
+                    }
+                    let who = auth::apply::header_info(&req);
                     let op = request_op(req);
                     let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
                     // Under a raised alarm some writes are refused at apply, from the
-                    // replicated alarm set, so every member refuses the same entries.
-                    let refusal = op.as_ref().and_then(|op| self.alarms.refusal(op));
+                    // replicated alarm set, so every member refuses the same entries. Then
+                    // a client's write needs its user's permissions as the auth store is at
+                    // this index (the member's own entries, id 0, act as root).
+                    let refusal = op.as_ref().and_then(|op| {
+                        self.alarms.refusal(op).or_else(|| {
+                            if id == 0 {
+                                return None;
+                            }
+                            let writer = &self.writer;
+                            let lease_keys = |lease: i64| {
+                                writer.lease(lease).map(|l| l.keys).unwrap_or_default()
+                            };
+                            auth::apply::check_op(&self.auth, &who, op, &lease_keys).err()
+                        })
+                    });
                     let result = match op {
                         Some(_) if refusal.is_some() => {
                             self.writer.apply_empty(e.index);
@@ -998,6 +1066,32 @@ impl Member {
             tracing::warn!("this member was removed from the cluster; stopping");
             self.effects.push(Effect::Removed);
         }
+    }
+
+    /// Applies an auth entry to the store and this member's tokens.
+    fn apply_auth(
+        &mut self,
+        req: &pb::InternalRaftRequest,
+        index: u64,
+        now_ms: u64,
+    ) -> Result<auth::AuthReply, EtcdError> {
+        // Change copies of the published Arcs, and only when something changes: most auth
+        // entries (Get, List, refusals) change nothing.
+        let mut state = (*self.auth).clone();
+        let mut tokens = (*self.auth_tokens).clone();
+        let ttl_ms = self.config.auth_token_ttl_ms;
+        let (result, changed) =
+            auth::apply::apply(&mut state, &mut tokens, req, index, now_ms, ttl_ms);
+        if changed.state {
+            self.auth = Arc::new(state);
+        }
+        if changed.tokens {
+            self.auth_tokens = Arc::new(tokens);
+        }
+        if changed.state || changed.tokens {
+            self.effects.push(Effect::AuthChanged);
+        }
+        result
     }
 
     fn apply_member_request(&mut self, req: pb::InternalRaftRequest, request_id: u64) {
@@ -1081,6 +1175,7 @@ impl Member {
             conf_state: self.node.raft().conf_state(),
             members: self.members.clone(),
             alarms: self.alarms.list(),
+            auth: self.auth.image(),
             source: self.writer.checkpoint_source(),
         }))
     }
@@ -1236,6 +1331,7 @@ mod tests {
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             tick_ms: TICK_MS,
             snapshot_count: 10_000,
+            auth_token_ttl_ms: 300_000,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -1431,6 +1527,7 @@ mod tests {
                         request_timeout_ms: REQUEST_TIMEOUT_MS,
                         tick_ms: TICK_MS,
                         snapshot_count: 10_000,
+                        auth_token_ttl_ms: 300_000,
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
