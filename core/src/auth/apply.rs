@@ -128,7 +128,7 @@ pub fn apply(
         // A user may read the roles it holds without the root role.
         let holds = state
             .user(&who.user)
-            .is_some_and(|u| u.roles.iter().any(|x| *x == r.role));
+            .is_some_and(|u| u.roles.contains(&r.role));
         match state.check_admin(&who) {
             Err(e) if !holds => Err(e),
             _ => state.role_get(&r.role),
