@@ -68,15 +68,12 @@ fn etcd(e: EtcdError) -> Status {
 
 impl Handler for Api {
     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
-        let path = call.head.path.clone();
-        let method = Metrics::method_index(&path);
-        self.metrics.record_started(method);
-        let status = self.dispatch(&path, call, sink).await;
-        self.metrics.record_grpc(method, status.code);
-        status
+        self.grpc_from(call, sink, None).await
     }
 
-    async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {
+    async fn http(self: Rc<Self>, mut request: HttpRequest) -> HttpResponse {
+        // The certificate user is ours to set, never the client's (etcd's gateway ignores it).
+        request.headers.remove(crate::auth::CERT_USER_HEADER);
         if crate::gateway::is_gateway_path(&request.path) {
             return crate::gateway::serve(&self, request).await;
         }
@@ -85,6 +82,28 @@ impl Handler for Api {
 }
 
 impl Api {
+    /// Serves one call; `cert_user` is the common name of the connection's verified client
+    /// certificate, the call's user when it carries no token (etcd's AuthInfoFromTLS).
+    pub(crate) async fn grpc_from(
+        self: Rc<Self>,
+        mut call: Call,
+        sink: &mut ResponseSink,
+        cert_user: Option<&str>,
+    ) -> Status {
+        call.head.metadata.remove(crate::auth::CERT_USER_HEADER);
+        if let Some(value) = cert_user.and_then(|u| http::HeaderValue::from_str(u).ok()) {
+            call.head
+                .metadata
+                .insert(crate::auth::CERT_USER_HEADER, value);
+        }
+        let path = call.head.path.clone();
+        let method = Metrics::method_index(&path);
+        self.metrics.record_started(method);
+        let status = self.dispatch(&path, call, sink).await;
+        self.metrics.record_grpc(method, status.code);
+        status
+    }
+
     async fn dispatch(self: &Rc<Self>, path: &str, call: Call, sink: &mut ResponseSink) -> Status {
         // etcd's clients send "hasleader: true" to be told at once when the member is cut off.
         if requires_leader(&call.head) && !self.shared.has_leader() {

@@ -291,7 +291,28 @@ async fn accept_loop(
                             let timeout = rt::sleep(config.preface_timeout);
                             match select(handshake, pin!(timeout)).await {
                                 Either::Left((Ok(stream), _)) => {
-                                    serve_connection(stream.compat(), api, config, runtime).await
+                                    // A verified client certificate names the calls' user
+                                    // when they carry no token (etcd's AuthInfoFromTLS).
+                                    let cert_user = stream
+                                        .get_ref()
+                                        .1
+                                        .peer_certificates()
+                                        .and_then(|certs| certs.first())
+                                        .and_then(|c| crate::auth::common_name(c));
+                                    match cert_user {
+                                        Some(user) => {
+                                            let conn = Rc::new(crate::auth::CertUserConnection {
+                                                api,
+                                                user,
+                                            });
+                                            serve_connection(stream.compat(), conn, config, runtime)
+                                                .await
+                                        }
+                                        None => {
+                                            serve_connection(stream.compat(), api, config, runtime)
+                                                .await
+                                        }
+                                    }
                                 }
                                 Either::Left((Err(e), _)) => {
                                     tracing::debug!(shard, error = %e, "TLS handshake failed");

@@ -40,6 +40,11 @@ pub const BCRYPT_COST_DEFAULT: u32 = 10;
 /// made on another member, or whose Authenticate reply outran this member's publish).
 const TOKEN_INDEX_WAIT_MS_MAX: u64 = 5_000;
 
+/// The metadata key a TLS connection's verified client-certificate common name travels under,
+/// from the connection to `who`. Keel sets it; whatever a client sends under it is removed
+/// first (`Api::grpc_from`, `Api::http`).
+pub const CERT_USER_HEADER: &str = "keel-internal-client-cert-cn";
+
 /// Who a call comes from (etcd's `AuthInfo`): the user and the auth revision its credentials
 /// were resolved at. The default (no user, revision 0) is a call without credentials.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,7 +67,15 @@ fn token_of(headers: &HeaderMap) -> Option<&str> {
 /// token is "invalid auth token", auth enabled or not, as in etcd.
 pub async fn who(shared: &Shared, headers: &HeaderMap) -> Result<AuthInfo, EtcdError> {
     let Some(token) = token_of(headers) else {
-        return Ok(AuthInfo::default());
+        // No token: a verified client certificate's common name is the user.
+        return Ok(headers
+            .get(CERT_USER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|user| AuthInfo {
+                user: user.to_string(),
+                revision: shared.auth().revision(),
+            })
+            .unwrap_or_default());
     };
     if let Some(info) = lookup(shared, token) {
         return Ok(info);
@@ -87,6 +100,40 @@ fn lookup(shared: &Shared, token: &str) -> Option<AuthInfo> {
         user,
         revision: shared.auth().revision(),
     })
+}
+
+/// The subject common name of a DER certificate (the first, as Go's `Subject.CommonName`).
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
+}
+
+/// A connection whose client presented a verified certificate: its calls carry the
+/// certificate's common name as their user when they carry no token.
+pub struct CertUserConnection {
+    pub api: std::rc::Rc<crate::service::Api>,
+    pub user: String,
+}
+
+impl keel_grpc::Handler for CertUserConnection {
+    async fn grpc(
+        self: std::rc::Rc<Self>,
+        call: keel_grpc::Call,
+        sink: &mut keel_grpc::ResponseSink,
+    ) -> keel_grpc::Status {
+        self.api
+            .clone()
+            .grpc_from(call, sink, Some(&self.user))
+            .await
+    }
+
+    async fn http(
+        self: std::rc::Rc<Self>,
+        request: keel_grpc::HttpRequest,
+    ) -> keel_grpc::HttpResponse {
+        keel_grpc::Handler::http(self.api.clone(), request).await
+    }
 }
 
 /// Hashes a password with bcrypt on the calling shard's blocking thread, in etcd's "$2a$" form.

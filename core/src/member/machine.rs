@@ -1417,6 +1417,111 @@ mod tests {
         assert_eq!(events, 1, "the put's event goes to the watch hubs");
     }
 
+    fn auth_entry(
+        req: pb::InternalRaftRequest,
+        user: &str,
+        revision: u64,
+    ) -> pb::InternalRaftRequest {
+        pb::InternalRaftRequest {
+            header: Some(pb::RequestHeader {
+                id: 0,
+                username: user.into(),
+                auth_revision: revision,
+            }),
+            ..req
+        }
+    }
+
+    /// Proposes `req` as `user` at `revision` and applies it; the outcome.
+    fn propose_as(
+        m: &mut Member,
+        id: u64,
+        req: pb::InternalRaftRequest,
+        user: &str,
+        revision: u64,
+    ) -> Result<Outcome, EtcdError> {
+        let (reply, mut rx) = oneshot::channel();
+        let mut req = auth_entry(req, user, revision);
+        req.header.as_mut().expect("set above").id = id;
+        m.propose(
+            Proposal {
+                data: Bytes::from(req.encode_to_vec()),
+                id,
+                reply,
+            },
+            10,
+        );
+        settle(m, 10);
+        rx.try_recv()
+            .expect("the reply is sent")
+            .expect("the reply arrived")
+    }
+
+    #[test]
+    fn writes_are_checked_at_apply_against_the_auth_store_at_that_index() {
+        let mut m = started_leader();
+        let add = |name: &str| pb::InternalRaftRequest {
+            auth_user_add: Some(pb::AuthUserAddRequest {
+                name: name.into(),
+                hashed_password: "$2a$04$hash".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let grant = |user: &str, role: &str| pb::InternalRaftRequest {
+            auth_user_grant_role: Some(pb::AuthUserGrantRoleRequest {
+                user: user.into(),
+                role: role.into(),
+            }),
+            ..Default::default()
+        };
+        propose_as(&mut m, 1, add("root"), "", 0).expect("auth is off: anyone administers");
+        propose_as(&mut m, 2, grant("root", "root"), "", 0).expect("grant");
+        propose_as(&mut m, 3, add("u"), "", 0).expect("add");
+        let enable = pb::InternalRaftRequest {
+            auth_enable: Some(pb::AuthEnableRequest {}),
+            ..Default::default()
+        };
+        propose_as(&mut m, 4, enable, "", 0).expect("enable");
+        let (state, _) = m.auth();
+        assert!(state.enabled());
+        let rev = state.revision();
+        assert!(matches!(
+            propose_as(&mut m, 5, put("k"), "", 0),
+            Err(EtcdError::UserEmpty)
+        ));
+        assert!(matches!(
+            propose_as(&mut m, 6, put("k"), "u", rev),
+            Err(EtcdError::PermissionDenied)
+        ));
+        propose_as(&mut m, 7, put("k"), "root", rev).expect("root writes anywhere");
+        // Management needs root; a change makes earlier credentials old.
+        assert!(matches!(
+            propose_as(&mut m, 8, add("v"), "u", rev),
+            Err(EtcdError::PermissionDenied)
+        ));
+        propose_as(&mut m, 9, add("v"), "root", rev).expect("root administers");
+        assert!(matches!(
+            propose_as(&mut m, 10, put("k"), "root", rev),
+            Err(EtcdError::AuthOldRevision)
+        ));
+        // The member's own entries (id 0, e.g. lease expiry) are not checked.
+        let revoke = pb::InternalRaftRequest {
+            lease_revoke: Some(pb::LeaseRevokeRequest { id: 99 }),
+            ..Default::default()
+        };
+        let data = Bytes::from(auth_entry(revoke, "", 0).encode_to_vec());
+        m.node.propose(data).expect("the leader takes it");
+        settle(&mut m, 20);
+        // The auth store is in the checkpoint request.
+        let req = m
+            .checkpoint_request()
+            .expect("term known")
+            .expect("entries applied");
+        assert_eq!(req.auth.users.len(), 3);
+        assert!(req.auth.enabled);
+    }
+
     #[test]
     fn a_write_whose_sync_never_completes_times_out_at_its_deadline() {
         let mut m = started_leader();
