@@ -500,6 +500,17 @@ fn auth_state_survives_a_restart_and_a_checkpoint() {
         server.log_all().contains("checkpoint written"),
         "a checkpoint was written before the restart"
     );
+    // A token lives in the member's memory only: a restart forgets it, as etcd's does.
+    let (status, json) = gateway(
+        &server,
+        "/v3/auth/authenticate",
+        r#"{"name":"alice","password":"alicepw"}"#,
+        None,
+    );
+    assert_eq!(status, 200, "{json}");
+    let token = json["token"].as_str().expect("a token").to_string();
+    let pre_a = r#"{"key":"cHJlL2E="}"#;
+    assert_eq!(gateway(&server, "/v3/kv/range", pre_a, Some(&token)).0, 200);
     server.stop();
     // With auth enabled, etcdctl's health check (an anonymous Get) fails: wait for TCP only.
     server.relaunch();
@@ -513,6 +524,11 @@ fn auth_state_survives_a_restart_and_a_checkpoint() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(users, "alice\nroot\n");
+    let (status, json) = gateway(&server, "/v3/kv/range", pre_a, Some(&token));
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (401, Some("etcdserver: invalid auth token"))
+    );
     let out = server.etcdctl(&["get", "k1"]);
     assert!(
         out.stderr.contains("etcdserver: user name is empty"),
