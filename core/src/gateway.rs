@@ -106,37 +106,37 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
         }
         "/v3/lock/lock" => {
             call(&body, |r| async move {
-                crate::lock::lock(api.shared(), api.hub(), r).await
+                crate::lock::lock(api.shared(), api.hub(), who, r).await
             })
             .await
         }
         "/v3/lock/unlock" => {
             call(&body, |r| async move {
-                crate::lock::unlock(api.shared(), r).await
+                crate::lock::unlock(api.shared(), who, r).await
             })
             .await
         }
         "/v3/election/campaign" => {
             call(&body, |r| async move {
-                crate::lock::campaign(api.shared(), api.hub(), r).await
+                crate::lock::campaign(api.shared(), api.hub(), who, r).await
             })
             .await
         }
         "/v3/election/proclaim" => {
             call(&body, |r| async move {
-                crate::lock::proclaim(api.shared(), r).await
+                crate::lock::proclaim(api.shared(), who, r).await
             })
             .await
         }
         "/v3/election/leader" => {
             call(&body, |r| async move {
-                crate::lock::leader(api.shared(), r).await
+                crate::lock::leader(api.shared(), who, r).await
             })
             .await
         }
         "/v3/election/resign" => {
             call(&body, |r| async move {
-                crate::lock::resign(api.shared(), r).await
+                crate::lock::resign(api.shared(), who, r).await
             })
             .await
         }

@@ -164,38 +164,44 @@ impl Api {
                 unary(call, sink, |r, _| async move { this.lease_leases(r).await }).await
             }
             "/v3lockpb.Lock/Lock" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::lock(&this.shared, &this.hub, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::lock(&this.shared, &this.hub, &who, r).await
                 })
                 .await
             }
             "/v3lockpb.Lock/Unlock" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::unlock(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::unlock(&this.shared, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Campaign" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::campaign(&this.shared, &this.hub, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::campaign(&this.shared, &this.hub, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Proclaim" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::proclaim(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::proclaim(&this.shared, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Leader" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::leader(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::leader(&this.shared, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Resign" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::resign(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::resign(&this.shared, &who, r).await
                 })
                 .await
             }

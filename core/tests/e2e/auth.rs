@@ -554,3 +554,39 @@ fn auth_state_survives_a_restart_and_a_checkpoint() {
         .ok();
     assert!(out.stdout.contains("[pre/, pre0) (prefix pre/)"), "{out:?}");
 }
+
+#[test]
+fn locks_take_the_callers_permissions_like_etcd() {
+    let mut outcomes = Vec::new();
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let server = Server::start(kind, &[]);
+        setup_users(&server);
+        let mut outcome = Vec::new();
+        for args in [
+            &["--user", "alice:alicepw", "lock", "pre/l", "echo", "held"][..],
+            &["--user", "alice:alicepw", "lock", "secret", "echo", "held"],
+            &["lock", "pre/l", "echo", "held"],
+            &["--user", "root:rootpw", "lock", "secret", "echo", "held"],
+        ] {
+            let out = server.etcdctl(args);
+            // The lock key holds a lease id, which differs: keep the command's output and
+            // the error.
+            let held = out.stdout.lines().any(|l| l == "held");
+            let error = out
+                .stderr
+                .lines()
+                .find(|l| l.starts_with("Error:"))
+                .unwrap_or("")
+                .to_string();
+            outcome.push((out.code, held, error));
+        }
+        outcomes.push(outcome);
+    }
+    assert_eq!(
+        outcomes[0], outcomes[1],
+        "keel (left) and etcd (right) differ"
+    );
+    assert!(outcomes[0][0].1, "alice holds a lock under her prefix");
+    assert!(outcomes[0][3].1, "root locks anywhere");
+    assert!(!outcomes[0][1].1 && !outcomes[0][2].1);
+}
