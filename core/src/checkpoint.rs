@@ -4,7 +4,8 @@
 //!
 //! Format (little-endian): magic "KEELCKPT", version u32, raft index u64, raft term u64,
 //! conf-state length u32 + bytes (keel-raft's encoding), cluster length u32 + JSON (version 1:
-//! the members; version 2: `{"members": [...], "alarms": [...]}`),
+//! the members; version 2: `{"members": [...], "alarms": [...], "auth": {...}}`, where the auth
+//! store is absent in files written before auth existed),
 //! store-image length u64 + bytes (keel-kv's own framed checkpoint), crc32 of all before it.
 //! Any damage is an error, never a guess.
 
@@ -15,6 +16,7 @@ use keel_raft::{ConfState, SnapshotMetadata};
 use serde::{Deserialize, Serialize};
 
 use crate::alarms::AlarmMember;
+use crate::auth::AuthImage;
 use crate::error::CoreError;
 use crate::ids::Member;
 
@@ -23,11 +25,13 @@ const VERSION: u32 = 2;
 /// Version 1 files (members only, no alarms) still load.
 const VERSION_MEMBERS_ONLY: u32 = 1;
 
-/// The replicated cluster state beside the store: membership and raised alarms.
+/// The replicated cluster state beside the store: membership, raised alarms, the auth store.
 #[derive(Debug, Serialize, Deserialize)]
 struct Cluster {
     members: Vec<Member>,
     alarms: Vec<AlarmMember>,
+    #[serde(default)]
+    auth: AuthImage,
 }
 
 /// A decoded checkpoint.
@@ -36,6 +40,7 @@ pub struct Checkpoint {
     pub meta: SnapshotMetadata,
     pub members: Vec<Member>,
     pub alarms: Vec<AlarmMember>,
+    pub auth: AuthImage,
     pub kv_image: Vec<u8>,
 }
 
@@ -45,6 +50,7 @@ pub fn encode(
     conf_state: &ConfState,
     members: &[Member],
     alarms: &[AlarmMember],
+    auth: &AuthImage,
     kv_image: &[u8],
 ) -> Vec<u8> {
     let mut conf = Vec::new();
@@ -52,6 +58,7 @@ pub fn encode(
     let members = serde_json::to_vec(&Cluster {
         members: members.to_vec(),
         alarms: alarms.to_vec(),
+        auth: auth.clone(),
     })
     .expect("cluster state serializes");
     let mut out = Vec::with_capacity(kv_image.len() + conf.len() + members.len() + 64);
@@ -125,6 +132,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
         Cluster {
             members: serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?,
             alarms: Vec::new(),
+            auth: AuthImage::default(),
         }
     } else {
         serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?
@@ -142,6 +150,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
         },
         members: cluster.members,
         alarms: cluster.alarms,
+        auth: cluster.auth,
         kv_image,
     })
 }
@@ -232,9 +241,21 @@ mod tests {
             member_id: 7,
             alarm: 1,
         }];
-        let file = encode(42, 3, &conf, &members, &alarms, b"store image");
+        let auth = AuthImage {
+            enabled: true,
+            revision: 7,
+            users: vec![crate::auth::store::UserRecord {
+                name: "root".into(),
+                password_hash: "$2a$10$x".into(),
+                roles: vec!["root".into()],
+                no_password: false,
+            }],
+            roles: vec![],
+        };
+        let file = encode(42, 3, &conf, &members, &alarms, &auth, b"store image");
         let cp = decode(&file).expect("valid");
         assert_eq!(cp.alarms, alarms);
+        assert_eq!(cp.auth, auth, "the auth store is carried");
         assert_eq!(
             (cp.meta.index, cp.meta.term, cp.meta.conf_state),
             (42, 3, conf)

@@ -339,8 +339,19 @@ pub struct Flags {
         hide = true
     )]
     pub grpc_keepalive_timeout: Option<String>,
-    #[arg(long = "auth-token", env = "ETCD_AUTH_TOKEN", hide = true)]
-    pub auth_token: Option<String>,
+    /// Auth token type: "simple" (the default) or "jwt,..." (not served yet).
+    #[arg(long = "auth-token", env = "ETCD_AUTH_TOKEN", default_value = "simple")]
+    pub auth_token: String,
+    /// Seconds a simple token lives after its last use.
+    #[arg(
+        long = "auth-token-ttl",
+        env = "ETCD_AUTH_TOKEN_TTL",
+        default_value_t = 300
+    )]
+    pub auth_token_ttl: u64,
+    /// bcrypt cost for hashing auth passwords (4..=31).
+    #[arg(long = "bcrypt-cost", env = "ETCD_BCRYPT_COST", default_value_t = 10)]
+    pub bcrypt_cost: u32,
     #[arg(
         long = "experimental-watch-progress-notify-interval",
         env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL",
@@ -425,6 +436,10 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
+    /// Milliseconds a simple auth token lives after its last use (`--auth-token-ttl`).
+    pub auth_token_ttl_ms: u64,
+    /// bcrypt cost for auth passwords (`--bcrypt-cost`; etcd's default 10).
+    pub bcrypt_cost: u32,
     pub log_level: String,
     /// Auto-compaction's retention and mode; None when off (etcd's default).
     pub auto_compaction: Option<Retention>,
@@ -613,7 +628,7 @@ impl Config {
         // fsync), so resolve both against the working directory once, here.
         let data_dir = absolute_path("data-dir", data_dir)?;
         let wal_dir = absolute_path("wal-dir", wal_dir)?;
-        let ignored: [(&'static str, bool); 14] = [
+        let ignored: [(&'static str, bool); 13] = [
             (
                 "experimental-watch-progress-notify-interval",
                 f.experimental_watch_progress_notify_interval.is_some(),
@@ -636,8 +651,33 @@ impl Config {
                 f.grpc_keepalive_interval.is_some(),
             ),
             ("grpc-keepalive-timeout", f.grpc_keepalive_timeout.is_some()),
-            ("auth-token", f.auth_token.is_some()),
         ];
+        // etcd: "simple" or "jwt,pub-key=...,priv-key=...,sign-method=..."; only simple tokens
+        // are served, and a token type Keel does not implement stops startup.
+        let token_type = f.auth_token.split(',').next().unwrap_or("");
+        if token_type != "simple" {
+            return Err(CoreError::Config(format!(
+                "--auth-token {:?}: only \"simple\" tokens are served",
+                f.auth_token
+            )));
+        }
+        if f.auth_token_ttl == 0 {
+            return Err(CoreError::Config(
+                "--auth-token-ttl must be positive".into(),
+            ));
+        }
+        let auth_token_ttl_ms = f.auth_token_ttl.saturating_mul(1000);
+        // etcd falls back to the default cost for one bcrypt refuses.
+        let bcrypt_cost = if (4..=31).contains(&f.bcrypt_cost) {
+            f.bcrypt_cost
+        } else {
+            warnings.push(format!(
+                "--bcrypt-cost {} is outside 4..=31: using {}",
+                f.bcrypt_cost,
+                crate::auth::BCRYPT_COST_DEFAULT
+            ));
+            crate::auth::BCRYPT_COST_DEFAULT
+        };
         for (name, given) in ignored {
             if given {
                 ignored_flags.push(name);
@@ -668,6 +708,8 @@ impl Config {
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
+            auth_token_ttl_ms,
+            bcrypt_cost,
             log_level,
             auto_compaction,
             shards,

@@ -451,6 +451,7 @@ mod tests {
                 member_id: 0xabc,
                 alarm: 1,
             }],
+            auth: Default::default(),
         }
     }
 
@@ -548,6 +549,7 @@ mod tests {
             conf_state: keel_raft::ConfState::default(),
             members: vec![],
             alarms: vec![],
+            auth: Default::default(),
         };
         let (out, size) = write_db(&snap, Cursor::new(Vec::new())).expect("written");
         let bytes = out.into_inner();

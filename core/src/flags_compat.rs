@@ -44,10 +44,6 @@ pub struct EtcdCompatFlags {
     pub discovery_srv_name: Option<String>,
     #[arg(long = "cors", env = "ETCD_CORS", hide = true)]
     pub cors: Option<String>,
-    #[arg(long = "bcrypt-cost", env = "ETCD_BCRYPT_COST", hide = true)]
-    pub bcrypt_cost: Option<String>,
-    #[arg(long = "auth-token-ttl", env = "ETCD_AUTH_TOKEN_TTL", hide = true)]
-    pub auth_token_ttl: Option<String>,
     #[arg(
         long = "proxy-failure-wait",
         env = "ETCD_PROXY_FAILURE_WAIT",
@@ -196,8 +192,6 @@ impl EtcdCompatFlags {
             ("discovery-proxy", &self.discovery_proxy),
             ("discovery-srv-name", &self.discovery_srv_name),
             ("cors", &self.cors),
-            ("bcrypt-cost", &self.bcrypt_cost),
-            ("auth-token-ttl", &self.auth_token_ttl),
             ("proxy-failure-wait", &self.proxy_failure_wait),
             ("proxy-refresh-interval", &self.proxy_refresh_interval),
             ("proxy-dial-timeout", &self.proxy_dial_timeout),

@@ -31,17 +31,51 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
             "Method Not Allowed\n",
         );
     }
+    // etcd's gateway passes the `Authorization` header on as the call's token.
+    let who = match crate::auth::who(api.shared(), &request.headers).await {
+        Ok(who) => who,
+        Err(e) => return error(&Status::from(e)),
+    };
+    let is_admin = || async { api.shared().auth().check_admin(&who).map_err(Status::from) };
+    let admin_only = matches!(
+        path.as_str(),
+        "/v3/cluster/member/add"
+            | "/v3/cluster/member/remove"
+            | "/v3/cluster/member/update"
+            | "/v3/cluster/member/promote"
+    );
+    if admin_only {
+        if let Err(status) = is_admin().await {
+            return error(&status);
+        }
+    }
+    if matches!(
+        path.as_str(),
+        "/v3/maintenance/defragment" | "/v3/maintenance/hash"
+    ) {
+        if let Err(status) =
+            crate::auth::api::check_admin_maintenance(api.shared(), &request.headers).await
+        {
+            return error(&status);
+        }
+    }
     let body = request.body;
     let api = api.clone();
+    let who = &who;
+    if let Some(rest) = path.strip_prefix("/v3/auth/") {
+        return auth_call(&api, who, rest, &body).await;
+    }
     match path.as_str() {
-        "/v3/kv/range" => call(&body, |r| async move { api.range(r).await }).await,
-        "/v3/kv/put" => call(&body, |r| async move { api.put(r).await }).await,
-        "/v3/kv/deleterange" => call(&body, |r| async move { api.delete_range(r).await }).await,
-        "/v3/kv/txn" => call(&body, |r| async move { api.txn(r).await }).await,
+        "/v3/kv/range" => call(&body, |r| async move { api.range(r, who).await }).await,
+        "/v3/kv/put" => call(&body, |r| async move { api.put(r, who).await }).await,
+        "/v3/kv/deleterange" => {
+            call(&body, |r| async move { api.delete_range(r, who).await }).await
+        }
+        "/v3/kv/txn" => call(&body, |r| async move { api.txn(r, who).await }).await,
         "/v3/kv/compaction" => call(&body, |r| async move { api.compact(r).await }).await,
         "/v3/lease/grant" => call(&body, |r| async move { api.lease_grant(r).await }).await,
         "/v3/lease/revoke" | "/v3/kv/lease/revoke" => {
-            call(&body, |r| async move { api.lease_revoke(r).await }).await
+            call(&body, |r| async move { api.lease_revoke(r, who).await }).await
         }
         "/v3/lease/timetolive" | "/v3/kv/lease/timetolive" => {
             call(&body, |r| async move { api.lease_time_to_live(r).await }).await
@@ -72,37 +106,37 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
         }
         "/v3/lock/lock" => {
             call(&body, |r| async move {
-                crate::lock::lock(api.shared(), api.hub(), r).await
+                crate::lock::lock(api.shared(), api.hub(), who, r).await
             })
             .await
         }
         "/v3/lock/unlock" => {
             call(&body, |r| async move {
-                crate::lock::unlock(api.shared(), r).await
+                crate::lock::unlock(api.shared(), who, r).await
             })
             .await
         }
         "/v3/election/campaign" => {
             call(&body, |r| async move {
-                crate::lock::campaign(api.shared(), api.hub(), r).await
+                crate::lock::campaign(api.shared(), api.hub(), who, r).await
             })
             .await
         }
         "/v3/election/proclaim" => {
             call(&body, |r| async move {
-                crate::lock::proclaim(api.shared(), r).await
+                crate::lock::proclaim(api.shared(), who, r).await
             })
             .await
         }
         "/v3/election/leader" => {
             call(&body, |r| async move {
-                crate::lock::leader(api.shared(), r).await
+                crate::lock::leader(api.shared(), who, r).await
             })
             .await
         }
         "/v3/election/resign" => {
             call(&body, |r| async move {
-                crate::lock::resign(api.shared(), r).await
+                crate::lock::resign(api.shared(), who, r).await
             })
             .await
         }
@@ -113,6 +147,36 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
             Code::Unimplemented,
             "keel: streaming calls are not served by the JSON gateway yet",
         )),
+        _ => HttpResponse::not_found(),
+    }
+}
+
+/// `/v3/auth/...`: etcd's Auth service through the gateway.
+async fn auth_call(
+    api: &Rc<Api>,
+    who: &crate::auth::AuthInfo,
+    rest: &str,
+    body: &[u8],
+) -> HttpResponse {
+    use crate::auth::api as a;
+    let api = api.as_ref();
+    match rest {
+        "enable" => call(body, |r| a::auth_enable(api, who, r)).await,
+        "disable" => call(body, |r| a::auth_disable(api, who, r)).await,
+        "authenticate" => call(body, |r| a::authenticate(api, who, r)).await,
+        "user/add" => call(body, |r| a::user_add(api, who, r)).await,
+        "user/get" => call(body, |r| a::user_get(api, who, r)).await,
+        "user/list" => call(body, |r| a::user_list(api, who, r)).await,
+        "user/delete" => call(body, |r| a::user_delete(api, who, r)).await,
+        "user/changepw" => call(body, |r| a::user_change_password(api, who, r)).await,
+        "user/grant" => call(body, |r| a::user_grant_role(api, who, r)).await,
+        "user/revoke" => call(body, |r| a::user_revoke_role(api, who, r)).await,
+        "role/add" => call(body, |r| a::role_add(api, who, r)).await,
+        "role/get" => call(body, |r| a::role_get(api, who, r)).await,
+        "role/list" => call(body, |r| a::role_list(api, who, r)).await,
+        "role/delete" => call(body, |r| a::role_delete(api, who, r)).await,
+        "role/grant" => call(body, |r| a::role_grant_permission(api, who, r)).await,
+        "role/revoke" => call(body, |r| a::role_revoke_permission(api, who, r)).await,
         _ => HttpResponse::not_found(),
     }
 }

@@ -1,6 +1,7 @@
 //! keel-core: the node. See ARCHITECTURE.md for the bird's-eye view.
 
 pub mod alarms;
+pub mod auth;
 pub mod checkpoint;
 pub mod compactor;
 pub mod config;

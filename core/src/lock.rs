@@ -17,6 +17,7 @@ use keel_proto::mvccpb;
 use keel_proto::v3electionpb as epb;
 use keel_proto::v3lockpb as lpb;
 
+use crate::auth::AuthInfo;
 use crate::convert;
 use crate::shared::{kv_error, Answer, Shared};
 use crate::watch::Hub;
@@ -59,7 +60,7 @@ fn waiter_key(prefix: &[u8], lease: i64) -> Bytes {
     k.into()
 }
 
-async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
+async fn txn(shared: &Shared, who: &AuthInfo, t: pb::TxnRequest) -> R<pb::TxnResponse> {
     // etcd's lock and election servers write through its quota-checked KV server.
     shared
         .check_quota(crate::alarms::txn_cost_bytes(&convert::txn_request(
@@ -68,10 +69,13 @@ async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
         .await
         .map_err(etcd)?;
     let out = shared
-        .propose(pb::InternalRaftRequest {
-            txn: Some(t),
-            ..Default::default()
-        })
+        .propose_as(
+            pb::InternalRaftRequest {
+                txn: Some(t),
+                ..Default::default()
+            },
+            who,
+        )
         .await
         .map_err(etcd)?;
     match out.response {
@@ -92,8 +96,10 @@ async fn txn(shared: &Shared, t: pb::TxnRequest) -> R<pb::TxnResponse> {
 }
 
 /// A linearizable read, as clientv3's default Get.
-async fn get(shared: &Shared, req: kv::RangeRequest) -> R<pb::RangeResponse> {
+async fn get(shared: &Shared, who: &AuthInfo, req: kv::RangeRequest) -> R<pb::RangeResponse> {
     shared.read_barrier().await.map_err(etcd)?;
+    // etcd's lock and election servers read through its KV server, with the caller's token.
+    crate::auth::api::check_read(shared, who, &req.key, &req.range_end)?;
     let r = shared.reader().range(&req).map_err(|e| etcd(kv_error(e)))?;
     let h = shared.header(r.revision);
     Ok(convert::range_response(r, h))
@@ -191,12 +197,19 @@ async fn session_lease(shared: &Shared, lease: i64) -> R<i64> {
 }
 
 /// Waits until `key` is deleted (or recreated, which is the same for a waiter).
-async fn wait_delete(shared: &Shared, hub: &Rc<Hub>, key: &Bytes, create_rev: i64) -> R<()> {
+async fn wait_delete(
+    shared: &Shared,
+    who: &AuthInfo,
+    hub: &Rc<Hub>,
+    key: &Bytes,
+    create_rev: i64,
+) -> R<()> {
     loop {
         let rev = shared.reader().current_revision();
         let changed = hub.wait_change(key.clone(), &[], rev);
         let r = get(
             shared,
+            who,
             kv::RangeRequest {
                 key: key.clone(),
                 ..Default::default()
@@ -216,6 +229,7 @@ async fn wait_delete(shared: &Shared, hub: &Rc<Hub>, key: &Bytes, create_rev: i6
 /// Waits until no key under `prefix` older than `max_create_rev` remains (etcd's waitDeletes).
 async fn wait_deletes(
     shared: &Shared,
+    who: &AuthInfo,
     hub: &Rc<Hub>,
     prefix: &[u8],
     max_create_rev: i64,
@@ -223,12 +237,13 @@ async fn wait_deletes(
     loop {
         let r = get(
             shared,
+            who,
             by_create(prefix, kv::SortOrder::Descend, max_create_rev),
         )
         .await?;
         match r.kvs.first() {
             None => return Ok(r.header.unwrap_or_default()),
-            Some(kv) => wait_delete(shared, hub, &kv.key, kv.create_revision).await?,
+            Some(kv) => wait_delete(shared, who, hub, &kv.key, kv.create_revision).await?,
         }
     }
 }
@@ -237,6 +252,7 @@ async fn wait_deletes(
 /// the lock, as etcd's Mutex does on a failed wait.
 struct AbandonGuard {
     shared: Arc<Shared>,
+    who: AuthInfo,
     key: Option<Bytes>,
 }
 
@@ -244,16 +260,20 @@ impl Drop for AbandonGuard {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             let shared = self.shared.clone();
+            let who = std::mem::take(&mut self.who);
             crate::rt::spawn_local(async move {
                 let del = pb::DeleteRangeRequest {
                     key,
                     ..Default::default()
                 };
                 let _ = shared
-                    .propose(pb::InternalRaftRequest {
-                        delete_range: Some(del),
-                        ..Default::default()
-                    })
+                    .propose_as(
+                        pb::InternalRaftRequest {
+                            delete_range: Some(del),
+                            ..Default::default()
+                        },
+                        &who,
+                    )
                     .await;
             });
         }
@@ -263,6 +283,7 @@ impl Drop for AbandonGuard {
 pub async fn lock(
     shared: &Arc<Shared>,
     hub: &Rc<Hub>,
+    who: &AuthInfo,
     r: lpb::LockRequest,
 ) -> R<lpb::LockResponse> {
     let lease = session_lease(shared, r.lease).await?;
@@ -283,7 +304,7 @@ pub async fn lock(
             range_op(by_create(&prefix, kv::SortOrder::Ascend, 0)),
         ],
     };
-    let resp = txn(shared, t).await?;
+    let resp = txn(shared, who, t).await?;
     let header = resp.header.unwrap_or_default();
     let my_rev = if resp.succeeded {
         header.revision
@@ -301,9 +322,10 @@ pub async fn lock(
     }
     let mut guard = AbandonGuard {
         shared: shared.clone(),
+        who: who.clone(),
         key: Some(my_key.clone()),
     };
-    let header = wait_deletes(shared, hub, &prefix, my_rev - 1).await?;
+    let header = wait_deletes(shared, who, hub, &prefix, my_rev - 1).await?;
     guard.key = None;
     Ok(lpb::LockResponse {
         header: Some(header),
@@ -311,16 +333,23 @@ pub async fn lock(
     })
 }
 
-pub async fn unlock(shared: &Arc<Shared>, r: lpb::UnlockRequest) -> R<lpb::UnlockResponse> {
+pub async fn unlock(
+    shared: &Arc<Shared>,
+    who: &AuthInfo,
+    r: lpb::UnlockRequest,
+) -> R<lpb::UnlockResponse> {
     let del = pb::DeleteRangeRequest {
         key: r.key,
         ..Default::default()
     };
     let out = shared
-        .propose(pb::InternalRaftRequest {
-            delete_range: Some(del),
-            ..Default::default()
-        })
+        .propose_as(
+            pb::InternalRaftRequest {
+                delete_range: Some(del),
+                ..Default::default()
+            },
+            who,
+        )
         .await
         .map_err(etcd)?;
     match out.response {
@@ -343,6 +372,7 @@ fn election_prefix(name: &[u8]) -> Vec<u8> {
 pub async fn campaign(
     shared: &Arc<Shared>,
     hub: &Rc<Hub>,
+    who: &AuthInfo,
     r: epb::CampaignRequest,
 ) -> R<epb::CampaignResponse> {
     let lease = session_lease(shared, r.lease).await?;
@@ -356,21 +386,22 @@ pub async fn campaign(
             ..Default::default()
         })],
     };
-    let resp = txn(shared, t).await?;
+    let resp = txn(shared, who, t).await?;
     let header = resp.header.unwrap_or_default();
     let mut leader_rev = header.revision;
     let mut guard = AbandonGuard {
         shared: shared.clone(),
+        who: who.clone(),
         key: Some(key.clone()),
     };
     if !resp.succeeded {
         let kv = first_range_kv(&resp, 0).ok_or_else(|| etcd(EtcdError::KeyNotFound))?;
         leader_rev = kv.create_revision;
         if kv.value != r.value {
-            proclaim_value(shared, &key, leader_rev, lease, r.value.clone()).await?;
+            proclaim_value(shared, who, &key, leader_rev, lease, r.value.clone()).await?;
         }
     }
-    wait_deletes(shared, hub, &prefix, leader_rev - 1).await?;
+    wait_deletes(shared, who, hub, &prefix, leader_rev - 1).await?;
     guard.key = None;
     Ok(epb::CampaignResponse {
         header: Some(header),
@@ -385,6 +416,7 @@ pub async fn campaign(
 
 async fn proclaim_value(
     shared: &Shared,
+    who: &AuthInfo,
     key: &Bytes,
     rev: i64,
     lease: i64,
@@ -395,24 +427,34 @@ async fn proclaim_value(
         success: vec![put_op(key.clone(), value, lease)],
         failure: vec![],
     };
-    let resp = txn(shared, t).await?;
+    let resp = txn(shared, who, t).await?;
     if !resp.succeeded {
         return Err(election_not_leader());
     }
     Ok(resp.header.unwrap_or_default())
 }
 
-pub async fn proclaim(shared: &Arc<Shared>, r: epb::ProclaimRequest) -> R<epb::ProclaimResponse> {
+pub async fn proclaim(
+    shared: &Arc<Shared>,
+    who: &AuthInfo,
+    r: epb::ProclaimRequest,
+) -> R<epb::ProclaimResponse> {
     let leader = r.leader.ok_or_else(missing_leader_key)?;
-    let header = proclaim_value(shared, &leader.key, leader.rev, leader.lease, r.value).await?;
+    let header =
+        proclaim_value(shared, who, &leader.key, leader.rev, leader.lease, r.value).await?;
     Ok(epb::ProclaimResponse {
         header: Some(header),
     })
 }
 
-pub async fn leader(shared: &Arc<Shared>, r: epb::LeaderRequest) -> R<epb::LeaderResponse> {
+pub async fn leader(
+    shared: &Arc<Shared>,
+    who: &AuthInfo,
+    r: epb::LeaderRequest,
+) -> R<epb::LeaderResponse> {
     let resp = get(
         shared,
+        who,
         by_create(&election_prefix(&r.name), kv::SortOrder::Ascend, 0),
     )
     .await?;
@@ -425,7 +467,11 @@ pub async fn leader(shared: &Arc<Shared>, r: epb::LeaderRequest) -> R<epb::Leade
     }
 }
 
-pub async fn resign(shared: &Arc<Shared>, r: epb::ResignRequest) -> R<epb::ResignResponse> {
+pub async fn resign(
+    shared: &Arc<Shared>,
+    who: &AuthInfo,
+    r: epb::ResignRequest,
+) -> R<epb::ResignResponse> {
     let leader = r.leader.ok_or_else(missing_leader_key)?;
     let t = pb::TxnRequest {
         compare: vec![create_rev_is(leader.key.clone(), leader.rev)],
@@ -439,7 +485,7 @@ pub async fn resign(shared: &Arc<Shared>, r: epb::ResignRequest) -> R<epb::Resig
         }],
         failure: vec![],
     };
-    let resp = txn(shared, t).await?;
+    let resp = txn(shared, who, t).await?;
     Ok(epb::ResignResponse {
         header: resp.header,
     })
@@ -453,10 +499,11 @@ pub async fn observe(
     call: Call,
     sink: &mut ResponseSink,
 ) -> Status {
-    let Call {
-        head: _,
-        mut requests,
-    } = call;
+    let Call { head, mut requests } = call;
+    let who = match crate::auth::who(shared, &head.metadata).await {
+        Ok(who) => who,
+        Err(e) => return Status::from(e),
+    };
     let req: epb::LeaderRequest = match requests.decode_one().await {
         Ok(r) => r,
         Err(status) => return status,
@@ -467,7 +514,7 @@ pub async fn observe(
     loop {
         let rev = shared.reader().current_revision();
         let changed = hub.wait_change(Bytes::copy_from_slice(&prefix), &end, rev);
-        let resp = match get(shared, by_create(&prefix, kv::SortOrder::Ascend, 0)).await {
+        let resp = match get(shared, &who, by_create(&prefix, kv::SortOrder::Ascend, 0)).await {
             Ok(r) => r,
             Err(status) => return status,
         };

@@ -71,6 +71,7 @@ pub struct RaftCoreParts {
     snap_dir: PathBuf,
     members: Vec<MemberInfo>,
     alarms: Alarms,
+    auth: crate::auth::AuthImage,
     last_checkpoint_index: u64,
 }
 
@@ -113,6 +114,7 @@ pub async fn open(
         reader,
         members,
         alarms,
+        auth,
         checkpoint_index,
     } = recovered;
     if let Ok(key) = std::env::var(TEST_FLIP_VALUE_ENV) {
@@ -129,6 +131,7 @@ pub async fn open(
             snap_dir,
             members,
             alarms,
+            auth,
             last_checkpoint_index: checkpoint_index,
         },
         reader,
@@ -145,6 +148,7 @@ impl RaftCore {
             snap_dir,
             members,
             alarms,
+            auth,
             last_checkpoint_index,
         } = parts;
         let transport = Transport::new(
@@ -179,15 +183,19 @@ impl RaftCore {
             tick_ms: shared.config.heartbeat_interval_ms,
             snapshot_count: shared.config.snapshot_count,
             stats: shared.raft_stats.clone(),
+            auth_token_ttl_ms: shared.config.auth_token_ttl_ms,
         };
-        let member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
+        let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
+        member.restore_auth(&auth);
+        let clock_origin = shared.started_at;
         let mut core = RaftCore {
             shared,
             member,
             wal,
             snap_dir,
             transport,
-            clock_origin: Instant::now(),
+            // The member's clock is the shards' `uptime_ms`: token deadlines are shared.
+            clock_origin,
             auto_compactor,
         };
         core.publish();
@@ -451,6 +459,10 @@ impl RaftCore {
             match effect {
                 Effect::MembersChanged => self.publish_members(),
                 Effect::AlarmsChanged => self.shared.publish_alarms(self.member.alarms()),
+                Effect::AuthChanged => {
+                    let (state, tokens) = self.member.auth();
+                    self.shared.publish_auth(state, tokens);
+                }
                 Effect::Leader { leader_id } => {
                     self.shared.leader_id.store(leader_id, Ordering::Release)
                 }
@@ -567,6 +579,7 @@ impl RaftCore {
                     &req.conf_state,
                     &req.members,
                     &req.alarms,
+                    &req.auth,
                     &kv_image,
                 );
                 write_durably(&dir, &path, &file)?;

@@ -18,6 +18,7 @@ use keel_proto::etcdserverpb as pb;
 use keel_proto::health;
 
 use crate::alarms;
+use crate::auth::{api as auth_api, AuthInfo};
 use crate::convert;
 use crate::ids::Member;
 use crate::metrics::Metrics;
@@ -67,6 +68,34 @@ fn etcd(e: EtcdError) -> Status {
 
 impl Handler for Api {
     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
+        self.grpc_from(call, sink, None).await
+    }
+
+    async fn http(self: Rc<Self>, mut request: HttpRequest) -> HttpResponse {
+        // The certificate user is ours to set, never the client's (etcd's gateway ignores it).
+        request.headers.remove(crate::auth::CERT_USER_HEADER);
+        if crate::gateway::is_gateway_path(&request.path) {
+            return crate::gateway::serve(&self, request).await;
+        }
+        crate::http::serve(&self.shared, &self.metrics, request).await
+    }
+}
+
+impl Api {
+    /// Serves one call; `cert_user` is the common name of the connection's verified client
+    /// certificate, the call's user when it carries no token (etcd's AuthInfoFromTLS).
+    pub(crate) async fn grpc_from(
+        self: Rc<Self>,
+        mut call: Call,
+        sink: &mut ResponseSink,
+        cert_user: Option<&str>,
+    ) -> Status {
+        call.head.metadata.remove(crate::auth::CERT_USER_HEADER);
+        if let Some(value) = cert_user.and_then(|u| http::HeaderValue::from_str(u).ok()) {
+            call.head
+                .metadata
+                .insert(crate::auth::CERT_USER_HEADER, value);
+        }
         let path = call.head.path.clone();
         let method = Metrics::method_index(&path);
         self.metrics.record_started(method);
@@ -77,15 +106,6 @@ impl Handler for Api {
         status
     }
 
-    async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {
-        if crate::gateway::is_gateway_path(&request.path) {
-            return crate::gateway::serve(&self, request).await;
-        }
-        crate::http::serve(&self.shared, &self.metrics, request).await
-    }
-}
-
-impl Api {
     async fn dispatch(self: &Rc<Self>, path: &str, call: Call, sink: &mut ResponseSink) -> Status {
         // etcd's clients send "hasleader: true" to be told at once when the member is cut off.
         if requires_leader(&call.head) && !self.shared.has_leader() {
@@ -94,16 +114,32 @@ impl Api {
         let this = self.clone();
         match path {
             "/etcdserverpb.KV/Range" => {
-                unary(call, sink, |r, _| async move { this.range(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    this.range(r, &who).await
+                })
+                .await
             }
             "/etcdserverpb.KV/Put" => {
-                unary(call, sink, |r, _| async move { this.put(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    this.put(r, &who).await
+                })
+                .await
             }
             "/etcdserverpb.KV/DeleteRange" => {
-                unary(call, sink, |r, _| async move { this.delete_range(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    this.delete_range(r, &who).await
+                })
+                .await
             }
             "/etcdserverpb.KV/Txn" => {
-                unary(call, sink, |r, _| async move { this.txn(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    this.txn(r, &who).await
+                })
+                .await
             }
             "/etcdserverpb.KV/Compact" => {
                 unary(call, sink, |r, _| async move { this.compact(r).await }).await
@@ -112,7 +148,11 @@ impl Api {
                 unary(call, sink, |r, _| async move { this.lease_grant(r).await }).await
             }
             "/etcdserverpb.Lease/LeaseRevoke" => {
-                unary(call, sink, |r, _| async move { this.lease_revoke(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    this.lease_revoke(r, &who).await
+                })
+                .await
             }
             "/etcdserverpb.Watch/Watch" => self.hub.serve(call, sink).await,
             "/etcdserverpb.Lease/LeaseKeepAlive" => self.lease_keep_alive(call, sink).await,
@@ -126,38 +166,44 @@ impl Api {
                 unary(call, sink, |r, _| async move { this.lease_leases(r).await }).await
             }
             "/v3lockpb.Lock/Lock" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::lock(&this.shared, &this.hub, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::lock(&this.shared, &this.hub, &who, r).await
                 })
                 .await
             }
             "/v3lockpb.Lock/Unlock" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::unlock(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::unlock(&this.shared, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Campaign" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::campaign(&this.shared, &this.hub, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::campaign(&this.shared, &this.hub, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Proclaim" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::proclaim(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::proclaim(&this.shared, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Leader" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::leader(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::leader(&this.shared, &who, r).await
                 })
                 .await
             }
             "/v3electionpb.Election/Resign" => {
-                unary(call, sink, |r, _| async move {
-                    crate::lock::resign(&this.shared, r).await
+                unary(call, sink, |r, h| async move {
+                    let who = auth_api::who(&this.shared, &h.metadata).await?;
+                    crate::lock::resign(&this.shared, &who, r).await
                 })
                 .await
             }
@@ -170,41 +216,63 @@ impl Api {
             "/etcdserverpb.Maintenance/Alarm" => {
                 unary(call, sink, |r, _| async move { this.alarm(r).await }).await
             }
+            // etcd's authMaintenanceServer: these need the root role once auth is enabled.
             "/etcdserverpb.Maintenance/Defragment" => {
-                unary(call, sink, |r, _| async move { this.defragment(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin_maintenance(&this.shared, &h.metadata).await?;
+                    this.defragment(r).await
+                })
+                .await
             }
-            "/etcdserverpb.Maintenance/Snapshot" => self.snapshot(call, sink).await,
+            "/etcdserverpb.Maintenance/Snapshot" => {
+                if let Err(status) =
+                    auth_api::check_admin_maintenance(&self.shared, &call.head.metadata).await
+                {
+                    return status;
+                }
+                self.snapshot(call, sink).await
+            }
             "/etcdserverpb.Maintenance/Hash" => {
-                unary(call, sink, |r, _| async move { this.hash(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin_maintenance(&this.shared, &h.metadata).await?;
+                    this.hash(r).await
+                })
+                .await
             }
             "/etcdserverpb.Maintenance/HashKV" => {
-                unary(call, sink, |r, _| async move { this.hash_kv(r) }).await
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin_maintenance(&this.shared, &h.metadata).await?;
+                    this.hash_kv(r)
+                })
+                .await
             }
+            // etcd checks membership changes for the root role on the member asked.
             "/etcdserverpb.Cluster/MemberAdd" => {
-                unary(call, sink, |r, _| async move { this.member_add(r).await }).await
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin(&this.shared, &h.metadata).await?;
+                    this.member_add(r).await
+                })
+                .await
             }
             "/etcdserverpb.Cluster/MemberRemove" => {
-                unary(
-                    call,
-                    sink,
-                    |r, _| async move { this.member_remove(r).await },
-                )
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin(&this.shared, &h.metadata).await?;
+                    this.member_remove(r).await
+                })
                 .await
             }
             "/etcdserverpb.Cluster/MemberUpdate" => {
-                unary(
-                    call,
-                    sink,
-                    |r, _| async move { this.member_update(r).await },
-                )
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin(&this.shared, &h.metadata).await?;
+                    this.member_update(r).await
+                })
                 .await
             }
             "/etcdserverpb.Cluster/MemberPromote" => {
-                unary(
-                    call,
-                    sink,
-                    |r, _| async move { this.member_promote(r).await },
-                )
+                unary(call, sink, |r, h| async move {
+                    auth_api::check_admin(&this.shared, &h.metadata).await?;
+                    this.member_promote(r).await
+                })
                 .await
             }
             "/etcdserverpb.Maintenance/MoveLeader" => {
@@ -213,6 +281,9 @@ impl Api {
             "/etcdserverpb.Cluster/MemberList" => {
                 unary(call, sink, |r, _| async move { this.member_list(r) }).await
             }
+            p if p.starts_with("/etcdserverpb.Auth/") => {
+                auth_api::dispatch(self, p, call, sink).await
+            }
             "/grpc.health.v1.Health/Check" => {
                 unary(call, sink, |r, _| async move { this.health_check(r) }).await
             }
@@ -220,22 +291,25 @@ impl Api {
         }
     }
 
-    pub(crate) async fn range(&self, r: pb::RangeRequest) -> R<pb::RangeResponse> {
+    pub(crate) async fn range(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<pb::RangeResponse> {
         let req = convert::range_request(r);
         kv::validate_range(&req).map_err(|e| etcd(kv_error(e)))?;
         if !req.serializable {
             self.shared.read_barrier().await.map_err(etcd)?;
         }
+        // etcd checks reads on the member that serves them, after the read barrier.
+        auth_api::check_read(&self.shared, who, &req.key, &req.range_end)?;
         let resp = self
             .shared
             .reader()
             .range(&req)
             .map_err(|e| etcd(kv_error(e)))?;
+        auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);
         Ok(convert::range_response(resp, header))
     }
 
-    pub(crate) async fn put(&self, r: pb::PutRequest) -> R<pb::PutResponse> {
+    pub(crate) async fn put(&self, r: pb::PutRequest, who: &AuthInfo) -> R<pb::PutResponse> {
         // Validate a converted copy: conversion only moves the Bytes handles.
         let req = convert::put_request(r.clone());
         kv::validate_put(&req).map_err(|e| etcd(kv_error(e)))?;
@@ -245,10 +319,13 @@ impl Api {
             .map_err(etcd)?;
         let out = self
             .shared
-            .propose(pb::InternalRaftRequest {
-                put: Some(r),
-                ..Default::default()
-            })
+            .propose_as(
+                pb::InternalRaftRequest {
+                    put: Some(r),
+                    ..Default::default()
+                },
+                who,
+            )
             .await
             .map_err(etcd)?;
         match out.response {
@@ -263,15 +340,19 @@ impl Api {
     pub(crate) async fn delete_range(
         &self,
         r: pb::DeleteRangeRequest,
+        who: &AuthInfo,
     ) -> R<pb::DeleteRangeResponse> {
         kv::validate_delete_range(&convert::delete_request(r.clone()))
             .map_err(|e| etcd(kv_error(e)))?;
         let out = self
             .shared
-            .propose(pb::InternalRaftRequest {
-                delete_range: Some(r),
-                ..Default::default()
-            })
+            .propose_as(
+                pb::InternalRaftRequest {
+                    delete_range: Some(r),
+                    ..Default::default()
+                },
+                who,
+            )
             .await
             .map_err(etcd)?;
         match out.response {
@@ -283,7 +364,7 @@ impl Api {
         }
     }
 
-    pub(crate) async fn txn(&self, r: pb::TxnRequest) -> R<pb::TxnResponse> {
+    pub(crate) async fn txn(&self, r: pb::TxnRequest, who: &AuthInfo) -> R<pb::TxnResponse> {
         let req = convert::txn_request(r.clone());
         kv::validate_txn(&req, self.shared.config.max_txn_ops as usize)
             .map_err(|e| etcd(kv_error(e)))?;
@@ -293,10 +374,13 @@ impl Api {
             .map_err(etcd)?;
         let out = self
             .shared
-            .propose(pb::InternalRaftRequest {
-                txn: Some(r),
-                ..Default::default()
-            })
+            .propose_as(
+                pb::InternalRaftRequest {
+                    txn: Some(r),
+                    ..Default::default()
+                },
+                who,
+            )
             .await
             .map_err(etcd)?;
         match out.response {
@@ -443,13 +527,17 @@ impl Api {
     pub(crate) async fn lease_revoke(
         &self,
         r: pb::LeaseRevokeRequest,
+        who: &AuthInfo,
     ) -> R<pb::LeaseRevokeResponse> {
         let out = self
             .shared
-            .propose(pb::InternalRaftRequest {
-                lease_revoke: Some(r),
-                ..Default::default()
-            })
+            .propose_as(
+                pb::InternalRaftRequest {
+                    lease_revoke: Some(r),
+                    ..Default::default()
+                },
+                who,
+            )
             .await
             .map_err(etcd)?;
         match out.response {

@@ -298,7 +298,7 @@ struct Serving {
 
 /// Accepts on one listener, serving its connections with `handler` (the etcd API, or only the
 /// metrics endpoints); `tls` is its acceptor when the listener is https.
-async fn accept_loop<H: keel_grpc::Handler>(
+async fn accept_loop<H: crate::auth::ServesCertUser>(
     serving: Rc<Serving>,
     handler: Rc<H>,
     addr: SocketAddr,
@@ -337,7 +337,26 @@ async fn accept_loop<H: keel_grpc::Handler>(
                             let timeout = rt::sleep(config.preface_timeout);
                             match select(handshake, pin!(timeout)).await {
                                 Either::Left((Ok(stream), _)) => {
-                                    serve_connection(stream.compat(), api, config, runtime).await
+                                    // A verified client certificate names the calls' user
+                                    // when they carry no token (etcd's AuthInfoFromTLS).
+                                    let cert_user = stream
+                                        .get_ref()
+                                        .1
+                                        .peer_certificates()
+                                        .and_then(|certs| certs.first())
+                                        .and_then(|c| crate::auth::common_name(c))
+                                        .and_then(|user| api.for_cert_user(user));
+                                    match cert_user {
+                                        Some(conn) => {
+                                            let conn = Rc::new(conn);
+                                            serve_connection(stream.compat(), conn, config, runtime)
+                                                .await
+                                        }
+                                        None => {
+                                            serve_connection(stream.compat(), api, config, runtime)
+                                                .await
+                                        }
+                                    }
                                 }
                                 Either::Left((Err(e), _)) => {
                                     tracing::debug!(shard, error = %e, "TLS handshake failed");

@@ -18,6 +18,7 @@ use keel_proto::etcdserverpb as pb;
 use prost::Message;
 
 use crate::alarms::{AlarmMember, Alarms};
+use crate::auth::{AuthImage, AuthInfo, AuthReply, AuthState, TokenTable};
 use crate::config::Config;
 use crate::ids::{Identity, Member};
 use crate::limits::Limits;
@@ -38,6 +39,8 @@ pub enum Answer {
     Op(kv::OpResponse),
     /// An alarm request's listed alarms.
     Alarms(Vec<AlarmMember>),
+    /// An auth request's answer, at the store's revision when it applied.
+    Auth { reply: AuthReply, revision: i64 },
 }
 
 /// What a committed, applied proposal answers.
@@ -104,6 +107,7 @@ pub struct SnapshotSource {
     pub conf_state: keel_raft::ConfState,
     pub members: Vec<Member>,
     pub alarms: Vec<AlarmMember>,
+    pub auth: AuthImage,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +181,10 @@ pub struct Shared {
     pub nospace: AtomicBool,
     /// Some CORRUPT alarm is raised: every write fails.
     pub corrupt: AtomicBool,
+    /// The auth store as last applied (replicated through raft; see `auth`), replaced whole.
+    auth: ArcSwap<AuthState>,
+    /// This member's live simple tokens, replaced whole when one is assigned or dropped.
+    auth_tokens: ArcSwap<TokenTable>,
     /// Milliseconds since `started_at` when the raft core last went round its loop: health
     /// reports a raft core that stopped turning.
     pub raft_loop_at_ms: AtomicU64,
@@ -230,6 +238,8 @@ impl Shared {
             alarms: ArcSwap::from_pointee(Vec::new()),
             nospace: AtomicBool::new(false),
             corrupt: AtomicBool::new(false),
+            auth: ArcSwap::from_pointee(AuthState::default()),
+            auth_tokens: ArcSwap::from_pointee(TokenTable::default()),
             raft_loop_at_ms: AtomicU64::new(0),
             signalled: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
@@ -262,7 +272,24 @@ impl Shared {
         self.alarms.store(Arc::new(alarms.list()));
     }
 
-    /// Milliseconds since this member started (the raft loop's heartbeat clock).
+    /// The auth store (lock-free; replaced whole when an auth entry changes it).
+    pub fn auth(&self) -> arc_swap::Guard<Arc<AuthState>> {
+        self.auth.load()
+    }
+
+    /// The live simple tokens (lock-free).
+    pub fn auth_tokens(&self) -> arc_swap::Guard<Arc<TokenTable>> {
+        self.auth_tokens.load()
+    }
+
+    /// Publishes the auth store and tokens the raft core applied.
+    pub fn publish_auth(&self, state: Arc<AuthState>, tokens: Arc<TokenTable>) {
+        self.auth.store(state);
+        self.auth_tokens.store(tokens);
+    }
+
+    /// Milliseconds since this member started (the raft loop's heartbeat clock, and the
+    /// member's own clock: token deadlines are on it).
     pub fn uptime_ms(&self) -> u64 {
         self.started_at.elapsed().as_millis() as u64
     }
@@ -319,17 +346,26 @@ impl Shared {
 
     /// Puts a request into the log and waits until it is committed on a quorum, durable and
     /// applied; returns what applying it answered.
-    pub async fn propose(
+    pub async fn propose(&self, request: pb::InternalRaftRequest) -> Result<Outcome, EtcdError> {
+        self.propose_as(request, &AuthInfo::default()).await
+    }
+
+    /// `propose` on behalf of `who`: the entry's header carries the user and auth revision its
+    /// permissions are checked with at apply (etcd's RequestHeader username and auth_revision).
+    pub async fn propose_as(
         &self,
         mut request: pb::InternalRaftRequest,
+        who: &AuthInfo,
     ) -> Result<Outcome, EtcdError> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(EtcdError::Stopped);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        assert!(id != 0, "id 0 marks the member's own entries");
         request.header = Some(pb::RequestHeader {
             id,
-            ..Default::default()
+            username: who.user.clone(),
+            auth_revision: who.revision,
         });
         let data = Bytes::from(request.encode_to_vec());
         // etcd measures the marshalled internal request against max-request-bytes.

@@ -254,6 +254,7 @@ pub fn restore_into(path: &Path, config: &Config, skip_hash_check: bool) -> Resu
         &conf_state,
         &identity.members,
         &[],
+        &crate::auth::AuthImage::default(),
         &image,
     );
     let snap_dir = config.data_dir.join("snap");

@@ -163,6 +163,9 @@ impl Watcher {
 /// One gRPC Watch stream's state, shared between its call task and the shard hub.
 struct Stream {
     id: u64,
+    /// The stream's credentials, resolved when it opened (etcd reads them from the stream's
+    /// context); each create is checked with them, or refused with their error.
+    who: Result<crate::auth::AuthInfo, keel_grpc::EtcdError>,
     watchers: RefCell<BTreeMap<i64, Watcher>>,
     next_watch_id: Cell<i64>,
     queue: RefCell<VecDeque<Bytes>>,
@@ -569,8 +572,10 @@ impl Hub {
     pub async fn serve(self: &Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
         let id = self.next_stream_id.get();
         self.next_stream_id.set(id + 1);
+        let who = crate::auth::who(&self.shared, &call.head.metadata).await;
         let stream = Rc::new(Stream {
             id,
+            who,
             watchers: RefCell::new(BTreeMap::new()),
             next_watch_id: Cell::new(0),
             queue: RefCell::new(VecDeque::new()),
@@ -710,6 +715,28 @@ impl Hub {
         } else {
             c.key.clone()
         };
+        // etcd checks read permission before anything else about the create, and refuses it
+        // as a created-and-canceled watch with the error's text as the reason.
+        let permitted = match &stream.who {
+            Ok(who) => {
+                self.shared
+                    .auth()
+                    .check_op(who, &c.key, &c.range_end, crate::auth::PermType::Read)
+            }
+            Err(e) => Err(*e),
+        };
+        if let Err(e) = permitted {
+            let e = match e {
+                keel_grpc::EtcdError::InvalidAuthToken
+                | keel_grpc::EtcdError::AuthOldRevision
+                | keel_grpc::EtcdError::UserEmpty => e,
+                _ => keel_grpc::EtcdError::PermissionDenied,
+            };
+            // etcd sends the gRPC error's Go text ("rpc error: code = ... desc = ...").
+            let reason = format!("rpc error: code = {:?} desc = {}", e.code(), e.message());
+            stream.push(frame_of(&reject(&reason, WATCH_ID_INVALID)));
+            return;
+        }
         let range = if c.range_end.is_empty() {
             KeyRange::Single(key)
         } else if c.range_end.as_ref() == b"\0" {

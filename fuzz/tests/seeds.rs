@@ -327,6 +327,7 @@ fn checkpoint_file() -> Vec<u8> {
         },
         &members,
         &[],
+        &keel_core::auth::AuthImage::default(),
         &kv_image(),
     )
 }

@@ -29,6 +29,7 @@ use keel_raft::{
 use prost::Message as _;
 
 use crate::alarms::{AlarmAction, AlarmMember, Alarms};
+use crate::auth::{self, AuthImage, AuthState, TokenTable};
 use crate::checkpoint;
 use crate::convert;
 use crate::error::CoreError;
@@ -49,6 +50,8 @@ pub const KEEPALIVE_NOT_LEADER: i64 = -1;
 /// renew leases: the rest is margin for members' clocks running at different rates (the
 /// simulation skews them by up to 5 % each way).
 const LEASE_GUARD_PERCENT: u64 = 80;
+/// How often expired auth tokens are swept, on the member's clock.
+const TOKEN_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
 
@@ -132,6 +135,8 @@ pub struct MemberConfig {
     pub snapshot_count: u64,
     /// Where the member counts its raft and MVCC facts for /metrics (atomics; no I/O).
     pub stats: Arc<RaftStats>,
+    /// How long a simple auth token lives after its last use (`--auth-token-ttl`).
+    pub auth_token_ttl_ms: u64,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -141,6 +146,8 @@ pub enum Effect {
     MembersChanged,
     /// The replicated alarms changed: publish `Member::alarms()`.
     AlarmsChanged,
+    /// The auth store or this member's tokens changed: publish `Member::auth()`.
+    AuthChanged,
     /// The leader changed (0: none known).
     Leader { leader_id: u64 },
     /// The hard state changed: publish the term and commit index.
@@ -203,6 +210,7 @@ pub struct CheckpointRequest {
     pub conf_state: ConfState,
     pub members: Vec<MemberInfo>,
     pub alarms: Vec<AlarmMember>,
+    pub auth: AuthImage,
     pub source: kv::CheckpointSource,
 }
 
@@ -230,6 +238,14 @@ pub struct Member {
     members: Vec<MemberInfo>,
     /// The raised alarms, changed only by applied alarm entries (replicated, checkpointed).
     alarms: Alarms,
+    /// The auth store, changed only by applied auth entries (replicated, checkpointed); shared
+    /// with the shards' published copy, so a change copies it first (`Arc::make_mut`).
+    auth: Arc<AuthState>,
+    /// This member's live simple tokens (assigned at apply; not checkpointed: a restart
+    /// forgets them, as etcd's do).
+    auth_tokens: Arc<TokenTable>,
+    /// When expired tokens are next swept.
+    next_token_sweep_ms: u64,
     /// The current term, as the last hard state said (answers carry it).
     raft_term: u64,
     leader_id: u64,
@@ -291,6 +307,9 @@ impl Member {
             writer,
             members: Vec::new(),
             alarms,
+            auth: Arc::new(AuthState::default()),
+            auth_tokens: Arc::new(TokenTable::default()),
+            next_token_sweep_ms: 0,
             raft_term,
             leader_id: 0,
             is_leader: false,
@@ -319,7 +338,15 @@ impl Member {
         member.set_members(members);
         member.effects.push(Effect::AlarmsChanged);
         member.recount_keys();
+        member.restore_auth(&AuthImage::default());
         member
+    }
+
+    /// Replaces the auth store with a checkpoint's (start, snapshot install). Tokens stay:
+    /// a leader's snapshot does not log anyone out, as in etcd.
+    pub fn restore_auth(&mut self, image: &AuthImage) {
+        self.auth = Arc::new(AuthState::from_image(image));
+        self.effects.push(Effect::AuthChanged);
     }
 
     /// Starts the clocks at `now_ms`: the first tick is one interval away, every lease gets its
@@ -342,6 +369,10 @@ impl Member {
     }
     pub fn alarms(&self) -> &Alarms {
         &self.alarms
+    }
+    /// The auth store and live tokens, to publish (cheap: two `Arc`s).
+    pub fn auth(&self) -> (Arc<AuthState>, Arc<TokenTable>) {
+        (self.auth.clone(), self.auth_tokens.clone())
     }
     pub fn leader_id(&self) -> u64 {
         self.leader_id
@@ -470,6 +501,12 @@ impl Member {
         }
         self.expire_leases(now_ms);
         self.expire_waiting(now_ms);
+        if now_ms >= self.next_token_sweep_ms {
+            self.next_token_sweep_ms = now_ms + TOKEN_SWEEP_INTERVAL_MS;
+            if !self.auth_tokens.is_empty() && Arc::make_mut(&mut self.auth_tokens).expire(now_ms) {
+                self.effects.push(Effect::AuthChanged);
+            }
+        }
         self.publish_attributes();
     }
 
@@ -650,6 +687,7 @@ impl Member {
                     conf_state: self.node.raft().conf_state(),
                     members: self.members.clone(),
                     alarms: self.alarms.list(),
+                    auth: self.auth.image(),
                 });
                 let _ = reply.send(snapshot.map_err(|_| EtcdError::Unhealthy));
             }
@@ -1057,6 +1095,7 @@ impl Member {
         self.set_members(cp.members);
         self.alarms = Alarms::from_list(&cp.alarms);
         self.effects.push(Effect::AlarmsChanged);
+        self.restore_auth(&cp.auth);
         self.last_checkpoint_index = index;
         self.applied_since_checkpoint = 0;
         self.restart_lease_clocks(now_ms);
@@ -1109,11 +1148,39 @@ impl Member {
                         }
                         continue;
                     }
+                    if auth::apply::is_auth_request(&req) {
+                        let result = self.apply_auth(&req, e.index, now_ms);
+                        self.writer.apply_empty(e.index);
+                        if let Some((reply, _)) = self.waiting.remove(&id) {
+                            let _ = reply.send(result.map(|reply| Outcome {
+                                response: Answer::Auth {
+                                    reply,
+                                    revision: self.writer.current_revision(),
+                                },
+                                raft_term: term,
+                            }));
+                        }
+                        continue;
+                    }
+                    let who = auth::apply::header_info(&req);
                     let op = request_op(req);
                     let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
                     // Under a raised alarm some writes are refused at apply, from the
-                    // replicated alarm set, so every member refuses the same entries.
-                    let refusal = op.as_ref().and_then(|op| self.alarms.refusal(op));
+                    // replicated alarm set, so every member refuses the same entries. Then
+                    // a client's write needs its user's permissions as the auth store is at
+                    // this index (the member's own entries, id 0, act as root).
+                    let refusal = op.as_ref().and_then(|op| {
+                        self.alarms.refusal(op).or_else(|| {
+                            if id == 0 {
+                                return None;
+                            }
+                            let writer = &self.writer;
+                            let lease_keys = |lease: i64| {
+                                writer.lease(lease).map(|l| l.keys).unwrap_or_default()
+                            };
+                            auth::apply::check_op(&self.auth, &who, op, &lease_keys).err()
+                        })
+                    });
                     let result = match op {
                         Some(_) if refusal.is_some() => {
                             self.writer.apply_empty(e.index);
@@ -1179,6 +1246,32 @@ impl Member {
             tracing::warn!("this member was removed from the cluster; stopping");
             self.effects.push(Effect::Removed);
         }
+    }
+
+    /// Applies an auth entry to the store and this member's tokens.
+    fn apply_auth(
+        &mut self,
+        req: &pb::InternalRaftRequest,
+        index: u64,
+        now_ms: u64,
+    ) -> Result<auth::AuthReply, EtcdError> {
+        // Change copies of the published Arcs, and only when something changes: most auth
+        // entries (Get, List, refusals) change nothing.
+        let mut state = (*self.auth).clone();
+        let mut tokens = (*self.auth_tokens).clone();
+        let ttl_ms = self.config.auth_token_ttl_ms;
+        let (result, changed) =
+            auth::apply::apply(&mut state, &mut tokens, req, index, now_ms, ttl_ms);
+        if changed.state {
+            self.auth = Arc::new(state);
+        }
+        if changed.tokens {
+            self.auth_tokens = Arc::new(tokens);
+        }
+        if changed.state || changed.tokens {
+            self.effects.push(Effect::AuthChanged);
+        }
+        result
     }
 
     fn apply_member_request(&mut self, req: pb::InternalRaftRequest, request_id: u64) {
@@ -1274,6 +1367,7 @@ impl Member {
             conf_state: self.node.raft().conf_state(),
             members: self.members.clone(),
             alarms: self.alarms.list(),
+            auth: self.auth.image(),
             source: self.writer.checkpoint_source(),
         }))
     }
@@ -1473,6 +1567,7 @@ mod tests {
             tick_ms: TICK_MS,
             snapshot_count: 10_000,
             stats: Arc::default(),
+            auth_token_ttl_ms: 300_000,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -1556,6 +1651,111 @@ mod tests {
             .filter(|e| matches!(e, Effect::Events { .. }))
             .count();
         assert_eq!(events, 1, "the put's event goes to the watch hubs");
+    }
+
+    fn auth_entry(
+        req: pb::InternalRaftRequest,
+        user: &str,
+        revision: u64,
+    ) -> pb::InternalRaftRequest {
+        pb::InternalRaftRequest {
+            header: Some(pb::RequestHeader {
+                id: 0,
+                username: user.into(),
+                auth_revision: revision,
+            }),
+            ..req
+        }
+    }
+
+    /// Proposes `req` as `user` at `revision` and applies it; the outcome.
+    fn propose_as(
+        m: &mut Member,
+        id: u64,
+        req: pb::InternalRaftRequest,
+        user: &str,
+        revision: u64,
+    ) -> Result<Outcome, EtcdError> {
+        let (reply, mut rx) = oneshot::channel();
+        let mut req = auth_entry(req, user, revision);
+        req.header.as_mut().expect("set above").id = id;
+        m.propose(
+            Proposal {
+                data: Bytes::from(req.encode_to_vec()),
+                id,
+                reply,
+            },
+            10,
+        );
+        settle(m, 10);
+        rx.try_recv()
+            .expect("the reply is sent")
+            .expect("the reply arrived")
+    }
+
+    #[test]
+    fn writes_are_checked_at_apply_against_the_auth_store_at_that_index() {
+        let mut m = started_leader();
+        let add = |name: &str| pb::InternalRaftRequest {
+            auth_user_add: Some(pb::AuthUserAddRequest {
+                name: name.into(),
+                hashed_password: "$2a$04$hash".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let grant = |user: &str, role: &str| pb::InternalRaftRequest {
+            auth_user_grant_role: Some(pb::AuthUserGrantRoleRequest {
+                user: user.into(),
+                role: role.into(),
+            }),
+            ..Default::default()
+        };
+        propose_as(&mut m, 1, add("root"), "", 0).expect("auth is off: anyone administers");
+        propose_as(&mut m, 2, grant("root", "root"), "", 0).expect("grant");
+        propose_as(&mut m, 3, add("u"), "", 0).expect("add");
+        let enable = pb::InternalRaftRequest {
+            auth_enable: Some(pb::AuthEnableRequest {}),
+            ..Default::default()
+        };
+        propose_as(&mut m, 4, enable, "", 0).expect("enable");
+        let (state, _) = m.auth();
+        assert!(state.enabled());
+        let rev = state.revision();
+        assert!(matches!(
+            propose_as(&mut m, 5, put("k"), "", 0),
+            Err(EtcdError::UserEmpty)
+        ));
+        assert!(matches!(
+            propose_as(&mut m, 6, put("k"), "u", rev),
+            Err(EtcdError::PermissionDenied)
+        ));
+        propose_as(&mut m, 7, put("k"), "root", rev).expect("root writes anywhere");
+        // Management needs root; a change makes earlier credentials old.
+        assert!(matches!(
+            propose_as(&mut m, 8, add("v"), "u", rev),
+            Err(EtcdError::PermissionDenied)
+        ));
+        propose_as(&mut m, 9, add("v"), "root", rev).expect("root administers");
+        assert!(matches!(
+            propose_as(&mut m, 10, put("k"), "root", rev),
+            Err(EtcdError::AuthOldRevision)
+        ));
+        // The member's own entries (id 0, e.g. lease expiry) are not checked.
+        let revoke = pb::InternalRaftRequest {
+            lease_revoke: Some(pb::LeaseRevokeRequest { id: 99 }),
+            ..Default::default()
+        };
+        let data = Bytes::from(auth_entry(revoke, "", 0).encode_to_vec());
+        m.node.propose(data).expect("the leader takes it");
+        settle(&mut m, 20);
+        // The auth store is in the checkpoint request.
+        let req = m
+            .checkpoint_request()
+            .expect("term known")
+            .expect("entries applied");
+        assert_eq!(req.auth.users.len(), 3);
+        assert!(req.auth.enabled);
     }
 
     #[test]
@@ -1669,6 +1869,7 @@ mod tests {
                         tick_ms: TICK_MS,
                         snapshot_count: 10_000,
                         stats: Arc::default(),
+                        auth_token_ttl_ms: 300_000,
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);

@@ -15,6 +15,7 @@ use keel_raft::{
 };
 
 use crate::alarms::Alarms;
+use crate::auth::AuthImage;
 use crate::checkpoint::{self, Checkpoint};
 use crate::error::CoreError;
 use crate::ids::Member as MemberInfo;
@@ -184,6 +185,8 @@ pub struct Recovered {
     pub reader: kv::Reader,
     pub members: Vec<MemberInfo>,
     pub alarms: Alarms,
+    /// The auth store the checkpoint carried (empty without one; the log replays the rest).
+    pub auth: AuthImage,
     /// The index the newest checkpoint (or the bootstrap snapshot) covers.
     pub checkpoint_index: u64,
 }
@@ -208,6 +211,7 @@ pub fn recover(
     };
     let mut members = initial_members;
     let mut alarms = Alarms::default();
+    let mut auth = AuthImage::default();
     let (writer, reader) = match checkpoint {
         Some(cp) => {
             let (w, r) =
@@ -219,6 +223,7 @@ pub fn recover(
             );
             members = cp.members.clone();
             alarms = Alarms::from_list(&cp.alarms);
+            auth = cp.auth.clone();
             storage.set_conf_state(cp.meta.conf_state.clone());
             // The checkpoint file is also what a far-behind follower receives as a snapshot.
             let data = Bytes::from(checkpoint::encode(
@@ -227,6 +232,7 @@ pub fn recover(
                 &cp.meta.conf_state,
                 &cp.members,
                 &cp.alarms,
+                &cp.auth,
                 &cp.kv_image,
             ));
             storage.apply_snapshot(Snapshot {
@@ -255,6 +261,7 @@ pub fn recover(
         reader,
         members,
         alarms,
+        auth,
         checkpoint_index: applied,
     })
 }

@@ -15,6 +15,7 @@ mod porcupine;
 mod workload;
 
 mod alarms;
+mod auth;
 mod basic;
 mod compaction;
 mod corrupt;

@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod auth;
 mod bad_input;
 mod client;
 mod compaction;

@@ -460,3 +460,61 @@ fn a_revoked_client_certificate_is_refused_with_client_crl_file_like_etcd() {
         );
     }
 }
+
+#[test]
+fn a_client_certificates_common_name_is_the_auth_user_without_a_token_like_etcd() {
+    let pki = Pki::new();
+    let mut answers = Vec::new();
+    for kind in [Kind::Keel, Kind::Etcd] {
+        // etcdctl presents client-ca.pem, whose common name is "client-ca".
+        let server = start(
+            kind,
+            &pki,
+            &[
+                "--client-cert-auth",
+                "--trusted-ca-file",
+                &pki.arg("ca.pem"),
+            ],
+            Some("client-ca"),
+        );
+        for args in [
+            &["user", "add", "root:rootpw"][..],
+            &["user", "grant-role", "root", "root"],
+            &["user", "add", "client-ca:pw"],
+            &["role", "add", "r"],
+            &["role", "grant-permission", "r", "readwrite", "a"],
+            &["user", "grant-role", "client-ca", "r"],
+            &["auth", "enable"],
+        ] {
+            let out = server.etcdctl(args);
+            assert_eq!(out.code, 0, "{kind:?} {args:?}: {out:?}");
+        }
+        let mut transcript = Vec::new();
+        for args in [
+            &["put", "a", "1"][..],
+            &["get", "a"],
+            &["get", "b"],
+            &["put", "b", "1"],
+            &["user", "list"],
+            // A token wins over the certificate.
+            &["--user", "root:rootpw", "user", "list"],
+            &["--user", "root:rootpw", "put", "b", "2"],
+        ] {
+            let out = server.etcdctl(args);
+            let err: Vec<&str> = out
+                .stderr
+                .lines()
+                .filter(|l| !l.starts_with("{\"level\""))
+                .collect();
+            transcript.push(format!("{args:?} -> {} {} {:?}", out.code, out.stdout, err));
+        }
+        answers.push(transcript);
+    }
+    assert_eq!(answers[0], answers[1], "Keel against etcd");
+    assert!(
+        answers[0][2].contains("permission denied"),
+        "{:?}",
+        answers[0]
+    );
+    assert!(answers[0][0].contains("OK"), "{:?}", answers[0]);
+}

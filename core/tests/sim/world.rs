@@ -349,6 +349,7 @@ impl World {
             tick_ms: TICK_MS,
             snapshot_count: self.config.snapshot_count,
             stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
+            auth_token_ttl_ms: 300_000,
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
@@ -368,6 +369,7 @@ impl World {
             recovered.alarms,
             recovered.checkpoint_index,
         );
+        member.restore_auth(&recovered.auth);
         let now = self.clock_ms(i);
         member.start(now);
         let (applied, term) = (member.applied_index(), member.raft_term());
@@ -762,6 +764,7 @@ impl World {
             &req.conf_state,
             &req.members,
             &req.alarms,
+            &req.auth,
             &image,
         ));
         node.checkpoints.insert(req.index, file.clone());
@@ -849,7 +852,10 @@ impl World {
                     self.nodes[i].removed = true;
                     return;
                 }
-                Effect::MembersChanged | Effect::AlarmsChanged | Effect::HardState { .. } => {}
+                Effect::MembersChanged
+                | Effect::AlarmsChanged
+                | Effect::AuthChanged
+                | Effect::HardState { .. } => {}
             }
         }
     }
