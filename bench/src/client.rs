@@ -5,6 +5,7 @@
 //! encode and decode buffers so the hot path does not allocate per request where it can avoid it.
 
 use std::future::poll_fn;
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use h2::client::SendRequest;
@@ -39,8 +40,40 @@ pub const LEASE_GRANT: Method = Method("/etcdserverpb.Lease/LeaseGrant");
 pub const LEASE_KEEPALIVE: Method = Method("/etcdserverpb.Lease/LeaseKeepAlive");
 pub const MAINTENANCE_STATUS: Method = Method("/etcdserverpb.Maintenance/Status");
 
+/// The TLS client configuration for `https://` endpoints, set once from `--cacert` before any
+/// connection is made (one trust root for the whole run, as etcdctl's `--cacert`).
+static TLS_CLIENT: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+
+/// Trusts the PEM certificates in `ca_path` for every `https://` endpoint of this run.
+pub fn use_ca_file(ca_path: &std::path::Path) -> Result<(), Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bad = |e: String| Error::InvalidArgument(format!("--cacert {}: {e}", ca_path.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_path).map_err(|e| bad(e.to_string()))? {
+        roots
+            .add(cert.map_err(|e| bad(e.to_string()))?)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("no certificate in the file".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    // gRPC needs HTTP/2, and etcd's server only speaks it over TLS when ALPN agrees on "h2".
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    TLS_CLIENT
+        .set(Arc::new(config))
+        .map_err(|_| Error::InvalidArgument("--cacert given twice".into()))
+}
+
 /// Splits a comma-separated endpoint list into `host:port` strings, accepting an optional
-/// `http://` prefix and trailing slash as etcdctl does.
+/// `http://` prefix and trailing slash as etcdctl does. An `https://` endpoint keeps its prefix
+/// (the connection is then made over TLS, trusting `--cacert`).
 pub fn parse_endpoints(list: &str) -> Result<Vec<String>, Error> {
     let mut endpoints = Vec::new();
     for raw in list.split(',') {
@@ -48,18 +81,26 @@ pub fn parse_endpoints(list: &str) -> Result<Vec<String>, Error> {
         if trimmed.is_empty() {
             continue;
         }
-        if trimmed.starts_with("https://") || trimmed.starts_with("unix") {
+        if trimmed.starts_with("unix") {
             return Err(Error::InvalidArgument(format!(
-                "endpoint {trimmed:?}: only plain http endpoints are supported"
+                "endpoint {trimmed:?}: only http and https endpoints are supported"
             )));
         }
-        let host_port = trimmed.trim_start_matches("http://").trim_end_matches('/');
+        let tls = trimmed.starts_with("https://");
+        let host_port = trimmed
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
         if host_port.parse::<Authority>().is_err() || !host_port.contains(':') {
             return Err(Error::InvalidArgument(format!(
-                "endpoint {trimmed:?}: want host:port or http://host:port"
+                "endpoint {trimmed:?}: want host:port, http://host:port or https://host:port"
             )));
         }
-        endpoints.push(host_port.to_string());
+        endpoints.push(if tls {
+            format!("https://{host_port}")
+        } else {
+            host_port.to_string()
+        });
     }
     if endpoints.is_empty() {
         return Err(Error::InvalidArgument("no endpoints given".into()));
@@ -73,39 +114,73 @@ pub fn parse_endpoints(list: &str) -> Result<Vec<String>, Error> {
 pub struct Connection {
     send: SendRequest<Bytes>,
     authority: Authority,
+    scheme: Scheme,
 }
 
 impl Connection {
     /// Dials `host_port` and performs the HTTP/2 handshake; the connection is driven by a task
     /// spawned on the current tokio runtime until every clone is dropped.
-    pub async fn connect(host_port: &str) -> Result<Connection, Error> {
+    /// An `https://` endpoint is dialed over TLS, trusting `use_ca_file`'s roots.
+    pub async fn connect(endpoint: &str) -> Result<Connection, Error> {
+        let (host_port, tls) = match endpoint.strip_prefix("https://") {
+            Some(host_port) => {
+                let config = TLS_CLIENT.get().ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "endpoint {endpoint:?}: https endpoints need --cacert"
+                    ))
+                })?;
+                (host_port, Some(config.clone()))
+            }
+            None => (endpoint, None),
+        };
         let authority: Authority = host_port
             .parse()
             .map_err(|_| Error::InvalidArgument(format!("endpoint {host_port:?}")))?;
-        let tcp = TcpStream::connect(host_port)
-            .await
-            .map_err(|source| Error::Connect {
-                endpoint: host_port.to_string(),
-                source,
-            })?;
+        let connect_error = |source| Error::Connect {
+            endpoint: endpoint.to_string(),
+            source,
+        };
+        let tcp = TcpStream::connect(host_port).await.map_err(connect_error)?;
         // Small request/response pairs: Nagle would add 40 ms stalls.
         tcp.set_nodelay(true)?;
-        let (send, connection) = h2::client::Builder::new()
+        let mut builder = h2::client::Builder::new();
+        builder
             .initial_window_size(STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .handshake::<_, Bytes>(tcp)
-            .await?;
-        tokio::spawn(async move {
-            // A connection error also fails every open stream, which is where it is reported.
-            let _ = connection.await;
-        });
-        Ok(Connection { send, authority })
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
+        let (send, scheme) = match tls {
+            None => {
+                let (send, connection) = builder.handshake::<_, Bytes>(tcp).await?;
+                tokio::spawn(async move {
+                    // A connection error also fails every open stream, where it is reported.
+                    let _ = connection.await;
+                });
+                (send, Scheme::HTTP)
+            }
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from(authority.host().to_string())
+                    .map_err(|e| Error::InvalidArgument(format!("endpoint {endpoint:?}: {e}")))?;
+                let stream = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await
+                    .map_err(connect_error)?;
+                let (send, connection) = builder.handshake::<_, Bytes>(stream).await?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                (send, Scheme::HTTPS)
+            }
+        };
+        Ok(Connection {
+            send,
+            authority,
+            scheme,
+        })
     }
 
     fn request(&self, method: Method) -> http::Request<()> {
         let uri = http::Uri::from_parts({
             let mut parts = http::uri::Parts::default();
-            parts.scheme = Some(Scheme::HTTP);
+            parts.scheme = Some(self.scheme.clone());
             parts.authority = Some(self.authority.clone());
             parts.path_and_query = Some(PathAndQuery::from_static(method.0));
             parts
@@ -402,8 +477,10 @@ mod tests {
     fn endpoints_accept_scheme_and_lists() {
         let parsed = parse_endpoints("http://127.0.0.1:2379/, 10.0.0.1:2380").expect("valid");
         assert_eq!(parsed, vec!["127.0.0.1:2379", "10.0.0.1:2380"]);
+        let tls = parse_endpoints("https://127.0.0.1:2379/").expect("valid");
+        assert_eq!(tls, vec!["https://127.0.0.1:2379"]);
         assert!(parse_endpoints("").is_err());
-        assert!(parse_endpoints("https://x:1").is_err());
+        assert!(parse_endpoints("unix://x:1").is_err());
         assert!(parse_endpoints("localhost").is_err());
     }
 

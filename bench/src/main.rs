@@ -15,9 +15,12 @@ use keel_bench::{client, Error};
     about = "etcd v3 benchmark workloads, and etcd-vs-Keel comparison"
 )]
 struct Cli {
-    /// gRPC endpoints, comma separated, with or without http://
+    /// gRPC endpoints, comma separated, with or without http:// (https:// needs --cacert)
     #[arg(long, global = true, default_value = "127.0.0.1:2379")]
     endpoints: String,
+    /// PEM CA certificates trusted for https:// endpoints (as etcdctl's --cacert)
+    #[arg(long, global = true)]
+    cacert: Option<std::path::PathBuf>,
     /// Total number of HTTP/2 connections
     #[arg(long, global = true, default_value_t = 1)]
     conns: usize,
@@ -84,6 +87,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
     } else {
         Output::Text(precision)
     };
+    if let Some(ca) = &cli.cacert {
+        client::use_ca_file(ca)?;
+    }
     if let Command::Compare(args) = &cli.command {
         let result = compare::run(args).await?;
         match output {

@@ -482,3 +482,129 @@ fn compare_without_keel_reports_etcd_only() {
     assert!(result.table.iter().all(|row| row.ratio.is_none()));
     assert!(result.table[0].etcd.is_some());
 }
+
+/// A CA and a server certificate for 127.0.0.1, made with openssl at test time.
+fn make_pki(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs (Debian: apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    let mut ca = vec!["req", "-x509", "-nodes", "-days", "2"];
+    ca.extend_from_slice(&ec);
+    ca.extend_from_slice(&[
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-subj",
+        "/CN=bench-ca",
+    ]);
+    run(&ca);
+    let mut csr = vec!["req", "-new", "-nodes"];
+    csr.extend_from_slice(&ec);
+    csr.extend_from_slice(&[
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=s",
+    ]);
+    run(&csr);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("ext file");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
+
+#[test]
+fn https_endpoints_run_over_tls_trusting_cacert() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = make_pki(dir.path());
+    let port = keel_bench::compare::free_port().expect("free port");
+    let peer_port = keel_bench::compare::free_port().expect("free port");
+    let url = format!("https://127.0.0.1:{port}");
+    let mut etcd = Command::new(etcd_bin())
+        .args(["--data-dir", &dir.path().join("data").display().to_string()])
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster",
+            &format!("default=http://127.0.0.1:{peer_port}"),
+        ])
+        .args(["--cert-file", &cert.display().to_string()])
+        .args(["--key-file", &key.display().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("etcd starts");
+    let ca = ca.display().to_string();
+    let args = [
+        "--cacert",
+        &ca,
+        "--endpoints",
+        &url,
+        "--json",
+        "put",
+        "--total",
+        "100",
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let output = loop {
+        let output = bench(&args);
+        if output.status.success() || std::time::Instant::now() > deadline {
+            break output;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Without the CA, the same endpoint is refused up front: https needs a trust root.
+    let no_ca = bench(&["--endpoints", &url, "put", "--total", "1"]);
+    let _ = etcd.kill();
+    let _ = etcd.wait();
+    assert!(
+        output.status.success(),
+        "keel-bench over TLS: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Summary = serde_json::from_slice(&output.stdout).expect("one Summary");
+    assert_complete(&summary, "put", 100);
+    assert!(!no_ca.status.success());
+    let stderr = String::from_utf8_lossy(&no_ca.stderr);
+    assert!(stderr.contains("https endpoints need --cacert"), "{stderr}");
+}
