@@ -403,8 +403,8 @@ pub struct Imported {
 }
 
 /// Reads the store out of an etcd 3.4 backend (keys with every kept revision, leases, the
-/// compact revision, the auth store); membership, alarms and the cluster version are left behind, as
-/// `etcdctl snapshot restore` leaves them (the restored members form a new cluster).
+/// compact revision, the auth store); membership, alarms and the cluster version are left
+/// behind, as `etcdctl snapshot restore` leaves them (the restored members form a new cluster).
 pub fn read_db<S: PageSource + ?Sized>(db: &BoltReader<S>) -> Result<Imported, CoreError> {
     let mut versions = Vec::new();
     let mut current_rev = kv::REVISION_INITIAL;
