@@ -9,7 +9,13 @@
 //!   (revision bytes with sub 0), present once a compaction happened;
 //! - `lease`: lease id (i64 BE) → marshaled `leasepb.Lease {ID, TTL}`;
 //! - `members`: hex member id → the member as JSON; `members_removed`: hex id → "removed";
-//! - `cluster`: `clusterVersion` → "3.4.0"; `alarm`: marshaled `AlarmMember` → empty.
+//! - `cluster`: `clusterVersion` → "3.4.0"; `alarm`: marshaled `AlarmMember` → empty;
+//! - `auth` (auth/store.go): `authRevision` (u64 BE) and, once auth was enabled, `authEnabled`
+//!   (one byte, 1 or 0); `authUsers`: user name → marshaled `authpb.User` (the bcrypt hash as
+//!   the password, granted roles sorted, the add options); `authRoles`: role name → marshaled
+//!   `authpb.Role` with its key permissions sorted by key. etcd grants the `root` role without
+//!   needing a record of it, so `root` has one only when it was added (etcdctl's `auth enable`
+//!   adds it).
 //!
 //! Export ([`write_db`]) reads a consistent capture of the store (keel-kv's `CheckpointSource`)
 //! off the raft core; import ([`read_db`]) reads any etcd 3.4 backend page by page.
@@ -20,12 +26,15 @@ use std::path::Path;
 
 use keel_kv as kv;
 use keel_kv::bbolt::{BoltReader, BoltWriter, PageSource};
+use keel_proto::authpb;
 use keel_proto::etcdserverpb as pb;
 use keel_proto::mvccpb;
 use prost::Message;
 use serde::Serialize;
 use sha2::Digest;
 
+use crate::auth::store::{PermRecord, UserRecord};
+use crate::auth::AuthImage;
 use crate::error::CoreError;
 use crate::shared::SnapshotSource;
 
@@ -40,6 +49,11 @@ const BUCKET_LEASE: &[u8] = b"lease";
 const META_CONSISTENT_INDEX: &[u8] = b"consistent_index";
 const META_SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
 const META_FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
+const BUCKET_AUTH: &[u8] = b"auth";
+const BUCKET_AUTH_USERS: &[u8] = b"authUsers";
+const BUCKET_AUTH_ROLES: &[u8] = b"authRoles";
+const AUTH_ENABLED: &[u8] = b"authEnabled";
+const AUTH_REVISION: &[u8] = b"authRevision";
 const REV_BYTES: usize = 17;
 const TOMBSTONE_MARK: u8 = b't';
 
@@ -114,6 +128,8 @@ pub fn write_db<W: Write + Seek>(snap: &SnapshotSource, out: W) -> Result<(W, u6
         w.put(a, b"")?;
     }
     w.end_bucket()?;
+
+    write_auth(&mut w, &snap.auth)?;
 
     w.begin_bucket(b"cluster")?;
     w.put(b"clusterVersion", CLUSTER_VERSION.as_bytes())?;
@@ -199,6 +215,52 @@ pub fn write_db<W: Write + Seek>(snap: &SnapshotSource, out: W) -> Result<(W, u6
     }
     w.end_bucket()?;
     w.finish()
+}
+
+/// The auth store's three buckets (`auth`, `authRoles`, `authUsers`, in bbolt's name order),
+/// as etcd's auth store writes them.
+fn write_auth<W: Write + Seek>(w: &mut BoltWriter<W>, auth: &AuthImage) -> Result<(), kv::KvError> {
+    w.begin_bucket(BUCKET_AUTH)?;
+    // etcd writes the flag on the first enable and rewrites it on every enable or disable; a
+    // store that was never enabled has none. An enabled store must carry it; a disabled one
+    // reads the same with or without it, so Keel (which does not remember whether auth was
+    // ever on) writes it only when enabled, as a never-enabled etcd does.
+    if auth.enabled {
+        w.put(AUTH_ENABLED, &[1])?;
+    }
+    // etcd commits revision 1 when it creates the buckets, so the key is always there.
+    w.put(AUTH_REVISION, &auth.revision.max(1).to_be_bytes())?;
+    w.end_bucket()?;
+
+    w.begin_bucket(BUCKET_AUTH_ROLES)?;
+    let mut roles: Vec<&(String, Vec<PermRecord>)> = auth.roles.iter().collect();
+    roles.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    for (name, perms) in roles {
+        let role = authpb::Role {
+            name: bytes::Bytes::copy_from_slice(name.as_bytes()),
+            key_permission: perms.iter().map(PermRecord::to_pb).collect(),
+        };
+        w.put(name.as_bytes(), &role.encode_to_vec())?;
+    }
+    w.end_bucket()?;
+
+    w.begin_bucket(BUCKET_AUTH_USERS)?;
+    let mut users: Vec<&UserRecord> = auth.users.iter().collect();
+    users.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    for u in users {
+        let user = authpb::User {
+            name: bytes::Bytes::copy_from_slice(u.name.as_bytes()),
+            // etcd keeps the bcrypt hash as it is ("$2a$..."); a no-password user has none.
+            password: bytes::Bytes::copy_from_slice(u.password_hash.as_bytes()),
+            roles: u.roles.clone(),
+            // etcd's UserAdd always stores the options, and every later rewrite keeps them.
+            options: Some(authpb::UserAddOptions {
+                no_password: u.no_password,
+            }),
+        };
+        w.put(u.name.as_bytes(), &user.encode_to_vec())?;
+    }
+    w.end_bucket()
 }
 
 /// Bytes of one Maintenance.Snapshot message.
@@ -336,11 +398,13 @@ pub struct Imported {
     pub current_rev: i64,
     /// `COMPACT_REVISION_NONE` when the store was never compacted.
     pub compact_rev: i64,
+    /// The auth store: users, roles, the enabled flag and the auth revision.
+    pub auth: AuthImage,
 }
 
 /// Reads the store out of an etcd 3.4 backend (keys with every kept revision, leases, the
-/// compact revision); membership, alarms and the cluster version are left behind, as
-/// `etcdctl snapshot restore` leaves them (the restored members form a new cluster).
+/// compact revision, the auth store); membership, alarms and the cluster version are left
+/// behind, as `etcdctl snapshot restore` leaves them (the restored members form a new cluster).
 pub fn read_db<S: PageSource + ?Sized>(db: &BoltReader<S>) -> Result<Imported, CoreError> {
     let mut versions = Vec::new();
     let mut current_rev = kv::REVISION_INITIAL;
@@ -417,7 +481,117 @@ pub fn read_db<S: PageSource + ?Sized>(db: &BoltReader<S>) -> Result<Imported, C
         leases,
         current_rev: current_rev.max(compact_rev),
         compact_rev,
+        auth: read_auth(db)?,
     })
+}
+
+/// A key of an auth bucket, printable in an error.
+fn key_text(k: &[u8]) -> String {
+    k.escape_ascii().to_string()
+}
+
+/// A name stored as bytes (authpb's `name`), which must be its record's key and UTF-8, as
+/// every name etcd's Auth API takes is a proto string.
+fn record_name(bucket: &str, k: &[u8], name: &[u8]) -> Result<String, kv::KvError> {
+    let bad =
+        |why: String| kv::KvError::Bolt(format!("{bucket} bucket: key \"{}\": {why}", key_text(k)));
+    if name != k {
+        return Err(bad(format!(
+            "the record names \"{}\" instead",
+            key_text(name)
+        )));
+    }
+    String::from_utf8(name.to_vec()).map_err(|_| bad("a name that is not UTF-8".into()))
+}
+
+/// Reads the auth store out of an etcd 3.4 backend. A backend without the auth buckets
+/// (never opened by an etcd with auth) is a new store, as etcd makes one at start.
+fn read_auth<S: PageSource + ?Sized>(db: &BoltReader<S>) -> Result<AuthImage, CoreError> {
+    let mut image = AuthImage::default();
+    if let Some(bucket) = db.bucket(BUCKET_AUTH).map_err(snapshot_error)? {
+        let mut revision = None;
+        db.for_each(&bucket, &mut |k, v| {
+            let bad = |why: &str| {
+                kv::KvError::Bolt(format!("auth bucket: key \"{}\": {why}", key_text(k)))
+            };
+            match k {
+                // etcd reads the flag as "enabled iff it is [1]"; anything but one byte of 0
+                // or 1 is damage, and guessing "disabled" would silently drop access control.
+                AUTH_ENABLED => match v {
+                    Some([0]) => image.enabled = false,
+                    Some([1]) => image.enabled = true,
+                    _ => return Err(bad("not one byte of 0 or 1")),
+                },
+                AUTH_REVISION => {
+                    let bytes: [u8; 8] = v
+                        .and_then(|v| v.try_into().ok())
+                        .ok_or_else(|| bad("not an 8-byte big-endian revision"))?;
+                    revision = Some(u64::from_be_bytes(bytes));
+                }
+                // Keys a later etcd might add mean nothing to a 3.4 store: etcd ignores them.
+                _ => {}
+            }
+            Ok(())
+        })
+        .map_err(snapshot_error)?;
+        // etcd commits revision 1 at start when the stored one is missing or 0.
+        image.revision = revision.unwrap_or(0).max(1);
+    }
+    if let Some(bucket) = db.bucket(BUCKET_AUTH_ROLES).map_err(snapshot_error)? {
+        db.for_each(&bucket, &mut |k, v| {
+            let bad = |why: String| {
+                kv::KvError::Bolt(format!("authRoles bucket: key \"{}\": {why}", key_text(k)))
+            };
+            let v = v.ok_or_else(|| bad("a nested bucket".into()))?;
+            let role = authpb::Role::decode(v).map_err(|e| bad(format!("not a Role: {e}")))?;
+            let name = record_name("authRoles", k, &role.name)?;
+            let mut perms = Vec::with_capacity(role.key_permission.len());
+            for p in role.key_permission {
+                if authpb::permission::Type::try_from(p.perm_type).is_err() {
+                    return Err(bad(format!(
+                        "permission type {} is not READ, WRITE or READWRITE",
+                        p.perm_type
+                    )));
+                }
+                perms.push(PermRecord {
+                    perm_type: p.perm_type,
+                    key: p.key.to_vec(),
+                    range_end: p.range_end.to_vec(),
+                });
+            }
+            // etcd keeps them sorted by key (its grant binary-searches them); a stable sort
+            // keeps a sorted record as it is.
+            perms.sort_by(|a, b| a.key.cmp(&b.key));
+            image.roles.push((name, perms));
+            Ok(())
+        })
+        .map_err(snapshot_error)?;
+    }
+    if let Some(bucket) = db.bucket(BUCKET_AUTH_USERS).map_err(snapshot_error)? {
+        db.for_each(&bucket, &mut |k, v| {
+            let bad = |why: String| {
+                kv::KvError::Bolt(format!("authUsers bucket: key \"{}\": {why}", key_text(k)))
+            };
+            let v = v.ok_or_else(|| bad("a nested bucket".into()))?;
+            let user = authpb::User::decode(v).map_err(|e| bad(format!("not a User: {e}")))?;
+            let name = record_name("authUsers", k, &user.name)?;
+            let password_hash = String::from_utf8(user.password.to_vec())
+                .map_err(|_| bad("a password hash that is not text".into()))?;
+            let mut roles = user.roles;
+            // etcd sorts them at every grant (its root check binary-searches them).
+            roles.sort();
+            roles.dedup();
+            image.users.push(UserRecord {
+                name,
+                password_hash,
+                roles,
+                no_password: user.options.is_some_and(|o| o.no_password),
+            });
+            Ok(())
+        })
+        .map_err(snapshot_error)?;
+    }
+    Ok(image)
 }
 
 #[cfg(test)]
@@ -566,9 +740,272 @@ mod tests {
         assert_eq!(status.revision, snap.source.revision());
         assert_eq!(imported.compact_rev, 150);
         // Versions above the compaction (every key's rewrites after 150, its newest at or
-        // below 150, the tombstone) + 1 lease + cluster version + 3 meta keys.
+        // below 150, the tombstone) + 1 lease + cluster version + 3 meta keys + the auth
+        // revision (a new auth store, as etcd's).
         let kept = imported.versions.len() as u64;
         assert!(kept < 301 && kept > 150, "{kept}");
-        assert_eq!(status.total_key, kept + 1 + 1 + 3);
+        assert_eq!(status.total_key, kept + 1 + 1 + 3 + 1);
+        assert_eq!(imported.auth, AuthImage::default());
+    }
+
+    fn perm(t: authpb::permission::Type, key: &[u8], end: &[u8]) -> authpb::Permission {
+        authpb::Permission {
+            perm_type: t as i32,
+            key: key.to_vec().into(),
+            range_end: end.to_vec().into(),
+        }
+    }
+
+    /// A bcrypt hash in etcd's form, at the cheapest cost (the test checks the format, not
+    /// the strength).
+    fn hash(password: &str) -> String {
+        bcrypt::hash_with_result(password, 4)
+            .expect("hashes")
+            .format_for_version(bcrypt::Version::TwoA)
+    }
+
+    fn snapshot_with_auth(auth: AuthImage) -> SnapshotSource {
+        let (writer, _reader) = kv::Store::new();
+        SnapshotSource {
+            source: writer.checkpoint_source(),
+            index: 1,
+            term: 1,
+            conf_state: keel_raft::ConfState::default(),
+            members: vec![],
+            alarms: vec![],
+            auth,
+        }
+    }
+
+    fn bucket_entries(db: &BoltReader<[u8]>, name: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let bucket = db.bucket(name).expect("reads").expect("the bucket exists");
+        let mut out = Vec::new();
+        db.for_each(&bucket, &mut |k, v| {
+            out.push((k.to_vec(), v.expect("a value").to_vec()));
+            Ok(())
+        })
+        .expect("walks");
+        out
+    }
+
+    #[test]
+    fn the_auth_store_round_trips_through_etcds_auth_buckets() {
+        use crate::auth::AuthState;
+        use authpb::permission::Type;
+        let mut s = AuthState::from_image(&AuthImage::default());
+        let (root_hash, alice_hash) = (hash("rootpw"), hash("alicepw"));
+        s.user_add("root", &root_hash, false).expect("add");
+        s.user_add("alice", &alice_hash, false).expect("add");
+        s.user_add("svc", "", true).expect("add");
+        s.role_add("root").expect("role");
+        s.user_grant_role("root", "root").expect("grant");
+        s.role_add("reader").expect("role");
+        // A prefix (etcdctl's --prefix makes the end), one key, a from-key range, a range.
+        s.role_grant_permission("reader", &perm(Type::Readwrite, b"pre/", b"pre0"))
+            .expect("perm");
+        s.role_grant_permission("reader", &perm(Type::Read, b"foo", b""))
+            .expect("perm");
+        s.role_grant_permission("reader", &perm(Type::Read, b"open", b"\0"))
+            .expect("perm");
+        s.role_grant_permission("reader", &perm(Type::Write, b"w1", b"w9"))
+            .expect("perm");
+        s.role_add("empty").expect("role");
+        s.user_grant_role("alice", "reader").expect("grant");
+        s.user_grant_role("alice", "empty").expect("grant");
+        s.user_grant_role("svc", "reader").expect("grant");
+        s.enable().expect("enable");
+        let image = s.image();
+        assert!(image.enabled && image.revision > 10, "{image:?}");
+
+        let (out, size) =
+            write_db(&snapshot_with_auth(image.clone()), Cursor::new(Vec::new())).expect("written");
+        let bytes = out.into_inner();
+        let db = BoltReader::open(Box::<[u8]>::from(&bytes[..]), size).expect("opens");
+        let imported = read_db(&db).expect("reads");
+        assert_eq!(imported.auth, image);
+        let back = AuthState::from_image(&imported.auth);
+        assert!(back.enabled() && back.is_root("root") && !back.is_root("alice"));
+        let (alice, _) = back.password_hash("alice").expect("alice has a password");
+        assert!(bcrypt::verify("alicepw", &alice).expect("a bcrypt hash"));
+
+        // The records are etcd's, byte for byte.
+        assert_eq!(
+            bucket_entries(&db, b"auth"),
+            vec![
+                (b"authEnabled".to_vec(), vec![1]),
+                (
+                    b"authRevision".to_vec(),
+                    image.revision.to_be_bytes().to_vec()
+                ),
+            ]
+        );
+        let users = bucket_entries(&db, b"authUsers");
+        let names: Vec<&[u8]> = users.iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(names, [&b"alice"[..], b"root", b"svc"]);
+        // authpb.User: name (1), the hash (2), the sorted roles (3), the options (4), which
+        // etcd's UserAdd always stores, empty unless no_password.
+        let mut alice_record = vec![0x0a, 5];
+        alice_record.extend_from_slice(b"alice");
+        alice_record.extend_from_slice(&[0x12, alice_hash.len() as u8]);
+        alice_record.extend_from_slice(alice_hash.as_bytes());
+        alice_record.extend_from_slice(&[0x1a, 5]);
+        alice_record.extend_from_slice(b"empty");
+        alice_record.extend_from_slice(&[0x1a, 6]);
+        alice_record.extend_from_slice(b"reader");
+        alice_record.extend_from_slice(&[0x22, 0]);
+        assert_eq!(users[0].1, alice_record);
+        let svc = authpb::User::decode(users[2].1.as_slice()).expect("a User");
+        assert!(svc.password.is_empty());
+        assert_eq!(
+            svc.options,
+            Some(authpb::UserAddOptions { no_password: true })
+        );
+        let roles = bucket_entries(&db, b"authRoles");
+        let names: Vec<&[u8]> = roles.iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(names, [&b"empty"[..], b"reader", b"root"]);
+        let reader = authpb::Role::decode(roles[1].1.as_slice()).expect("a Role");
+        assert_eq!(&reader.name[..], b"reader");
+        let keys: Vec<&[u8]> = reader.key_permission.iter().map(|p| &p.key[..]).collect();
+        assert_eq!(
+            keys,
+            [&b"foo"[..], b"open", b"pre/", b"w1"],
+            "sorted by key"
+        );
+        assert_eq!(
+            reader.key_permission[2],
+            perm(Type::Readwrite, b"pre/", b"pre0")
+        );
+        // An empty role is a record with only its name.
+        assert_eq!(roles[0].1, [&[0x0a, 5][..], b"empty"].concat());
+
+        // Disabled again: the flag says so (etcd rewrites it), and a never-enabled store has
+        // only its revision, as a new etcd's.
+        s.disable().expect("disable");
+        let image = s.image();
+        let (out, size) =
+            write_db(&snapshot_with_auth(image.clone()), Cursor::new(Vec::new())).expect("written");
+        let db = BoltReader::open(Box::<[u8]>::from(&out.into_inner()[..]), size).expect("opens");
+        assert_eq!(read_db(&db).expect("reads").auth, image);
+        let (out, size) = write_db(
+            &snapshot_with_auth(AuthImage::default()),
+            Cursor::new(Vec::new()),
+        )
+        .expect("written");
+        let db = BoltReader::open(Box::<[u8]>::from(&out.into_inner()[..]), size).expect("opens");
+        assert_eq!(
+            bucket_entries(&db, b"auth"),
+            vec![(b"authRevision".to_vec(), 1u64.to_be_bytes().to_vec())]
+        );
+        assert!(bucket_entries(&db, b"authUsers").is_empty());
+        assert!(bucket_entries(&db, b"authRoles").is_empty());
+    }
+
+    /// A bucket's records, keys ascending.
+    type Records<'a> = Vec<(&'a [u8], Vec<u8>)>;
+
+    /// A database holding only `buckets` (names ascending).
+    fn db_of(buckets: &[(&[u8], Records<'_>)]) -> Result<Imported, CoreError> {
+        let mut w = BoltWriter::new(Cursor::new(Vec::new())).expect("a writer");
+        for (name, entries) in buckets {
+            w.begin_bucket(name).expect("begins");
+            for (k, v) in entries {
+                w.put(k, v).expect("puts");
+            }
+            w.end_bucket().expect("ends");
+        }
+        let (out, size) = w.finish().expect("finished");
+        let db = BoltReader::open(Box::<[u8]>::from(&out.into_inner()[..]), size).expect("opens");
+        read_db(&db)
+    }
+
+    #[test]
+    fn a_malformed_auth_record_is_an_error_naming_its_bucket_and_key() {
+        let user = |name: &[u8]| {
+            authpb::User {
+                name: name.to_vec().into(),
+                password: b"$2a$04$x".to_vec().into(),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let role_with_type = |t: i32| {
+            authpb::Role {
+                name: b"r".to_vec().into(),
+                key_permission: vec![authpb::Permission {
+                    perm_type: t,
+                    key: b"k".to_vec().into(),
+                    range_end: Default::default(),
+                }],
+            }
+            .encode_to_vec()
+        };
+        let cases: Vec<(&[u8], Records<'_>, &str)> = vec![
+            (
+                b"auth",
+                vec![(&b"authEnabled"[..], vec![2])],
+                r#"auth bucket: key "authEnabled""#,
+            ),
+            (
+                b"auth",
+                vec![(&b"authEnabled"[..], vec![])],
+                r#"auth bucket: key "authEnabled""#,
+            ),
+            (
+                b"auth",
+                vec![(&b"authRevision"[..], vec![0, 1, 2])],
+                r#"auth bucket: key "authRevision": not an 8-byte"#,
+            ),
+            (
+                b"authRoles",
+                vec![(&b"r"[..], vec![0xff, 0xff, 0xff])],
+                r#"authRoles bucket: key "r": not a Role"#,
+            ),
+            (
+                b"authRoles",
+                vec![(&b"r"[..], role_with_type(7))],
+                r#"authRoles bucket: key "r": permission type 7"#,
+            ),
+            (
+                b"authRoles",
+                vec![(&b"s"[..], role_with_type(0))],
+                r#"authRoles bucket: key "s": the record names "r""#,
+            ),
+            (
+                b"authUsers",
+                vec![(&b"u"[..], vec![0x0a, 9])],
+                r#"authUsers bucket: key "u": not a User"#,
+            ),
+            (
+                b"authUsers",
+                vec![(&b"u"[..], user(b"v"))],
+                r#"authUsers bucket: key "u": the record names "v""#,
+            ),
+            (
+                b"authUsers",
+                vec![(&b"\xff"[..], user(b"\xff"))],
+                r#"authUsers bucket: key "\xff": a name that is not UTF-8"#,
+            ),
+        ];
+        for (bucket, entries, want) in cases {
+            let err = db_of(&[(bucket, entries)]).expect_err(want);
+            assert!(err.to_string().contains(want), "{err} lacks {want}");
+        }
+        // The well-formed versions of the same records read.
+        let ok = db_of(&[
+            (
+                b"auth",
+                vec![
+                    (&b"authEnabled"[..], vec![0]),
+                    (b"authRevision", 0u64.to_be_bytes().to_vec()),
+                ],
+            ),
+            (b"authRoles", vec![(&b"r"[..], role_with_type(2))]),
+            (b"authUsers", vec![(&b"u"[..], user(b"u"))]),
+        ])
+        .expect("reads");
+        assert_eq!(ok.auth.revision, 1, "etcd starts a stored 0 at 1");
+        assert_eq!(ok.auth.users[0].name, "u");
+        assert!(!ok.auth.users[0].no_password, "no options: a password user");
+        assert_eq!(ok.auth.roles[0].1[0].perm_type, 2);
     }
 }

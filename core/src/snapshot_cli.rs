@@ -8,8 +8,9 @@
 //!   etcdctl does and makes a new member's data directory: its identity (from the same flags
 //!   `keel` takes, so every member restored from one file with one set of flags computes the
 //!   same ids) and one checkpoint at the bootstrap position (raft index 1, term 1) holding every
-//!   key with its revisions, the leases and the compact revision. As with etcdctl, the members
-//!   form a new cluster; the snapshot's membership and alarms are left behind.
+//!   key with its revisions, the leases, the compact revision and the auth store (users with
+//!   their password hashes, roles, the enabled flag, the auth revision). As with etcdctl, the
+//!   members form a new cluster; the snapshot's membership and alarms are left behind.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -233,6 +234,9 @@ pub fn restore_into(path: &Path, config: &Config, skip_hash_check: bool) -> Resu
     let db = etcd_snapshot::open_file(path)?;
     let imported = etcd_snapshot::read_db(&db)?;
     let keys = imported.versions.len();
+    // The auth store goes into the checkpoint whole: users keep their bcrypt hashes (so their
+    // passwords work as before), roles their permissions, the flag and the revision stay.
+    let auth = imported.auth;
     let image = kv::image_from_versions(
         RESTORED_INDEX,
         imported.current_rev,
@@ -254,7 +258,7 @@ pub fn restore_into(path: &Path, config: &Config, skip_hash_check: bool) -> Resu
         &conf_state,
         &identity.members,
         &[],
-        &crate::auth::AuthImage::default(),
+        &auth,
         &image,
     );
     let snap_dir = config.data_dir.join("snap");
@@ -268,6 +272,9 @@ pub fn restore_into(path: &Path, config: &Config, skip_hash_check: bool) -> Resu
         revisions = keys,
         revision = imported.current_rev,
         compact_revision = imported.compact_rev,
+        auth_enabled = auth.enabled,
+        auth_users = auth.users.len(),
+        auth_roles = auth.roles.len(),
         member_id = identity.member_id,
         cluster_id = identity.cluster_id,
         "restored a snapshot"

@@ -1,6 +1,7 @@
 //! Moving a cluster from etcd: three Keel members restored from one etcd 3.4 snapshot with the
 //! same flags (`keel snapshot restore`, as `etcdctl snapshot restore` is used) form a working
-//! cluster that holds every key with its revisions, and serves writes on from there.
+//! cluster that holds every key with its revisions and the auth store's users and roles, and
+//! serves writes on from there.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -28,6 +29,27 @@ fn three_members_restored_from_one_etcd_snapshot_form_a_cluster() {
         .to_string();
     etcd.etcdctl(&["put", "leased", "x", "--lease", &lease_id])
         .ok();
+    // Users and roles, auth left disabled (so the harness's anonymous checks still work):
+    // every member restores them from the file.
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "add", "alice:alicepw"],
+        &["role", "add", "reader"],
+        &[
+            "role",
+            "grant-permission",
+            "reader",
+            "--prefix",
+            "read",
+            "k/",
+        ],
+        &["user", "grant-role", "alice", "reader"],
+    ] {
+        etcd.etcdctl(args).ok();
+    }
+    let want_users = etcd.etcdctl(&["user", "list"]).ok().stdout;
+    let want_role = etcd.etcdctl(&["role", "get", "reader"]).ok().stdout;
+    let want_alice = etcd.etcdctl(&["user", "get", "alice"]).ok().stdout;
     let want = etcd
         .etcdctl(&["get", "", "--from-key", "-w", "json"])
         .ok()
@@ -67,6 +89,12 @@ fn three_members_restored_from_one_etcd_snapshot_form_a_cluster() {
             .json();
         assert_eq!(got["kvs"], want["kvs"], "member {i}");
         assert_eq!(got["header"]["revision"], want_revision, "member {i}");
+        let users = cluster.etcdctl(i, &["user", "list"]).ok().stdout;
+        assert_eq!(users, want_users, "member {i}");
+        let role = cluster.etcdctl(i, &["role", "get", "reader"]).ok().stdout;
+        assert_eq!(role, want_role, "member {i}");
+        let alice = cluster.etcdctl(i, &["user", "get", "alice"]).ok().stdout;
+        assert_eq!(alice, want_alice, "member {i}");
     }
     let leases = cluster.etcdctl(leader, &["lease", "list"]).ok();
     assert!(

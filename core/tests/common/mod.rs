@@ -214,6 +214,46 @@ impl Server {
         data_dir: Option<PathBuf>,
         etcdctl_tls: Option<Vec<String>>,
     ) -> Server {
+        let mut server = Server::unstarted(
+            kind,
+            client_port,
+            peer_port,
+            extra_args,
+            env,
+            data_dir,
+            etcdctl_tls,
+        );
+        server.launch();
+        server.wait_ready();
+        server
+    }
+
+    /// Starts a server on `data_dir` (e.g. a restored snapshot's) whose auth is enabled:
+    /// etcdctl's health check (an anonymous Get) fails there, so it is checked as `user`
+    /// ("name:password") instead.
+    pub fn start_with_auth(
+        kind: Kind,
+        client_port: u16,
+        peer_port: u16,
+        data_dir: PathBuf,
+        user: &str,
+    ) -> Server {
+        let mut server =
+            Server::unstarted(kind, client_port, peer_port, &[], &[], Some(data_dir), None);
+        server.launch();
+        server.wait_ready_as(Some(user));
+        server
+    }
+
+    fn unstarted(
+        kind: Kind,
+        client_port: u16,
+        peer_port: u16,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        data_dir: Option<PathBuf>,
+        etcdctl_tls: Option<Vec<String>>,
+    ) -> Server {
         require_tool("etcdctl");
         if kind == Kind::Etcd {
             require_tool("etcd");
@@ -223,7 +263,7 @@ impl Server {
             .tempdir()
             .expect("a temp dir");
         let data_dir = data_dir.unwrap_or_else(|| dir.path().join("data"));
-        let mut server = Server {
+        Server {
             kind,
             client_port,
             peer_port,
@@ -237,10 +277,7 @@ impl Server {
             child: None,
             launches: 0,
             etcdctl_tls,
-        };
-        server.launch();
-        server.wait_ready();
-        server
+        }
     }
 
     /// "127.0.0.1:port", as etcdctl's --endpoints wants it.
@@ -343,6 +380,11 @@ impl Server {
 
     /// Waits until the server accepts TCP and `etcdctl endpoint health` succeeds.
     pub fn wait_ready(&mut self) {
+        self.wait_ready_as(None)
+    }
+
+    /// [`Server::wait_ready`], with `etcdctl --user` when `user` is given.
+    pub fn wait_ready_as(&mut self, user: Option<&str>) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Some(status) = self
@@ -368,7 +410,14 @@ impl Server {
             .is_ok();
             if connects
                 && self
-                    .etcdctl(&["endpoint", "health", "--command-timeout=2s"])
+                    .etcdctl(
+                        &user
+                            .map(|u| vec!["--user", u])
+                            .unwrap_or_default()
+                            .into_iter()
+                            .chain(["endpoint", "health", "--command-timeout=2s"])
+                            .collect::<Vec<_>>(),
+                    )
                     .code
                     == 0
             {

@@ -3,6 +3,7 @@
 //! `etcdctl snapshot restore` into a data dir a real etcd serves; an etcd snapshot restored by
 //! `keel snapshot restore` serves the same answers from Keel; `keel snapshot status` prints
 //! what etcdctl prints for both kinds of file; `etcdctl make-mirror` copies etcd into Keel.
+//! Users, roles, passwords and the enabled flag cross both ways with the keys.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -218,13 +219,16 @@ fn assert_same_status(file: &Path) -> serde_json::Value {
 }
 
 fn save(s: &Server, file: &Path) {
-    let out = s
-        .etcdctl(&[
-            "snapshot",
-            "save",
-            file.to_str().expect("a UTF-8 temp path"),
-        ])
-        .ok();
+    save_as(s, file, None);
+}
+
+/// `etcdctl snapshot save`, as `user` ("name:password") when given: with auth enabled only
+/// the root role may take a snapshot.
+fn save_as(s: &Server, file: &Path, user: Option<&str>) {
+    let path = file.to_str().expect("a UTF-8 temp path");
+    let mut args = user.map(|u| vec!["--user", u]).unwrap_or_default();
+    args.extend_from_slice(&["snapshot", "save", path]);
+    let out = s.etcdctl(&args).ok();
     assert!(out.stdout.contains("Snapshot saved at"), "{out:?}");
 }
 
@@ -527,4 +531,262 @@ fn large_snapshots_cross_both_ways() {
     let got = all_kvs(&keel);
     assert_eq!(got.as_array().map(Vec::len), Some(KEYS));
     assert!(got == etcd_kvs, "Keel serves etcd's keys");
+}
+
+/// Keys, then users and roles, then auth enabled (etcdctl's `auth enable` adds the root role
+/// and grants it to root): alice may read and write `pre/` and read `foo` and `open`
+/// onwards, bob may write `w1`..`w9` only, svc has no password.
+fn load_auth(s: &Server) {
+    for args in [
+        &["put", "pre/a", "1"][..],
+        &["put", "foo", "bar"],
+        &["put", "secret", "s"],
+        &["user", "add", "root:rootpw"],
+        &["user", "add", "alice:alicepw"],
+        &["user", "add", "bob:bobpw"],
+        &["user", "add", "--no-password=true", "svc"],
+        &["role", "add", "reader"],
+        &[
+            "role",
+            "grant-permission",
+            "reader",
+            "--prefix",
+            "readwrite",
+            "pre/",
+        ],
+        &["role", "grant-permission", "reader", "read", "foo"],
+        &[
+            "role",
+            "grant-permission",
+            "reader",
+            "read",
+            "open",
+            "--from-key",
+        ],
+        &["role", "add", "writer"],
+        &["role", "grant-permission", "writer", "write", "w1", "w9"],
+        &["user", "grant-role", "alice", "reader"],
+        &["user", "grant-role", "bob", "writer"],
+        &["user", "grant-role", "svc", "reader"],
+        &["auth", "enable"],
+    ] {
+        s.etcdctl(args).ok();
+    }
+}
+
+/// What both servers must answer alike about the auth store: its listings, grants allowed
+/// and denied, passwords right and wrong, and that auth is enabled (an anonymous call fails).
+const AUTH_QUESTIONS: &[&str] = &[
+    "--user root:rootpw user list",
+    "--user root:rootpw role list",
+    "--user root:rootpw user get root",
+    "--user root:rootpw user get alice",
+    "--user root:rootpw user get svc",
+    "--user root:rootpw role get root",
+    "--user root:rootpw role get reader",
+    "--user root:rootpw role get writer",
+    "--user root:rootpw get secret",
+    "--user alice:alicepw get pre/ --prefix",
+    "--user alice:alicepw get foo",
+    "--user alice:alicepw get openx",
+    "--user alice:alicepw get secret",
+    "--user alice:alicepw put foo x",
+    "--user alice:alicepw user list",
+    "--user bob:bobpw get pre/a",
+    "--user alice:wrong get foo",
+    "--user nobody:x get foo",
+    "--user svc: get foo",
+    "get foo",
+    "put foo y",
+];
+
+/// Each question with what etcdctl printed and its exit code, without etcdctl's client log
+/// lines and the server's address.
+fn ask_auth(s: &Server) -> Vec<(&'static str, String)> {
+    AUTH_QUESTIONS
+        .iter()
+        .map(|q| {
+            let args: Vec<&str> = q.split_whitespace().collect();
+            let out = s.etcdctl(&args);
+            let text = format!("{}{}", out.stdout, out.stderr);
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.starts_with("{\"level\""))
+                .collect();
+            let answer = format!("{}\nexit {}", lines.join("\n"), out.code)
+                .replace(&s.endpoint(), "ENDPOINT");
+            (*q, answer)
+        })
+        .collect()
+}
+
+fn assert_same_answers(got: &[(&str, String)], want: &[(&str, String)]) {
+    let differ: Vec<String> = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a != b)
+        .map(|((q, a), (_, b))| format!("$ {q}\n--- want\n{b}\n--- got\n{a}"))
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n\n"));
+    // The questions exercised what they claim.
+    let all: String = want.iter().map(|(_, a)| a.as_str()).collect();
+    for expected in [
+        "etcdserver: permission denied",
+        "etcdserver: user name is empty",
+        "etcdserver: authentication failed, invalid user ID or password",
+        "[pre/, pre0) (prefix pre/)",
+        "Roles: reader",
+        "pre/a\n1",
+    ] {
+        assert!(all.contains(expected), "no {expected:?} in {all}");
+    }
+}
+
+/// The restored store is live, not only readable: a grant used, a password changed.
+fn assert_auth_is_live(s: &Server) {
+    s.etcdctl(&["--user", "alice:alicepw", "put", "pre/b", "2"])
+        .ok();
+    s.etcdctl_stdin(
+        &[
+            "--user",
+            "root:rootpw",
+            "user",
+            "passwd",
+            "alice",
+            "--interactive=false",
+        ],
+        "newpw\n",
+    )
+    .ok();
+    let old = s.etcdctl(&["--user", "alice:alicepw", "get", "pre/b"]);
+    assert!(
+        old.stderr.contains("authentication failed"),
+        "the old password no longer works: {old:?}"
+    );
+    let out = s
+        .etcdctl(&[
+            "--user",
+            "alice:newpw",
+            "get",
+            "pre/b",
+            "--print-value-only",
+        ])
+        .ok();
+    assert_eq!(out.stdout, "2\n");
+}
+
+/// One bucket's records, key and value, as stored.
+type Records = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The auth store's buckets in a snapshot file, every record as stored.
+fn auth_buckets(file: &Path) -> Vec<(&'static str, Records)> {
+    let db = keel_core::etcd_snapshot::open_file(file).expect("a bbolt database");
+    ["auth", "authRoles", "authUsers"]
+        .into_iter()
+        .map(|name| {
+            let bucket = db
+                .bucket(name.as_bytes())
+                .expect("the database reads")
+                .unwrap_or_else(|| panic!("no {name} bucket"));
+            let mut records = Vec::new();
+            db.for_each(&bucket, &mut |k, v| {
+                records.push((k.to_vec(), v.expect("a record, not a bucket").to_vec()));
+                Ok(())
+            })
+            .expect("the bucket reads");
+            (name, records)
+        })
+        .collect()
+}
+
+fn peer_url_for(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+#[test]
+fn keel_auth_restores_into_a_real_etcd_that_enforces_it() {
+    let keel = Server::keel(&[]);
+    load_auth(&keel);
+    let served = ask_auth(&keel);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("keel.db");
+    // Only root may take a snapshot once auth is enabled, on either server.
+    let anonymous = keel.etcdctl(&["snapshot", "save", file.to_str().expect("UTF-8")]);
+    assert!(
+        anonymous.stderr.contains("user name is empty"),
+        "{anonymous:?}"
+    );
+    save_as(&keel, &file, Some("root:rootpw"));
+    assert_same_status(&file);
+    drop(keel);
+
+    let (client_port, peer_port) = (free_port(), free_port());
+    let peer_url = peer_url_for(peer_port);
+    let data = dir.path().join("etcd.data");
+    etcdctl_at(
+        "127.0.0.1:1",
+        &[
+            "snapshot",
+            "restore",
+            file.to_str().expect("a UTF-8 temp path"),
+            "--name",
+            "e2e",
+            "--data-dir",
+            data.to_str().expect("a UTF-8 temp path"),
+            "--initial-cluster",
+            &format!("e2e={peer_url}"),
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ],
+        None,
+    )
+    .ok();
+    let etcd = Server::start_with_auth(Kind::Etcd, client_port, peer_port, data, "root:rootpw");
+    // Keel's bcrypt hashes check in etcd: every password set in Keel works there.
+    assert_same_answers(&ask_auth(&etcd), &served);
+    // etcd keeps Keel's records as they are: its own snapshot of them is the same bytes.
+    let resaved = dir.path().join("etcd.db");
+    save_as(&etcd, &resaved, Some("root:rootpw"));
+    assert_eq!(auth_buckets(&resaved), auth_buckets(&file));
+    assert_auth_is_live(&etcd);
+}
+
+#[test]
+fn etcd_auth_restores_into_keel_that_enforces_it() {
+    let etcd = Server::etcd(&[]);
+    load_auth(&etcd);
+    let served = ask_auth(&etcd);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("etcd.db");
+    save_as(&etcd, &file, Some("root:rootpw"));
+    assert_same_status(&file);
+    drop(etcd);
+
+    let (client_port, peer_port) = (free_port(), free_port());
+    let peer_url = peer_url_for(peer_port);
+    let data = dir.path().join("keel.data");
+    keel_cli(&[
+        "snapshot",
+        "restore",
+        file.to_str().expect("a UTF-8 temp path"),
+        "--name",
+        "e2e",
+        "--data-dir",
+        data.to_str().expect("a UTF-8 temp path"),
+        "--initial-cluster",
+        &format!("e2e={peer_url}"),
+        "--initial-advertise-peer-urls",
+        &peer_url,
+    ])
+    .ok();
+    let keel = Server::start_with_auth(Kind::Keel, client_port, peer_port, data, "root:rootpw");
+    // etcd's bcrypt hashes check in Keel: every password set in etcd works here.
+    assert_same_answers(&ask_auth(&keel), &served);
+    // Keel lays the auth buckets out as etcd's auth store does: its snapshot of what it
+    // restored holds etcd's records byte for byte (flag, revision, users, roles).
+    let again = dir.path().join("again.db");
+    save_as(&keel, &again, Some("root:rootpw"));
+    assert_same_status(&again);
+    assert_eq!(auth_buckets(&again), auth_buckets(&file));
+    assert_auth_is_live(&keel);
 }
