@@ -784,31 +784,42 @@ fn a_bad_jwt_key_stops_the_start_as_etcd_refuses_it() {
 }
 
 #[test]
-fn a_verify_only_member_refuses_logins_as_etcd_does() {
+fn verify_only_and_no_op_providers_refuse_logins_as_etcd_does() {
     let pki = crate::common::OpensslPki::new("keel-jwt-verify", &[]);
     pki.openssl(&["genrsa", "-out", "rsa.key", "2048"]);
     pki.openssl(&["rsa", "-in", "rsa.key", "-pubout", "-out", "rsa.pub"]);
-    let flag = format!(
+    let verify_only = format!(
         "jwt,pub-key={},sign-method=RS256",
         pki.path("rsa.pub").display()
     );
-    let mut outputs = Vec::new();
-    for kind in [Kind::Keel, Kind::Etcd] {
-        let server = Server::start(kind, &["--auth-token", &flag]);
-        setup_users(&server);
-        let login = server.etcdctl(&["--user", "root:rootpw", "get", "foo"]);
-        let wrong = server.etcdctl(&["--user", "root:wrong", "get", "foo"]);
-        outputs.push((normalized(&server, login), normalized(&server, wrong)));
+    for (flag, says) in [
+        (
+            verify_only.as_str(),
+            "auth: token signing attempted with verify-only key",
+        ),
+        // etcd's no-op provider: no login succeeds, no token is valid.
+        (
+            "",
+            "etcdserver: authentication failed, invalid user ID or password",
+        ),
+    ] {
+        let mut outputs = Vec::new();
+        for kind in [Kind::Keel, Kind::Etcd] {
+            let server = Server::start(kind, &["--auth-token", flag]);
+            setup_users(&server);
+            let login = server.etcdctl(&["--user", "root:rootpw", "get", "foo"]);
+            let wrong = server.etcdctl(&["--user", "root:wrong", "get", "foo"]);
+            outputs.push((
+                normalized(&server, login),
+                normalized(&server, wrong),
+                range_pre_a(&server, "a.b.c"),
+            ));
+        }
+        assert_eq!(
+            outputs[0], outputs[1],
+            "{flag:?}: keel (left) and etcd (right) differ"
+        );
+        assert!(outputs[0].0.contains(says), "{flag:?}: {:?}", outputs[0]);
+        assert_eq!(outputs[0].2, (401, "etcdserver: invalid auth token".into()));
     }
-    assert_eq!(
-        outputs[0], outputs[1],
-        "keel (left) and etcd (right) differ"
-    );
-    assert!(
-        outputs[0]
-            .0
-            .contains("auth: token signing attempted with verify-only key"),
-        "{:?}",
-        outputs[0]
-    );
 }
