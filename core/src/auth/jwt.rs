@@ -21,8 +21,10 @@
 //! a private key, verification uses its public half (etcd ignores `pub-key` then, beyond
 //! parsing it); with only a public key, the member verifies and cannot sign (etcd's
 //! verify-only mode). The crypto is ring's (through the `jsonwebtoken` crate), which has no
-//! P-521 and signs RSA with 2048- to 4096-bit keys: ES512 and keys ring cannot use are refused
-//! at start with the reason, where etcd would start and fail later.
+//! P-521, signs with 2048- to 4096-bit RSA keys and verifies with 2048 to 8192 bits: ES512 and
+//! RSA keys outside those sizes, which etcd serves, are refused at start with the reason. So is
+//! an ECDSA key on another curve than the method's, which etcd accepts at start and then fails
+//! every login and token with.
 
 use std::collections::HashMap;
 use std::fmt;
