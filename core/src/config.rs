@@ -339,7 +339,8 @@ pub struct Flags {
         hide = true
     )]
     pub grpc_keepalive_timeout: Option<String>,
-    /// Auth token type: "simple" (the default) or "jwt,..." (not served yet).
+    /// Auth token provider: "simple" (the default),
+    /// "jwt,sign-method=M,priv-key=PATH,pub-key=PATH,ttl=D", or "" (none: certificates only).
     #[arg(long = "auth-token", env = "ETCD_AUTH_TOKEN", default_value = "simple")]
     pub auth_token: String,
     /// Seconds a simple token lives after its last use.
@@ -436,6 +437,8 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
+    /// Which auth tokens this member assigns and accepts (`--auth-token`).
+    pub auth_token: crate::auth::TokenProvider,
     /// Milliseconds a simple auth token lives after its last use (`--auth-token-ttl`).
     pub auth_token_ttl_ms: u64,
     /// bcrypt cost for auth passwords (`--bcrypt-cost`; etcd's default 10).
@@ -652,15 +655,11 @@ impl Config {
             ),
             ("grpc-keepalive-timeout", f.grpc_keepalive_timeout.is_some()),
         ];
-        // etcd: "simple" or "jwt,pub-key=...,priv-key=...,sign-method=..."; only simple tokens
-        // are served, and a token type Keel does not implement stops startup.
-        let token_type = f.auth_token.split(',').next().unwrap_or("");
-        if token_type != "simple" {
-            return Err(CoreError::Config(format!(
-                "--auth-token {:?}: only \"simple\" tokens are served",
-                f.auth_token
-            )));
-        }
+        // etcd's NewTokenProvider: the key files are read and checked now, so a bad key stops
+        // the start instead of the first login.
+        let (auth_token, token_warnings) =
+            crate::auth::TokenProvider::parse(&f.auth_token).map_err(CoreError::Config)?;
+        warnings.extend(token_warnings);
         if f.auth_token_ttl == 0 {
             return Err(CoreError::Config(
                 "--auth-token-ttl must be positive".into(),
@@ -708,6 +707,7 @@ impl Config {
             heartbeat_interval_ms: f.heartbeat_interval_ms,
             election_timeout_ms: f.election_timeout_ms,
             snapshot_count: f.snapshot_count,
+            auth_token,
             auth_token_ttl_ms,
             bcrypt_cost,
             log_level,

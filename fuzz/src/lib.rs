@@ -1,5 +1,5 @@
 //! Fuzz targets for every parser that reads bytes Keel did not write itself in this process:
-//! what clients send (gRPC framing, request messages, raw HTTP/2), what peers send (handshake
+//! what clients send (gRPC framing, request messages, raw HTTP/2, auth tokens), what peers send (handshake
 //! and frames, raft messages), and what the disk gives back (WAL segments, checkpoints).
 //!
 //! Each target is a plain `fn(&[u8])` that must never panic, hang or allocate without bound,
@@ -40,7 +40,7 @@ use keel_proto::{v3electionpb, v3lockpb};
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its corpus directory and libFuzzer binary.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("grpc_framing", grpc_framing),
     ("grpc_requests", grpc_requests),
     ("http2_server", http2_server),
@@ -48,6 +48,8 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("checkpoint_load", checkpoint_load),
     ("raft_message", raft_message),
     ("peer_frames", peer_frames),
+    ("simple_token", simple_token),
+    ("jwt_token", jwt_token),
 ];
 
 /// Largest input a target looks at: larger ones are cut (keeps every run fast and bounded).
@@ -563,6 +565,159 @@ pub fn peer_frames(data: &[u8]) {
     while let Some(frame) = next(FRAME_BYTES_MAX) {
         if parse_frame(frame, hello.from).is_err() {
             return;
+        }
+    }
+}
+
+/// Simple auth tokens as clients send them (etcd's "<16 letters>.<raft index>"): the index a
+/// token names, and a lookup in a member's token table.
+///
+/// Input: the token's bytes (lossy UTF-8, as metadata reaches `auth::who` as text).
+pub fn simple_token(data: &[u8]) {
+    use keel_core::auth::tokens::{token_index, TokenTable};
+    let token = String::from_utf8_lossy(bounded(data));
+    if let Some(index) = token_index(&token) {
+        // Only "prefix.index" parses, and the index is exactly the text after the one dot.
+        let (prefix, rest) = token.split_once('.').expect("an index follows a dot");
+        assert!(!prefix.contains('.') && !rest.contains('.'));
+        assert_eq!(rest.parse::<u64>().ok(), Some(index));
+    }
+    // An unknown token resolves to nobody; the assigned one to its user until it expires.
+    const KNOWN: &str = "abcdefghijklmnop.7";
+    let mut table = TokenTable::default();
+    table.assign(KNOWN.into(), "u", 0, 1_000);
+    let known = token == KNOWN;
+    assert_eq!(table.touch(&token, 1), known.then(|| "u".to_string()));
+    assert_eq!(table.touch(&token, 5_000), None);
+}
+
+/// The claims part of a token, decoded without checking anything else.
+pub fn jwt_claims_of(token: &str) -> Option<serde_json::Value> {
+    use base64::Engine;
+    let claims = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(claims.replace(['\r', '\n'], ""))
+        .ok()?;
+    serde_json::Deserializer::from_slice(&bytes)
+        .into_iter()
+        .next()?
+        .ok()
+}
+
+/// When the JWT fuzz target's clock stands (Unix seconds), and its tokens' TTL.
+pub const JWT_NOW_S: u64 = 1_800_000_000;
+const JWT_TTL_NS: i64 = 300_000_000_000;
+
+/// The JWT providers the target checks tokens with: HS256, RS256 (PKCS#8 key), ES256 (SEC1).
+pub fn jwt_providers() -> &'static [keel_core::auth::jwt::Jwt; 3] {
+    use keel_core::auth::jwt::Jwt;
+    static PROVIDERS: std::sync::OnceLock<[Jwt; 3]> = std::sync::OnceLock::new();
+    PROVIDERS.get_or_init(|| {
+        let make = |method: &str, key: &[u8]| {
+            Jwt::from_key_material(method, None, Some(key), JWT_TTL_NS)
+                .unwrap_or_else(|e| panic!("the {method} test key loads: {e}"))
+        };
+        [
+            make("HS256", b"keel-fuzz-secret"),
+            make(
+                "RS256",
+                include_bytes!("../../core/src/auth/testdata/rsa.pem"),
+            ),
+            make(
+                "ES256",
+                include_bytes!("../../core/src/auth/testdata/ec.pem"),
+            ),
+        ]
+    })
+}
+
+/// JWT tokens as clients send them, checked as etcd's golang-jwt checks them; the claims
+/// behind a valid signature; Keel's own tokens round-tripping; key files and `--auth-token`.
+///
+/// Input: mode byte, then
+/// - 0: a token, checked by every provider;
+/// - 1: claims bytes, signed by a provider chosen by the next byte, then checked (reaches the
+///   claim checks the signature guards);
+/// - 2: eight bytes of auth revision and a user name, signed and checked: must round-trip;
+/// - 3: a key file, tried as the next byte's method's private and public key;
+/// - other: an `--auth-token` value, decomposed (files are never read here).
+pub fn jwt_token(data: &[u8]) {
+    use keel_core::auth::jwt::{decompose, Jwt};
+    let data = bounded(data);
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let now_s = JWT_NOW_S as i64;
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(JWT_NOW_S);
+    let providers = jwt_providers();
+    match mode {
+        0 => {
+            let token = String::from_utf8_lossy(rest);
+            for p in providers {
+                // What a token is accepted as is what its claims say.
+                if let Some(info) = p.verify(&token, now_s) {
+                    let claims = jwt_claims_of(&token).expect("an accepted token has claims");
+                    assert_eq!(claims["username"].as_str(), Some(info.user.as_str()));
+                }
+            }
+        }
+        1 => {
+            let [which, claims @ ..] = rest else {
+                return;
+            };
+            let p = &providers[usize::from(*which) % providers.len()];
+            let token = p.sign_payload(claims).expect("a test key signs");
+            if let Some(info) = p.verify(&token, now_s) {
+                // Only an object with a string user name and a numeric revision passes.
+                let json: serde_json::Value = serde_json::Deserializer::from_slice(claims)
+                    .into_iter()
+                    .next()
+                    .expect("verified claims are JSON")
+                    .expect("verified claims are JSON");
+                assert_eq!(json["username"].as_str(), Some(info.user.as_str()));
+                assert!(json["revision"].is_number());
+            }
+        }
+        2 => {
+            let Some((revision, user)) = rest.split_first_chunk::<8>() else {
+                return;
+            };
+            let revision = u64::from_le_bytes(*revision);
+            let user = String::from_utf8_lossy(user);
+            for p in providers {
+                let token = p.sign(&user, revision, now).expect("a test key signs");
+                let info = p.verify(&token, now_s).expect("our own token verifies");
+                assert_eq!(info.user, user);
+                // etcd reads the revision as a float64: exact below 2^53.
+                if revision < (1 << 53) {
+                    assert_eq!(info.revision, revision);
+                }
+                assert_eq!(p.verify(&token, now_s + 300), None, "expired");
+            }
+        }
+        3 => {
+            let [which, key @ ..] = rest else {
+                return;
+            };
+            const METHODS: [&str; 6] = ["RS256", "PS384", "ES256", "ES384", "HS256", "RS512"];
+            let method = METHODS[usize::from(*which) % METHODS.len()];
+            for (public, private) in [(None, Some(key)), (Some(key), None)] {
+                if let Ok(p) = Jwt::from_key_material(method, public, private, JWT_TTL_NS) {
+                    // A key that loads works: it signs (or is verify-only) and checks.
+                    if let Ok(token) = p.sign("u", 1, now) {
+                        assert!(p.verify(&token, now_s).is_some());
+                    } else {
+                        assert!(p.verify_only());
+                    }
+                }
+            }
+        }
+        _ => {
+            let flag = String::from_utf8_lossy(rest);
+            if let Ok((token_type, opts)) = decompose(&flag) {
+                assert!(!token_type.contains(','));
+                assert_eq!(opts.len(), flag.matches(',').count());
+            }
         }
     }
 }

@@ -597,6 +597,99 @@ fn seeds() -> Seeds {
             to: 8,
         }),
     );
+    // simple_token: etcd's shape, and near misses.
+    for (name, token) in [
+        ("known", "abcdefghijklmnop.7"),
+        ("other", "QmDpLxwZsWjTvRnK.12345"),
+        ("no_dot", "QmDpLxwZsWjTvRnK"),
+        ("two_dots", "a.b.3"),
+        ("not_a_number", "QmDpLxwZsWjTvRnK.-1"),
+    ] {
+        add("simple_token", name, token.as_bytes().to_vec());
+    }
+    // jwt_token: tokens (mode 0) signed with the target's keys, by Keel (HS256, RS256: both
+    // deterministic) and by etcd (testdata/etcd-tokens.txt); claims to sign (1); a user to
+    // round-trip (2); key files (3); --auth-token values (4).
+    let providers = keel_fuzz::jwt_providers();
+    let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(keel_fuzz::JWT_NOW_S);
+    for (i, p) in providers[..2].iter().enumerate() {
+        let token = p.sign("root", 4, now).expect("a test key signs");
+        add(
+            "jwt_token",
+            &format!("token_{i}"),
+            [&[0][..], token.as_bytes()].concat(),
+        );
+    }
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src/auth/testdata");
+    let read = |name: &str| std::fs::read(testdata.join(name)).expect("a testdata file");
+    let etcd_tokens = String::from_utf8(read("etcd-tokens.txt")).expect("text");
+    for line in etcd_tokens.lines() {
+        let (method, token) = line.split_once(' ').expect("METHOD TOKEN");
+        add(
+            "jwt_token",
+            &format!("etcd_{method}"),
+            [&[0][..], token.as_bytes()].concat(),
+        );
+    }
+    for (name, which, claims) in [
+        (
+            "claims",
+            0u8,
+            r#"{"exp":1800000100,"revision":4,"username":"root"}"#,
+        ),
+        (
+            "claims_times",
+            0,
+            r#"{"exp":1800000100.5,"iat":1799999999,"nbf":1800000000,"revision":4.5,"username":"a"}"#,
+        ),
+        (
+            "claims_types",
+            1,
+            r#"{"exp":null,"revision":"4","username":7}"#,
+        ),
+        (
+            "claims_ec",
+            2,
+            r#"{"revision":4,"username":"root"} trailing"#,
+        ),
+    ] {
+        add(
+            "jwt_token",
+            name,
+            [&[1, which][..], claims.as_bytes()].concat(),
+        );
+    }
+    add(
+        "jwt_token",
+        "round_trip",
+        [
+            &[2][..],
+            &9u64.to_le_bytes(),
+            "al<i>ce\u{2028}\n".as_bytes(),
+        ]
+        .concat(),
+    );
+    for (name, which, file) in [
+        ("rsa_pkcs8", 0u8, "rsa.pem"),
+        ("rsa_pkcs1", 0, "rsa-pkcs1.pem"),
+        ("rsa_public", 1, "rsa.pub"),
+        ("rsa_certificate", 5, "rsa-cert.pem"),
+        ("ec_sec1", 2, "ec.pem"),
+        ("ec_pkcs8", 2, "ec-pkcs8.pem"),
+        ("ec_public", 2, "ec.pub"),
+        ("ec_p384", 3, "ec384.pem"),
+    ] {
+        add("jwt_token", name, [&[3, which][..], &read(file)].concat());
+    }
+    add(
+        "jwt_token",
+        "flag",
+        [
+            &[4][..],
+            b"jwt,pub-key=a.pub,priv-key=a.key,sign-method=RS256,ttl=5m",
+        ]
+        .concat(),
+    );
     seeds
 }
 
@@ -648,4 +741,24 @@ fn checksum_fixing_modes_reach_past_the_checksums() {
     let mut with_crc = file.to_vec();
     with_crc.extend(crc32fast::hash(file).to_le_bytes());
     assert!(keel_core::checkpoint::decode(&with_crc).is_ok());
+}
+
+#[test]
+fn jwt_seeds_reach_past_the_signature() {
+    // Keel's and etcd's tokens in the corpus verify under the target's keys at its clock, so
+    // mutations start from inputs that reach the claim checks.
+    let seeds = seeds();
+    let jwt = &seeds["jwt_token"];
+    let providers = keel_fuzz::jwt_providers();
+    let now_s = keel_fuzz::JWT_NOW_S as i64;
+    for (seed, provider) in [
+        ("seed-token_0", 0),
+        ("seed-token_1", 1),
+        ("seed-etcd_RS256", 1),
+        ("seed-etcd_ES256", 2),
+    ] {
+        let token = std::str::from_utf8(&jwt[seed][1..]).expect("text");
+        let info = providers[provider].verify(token, now_s);
+        assert_eq!(info.map(|i| i.user), Some("root".to_string()), "{seed}");
+    }
 }

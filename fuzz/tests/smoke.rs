@@ -139,6 +139,16 @@ fn peer_frames() {
 }
 
 #[test]
+fn simple_token() {
+    drive("simple_token", TARGETS[7].1);
+}
+
+#[test]
+fn jwt_token() {
+    drive("jwt_token", TARGETS[8].1);
+}
+
+#[test]
 fn every_target_has_a_smoke_test() {
     let names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
     assert_eq!(
@@ -150,7 +160,9 @@ fn every_target_has_a_smoke_test() {
             "wal_recovery",
             "checkpoint_load",
             "raft_message",
-            "peer_frames"
+            "peer_frames",
+            "simple_token",
+            "jwt_token"
         ]
     );
 }

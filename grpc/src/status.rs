@@ -267,6 +267,9 @@ pub enum EtcdError {
     AuthRawUserEmpty,
     AuthRawUserNotFound,
     AuthRawInvalidToken,
+    /// Authenticate on a member whose JWT key can only verify (etcd's ErrVerifyOnly, raised at
+    /// apply and passed on unmapped).
+    AuthRawVerifyOnly,
     NoLeader,
     NotLeader,
     LeaderChanged,
@@ -284,7 +287,7 @@ pub enum EtcdError {
 
 impl EtcdError {
     /// Every variant, for tests and for building reverse look-ups.
-    pub const ALL: [EtcdError; 56] = [
+    pub const ALL: [EtcdError; 57] = [
         EtcdError::EmptyKey,
         EtcdError::KeyNotFound,
         EtcdError::ValueProvided,
@@ -328,6 +331,7 @@ impl EtcdError {
         EtcdError::AuthRawUserEmpty,
         EtcdError::AuthRawUserNotFound,
         EtcdError::AuthRawInvalidToken,
+        EtcdError::AuthRawVerifyOnly,
         EtcdError::NoLeader,
         EtcdError::NotLeader,
         EtcdError::LeaderChanged,
@@ -442,6 +446,10 @@ impl EtcdError {
             EtcdError::AuthRawUserEmpty => (Unknown, "auth: user name is empty"),
             EtcdError::AuthRawUserNotFound => (Unknown, "auth: user not found"),
             EtcdError::AuthRawInvalidToken => (Unknown, "auth: invalid auth token"),
+            EtcdError::AuthRawVerifyOnly => (
+                Unknown,
+                "auth: token signing attempted with verify-only key",
+            ),
             EtcdError::NoLeader => (Unavailable, "etcdserver: no leader"),
             EtcdError::NotLeader => (FailedPrecondition, "etcdserver: not leader"),
             EtcdError::LeaderChanged => (Unavailable, "etcdserver: leader changed"),

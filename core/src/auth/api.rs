@@ -13,7 +13,8 @@ use http::HeaderMap;
 use keel_grpc::{unary, Call, EtcdError, ResponseSink, Status};
 use keel_proto::etcdserverpb as pb;
 
-use super::{tokens, AuthInfo, AuthReply, PermType};
+use super::jwt::SignError;
+use super::{tokens, AuthInfo, AuthReply, PermType, TokenProvider};
 use crate::service::Api;
 use crate::shared::{Answer, Shared};
 
@@ -307,6 +308,7 @@ pub async fn authenticate(
     r: pb::AuthenticateRequest,
 ) -> R<pb::AuthenticateResponse> {
     let shared = api.shared();
+    let provider = &shared.config.auth_token;
     shared.read_barrier().await.map_err(etcd)?;
     let mut last = None;
     for _ in 0..AUTHENTICATE_ATTEMPTS_MAX {
@@ -324,13 +326,35 @@ pub async fn authenticate(
             authenticate: Some(pb::InternalAuthenticateRequest {
                 name: r.name.clone(),
                 password: String::new(),
-                simple_token: tokens::new_prefix(),
+                // Only simple tokens are assigned at apply; without a prefix the apply answers
+                // the user and auth revision, and this shard signs (etcd's genTokenPrefix is
+                // empty for JWT too).
+                simple_token: match provider {
+                    TokenProvider::Simple => tokens::new_prefix(),
+                    TokenProvider::Jwt(_) | TokenProvider::Nop => String::new(),
+                },
             }),
             ..Default::default()
         };
         let (reply, header) = propose(api, req, who).await?;
-        let AuthReply::Token(token) = reply else {
-            return mismatched(&reply);
+        let token = match (provider, reply) {
+            (TokenProvider::Simple, AuthReply::Token(token)) => token,
+            (TokenProvider::Jwt(jwt), AuthReply::Authenticated { user, revision }) => {
+                super::sign_jwt(jwt.clone(), user, revision)
+                    .await
+                    .map_err(|e| match e {
+                        SignError::VerifyOnly => etcd(EtcdError::AuthRawVerifyOnly),
+                        SignError::Crypto => Status::new(
+                            keel_grpc::Code::Unknown,
+                            "auth: failed to sign a JWT token",
+                        ),
+                    })?
+            }
+            // etcd's no-op provider refuses every login at assign.
+            (TokenProvider::Nop, AuthReply::Authenticated { .. }) => {
+                return Err(etcd(EtcdError::AuthFailed))
+            }
+            (_, reply) => return mismatched(&reply),
         };
         last = Some(pb::AuthenticateResponse { header, token });
         if checked_revision == shared.auth().revision() {

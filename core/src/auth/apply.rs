@@ -86,6 +86,12 @@ pub fn apply(
         r
     } else if let Some(a) = &req.authenticate {
         state.check_authenticate(&a.name).map(|()| {
+            if a.simple_token.is_empty() {
+                return AuthReply::Authenticated {
+                    user: a.name.clone(),
+                    revision: state.revision(),
+                };
+            }
             let token = format!("{}.{index}", a.simple_token);
             tokens.assign(token.clone(), &a.name, now_ms, tokens_ttl_ms);
             changed.tokens = true;
@@ -231,4 +237,56 @@ pub fn check_txn(state: &AuthState, who: &AuthInfo, t: &kv::TxnRequest) -> Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn login(name: &str, simple_token: &str) -> pb::InternalRaftRequest {
+        pb::InternalRaftRequest {
+            authenticate: Some(pb::InternalAuthenticateRequest {
+                name: name.into(),
+                password: String::new(),
+                simple_token: simple_token.into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_login_without_a_prefix_keeps_nothing_and_names_the_revision() {
+        let mut state = AuthState::from_image(&super::super::AuthImage::default());
+        state.user_add("root", "h", false).expect("new user");
+        state.user_grant_role("root", "root").expect("root role");
+        state.enable().expect("enable");
+        let mut tokens = TokenTable::default();
+        // JWT (and the no-op provider): the proposer signs; the member keeps no token.
+        let (reply, changed) = apply(&mut state, &mut tokens, &login("root", ""), 9, 0, 1_000);
+        assert_eq!(
+            reply,
+            Ok(AuthReply::Authenticated {
+                user: "root".into(),
+                revision: state.revision()
+            })
+        );
+        assert_eq!(changed, Changed::default());
+        assert!(tokens.is_empty());
+        // A simple token is assigned at apply, named by the entry's index.
+        let prefix = "abcdefghijklmnop";
+        let (reply, changed) = apply(
+            &mut state,
+            &mut tokens,
+            &login("root", prefix),
+            10,
+            0,
+            1_000,
+        );
+        assert_eq!(reply, Ok(AuthReply::Token(format!("{prefix}.10"))));
+        assert!(changed.tokens);
+        assert_eq!(tokens.touch("abcdefghijklmnop.10", 1), Some("root".into()));
+        // Either way an unknown user fails alike.
+        let (reply, _) = apply(&mut state, &mut tokens, &login("ghost", ""), 11, 0, 1_000);
+        assert_eq!(reply, Err(EtcdError::AuthFailed));
+    }
 }

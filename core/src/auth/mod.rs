@@ -4,6 +4,9 @@
 //!   revision), owned by the member, applied from the log and checkpointed; `apply.rs` applies
 //!   one auth entry to it, with etcd's admin checks.
 //! - `perms.rs`: a user's merged key permissions (etcd's range-permission cache).
+//! - `jwt.rs`: the `--auth-token` providers, and JWT tokens signed and checked as etcd's
+//!   golang-jwt does (stateless: the proposing shard signs after the login applies, any member
+//!   verifies, restarts forget nothing).
 //! - `tokens.rs`: simple tokens ("<16 random letters>.<raft index>"), assigned at apply on every
 //!   member, forgotten after `--auth-token-ttl` seconds without use, and on restart.
 //! - `api.rs`: the Auth service a shard serves, and the checks every other call makes.
@@ -14,6 +17,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod jwt;
 pub mod perms;
 pub mod store;
 pub mod tokens;
@@ -25,6 +29,7 @@ use keel_grpc::EtcdError;
 
 use crate::shared::Shared;
 
+pub use jwt::TokenProvider;
 pub use perms::PermType;
 pub use store::{AuthImage, AuthReply, AuthState};
 pub use tokens::TokenTable;
@@ -62,9 +67,10 @@ fn token_of(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Resolves a call's credentials (etcd's `AuthInfoFromCtx`): no token is no user; a token this
-/// member knows is its user at the current auth revision (and restarts its TTL); any other
-/// token is "invalid auth token", auth enabled or not, as in etcd.
+/// Resolves a call's credentials (etcd's `AuthInfoFromCtx`): no token is no user; a simple token
+/// this member knows is its user at the current auth revision (and restarts its TTL); a JWT
+/// token that verifies is the user and auth revision it was signed with; any other token is
+/// "invalid auth token", auth enabled or not, as in etcd.
 pub async fn who(shared: &Shared, headers: &HeaderMap) -> Result<AuthInfo, EtcdError> {
     let Some(token) = token_of(headers) else {
         // No token: a verified client certificate's common name is the user.
@@ -77,6 +83,14 @@ pub async fn who(shared: &Shared, headers: &HeaderMap) -> Result<AuthInfo, EtcdE
             })
             .unwrap_or_default());
     };
+    match &shared.config.auth_token {
+        TokenProvider::Simple => {}
+        TokenProvider::Jwt(jwt) => {
+            let now_s = jwt::unix_seconds(std::time::SystemTime::now());
+            return jwt.verify(token, now_s).ok_or(EtcdError::InvalidAuthToken);
+        }
+        TokenProvider::Nop => return Err(EtcdError::InvalidAuthToken),
+    }
     if let Some(info) = lookup(shared, token) {
         return Ok(info);
     }
@@ -169,6 +183,18 @@ pub async fn hash_password(password: String, cost: u32) -> Result<String, EtcdEr
             tracing::warn!(error = %e, "failed to bcrypt hash a password");
             EtcdError::AuthFailed
         })
+}
+
+/// Signs a JWT token on the calling shard's blocking thread (an RSA signature costs about a
+/// millisecond, more for large keys: not on the shard's request loop).
+pub async fn sign_jwt(
+    jwt: std::sync::Arc<jwt::Jwt>,
+    user: String,
+    revision: u64,
+) -> Result<String, jwt::SignError> {
+    glommio::executor()
+        .spawn_blocking(move || jwt.sign(&user, revision, std::time::SystemTime::now()))
+        .await
 }
 
 /// Checks a password against its bcrypt hash on the calling shard's blocking thread.

@@ -76,8 +76,11 @@ impl Default for AuthImage {
 pub enum AuthReply {
     /// Enable, disable, adds, deletes, grants, revokes, password changes.
     Done,
-    /// Authenticate: the token assigned.
+    /// Authenticate: the simple token assigned.
     Token(String),
+    /// Authenticate without a simple-token prefix (JWT or no-op provider): the user may log in
+    /// at this auth revision, and the proposing shard makes the token (nothing is kept here).
+    Authenticated { user: String, revision: u64 },
     /// UserGet: the user's roles.
     UserRoles(Vec<String>),
     /// RoleGet: the role's permissions.

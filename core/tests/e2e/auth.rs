@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::Command;
 use std::time::Duration;
 
 use etcd_client::{
@@ -146,7 +147,11 @@ fn normalized(server: &Server, out: crate::common::Output) -> String {
 }
 
 fn run_transcript(server: &Server) -> Vec<(String, String)> {
-    TRANSCRIPT
+    run_lines(server, TRANSCRIPT)
+}
+
+fn run_lines(server: &Server, transcript: &str) -> Vec<(String, String)> {
+    transcript
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -168,19 +173,7 @@ fn the_etcdctl_auth_transcript_matches_etcd() {
     let etcd = Server::etcd(&[]);
     let ours = run_transcript(&keel);
     let theirs = run_transcript(&etcd);
-    let mut mismatches = Vec::new();
-    for ((line, got), (_, want)) in ours.iter().zip(&theirs) {
-        if got != want {
-            mismatches.push(format!("$ {line}\n--- etcd\n{want}\n--- keel\n{got}"));
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "{} of {} commands differ:\n{}",
-        mismatches.len(),
-        ours.len(),
-        mismatches.join("\n\n")
-    );
+    assert_same_transcript(&ours, &theirs);
     // The transcript exercised what it claims: denials, admin refusals, grants.
     let all: String = ours.iter().map(|(_, o)| o.as_str()).collect();
     for expected in [
@@ -195,6 +188,23 @@ fn the_etcdctl_auth_transcript_matches_etcd() {
     ] {
         assert!(all.contains(expected), "no {expected:?} in the transcript");
     }
+}
+
+fn assert_same_transcript(ours: &[(String, String)], theirs: &[(String, String)]) {
+    assert_eq!(ours.len(), theirs.len());
+    let mut mismatches = Vec::new();
+    for ((line, got), (_, want)) in ours.iter().zip(theirs) {
+        if got != want {
+            mismatches.push(format!("$ {line}\n--- etcd\n{want}\n--- keel\n{got}"));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} of {} commands differ:\n{}",
+        mismatches.len(),
+        ours.len(),
+        mismatches.join("\n\n")
+    );
 }
 
 /// Sets up root and a user `alice` that may read and write `pre/` only, and enables auth.
@@ -589,4 +599,227 @@ fn locks_take_the_callers_permissions_like_etcd() {
     assert!(outcomes[0][0].1, "alice holds a lock under her prefix");
     assert!(outcomes[0][3].1, "root locks anywhere");
     assert!(!outcomes[0][1].1 && !outcomes[0][2].1);
+}
+
+/// The JWT transcript: what etcdctl prints must not depend on the token provider.
+const JWT_TRANSCRIPT: &str = r#"
+user add root:rootpw
+user add alice:alicepw
+role add pre
+role grant-permission pre --prefix readwrite pre/
+user grant-role alice pre
+auth enable
+put foo bar
+--user root:rootpw put foo bar
+--user root:rootpw get foo
+--user alice:alicepw put pre/a 1
+--user alice:alicepw get pre/a
+--user alice:alicepw put foo x
+--user alice:alicepw get foo
+--user alice:wrong get pre/a
+--user alice:alicepw user list
+--user root:rootpw user list
+"#;
+
+/// Logs in through the JSON gateway; the token.
+fn authenticate(server: &Server, user: &str, password: &str) -> String {
+    let (status, json) = gateway(
+        server,
+        "/v3/auth/authenticate",
+        &format!(r#"{{"name":"{user}","password":"{password}"}}"#),
+        None,
+    );
+    assert_eq!(status, 200, "{json}");
+    json["token"].as_str().expect("a token").to_string()
+}
+
+/// A range on `pre/a` with `token`: the status and etcd's error text (empty on success).
+fn range_pre_a(server: &Server, token: &str) -> (u16, String) {
+    let (status, json) = gateway(server, "/v3/kv/range", r#"{"key":"cHJlL2E="}"#, Some(token));
+    (status, json["error"].as_str().unwrap_or("").to_string())
+}
+
+/// The claims of a JWT token, decoded without checking it.
+fn jwt_claims(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    let claims = token.split('.').nth(1).expect("a JWT has three parts");
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(claims)
+        .expect("base64url claims");
+    serde_json::from_slice(&json).expect("JSON claims")
+}
+
+#[test]
+fn jwt_tokens_work_as_etcds_and_cross_verify() {
+    let pki = crate::common::OpensslPki::new("keel-jwt", &[]);
+    pki.openssl(&["genrsa", "-out", "rsa.key", "2048"]);
+    pki.openssl(&["rsa", "-in", "rsa.key", "-pubout", "-out", "rsa.pub"]);
+    // SEC1 ("EC PRIVATE KEY"), as `openssl ecparam -genkey` writes it.
+    pki.openssl(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        "ec.key",
+    ]);
+    pki.openssl(&["ec", "-in", "ec.key", "-pubout", "-out", "ec.pub"]);
+    let path = |name: &str| pki.path(name).display().to_string();
+    for (method, key, ttl_s) in [("RS256", "rsa", 3u64), ("ES256", "ec", 300)] {
+        let flag = format!(
+            "jwt,pub-key={},priv-key={},sign-method={method},ttl={ttl_s}s",
+            path(&format!("{key}.pub")),
+            path(&format!("{key}.key"))
+        );
+        let mut keel = Server::keel(&["--auth-token", &flag]);
+        let etcd = Server::etcd(&["--auth-token", &flag]);
+        let ours = run_lines(&keel, JWT_TRANSCRIPT);
+        let theirs = run_lines(&etcd, JWT_TRANSCRIPT);
+        assert_same_transcript(&ours, &theirs);
+        let all: String = ours.iter().map(|(_, o)| o.as_str()).collect();
+        assert!(all.contains("etcdserver: permission denied"), "{all}");
+
+        // Same claims (the auth revision included), and each server accepts the other's token.
+        let keel_token = authenticate(&keel, "alice", "alicepw");
+        let etcd_token = authenticate(&etcd, "alice", "alicepw");
+        let (ours, theirs) = (jwt_claims(&keel_token), jwt_claims(&etcd_token));
+        assert_eq!(ours["username"], "alice", "{method}");
+        assert_eq!(ours["revision"], theirs["revision"], "{method}");
+        let exp_gap = ours["exp"].as_i64().expect("exp") - theirs["exp"].as_i64().expect("exp");
+        assert!(exp_gap.abs() <= 2, "{method}: exp {ours} vs {theirs}");
+        for (server, token) in [
+            (&keel, &etcd_token),
+            (&etcd, &keel_token),
+            (&keel, &keel_token),
+        ] {
+            assert_eq!(range_pre_a(server, token), (200, String::new()), "{method}");
+        }
+        let garbage = [range_pre_a(&keel, "a.b.c"), range_pre_a(&etcd, "a.b.c")];
+        assert_eq!(garbage[0], garbage[1], "{method}");
+        assert_eq!(garbage[0], (401, "etcdserver: invalid auth token".into()));
+
+        if ttl_s < 10 {
+            // Past its exp the token is invalid on both.
+            std::thread::sleep(Duration::from_secs(ttl_s + 1));
+            let expired = [
+                range_pre_a(&keel, &keel_token),
+                range_pre_a(&etcd, &etcd_token),
+            ];
+            assert_eq!(expired[0], expired[1], "{method}");
+            assert_eq!(expired[0], (401, "etcdserver: invalid auth token".into()));
+            continue;
+        }
+        // A JWT token is stateless: it outlives a restart (a simple token does not).
+        keel.stop();
+        keel.relaunch();
+        // With auth enabled, etcdctl's health check (an anonymous Get) fails: wait for a login.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while keel
+            .etcdctl(&["--user", "root:rootpw", "user", "list"])
+            .code
+            != 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "keel answers after a restart"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(range_pre_a(&keel, &keel_token), (200, String::new()));
+        // Any auth change makes every token signed before it old, on both (etcd compares the
+        // token's revision with the store's).
+        for server in [&keel, &etcd] {
+            let out = server.etcdctl(&["--user", "root:rootpw", "role", "add", "later"]);
+            assert_eq!(out.code, 0, "{}", out.stderr);
+        }
+        let old = [
+            range_pre_a(&keel, &keel_token),
+            range_pre_a(&etcd, &etcd_token),
+        ];
+        assert_eq!(old[0], old[1], "{method}");
+        assert_eq!(
+            old[0],
+            (400, "etcdserver: revision of auth store is old".into())
+        );
+        let fresh = authenticate(&keel, "alice", "alicepw");
+        assert_eq!(range_pre_a(&keel, &fresh), (200, String::new()));
+    }
+}
+
+#[test]
+fn a_bad_jwt_key_stops_the_start_as_etcd_refuses_it() {
+    let pki = crate::common::OpensslPki::new("keel-jwt-bad", &[]);
+    pki.openssl(&["genrsa", "-out", "rsa.key", "2048"]);
+    let key = pki.path("rsa.key").display().to_string();
+    let data = tempfile::tempdir().expect("a temp dir");
+    for (flag, says) in [
+        (
+            "jwt,sign-method=RS256".to_string(),
+            "auth: missing key data",
+        ),
+        (
+            format!("jwt,priv-key={key},sign-method=XX"),
+            "auth: invalid auth options",
+        ),
+        (
+            format!("jwt,priv-key={key},sign-method=RS256,ttl=abc"),
+            "auth: invalid auth options",
+        ),
+        (
+            format!("jwt,priv-key={key},sign-method=ES256"),
+            "Key is not a valid ECDSA private key",
+        ),
+        ("bogus".to_string(), "auth: invalid auth options"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["--data-dir", &data.path().join("d").display().to_string()])
+            .args(["--auth-token", &flag])
+            .output()
+            .expect("keel runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: started");
+        assert!(stderr.contains(says), "{flag}: {stderr}");
+    }
+}
+
+#[test]
+fn verify_only_and_no_op_providers_refuse_logins_as_etcd_does() {
+    let pki = crate::common::OpensslPki::new("keel-jwt-verify", &[]);
+    pki.openssl(&["genrsa", "-out", "rsa.key", "2048"]);
+    pki.openssl(&["rsa", "-in", "rsa.key", "-pubout", "-out", "rsa.pub"]);
+    let verify_only = format!(
+        "jwt,pub-key={},sign-method=RS256",
+        pki.path("rsa.pub").display()
+    );
+    for (flag, says) in [
+        (
+            verify_only.as_str(),
+            "auth: token signing attempted with verify-only key",
+        ),
+        // etcd's no-op provider: no login succeeds, no token is valid.
+        (
+            "",
+            "etcdserver: authentication failed, invalid user ID or password",
+        ),
+    ] {
+        let mut outputs = Vec::new();
+        for kind in [Kind::Keel, Kind::Etcd] {
+            let server = Server::start(kind, &["--auth-token", flag]);
+            setup_users(&server);
+            let login = server.etcdctl(&["--user", "root:rootpw", "get", "foo"]);
+            let wrong = server.etcdctl(&["--user", "root:wrong", "get", "foo"]);
+            outputs.push((
+                normalized(&server, login),
+                normalized(&server, wrong),
+                range_pre_a(&server, "a.b.c"),
+            ));
+        }
+        assert_eq!(
+            outputs[0], outputs[1],
+            "{flag:?}: keel (left) and etcd (right) differ"
+        );
+        assert!(outputs[0].0.contains(says), "{flag:?}: {:?}", outputs[0]);
+        assert_eq!(outputs[0].2, (401, "etcdserver: invalid auth token".into()));
+    }
 }
