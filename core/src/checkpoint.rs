@@ -210,6 +210,19 @@ pub fn accept(index: u64, name: &str, bytes: &[u8]) -> Option<Checkpoint> {
     }
 }
 
+/// Removes the checkpoint file for `index`, if there is one (a checkpoint that a leader's
+/// snapshot overtook while it was being written).
+pub fn remove(dir: &Path, index: u64) {
+    let path = dir.join(file_name(index));
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale checkpoint")
+        }
+    }
+}
+
 pub fn remove_older(dir: &Path, newest: u64) {
     for (index, path) in files(dir) {
         if index < newest {

@@ -8,7 +8,9 @@
 //! that may go out at once, write a received snapshot as a checkpoint, append the WAL records
 //! as ONE WAL append (one O_DIRECT write plus one fdatasync), send the messages that vouch for
 //! durable state, and report the write done (the member then applies and answers). Between
-//! batches it runs bounded compaction steps and writes due checkpoints.
+//! batches it runs bounded compaction steps, hands due checkpoints to the checkpoint writer
+//! (`checkpoint_writer.rs`, a thread off this CPU) and takes the writer's outcomes: it never
+//! waits for a checkpoint while running, only for the last one at stop.
 //!
 //! This file does I/O and publishing only: every decision is the member's, so a simulator can
 //! drive the same member with simulated disks, network and clocks.
@@ -30,12 +32,15 @@ use keel_raft::{MemStorage, RawNode};
 
 use crate::alarms::Alarms;
 use crate::checkpoint;
+use crate::checkpoint_writer::{CheckpointWriter, Written};
 use crate::compactor::{AutoCompactor, Leadership};
 use crate::config::{ClusterState, Config};
 use crate::error::CoreError;
 use crate::ids::{write_durably, Identity, Member as MemberInfo};
 use crate::limits::Limits;
-use crate::member::{recovery, Effect, Member, MemberConfig, ProposalKind, ReadyIo, Refusal};
+use crate::member::{
+    recovery, CheckpointCompletion, Effect, Member, MemberConfig, ProposalKind, ReadyIo, Refusal,
+};
 use crate::peer::{Control, Transport};
 use crate::rt;
 use crate::shared::Shared;
@@ -56,6 +61,8 @@ pub struct RaftCore {
     member: Member,
     wal: Wal<DmaStore>,
     snap_dir: PathBuf,
+    /// Serializes and writes checkpoints on its own thread; see `start_checkpoint`.
+    checkpoints: CheckpointWriter,
     transport: Rc<Transport>,
     /// Where the member's millisecond clock (`now_ms`) starts.
     clock_origin: Instant,
@@ -188,11 +195,14 @@ impl RaftCore {
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.restore_auth(&auth);
         let clock_origin = shared.started_at;
+        // Started from this executor's thread, so it runs beside the raft CPU.
+        let checkpoints = CheckpointWriter::start(snap_dir.clone())?;
         let mut core = RaftCore {
             shared,
             member,
             wal,
             snap_dir,
+            checkpoints,
             transport,
             // The member's clock is the shards' `uptime_ms`: token deadlines are shared.
             clock_origin,
@@ -228,21 +238,30 @@ impl RaftCore {
                 && self.shared.proposals.is_empty()
                 && self.shared.reads.is_empty()
                 && self.shared.queries.is_empty()
-                && !self.transport.has_inbox();
+                && !self.transport.has_inbox()
+                && !self.checkpoints.has_outcome();
             if idle {
                 let wait_ms = self.member.next_tick_ms().saturating_sub(self.now_ms());
                 let proposals = self.shared.proposals.clone();
                 let reads = self.shared.reads.clone();
                 let queries = self.shared.queries.clone();
                 let transport = self.transport.clone();
+                let checkpoints = self.checkpoints.outcomes();
                 futures_lite::future::or(
                     futures_lite::future::or(proposals.ready(), reads.ready()),
                     futures_lite::future::or(
                         futures_lite::future::or(queries.ready(), transport.inbox_ready()),
-                        rt::sleep(Duration::from_millis(wait_ms)),
+                        futures_lite::future::or(
+                            checkpoints.ready(),
+                            rt::sleep(Duration::from_millis(wait_ms)),
+                        ),
                     ),
                 )
                 .await;
+            }
+            // Between Readies, as the member asks: a written checkpoint lets the WAL go.
+            if let Some(outcome) = self.checkpoints.try_take() {
+                self.finish_checkpoint(outcome).await?;
             }
             self.step_peers();
             let now_ms = self.now_ms();
@@ -266,6 +285,9 @@ impl RaftCore {
                 futures_lite::future::yield_now().await;
             }
             self.member.answer_compaction_waiters();
+            if self.member.checkpoint_due() {
+                self.start_checkpoint()?;
+            }
         }
         self.member.fail_all_waiting(EtcdError::Stopped);
         while let Some(p) = self.shared.proposals.try_recv() {
@@ -274,8 +296,15 @@ impl RaftCore {
         while let Some(r) = self.shared.reads.try_recv() {
             let _ = r.reply.send(Err(EtcdError::Stopped));
         }
-        if self.member.applied_past_checkpoint() {
-            self.checkpoint().await?;
+        // The loop is stopping, so waiting is fine now: the checkpoint in flight (the writer
+        // takes one at a time), then one at the last applied index, so the next start is fast.
+        if self.member.checkpoint_in_flight().is_some() {
+            let outcome = self.checkpoints.wait().await;
+            self.finish_checkpoint(outcome).await?;
+        }
+        if self.member.applied_past_checkpoint() && self.start_checkpoint()? {
+            let outcome = self.checkpoints.wait().await;
+            self.finish_checkpoint(outcome).await?;
         }
         Ok(())
     }
@@ -416,9 +445,6 @@ impl RaftCore {
         self.member.persisted(now_ms)?;
         self.observe_apply(applied_before, started);
         self.publish();
-        if self.member.checkpoint_due() {
-            self.checkpoint().await?;
-        }
         Ok(())
     }
 
@@ -442,14 +468,14 @@ impl RaftCore {
         }
     }
 
-    /// Writes a leader's snapshot as our newest checkpoint (durably).
+    /// Writes a leader's snapshot as our newest checkpoint (durably). Raft waits for it (the
+    /// snapshot is installed only once durable, before the WAL records it), so this loop does
+    /// too; the write itself runs on a thread beside the raft CPU, not on glommio's blocking
+    /// pool, which is pinned to it.
     async fn persist_snapshot(&mut self, index: u64, data: Bytes) -> Result<(), CoreError> {
         let dir = self.snap_dir.clone();
         let path = dir.join(checkpoint::file_name(index));
-        glommio::executor()
-            .spawn_blocking(move || write_durably(&dir, &path, &data))
-            .await?;
-        Ok(())
+        rt::on_thread("keel-snapshot", move || write_durably(&dir, &path, &data)).await
     }
 
     /// Carries out the member's effects and publishes its state to the shards: the member owns
@@ -554,60 +580,66 @@ impl RaftCore {
         }
     }
 
-    /// Writes the member's checkpoint: the image is serialized and written on the executor's
-    /// blocking thread while this loop keeps going; then the WAL and old files are released.
-    async fn checkpoint(&mut self) -> Result<(), CoreError> {
+    /// Hands the member's due checkpoint to the writer thread and returns at once: the image
+    /// is serialized and written there while this loop goes on. False when the last checkpoint
+    /// already covers the applied index.
+    fn start_checkpoint(&mut self) -> Result<bool, CoreError> {
         let Some(req) = self.member.checkpoint_request()? else {
-            return Ok(());
+            return Ok(false);
         };
-        let index = req.index;
-        let dir = self.snap_dir.clone();
-        let path = dir.join(checkpoint::file_name(index));
-        let started = Instant::now();
-        let conf_state = req.conf_state.clone();
-        let written = glommio::executor()
-            .spawn_blocking(move || -> Result<Option<Vec<u8>>, CoreError> {
-                let kv_image = match req.source.serialize() {
-                    Ok(b) => b,
-                    // A compaction began meanwhile and trimmed what the image needed: the
-                    // next checkpoint tries again.
-                    Err(_) => return Ok(None),
-                };
-                let file = checkpoint::encode(
-                    req.index,
-                    req.term,
-                    &req.conf_state,
-                    &req.members,
-                    &req.alarms,
-                    &req.auth,
-                    &kv_image,
+        tracing::debug!(index = req.index, "checkpoint started");
+        self.checkpoints.submit(req)?;
+        Ok(true)
+    }
+
+    /// Takes the writer's outcome: a durable checkpoint releases the WAL and older files; one
+    /// that a leader's snapshot overtook meanwhile is removed; an image a compaction raced is
+    /// retried when next due. A failed write stops the raft core, as a failed fsync must.
+    async fn finish_checkpoint(
+        &mut self,
+        outcome: Result<Written, CoreError>,
+    ) -> Result<(), CoreError> {
+        let (index, conf_state, file) = match outcome? {
+            Written::Raced { index } => {
+                tracing::info!(index, "checkpoint skipped: a compaction raced it");
+                self.member.checkpoint_abandoned(index);
+                return Ok(());
+            }
+            Written::Durable {
+                index,
+                conf_state,
+                file,
+                serialize_elapsed,
+                elapsed,
+            } => {
+                self.shared.raft_stats.checkpoint.observe_duration(elapsed);
+                tracing::info!(
+                    index,
+                    bytes = file.len(),
+                    serialize_ms = serialize_elapsed.as_millis() as u64,
+                    elapsed_ms = elapsed.as_millis() as u64,
+                    "checkpoint written"
                 );
-                write_durably(&dir, &path, &file)?;
-                Ok(Some(file))
-            })
-            .await?;
-        let Some(file) = written else {
-            tracing::info!(index, "checkpoint skipped: a compaction raced it");
-            return Ok(());
+                (index, conf_state, file)
+            }
         };
-        self.shared
-            .raft_stats
-            .checkpoint
-            .observe_duration(started.elapsed());
-        tracing::info!(
-            index,
-            bytes = file.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "checkpoint written"
-        );
-        let done = self
+        match self
             .member
-            .checkpoint_written(index, conf_state, Bytes::from(file))?;
-        self.wal
-            .release_before(done.wal_keep_from)
-            .await
-            .map_err(|e| CoreError::Wal(e.to_string()))?;
-        checkpoint::remove_older(&self.snap_dir, done.remove_before);
+            .checkpoint_written(index, conf_state, Bytes::from(file))?
+        {
+            CheckpointCompletion::Taken(done) => {
+                self.wal
+                    .release_before(done.wal_keep_from)
+                    .await
+                    .map_err(|e| CoreError::Wal(e.to_string()))?;
+                checkpoint::remove_older(&self.snap_dir, done.remove_before);
+            }
+            CheckpointCompletion::Overtaken { stale_file_index } => {
+                if let Some(stale) = stale_file_index {
+                    checkpoint::remove(&self.snap_dir, stale);
+                }
+            }
+        }
         Ok(())
     }
 }
