@@ -102,6 +102,7 @@ pub async fn open(
     let (wal, records) = Wal::open(DmaStore::new(&config.wal_dir), limits.wal.clone())
         .await
         .map_err(|e| CoreError::Wal(e.to_string()))?;
+    checkpoint::remove_unfinished(&snap_dir);
     let checkpoint = checkpoint::load_newest(&snap_dir)?;
 
     let start = match config.initial_cluster_state {
