@@ -226,11 +226,16 @@ pub struct CheckpointDone {
 }
 
 /// What the member made of a checkpoint the driver reports durable (`checkpoint_written`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckpointCompletion {
     /// It is the member's newest checkpoint now: raft's log was compacted behind it; free
-    /// what `CheckpointDone` says.
-    Taken(CheckpointDone),
+    /// what `done` says. `previous_image` is the file raft held as its snapshot before, for
+    /// the driver to drop off the raft core: freeing a buffer as large as the store takes tens
+    /// of milliseconds (about 80 ms per GB on dev-vm).
+    Taken {
+        done: CheckpointDone,
+        previous_image: Option<Bytes>,
+    },
     /// A newer checkpoint (a leader's snapshot, installed while this one was being written)
     /// overtook it: nothing is released, and the driver removes the file of `stale_file_index`
     /// when there is one, as the overtaking install already removed every file before it.
@@ -1447,16 +1452,24 @@ impl Member {
         let previous = self.last_checkpoint_index;
         self.last_checkpoint_index = index;
         let storage = self.node.store_mut();
+        let previous_image = storage
+            .snapshot()
+            .ok()
+            .map(|s| s.data)
+            .filter(|data| !data.is_empty());
         storage
             .create_snapshot(index, conf_state, file)
             .map_err(|e| CoreError::Raft(e.to_string()))?;
         if index > LOG_TAIL_KEPT_ENTRIES {
             let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
         }
-        Ok(CheckpointCompletion::Taken(CheckpointDone {
-            wal_keep_from: previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1,
-            remove_before: previous,
-        }))
+        Ok(CheckpointCompletion::Taken {
+            done: CheckpointDone {
+                wal_keep_from: previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1,
+                remove_before: previous,
+            },
+            previous_image,
+        })
     }
 
     /// The checkpoint in flight at `index` was not written: its image could not be taken (a
@@ -1891,10 +1904,13 @@ mod tests {
         // the tail kept for slightly-behind followers, so the whole WAL stays too.
         assert_eq!(
             done,
-            CheckpointCompletion::Taken(CheckpointDone {
-                wal_keep_from: 1,
-                remove_before: 1
-            })
+            CheckpointCompletion::Taken {
+                done: CheckpointDone {
+                    wal_keep_from: 1,
+                    remove_before: 1
+                },
+                previous_image: None,
+            }
         );
         assert_eq!(m.checkpoint_in_flight(), None);
         assert!(!m.applied_past_checkpoint());
@@ -1937,7 +1953,7 @@ mod tests {
         let done = m
             .checkpoint_written(again.index, again.conf_state.clone(), file)
             .expect("newer than the log's start");
-        assert!(matches!(done, CheckpointCompletion::Taken(_)));
+        assert!(matches!(done, CheckpointCompletion::Taken { .. }));
         assert!(!m.checkpoint_due(), "nothing applied since");
     }
 
@@ -1996,7 +2012,7 @@ mod tests {
         let done = lead
             .checkpoint_written(leader_req.index, leader_req.conf_state.clone(), file)
             .expect("newer than the log's start");
-        assert!(matches!(done, CheckpointCompletion::Taken(_)));
+        assert!(matches!(done, CheckpointCompletion::Taken { .. }));
         // Healed, the follower installs the leader's snapshot while its checkpoint is in flight.
         trio.cut = None;
         for _ in 0..20 {
@@ -2039,7 +2055,7 @@ mod tests {
         let done = f
             .checkpoint_written(next.index, next.conf_state.clone(), file)
             .expect("newer than the snapshot");
-        assert!(matches!(done, CheckpointCompletion::Taken(_)));
+        assert!(matches!(done, CheckpointCompletion::Taken { .. }));
     }
 
     /// Three members wired by an in-memory network whose disks sync at once: the smallest

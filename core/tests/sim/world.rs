@@ -874,7 +874,7 @@ impl World {
             .checkpoint_written(index, cp.req.conf_state.clone(), file)
             .map_err(|e| Stop::Exit(e.to_string()))?;
         match completion {
-            CheckpointCompletion::Taken(done) => {
+            CheckpointCompletion::Taken { done, .. } => {
                 block_on(run.wal.release_before(done.wal_keep_from))
                     .map_err(|e| Stop::Exit(e.to_string()))?;
                 node.checkpoints
