@@ -18,6 +18,7 @@
 //! Architecture invariant: only this executor mutates raft, the WAL and the MVCC store. A reply
 //! is sent only after the entry it answers is durable and applied.
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -59,7 +60,9 @@ const PROPOSAL_BYTES_PER_BATCH_MAX: usize = 768 * 1024;
 pub struct RaftCore {
     shared: Arc<Shared>,
     member: Member,
-    wal: Wal<DmaStore>,
+    wal: Rc<Wal<DmaStore>>,
+    /// Releases WAL segments behind durable checkpoints, beside this loop.
+    wal_release: WalRelease,
     snap_dir: PathBuf,
     /// Serializes and writes checkpoints on its own thread; see `start_checkpoint`.
     checkpoints: CheckpointWriter,
@@ -201,7 +204,8 @@ impl RaftCore {
         let mut core = RaftCore {
             shared,
             member,
-            wal,
+            wal: Rc::new(wal),
+            wal_release: WalRelease::default(),
             snap_dir,
             checkpoints,
             transport,
@@ -235,6 +239,7 @@ impl RaftCore {
             if self.shared.stopping.load(Ordering::Acquire) {
                 break;
             }
+            self.wal_release.check()?;
             let idle = !self.member.has_work()
                 && self.shared.proposals.is_empty()
                 && self.shared.reads.is_empty()
@@ -307,7 +312,7 @@ impl RaftCore {
             let outcome = self.checkpoints.wait().await;
             self.finish_checkpoint(outcome).await?;
         }
-        Ok(())
+        self.wal_release.settle().await
     }
 
     fn step_peers(&mut self) {
@@ -654,10 +659,7 @@ impl RaftCore {
                 done,
                 previous_image,
             } => {
-                self.wal
-                    .release_before(done.wal_keep_from)
-                    .await
-                    .map_err(|e| CoreError::Wal(e.to_string()))?;
+                self.wal_release.start(self.wal.clone(), done.wal_keep_from);
                 self.release_beside(Removal::OlderThan(done.remove_before), previous_image);
             }
             CheckpointCompletion::Overtaken { stale_file_index } => {
@@ -667,6 +669,69 @@ impl RaftCore {
             }
         }
         Ok(())
+    }
+}
+
+/// Releases WAL segments behind a durable checkpoint in a task beside the raft loop, on its
+/// executor: each released segment is unlinked (64 MiB of blocks to free) and the directory
+/// synced, a checkpoint can release several, and the loop must not wait for that. One release
+/// runs at a time, so segments go oldest first and a crash midway leaves a contiguous log, as
+/// `Wal::release_before` requires; a newer bound asked for meanwhile is taken when it ends.
+#[derive(Default)]
+struct WalRelease {
+    state: Rc<RefCell<WalReleaseState>>,
+}
+
+#[derive(Default)]
+struct WalReleaseState {
+    running: bool,
+    /// The highest bound asked for: segments wholly before it may go.
+    keep_from: u64,
+    /// Why a release failed; the raft loop stops on it, as it did when it waited.
+    failed: Option<String>,
+}
+
+impl WalRelease {
+    fn start(&self, wal: Rc<Wal<DmaStore>>, keep_from: u64) {
+        let mut state = self.state.borrow_mut();
+        state.keep_from = state.keep_from.max(keep_from);
+        if state.running {
+            return;
+        }
+        state.running = true;
+        // Let go before spawning: the executor may poll the new task at once.
+        drop(state);
+        let shared = self.state.clone();
+        rt::spawn_local(async move {
+            loop {
+                let target = shared.borrow().keep_from;
+                let released = wal.release_before(target).await;
+                let mut state = shared.borrow_mut();
+                match released {
+                    Err(e) => state.failed = Some(e.to_string()),
+                    Ok(_) if state.keep_from > target => continue,
+                    Ok(_) => {}
+                }
+                state.running = false;
+                return;
+            }
+        });
+    }
+
+    /// Fails when a release failed.
+    fn check(&self) -> Result<(), CoreError> {
+        match self.state.borrow_mut().failed.take() {
+            Some(why) => Err(CoreError::Wal(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the release in progress (at stop).
+    async fn settle(&self) -> Result<(), CoreError> {
+        while self.state.borrow().running {
+            rt::sleep(Duration::from_millis(1)).await;
+        }
+        self.check()
     }
 }
 
