@@ -304,11 +304,16 @@ impl RaftCore {
         }
         // The loop is stopping, so waiting is fine now: the checkpoint in flight (the writer
         // takes one at a time), then one at the last applied index, so the next start is fast.
-        if self.member.checkpoint_in_flight().is_some() {
+        // When one was in flight, what applied since is replayed quickly at the next start
+        // unless another checkpoint is due: writing a second, as large, would double the stop.
+        let final_due = if self.member.checkpoint_in_flight().is_some() {
             let outcome = self.checkpoints.wait().await;
             self.finish_checkpoint(outcome).await?;
-        }
-        if self.member.applied_past_checkpoint() && self.start_checkpoint()? {
+            self.member.checkpoint_due()
+        } else {
+            self.member.applied_past_checkpoint()
+        };
+        if final_due && self.start_checkpoint()? {
             let outcome = self.checkpoints.wait().await;
             self.finish_checkpoint(outcome).await?;
         }
