@@ -210,6 +210,41 @@ pub fn accept(index: u64, name: &str, bytes: &[u8]) -> Option<Checkpoint> {
     }
 }
 
+/// Removes the temporary files of checkpoints whose write a crash cut short (`write_durably`
+/// writes `checkpoint-<index>.tmp`, then renames it): they are never loaded, and each may be as
+/// large as the store. Called at start, before the checkpoint writer runs.
+pub fn remove_unfinished(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with("checkpoint-") && name.ends_with(".tmp") {
+            let path = entry.path();
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "removed an unfinished checkpoint")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove an unfinished checkpoint")
+                }
+            }
+        }
+    }
+}
+
+/// Removes the checkpoint file for `index`, if there is one (a checkpoint that a leader's
+/// snapshot overtook while it was being written).
+pub fn remove(dir: &Path, index: u64) {
+    let path = dir.join(file_name(index));
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale checkpoint")
+        }
+    }
+}
+
 pub fn remove_older(dir: &Path, newest: u64) {
     for (index, path) in files(dir) {
         if index < newest {
@@ -271,5 +306,26 @@ mod tests {
         let mut padded = file.clone();
         padded.extend_from_slice(&[0; 16]);
         assert!(decode(&padded).is_err());
+    }
+
+    #[test]
+    fn unfinished_and_stale_checkpoint_files_are_removed_and_others_kept() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = |name: &str| dir.path().join(name);
+        let unfinished = path(&file_name(7)).with_extension("tmp");
+        for p in [&unfinished, &path(&file_name(5)), &path(&file_name(9))] {
+            std::fs::write(p, b"x").expect("write");
+        }
+        std::fs::write(path("other.tmp"), b"x").expect("write");
+        remove_unfinished(dir.path());
+        assert!(!unfinished.exists(), "a cut-short write is gone");
+        assert!(
+            path("other.tmp").exists(),
+            "only checkpoint files are touched"
+        );
+        remove(dir.path(), 5);
+        remove(dir.path(), 6);
+        let left: Vec<u64> = files(dir.path()).into_iter().map(|(i, _)| i).collect();
+        assert_eq!(left, vec![9]);
     }
 }

@@ -3,6 +3,7 @@
 pub mod alarms;
 pub mod auth;
 pub mod checkpoint;
+pub mod checkpoint_writer;
 pub mod compactor;
 pub mod config;
 pub mod convert;

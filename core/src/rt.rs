@@ -182,18 +182,73 @@ pub fn spawn_local<F: Future<Output = ()> + 'static>(f: F) {
     glommio::spawn_local(f).detach();
 }
 
-/// Runs `f` on a new unpinned thread and waits for its result without blocking the executor:
-/// for rare CPU-heavy work (hashing a whole store) that must not stall a pinned core.
+/// Runs `f` on a new thread beside the caller's CPU (see `spawn_beside`) and waits for its
+/// result without blocking the executor: for rare CPU-heavy work (hashing a whole store) that
+/// must not stall a pinned core.
 pub async fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = futures_channel::oneshot::channel();
+    spawn_beside(name, move || {
+        let _ = tx.send(f());
+    })
+    .expect("the OS starts a thread");
+    rx.await
+        .expect("the thread sends its result before it ends (it does not panic)")
+}
+
+/// Starts a plain thread that runs beside the calling thread's CPUs: on the process's CPUs
+/// except those the caller is pinned to, or on all of the process's when that leaves none (one
+/// CPU) or the caller is not pinned. A thread inherits its creator's affinity, so a thread
+/// started from a pinned executor would otherwise share that executor's one CPU and stall it
+/// (glommio's own blocking pool is pinned there too: FIELD-NOTES).
+pub fn spawn_beside<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    let cpus = cpus_beside_caller();
+    let thread_name = name.to_string();
     std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
-            let _ = tx.send(f());
+            if let Some(set) = cpus {
+                // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
+                let rc = unsafe {
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+                };
+                if rc != 0 {
+                    tracing::warn!(
+                        thread = thread_name,
+                        error = %std::io::Error::last_os_error(),
+                        "cannot move a helper thread off the caller's CPU"
+                    );
+                }
+            }
+            f()
         })
-        .expect("the OS starts a thread");
-    rx.await
-        .expect("the thread sends its result before it ends (it does not panic)")
+}
+
+/// The CPUs `spawn_beside` gives a new thread, or None when they cannot be read.
+fn cpus_beside_caller() -> Option<libc::cpu_set_t> {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: zeroed cpu_set_t values are empty sets; sched_getaffinity writes at most `size`
+    // bytes into each. The process id names the main thread, which nothing pins.
+    unsafe {
+        let mut process: libc::cpu_set_t = std::mem::zeroed();
+        let mut caller: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(libc::getpid(), size, &mut process) != 0
+            || libc::sched_getaffinity(0, size, &mut caller) != 0
+        {
+            return None;
+        }
+        let mut beside: libc::cpu_set_t = std::mem::zeroed();
+        let mut beside_count = 0;
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            if libc::CPU_ISSET(cpu, &process) && !libc::CPU_ISSET(cpu, &caller) {
+                libc::CPU_SET(cpu, &mut beside);
+                beside_count += 1;
+            }
+        }
+        Some(if beside_count == 0 { process } else { beside })
+    }
 }
 
 /// Spawns a task on the current executor; the returned future completes with its output.
@@ -303,6 +358,38 @@ mod tests {
         })
         .expect("executor starts");
         executor.join().expect("the test body finishes");
+    }
+
+    /// The CPUs the calling thread may run on.
+    fn own_cpus() -> Vec<usize> {
+        // SAFETY: as in `cpus_beside_caller`.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let rc = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            assert_eq!(rc, 0, "sched_getaffinity");
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_thread_started_beside_a_pinned_executor_runs_off_its_cpu() {
+        let process_cpus = own_cpus();
+        let pinned_cpu = process_cpus[0];
+        let executor = spawn_pinned("beside-test", pinned_cpu, move || async move {
+            assert_eq!(own_cpus(), vec![pinned_cpu], "the executor is pinned");
+            on_thread("beside-test-helper", own_cpus).await
+        })
+        .expect("executor starts");
+        let helper_cpus = executor.join().expect("the test body finishes");
+        if process_cpus.len() > 1 {
+            assert!(!helper_cpus.contains(&pinned_cpu), "{helper_cpus:?}");
+            let others: Vec<usize> = process_cpus[1..].to_vec();
+            assert_eq!(helper_cpus, others, "every other CPU the process has");
+        } else {
+            assert_eq!(helper_cpus, process_cpus, "one CPU: nowhere else to go");
+        }
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! 1. feed inputs: `step`, `propose`, `read`, `query`, `tick(now_ms)`;
 //! 2. `ready(now_ms)` -> send `messages`; write `checkpoint_to_persist` durably; append and
 //!    fdatasync `wal_records`; send `persisted_messages`; then `persisted(now_ms)`;
-//! 3. `checkpoint_due()` -> `checkpoint_request()`, write it, `checkpoint_written(..)`, release
-//!    the WAL before the index it returns;
+//! 3. `checkpoint_due()` -> `checkpoint_request()` (the checkpoint is now in flight), hand it to
+//!    a writer that does not hold up this loop, and keep going; when the writer reports back,
+//!    between Readies, `checkpoint_written(..)` (then release the WAL before the index it
+//!    returns, or remove the file of a checkpoint that was overtaken) or `checkpoint_abandoned`;
 //! 4. carry out `take_effects()` after each call.
 
 use std::collections::VecDeque;
@@ -223,6 +225,23 @@ pub struct CheckpointDone {
     pub remove_before: u64,
 }
 
+/// What the member made of a checkpoint the driver reports durable (`checkpoint_written`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointCompletion {
+    /// It is the member's newest checkpoint now: raft's log was compacted behind it; free
+    /// what `done` says. `previous_image` is the file raft held as its snapshot before, for
+    /// the driver to drop off the raft core: freeing a buffer as large as the store takes tens
+    /// of milliseconds (about 80 ms per GB on dev-vm).
+    Taken {
+        done: CheckpointDone,
+        previous_image: Option<Bytes>,
+    },
+    /// A newer checkpoint (a leader's snapshot, installed while this one was being written)
+    /// overtook it: nothing is released, and the driver removes the file of `stale_file_index`
+    /// when there is one, as the overtaking install already removed every file before it.
+    Overtaken { stale_file_index: Option<u64> },
+}
+
 /// The part of a Ready that waits for its I/O (`ready` -> `persisted`).
 struct PendingReady {
     snapshot: Option<Snapshot>,
@@ -278,8 +297,11 @@ pub struct Member {
     lease_clock: LeaseClock,
     next_read_ctx: u64,
     next_request_id: u64,
-    applied_since_checkpoint: u64,
+    /// The raft index of the newest durable checkpoint (ours or a leader's snapshot).
     last_checkpoint_index: u64,
+    /// The raft index of the checkpoint handed to the driver's writer and not reported back
+    /// yet: at most one is in flight, and none is due meanwhile.
+    checkpoint_in_flight: Option<u64>,
     pending: Option<PendingReady>,
     effects: Vec<Effect>,
     /// The leader last logged (see `log_lifecycle`).
@@ -327,8 +349,8 @@ impl Member {
             lease_clock: LeaseClock::new(),
             next_read_ctx: 1,
             next_request_id: 1,
-            applied_since_checkpoint: 0,
             last_checkpoint_index,
+            checkpoint_in_flight: None,
             pending: None,
             effects: Vec::new(),
             leader_id_logged: 0,
@@ -1096,8 +1118,10 @@ impl Member {
         self.alarms = Alarms::from_list(&cp.alarms);
         self.effects.push(Effect::AlarmsChanged);
         self.restore_auth(&cp.auth);
+        // A checkpoint still in flight is older than this snapshot (raft installs only a
+        // snapshot past its commit, and ours are at most at the applied index): when it
+        // completes, `checkpoint_written` discards it.
         self.last_checkpoint_index = index;
-        self.applied_since_checkpoint = 0;
         self.restart_lease_clocks(now_ms);
         self.effects.push(Effect::RemoveCheckpointsBefore { index });
         tracing::info!(index, "installed the leader's snapshot");
@@ -1112,7 +1136,6 @@ impl Member {
                 // Already in the store (a snapshot covered it).
                 continue;
             }
-            self.applied_since_checkpoint += 1;
             match e.entry_type {
                 EntryType::ConfChange => {
                     self.apply_conf_change(&e);
@@ -1338,9 +1361,15 @@ impl Member {
 
     // ---- Checkpoints ----
 
-    /// Enough entries applied since the last checkpoint that the next one is due.
+    /// Enough entries applied since the newest checkpoint that the next one is due (etcd's
+    /// `appliedi - snapi > snapshot-count`), and none is in flight.
     pub fn checkpoint_due(&self) -> bool {
-        self.applied_since_checkpoint >= self.config.snapshot_count
+        self.checkpoint_in_flight.is_none()
+            && self
+                .writer
+                .applied_index()
+                .saturating_sub(self.last_checkpoint_index)
+                >= self.config.snapshot_count
     }
 
     /// Whether anything was applied since the last checkpoint (worth one at shutdown).
@@ -1348,10 +1377,23 @@ impl Member {
         self.writer.applied_index() > self.last_checkpoint_index
     }
 
-    /// The checkpoint to write at the applied index, or None when the last one covers it.
-    /// Capturing the image source takes microseconds; serializing it is the driver's (on a
-    /// blocking thread, so the member keeps applying: no stop-the-world pause).
-    pub fn checkpoint_request(&self) -> Result<Option<CheckpointRequest>, CoreError> {
+    /// The raft index of the checkpoint in flight (requested, not reported back yet).
+    pub fn checkpoint_in_flight(&self) -> Option<u64> {
+        self.checkpoint_in_flight
+    }
+
+    /// The checkpoint to write at the applied index, or None when the last one covers it; a
+    /// returned request is in flight until `checkpoint_written` or `checkpoint_abandoned`.
+    /// Capturing the image source takes microseconds; serializing and writing it is the
+    /// driver's writer's (off the raft core, so the member keeps applying meanwhile: no
+    /// stop-the-world pause). The image is of the store at exactly this index: versions
+    /// applied later are past its revision and left out.
+    pub fn checkpoint_request(&mut self) -> Result<Option<CheckpointRequest>, CoreError> {
+        assert!(
+            self.checkpoint_in_flight.is_none(),
+            "checkpoint {:?} is still in flight: one at a time",
+            self.checkpoint_in_flight
+        );
         let index = self.writer.applied_index();
         if index == 0 || index <= self.last_checkpoint_index {
             return Ok(None);
@@ -1361,6 +1403,9 @@ impl Member {
             .store()
             .term(index)
             .map_err(|e| CoreError::Raft(e.to_string()))?;
+        let source = self.writer.checkpoint_source();
+        assert_eq!(source.applied_index(), index, "the image is at the index");
+        self.checkpoint_in_flight = Some(index);
         Ok(Some(CheckpointRequest {
             index,
             term,
@@ -1368,39 +1413,75 @@ impl Member {
             members: self.members.clone(),
             alarms: self.alarms.list(),
             auth: self.auth.image(),
-            source: self.writer.checkpoint_source(),
+            source,
         }))
     }
 
-    /// The checkpoint file `file` for `index` (with `conf_state`) is durable: raft's log may
-    /// drop what it covers, and the returned bounds say what the driver may free. The previous
-    /// checkpoint stays, with the WAL after it, so a damaged newest file can still be recovered
-    /// from (restart falls back to the older one and replays more).
+    /// The checkpoint in flight, file `file` for `index` (with `conf_state`), is durable. When
+    /// it is still newer than the newest checkpoint, raft's log may drop what it covers and the
+    /// returned bounds say what the driver may free; the previous checkpoint stays, with the
+    /// WAL after it, so a damaged newest file can still be recovered from (restart falls back
+    /// to the older one and replays more). When a leader's snapshot overtook it meanwhile, it
+    /// is discarded. Call it between Readies (not between `ready` and `persisted`).
     pub fn checkpoint_written(
         &mut self,
         index: u64,
         conf_state: ConfState,
         file: Bytes,
-    ) -> Result<CheckpointDone, CoreError> {
-        assert!(
-            index > self.last_checkpoint_index,
-            "checkpoint {index} is not newer than {}",
-            self.last_checkpoint_index
+    ) -> Result<CheckpointCompletion, CoreError> {
+        assert_eq!(
+            self.checkpoint_in_flight,
+            Some(index),
+            "only the checkpoint in flight completes"
         );
+        assert!(
+            self.pending.is_none(),
+            "a checkpoint completes between Readies"
+        );
+        self.checkpoint_in_flight = None;
+        if index <= self.last_checkpoint_index {
+            tracing::info!(
+                index,
+                newest = self.last_checkpoint_index,
+                "checkpoint overtaken by a leader's snapshot; discarded"
+            );
+            // The same index would be the same state under the same file name: keep it then.
+            let stale_file_index = (index < self.last_checkpoint_index).then_some(index);
+            return Ok(CheckpointCompletion::Overtaken { stale_file_index });
+        }
         let previous = self.last_checkpoint_index;
         self.last_checkpoint_index = index;
-        self.applied_since_checkpoint = 0;
         let storage = self.node.store_mut();
+        let previous_image = storage
+            .snapshot()
+            .ok()
+            .map(|s| s.data)
+            .filter(|data| !data.is_empty());
         storage
             .create_snapshot(index, conf_state, file)
             .map_err(|e| CoreError::Raft(e.to_string()))?;
         if index > LOG_TAIL_KEPT_ENTRIES {
             let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
         }
-        Ok(CheckpointDone {
-            wal_keep_from: previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1,
-            remove_before: previous,
+        Ok(CheckpointCompletion::Taken {
+            done: CheckpointDone {
+                wal_keep_from: previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1,
+                remove_before: previous,
+            },
+            previous_image,
         })
+    }
+
+    /// The checkpoint in flight at `index` was not written: its image could not be taken (a
+    /// compaction started after the capture and trimmed what it read). Nothing changes but
+    /// that none is in flight; the next one is due at once and captures afresh.
+    pub fn checkpoint_abandoned(&mut self, index: u64) {
+        assert_eq!(
+            self.checkpoint_in_flight,
+            Some(index),
+            "only the checkpoint in flight is abandoned"
+        );
+        self.checkpoint_in_flight = None;
     }
 
     // ---- Stopping ----
@@ -1815,6 +1896,7 @@ mod tests {
             .expect("the applied index has a term")
             .expect("entries were applied since the last checkpoint");
         assert_eq!(req.index, m.applied_index());
+        assert_eq!(m.checkpoint_in_flight(), Some(req.index));
         let done = m
             .checkpoint_written(req.index, req.conf_state.clone(), Bytes::from_static(b"cp"))
             .expect("the snapshot is newer than the log's start");
@@ -1822,13 +1904,158 @@ mod tests {
         // the tail kept for slightly-behind followers, so the whole WAL stays too.
         assert_eq!(
             done,
-            CheckpointDone {
-                wal_keep_from: 1,
-                remove_before: 1
+            CheckpointCompletion::Taken {
+                done: CheckpointDone {
+                    wal_keep_from: 1,
+                    remove_before: 1
+                },
+                previous_image: None,
             }
         );
+        assert_eq!(m.checkpoint_in_flight(), None);
         assert!(!m.applied_past_checkpoint());
         assert!(m.checkpoint_request().expect("term known").is_none());
+    }
+
+    #[test]
+    fn a_checkpoint_is_in_flight_until_its_writer_reports_and_the_member_applies_meanwhile() {
+        let mut m = started_leader();
+        m.config.snapshot_count = 2;
+        for id in 1..=2 {
+            let (p, _rx) = proposal(id, put(&format!("k{id}")));
+            m.propose(p, 10);
+        }
+        settle(&mut m, 10);
+        assert!(m.checkpoint_due());
+        let req = m
+            .checkpoint_request()
+            .expect("term known")
+            .expect("entries were applied since the last checkpoint");
+        let index = req.index;
+        assert!(!m.checkpoint_due(), "one checkpoint in flight at a time");
+        // The member keeps applying while the writer works; the image stays at its index.
+        for id in 3..=6 {
+            let (p, _rx) = proposal(id, put(&format!("k{id}")));
+            m.propose(p, 20);
+        }
+        settle(&mut m, 20);
+        assert!(m.applied_index() >= index + 4);
+        assert!(!m.checkpoint_due(), "still in flight");
+        // The image could not be taken (a compaction raced it): retried at once, afresh.
+        m.checkpoint_abandoned(index);
+        assert!(m.checkpoint_due());
+        let again = m
+            .checkpoint_request()
+            .expect("term known")
+            .expect("still past the last checkpoint");
+        assert_eq!(again.index, m.applied_index());
+        let file = written_file(&again);
+        let done = m
+            .checkpoint_written(again.index, again.conf_state.clone(), file)
+            .expect("newer than the log's start");
+        assert!(matches!(done, CheckpointCompletion::Taken { .. }));
+        assert!(!m.checkpoint_due(), "nothing applied since");
+    }
+
+    /// The checkpoint file a driver's writer makes of `req`.
+    fn written_file(req: &CheckpointRequest) -> Bytes {
+        let image = req.source.serialize().expect("no compaction raced it");
+        Bytes::from(checkpoint::encode(
+            req.index,
+            req.term,
+            &req.conf_state,
+            &req.members,
+            &req.alarms,
+            &req.auth,
+            &image,
+        ))
+    }
+
+    #[test]
+    fn a_checkpoint_overtaken_by_a_leaders_snapshot_is_discarded_not_taken() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        for id in 1..=3 {
+            let (p, _rx) = proposal(id, put(&format!("k{id}")));
+            let now_ms = trio.now_ms;
+            trio.members[leader].propose(p, now_ms);
+        }
+        for _ in 0..5 {
+            trio.round();
+        }
+        // The follower starts a checkpoint; its writer is slow.
+        let req = trio.members[follower]
+            .checkpoint_request()
+            .expect("term known")
+            .expect("the writes were applied");
+        let stale_file = written_file(&req);
+        // Cut off, it falls so far behind that the leader compacts the entries it lacks.
+        trio.cut = Some(follower as u64 + 1);
+        for batch in 0..60u64 {
+            for k in 0..100u64 {
+                let data = Bytes::from(put(&format!("b{batch}-{k}")).encode_to_vec());
+                trio.members[leader]
+                    .node
+                    .propose(data)
+                    .expect("the leader takes it");
+            }
+            trio.round();
+        }
+        let lead = &mut trio.members[leader];
+        let leader_req = lead
+            .checkpoint_request()
+            .expect("term known")
+            .expect("far past the last checkpoint");
+        assert!(leader_req.index > req.index + LOG_TAIL_KEPT_ENTRIES);
+        let file = written_file(&leader_req);
+        let done = lead
+            .checkpoint_written(leader_req.index, leader_req.conf_state.clone(), file)
+            .expect("newer than the log's start");
+        assert!(matches!(done, CheckpointCompletion::Taken { .. }));
+        // Healed, the follower installs the leader's snapshot while its checkpoint is in flight.
+        trio.cut = None;
+        for _ in 0..20 {
+            trio.round();
+        }
+        let f = &mut trio.members[follower];
+        assert!(
+            f.last_checkpoint_index >= leader_req.index,
+            "the leader's snapshot was installed"
+        );
+        assert_eq!(f.checkpoint_in_flight(), Some(req.index));
+        assert!(!f.checkpoint_due(), "none is due while one is in flight");
+        let outcome = f
+            .checkpoint_written(req.index, req.conf_state.clone(), stale_file)
+            .expect("a stale completion is no error");
+        assert_eq!(
+            outcome,
+            CheckpointCompletion::Overtaken {
+                stale_file_index: Some(req.index)
+            }
+        );
+        assert_eq!(f.checkpoint_in_flight(), None);
+        assert!(
+            f.last_checkpoint_index >= leader_req.index,
+            "kept the newer one"
+        );
+        // Checkpoints go on from the installed snapshot.
+        let (p, _rx) = proposal(9_999, put("after"));
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose(p, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        let f = &mut trio.members[follower];
+        let next = f
+            .checkpoint_request()
+            .expect("term known")
+            .expect("a write applied since the snapshot");
+        let file = written_file(&next);
+        let done = f
+            .checkpoint_written(next.index, next.conf_state.clone(), file)
+            .expect("newer than the snapshot");
+        assert!(matches!(done, CheckpointCompletion::Taken { .. }));
     }
 
     /// Three members wired by an in-memory network whose disks sync at once: the smallest

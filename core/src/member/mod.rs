@@ -20,6 +20,7 @@ pub mod waiters;
 
 pub use lease_clock::LeaseClock;
 pub use machine::{
-    CheckpointDone, CheckpointRequest, Effect, Member, MemberConfig, ProposalKind, ReadyIo, Refusal,
+    CheckpointCompletion, CheckpointDone, CheckpointRequest, Effect, Member, MemberConfig,
+    ProposalKind, ReadyIo, Refusal,
 };
 pub use waiters::Waiters;

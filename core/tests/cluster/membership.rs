@@ -118,7 +118,16 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
     c.kill9(replaced);
     std::fs::remove_dir_all(&c.members[replaced].data_dir).expect("wiping the data dir");
     c.etcdctl(leader, &["member", "remove", &old_id]).ok();
-    put_keys(&c.members[leader].client_url(), "while-replacing/", 20);
+    // The replacement reuses the old id (see below), so it must not replay its own removal:
+    // write enough after it that a leader's checkpoint covers it before the replacement joins
+    // and is sent the newest one. Checkpoints are written beside the raft loop and land a
+    // little after they are due, so write twice --snapshot-count, not just past it.
+    let snapshot_count: usize = SNAPSHOT_COUNT.parse().expect("a number");
+    put_keys(
+        &c.members[leader].client_url(),
+        "while-replacing/",
+        2 * snapshot_count,
+    );
     let name = c.members[replaced].name.clone();
     let again = c.add_member(leader, &name, Voting::Voter, Some(replaced));
     assert_eq!(again, replaced);

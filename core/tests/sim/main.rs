@@ -441,6 +441,8 @@ fn add(total: &mut Report, r: &Report) {
     t.corrupt_refusals += c.corrupt_refusals;
     t.elections += c.elections;
     t.checkpoints += c.checkpoints;
+    t.checkpoints_overtaken += c.checkpoints_overtaken;
+    t.checkpoints_cut_short += c.checkpoints_cut_short;
     t.snapshots_sent += c.snapshots_sent;
     t.messages += c.messages;
     t.dropped += c.dropped;

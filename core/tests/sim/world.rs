@@ -7,7 +7,9 @@
 //! take a Ready, send its messages, make its checkpoint and WAL records durable (the WAL
 //! append is a future polled across simulated steps, so a crash can land between its write
 //! and its fdatasync), send the messages that vouch for durable state, call `persisted`,
-//! carry out effects, and write checkpoints when due.
+//! carry out effects, and hand due checkpoints to a writer that finishes after a seeded delay
+//! (production's writer thread), so a crash, a power loss or a leader's snapshot can land while
+//! one is being written.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
@@ -22,7 +24,9 @@ use futures_lite::future::block_on;
 use keel_core::checkpoint;
 use keel_core::ids::Member as MemberInfo;
 use keel_core::member::recovery::{self, Start};
-use keel_core::member::{Effect, Member, MemberConfig, ReadyIo};
+use keel_core::member::{
+    CheckpointCompletion, CheckpointRequest, Effect, Member, MemberConfig, ReadyIo,
+};
 use keel_core::shared::{MemberChange, Proposal, Query, ReadWait};
 use keel_grpc::EtcdError;
 use keel_io::{SimFaults, SimStore, Wal, WalConfig, WalError};
@@ -43,6 +47,12 @@ pub const MAILBOX_PROPOSALS_MAX: usize = 64;
 const NETWORK_IN_FLIGHT_MAX: usize = 20_000;
 /// The events kept for a failure's trace.
 const TRACE_EVENTS_KEPT: usize = 400;
+/// How long a checkpoint's writer usually takes, in simulated ms (below an election timeout).
+const CHECKPOINT_WRITE_MS: std::ops::RangeInclusive<u64> = 1..=40;
+/// How long it takes now and then: long enough for elections, snapshots and crashes to overtake.
+const CHECKPOINT_SLOW_WRITE_MS: std::ops::RangeInclusive<u64> = 100..=800;
+/// One in this many checkpoint writes is slow.
+const CHECKPOINT_SLOW_ONE_IN: u32 = 8;
 
 /// A deliberate bug in the driver, to prove that the checks catch it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,12 +115,26 @@ struct PendingIo {
     persisted_messages: Vec<Message>,
 }
 
+/// A checkpoint handed to the member's writer (production's `keel-checkpoint` thread).
+struct CheckpointInFlight {
+    req: CheckpointRequest,
+    /// When the writer has serialized and durably written it, on the simulated clock; it
+    /// serializes then, as the thread does, so a compaction begun meanwhile can race it.
+    lands_at_ms: u64,
+    /// What the writer made of it, once it landed: the durable file, or None when a compaction
+    /// raced the image. The raft loop takes it on a later turn.
+    landed: Option<Option<Bytes>>,
+}
+
 /// A member process that is up.
 pub struct Running {
     pub member: Member,
     wal: Rc<Wal<SimStore>>,
     pub reader: kv::Reader,
     io: Option<PendingIo>,
+    /// The checkpoint being written, if any; it dies with the process, leaving no file unless
+    /// it had landed.
+    checkpoint: Option<CheckpointInFlight>,
 }
 
 /// One member: its disks survive crashes, its process does not.
@@ -149,6 +173,10 @@ pub struct Counts {
     pub corrupt_refusals: u64,
     pub elections: u64,
     pub checkpoints: u64,
+    /// Checkpoints a leader's snapshot overtook while they were being written.
+    pub checkpoints_overtaken: u64,
+    /// Checkpoints lost to a crash or exit while they were being written.
+    pub checkpoints_cut_short: u64,
     pub snapshots_sent: u64,
     pub messages: u64,
     pub dropped: u64,
@@ -380,6 +408,7 @@ impl World {
             wal: Rc::new(wal),
             reader: recovered.reader,
             io: None,
+            checkpoint: None,
         });
         node.why_down = None;
         self.incarnations[i] += 1;
@@ -406,8 +435,11 @@ impl World {
             self.note(|| format!("m{i} before crash: {d} records durable; {st:?}"));
         }
         let node = &mut self.nodes[i];
-        if node.run.take().is_some() {
+        if let Some(run) = node.run.take() {
             self.counts.crashes += 1;
+            if run.checkpoint.is_some_and(|c| c.landed.is_none()) {
+                self.counts.checkpoints_cut_short += 1;
+            }
         }
         node.disk.crash();
         node.proposals.clear();
@@ -426,7 +458,11 @@ impl World {
             self.nodes[i].disk.crash();
         }
         let node = &mut self.nodes[i];
-        node.run = None;
+        if let Some(run) = node.run.take() {
+            if run.checkpoint.is_some_and(|c| c.landed.is_none()) {
+                self.counts.checkpoints_cut_short += 1;
+            }
+        }
         node.proposals.clear();
         node.reads.clear();
         node.queries.clear();
@@ -586,6 +622,7 @@ impl World {
             if !self.is_serving(i) {
                 continue;
             }
+            self.land_checkpoint(i);
             if let Err(Stop::Exit(why)) = self.drive(i) {
                 self.exit(i, why);
             }
@@ -596,6 +633,11 @@ impl World {
     fn drive(&mut self, i: usize) -> Result<(), Stop> {
         if self.nodes[i].run.as_ref().expect("up").io.is_some() {
             return self.progress_io(i);
+        }
+        // Between Readies, as production's loop takes the writer's outcome at its top.
+        self.finish_checkpoint(i)?;
+        if !self.drain_effects(i) {
+            return Ok(());
         }
         let now = self.clock_ms(i);
         let bug = self.config.bug;
@@ -632,6 +674,7 @@ impl World {
         run.member.answer_compaction_waiters();
         if self.drain_effects(i) {
             self.check_applied(i);
+            self.start_checkpoint(i)?;
         }
         Ok(())
     }
@@ -736,18 +779,16 @@ impl World {
             return Ok(());
         }
         self.check_applied(i);
-        let run = self.nodes[i].run.as_mut().expect("up");
-        if run.member.checkpoint_due() {
-            self.checkpoint(i)?;
-        }
-        Ok(())
+        self.start_checkpoint(i)
     }
 
-    /// Writes a due checkpoint (serialized at once: the simulated disk has no latency), then
-    /// releases the WAL and old checkpoints as the member says.
-    fn checkpoint(&mut self, i: usize) -> Result<(), Stop> {
-        let node = &mut self.nodes[i];
-        let run = node.run.as_mut().expect("up");
+    /// Hands a due checkpoint to member `i`'s writer, which lands it after a seeded delay;
+    /// only between Readies, as production's loop does.
+    fn start_checkpoint(&mut self, i: usize) -> Result<(), Stop> {
+        let run = self.nodes[i].run.as_mut().expect("up");
+        if run.io.is_some() || !run.member.checkpoint_due() {
+            return Ok(());
+        }
         let Some(req) = run
             .member
             .checkpoint_request()
@@ -755,30 +796,100 @@ impl World {
         else {
             return Ok(());
         };
-        let Ok(image) = req.source.serialize() else {
-            return Ok(()); // A compaction raced the capture: the next checkpoint tries again.
+        assert!(run.checkpoint.is_none(), "one checkpoint in flight at most");
+        let delay_ms = if self.rng.gen_ratio(1, CHECKPOINT_SLOW_ONE_IN) {
+            self.rng.gen_range(CHECKPOINT_SLOW_WRITE_MS)
+        } else {
+            self.rng.gen_range(CHECKPOINT_WRITE_MS)
         };
-        let file = Bytes::from(checkpoint::encode(
-            req.index,
-            req.term,
-            &req.conf_state,
-            &req.members,
-            &req.alarms,
-            &req.auth,
-            &image,
-        ));
-        node.checkpoints.insert(req.index, file.clone());
-        let done = run
-            .member
-            .checkpoint_written(req.index, req.conf_state.clone(), file)
-            .map_err(|e| Stop::Exit(e.to_string()))?;
-        block_on(run.wal.release_before(done.wal_keep_from))
-            .map_err(|e| Stop::Exit(e.to_string()))?;
-        node.checkpoints
-            .retain(|index, _| *index >= done.remove_before);
-        self.counts.checkpoints += 1;
         let index = req.index;
-        self.note(|| format!("m{i} checkpoint at {index}"));
+        let run = self.nodes[i].run.as_mut().expect("up");
+        run.checkpoint = Some(CheckpointInFlight {
+            req,
+            lands_at_ms: self.now_ms + delay_ms,
+            landed: None,
+        });
+        self.note(|| format!("m{i} checkpoint at {index} started ({delay_ms} ms to write)"));
+        Ok(())
+    }
+
+    /// Member `i`'s writer finishes the checkpoint in flight when its time has come: it
+    /// serializes the image then (a compaction begun since the capture races it) and the file
+    /// is durable at once, whole, as `write_durably`'s rename makes it.
+    fn land_checkpoint(&mut self, i: usize) {
+        let now_ms = self.now_ms;
+        let node = &mut self.nodes[i];
+        let Some(run) = node.run.as_mut() else {
+            return;
+        };
+        let Some(cp) = run.checkpoint.as_mut() else {
+            return;
+        };
+        if cp.landed.is_some() || cp.lands_at_ms > now_ms {
+            return;
+        }
+        let req = &cp.req;
+        let file = req.source.serialize().ok().map(|image| {
+            Bytes::from(checkpoint::encode(
+                req.index,
+                req.term,
+                &req.conf_state,
+                &req.members,
+                &req.alarms,
+                &req.auth,
+                &image,
+            ))
+        });
+        if let Some(file) = &file {
+            node.checkpoints.insert(req.index, file.clone());
+        }
+        let (index, written) = (req.index, file.is_some());
+        cp.landed = Some(file);
+        self.note(|| format!("m{i} checkpoint at {index} landed (written: {written})"));
+    }
+
+    /// Member `i`'s raft loop takes its writer's outcome, a turn after it landed (so a crash
+    /// can fall between): releases the WAL and old checkpoints as the member says, removes an
+    /// overtaken one, or lets a raced one be retried.
+    fn finish_checkpoint(&mut self, i: usize) -> Result<(), Stop> {
+        let now_ms = self.now_ms;
+        let node = &mut self.nodes[i];
+        let run = node.run.as_mut().expect("up");
+        if !run
+            .checkpoint
+            .as_ref()
+            .is_some_and(|cp| cp.landed.is_some() && cp.lands_at_ms < now_ms)
+        {
+            return Ok(());
+        }
+        let cp = run.checkpoint.take().expect("checked");
+        let index = cp.req.index;
+        let Some(file) = cp.landed.expect("checked") else {
+            run.member.checkpoint_abandoned(index);
+            self.note(|| format!("m{i} checkpoint at {index} raced by a compaction"));
+            return Ok(());
+        };
+        let completion = run
+            .member
+            .checkpoint_written(index, cp.req.conf_state.clone(), file)
+            .map_err(|e| Stop::Exit(e.to_string()))?;
+        match completion {
+            CheckpointCompletion::Taken { done, .. } => {
+                block_on(run.wal.release_before(done.wal_keep_from))
+                    .map_err(|e| Stop::Exit(e.to_string()))?;
+                node.checkpoints
+                    .retain(|index, _| *index >= done.remove_before);
+                self.counts.checkpoints += 1;
+                self.note(|| format!("m{i} checkpoint at {index} taken"));
+            }
+            CheckpointCompletion::Overtaken { stale_file_index } => {
+                if let Some(stale) = stale_file_index {
+                    node.checkpoints.remove(&stale);
+                }
+                self.counts.checkpoints_overtaken += 1;
+                self.note(|| format!("m{i} checkpoint at {index} overtaken by a snapshot"));
+            }
+        }
         Ok(())
     }
 
