@@ -127,15 +127,7 @@ fn write(snap_dir: &std::path::Path, req: CheckpointRequest) -> Result<Written, 
     let Ok(kv_image) = req.source.serialize() else {
         return Ok(Written::Raced { index });
     };
-    let file = checkpoint::encode(
-        req.index,
-        req.term,
-        &req.conf_state,
-        &req.members,
-        &req.alarms,
-        &req.auth,
-        &kv_image,
-    );
+    let file = req.encode_file(&kv_image);
     drop(kv_image);
     let serialize_elapsed = started.elapsed();
     let path = snap_dir.join(checkpoint::file_name(index));

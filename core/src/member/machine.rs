@@ -216,6 +216,22 @@ pub struct CheckpointRequest {
     pub source: kv::CheckpointSource,
 }
 
+impl CheckpointRequest {
+    /// The checkpoint file for this request around `kv_image` (its source, serialized): what
+    /// every driver's writer puts on disk.
+    pub fn encode_file(&self, kv_image: &[u8]) -> Vec<u8> {
+        checkpoint::encode(
+            self.index,
+            self.term,
+            &self.conf_state,
+            &self.members,
+            &self.alarms,
+            &self.auth,
+            kv_image,
+        )
+    }
+}
+
 /// What a durable checkpoint lets the driver free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointDone {
@@ -1960,15 +1976,7 @@ mod tests {
     /// The checkpoint file a driver's writer makes of `req`.
     fn written_file(req: &CheckpointRequest) -> Bytes {
         let image = req.source.serialize().expect("no compaction raced it");
-        Bytes::from(checkpoint::encode(
-            req.index,
-            req.term,
-            &req.conf_state,
-            &req.members,
-            &req.alarms,
-            &req.auth,
-            &image,
-        ))
+        Bytes::from(req.encode_file(&image))
     }
 
     #[test]

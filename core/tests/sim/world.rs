@@ -829,17 +829,11 @@ impl World {
             return;
         }
         let req = &cp.req;
-        let file = req.source.serialize().ok().map(|image| {
-            Bytes::from(checkpoint::encode(
-                req.index,
-                req.term,
-                &req.conf_state,
-                &req.members,
-                &req.alarms,
-                &req.auth,
-                &image,
-            ))
-        });
+        let file = req
+            .source
+            .serialize()
+            .ok()
+            .map(|image| Bytes::from(req.encode_file(&image)));
         if let Some(file) = &file {
             node.checkpoints.insert(req.index, file.clone());
         }
