@@ -218,6 +218,38 @@ fn assert_same_status(file: &Path) -> serde_json::Value {
     .json()
 }
 
+/// `snapshot restore FILE` into `data` as the one-member cluster "e2e" at `peer_url`.
+fn restore_args(file: &Path, data: &Path, peer_url: &str) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("a UTF-8 temp path").to_string();
+    vec![
+        "snapshot".into(),
+        "restore".into(),
+        path(file),
+        "--name".into(),
+        "e2e".into(),
+        "--data-dir".into(),
+        path(data),
+        "--initial-cluster".into(),
+        format!("e2e={peer_url}"),
+        "--initial-advertise-peer-urls".into(),
+        peer_url.into(),
+    ]
+}
+
+/// etcdctl's restore (it needs no server: the endpoint is never dialed).
+fn etcdctl_restore(file: &Path, data: &Path, peer_url: &str) {
+    let args = restore_args(file, data, peer_url);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    etcdctl_at("127.0.0.1:1", &args, None).ok();
+}
+
+/// Keel's restore, with the same arguments as etcdctl's.
+fn keel_restore(file: &Path, data: &Path, peer_url: &str) {
+    let args = restore_args(file, data, peer_url);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    keel_cli(&args).ok();
+}
+
 fn save(s: &Server, file: &Path) {
     save_as(s, file, None);
 }
@@ -255,24 +287,7 @@ fn keel_snapshot_restores_into_a_real_etcd_with_the_same_answers() {
     let (client_port, peer_port) = (free_port(), free_port());
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let data = dir.path().join("etcd.data");
-    etcdctl_at(
-        "127.0.0.1:1",
-        &[
-            "snapshot",
-            "restore",
-            file.to_str().expect("a UTF-8 temp path"),
-            "--name",
-            "e2e",
-            "--data-dir",
-            data.to_str().expect("a UTF-8 temp path"),
-            "--initial-cluster",
-            &format!("e2e={peer_url}"),
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ],
-        None,
-    )
-    .ok();
+    etcdctl_restore(&file, &data, &peer_url);
     let etcd = Server::start_with(
         Kind::Etcd,
         client_port,
@@ -466,24 +481,7 @@ fn large_snapshots_cross_both_ways() {
     let (client_port, peer_port) = (free_port(), free_port());
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let etcd_data = dir.path().join("etcd.data");
-    etcdctl_at(
-        "127.0.0.1:1",
-        &[
-            "snapshot",
-            "restore",
-            keel_file.to_str().expect("a UTF-8 temp path"),
-            "--name",
-            "e2e",
-            "--data-dir",
-            etcd_data.to_str().expect("a UTF-8 temp path"),
-            "--initial-cluster",
-            &format!("e2e={peer_url}"),
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ],
-        None,
-    )
-    .ok();
+    etcdctl_restore(&keel_file, &etcd_data, &peer_url);
     let etcd = Server::start_with(
         Kind::Etcd,
         client_port,
@@ -505,20 +503,7 @@ fn large_snapshots_cross_both_ways() {
     let (client_port, peer_port) = (free_port(), free_port());
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let keel_data = dir.path().join("keel.data");
-    keel_cli(&[
-        "snapshot",
-        "restore",
-        etcd_file.to_str().expect("a UTF-8 temp path"),
-        "--name",
-        "e2e",
-        "--data-dir",
-        keel_data.to_str().expect("a UTF-8 temp path"),
-        "--initial-cluster",
-        &format!("e2e={peer_url}"),
-        "--initial-advertise-peer-urls",
-        &peer_url,
-    ])
-    .ok();
+    keel_restore(&etcd_file, &keel_data, &peer_url);
     let keel = Server::start_with(
         Kind::Keel,
         client_port,
@@ -723,24 +708,7 @@ fn keel_auth_restores_into_a_real_etcd_that_enforces_it() {
     let (client_port, peer_port) = (free_port(), free_port());
     let peer_url = peer_url_for(peer_port);
     let data = dir.path().join("etcd.data");
-    etcdctl_at(
-        "127.0.0.1:1",
-        &[
-            "snapshot",
-            "restore",
-            file.to_str().expect("a UTF-8 temp path"),
-            "--name",
-            "e2e",
-            "--data-dir",
-            data.to_str().expect("a UTF-8 temp path"),
-            "--initial-cluster",
-            &format!("e2e={peer_url}"),
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ],
-        None,
-    )
-    .ok();
+    etcdctl_restore(&file, &data, &peer_url);
     let etcd = Server::start_with_auth(Kind::Etcd, client_port, peer_port, data, "root:rootpw");
     // Keel's bcrypt hashes check in etcd: every password set in Keel works there.
     assert_same_answers(&ask_auth(&etcd), &served);
@@ -765,20 +733,7 @@ fn etcd_auth_restores_into_keel_that_enforces_it() {
     let (client_port, peer_port) = (free_port(), free_port());
     let peer_url = peer_url_for(peer_port);
     let data = dir.path().join("keel.data");
-    keel_cli(&[
-        "snapshot",
-        "restore",
-        file.to_str().expect("a UTF-8 temp path"),
-        "--name",
-        "e2e",
-        "--data-dir",
-        data.to_str().expect("a UTF-8 temp path"),
-        "--initial-cluster",
-        &format!("e2e={peer_url}"),
-        "--initial-advertise-peer-urls",
-        &peer_url,
-    ])
-    .ok();
+    keel_restore(&file, &data, &peer_url);
     let keel = Server::start_with_auth(Kind::Keel, client_port, peer_port, data, "root:rootpw");
     // etcd's bcrypt hashes check in Keel: every password set in etcd works here.
     assert_same_answers(&ask_auth(&keel), &served);
