@@ -423,4 +423,30 @@ mod tests {
         );
         assert_eq!(http_status(Code::NotFound), StatusCode::NOT_FOUND);
     }
+
+    #[test]
+    fn stream_errors_look_like_grpc_gateways() {
+        let line = stream_error_line(&Status::new(
+            Code::NotFound,
+            "etcdserver: requested lease not found",
+        ));
+        assert_eq!(
+            &line[..],
+            &b"{\"error\":{\"grpc_code\":5,\"http_code\":404,\"message\":\"etcdserver: requested lease not found\",\"http_status\":\"Not Found\"}}\n"[..]
+        );
+    }
+
+    #[test]
+    fn a_body_may_hold_several_requests_or_none() {
+        let two = decode_all::<pb::WatchRequest>(
+            br#"{"create_request":{"key":"YQ=="}} {"progress_request":{}}"#,
+        )
+        .expect("two requests");
+        assert_eq!(two.len(), 2);
+        assert!(decode_all::<pb::WatchRequest>(b" \n")
+            .expect("none")
+            .is_empty());
+        let bad = decode_all::<pb::WatchRequest>(b"{bad").expect_err("bad JSON");
+        assert_eq!(bad.code, Code::Unknown);
+    }
 }
