@@ -2,15 +2,28 @@
 //! with a JSON request in proto3's JSON mapping (the .proto field names, int64 as strings,
 //! bytes as base64), answered by the same service methods gRPC calls reach.
 //!
-//! Unary calls only: the streaming ones (`/v3/watch`, `/v3/lease/keepalive`,
-//! `/v3/election/observe`, `/v3/maintenance/snapshot`) answer 501 until the HTTP/1.1 server can
-//! stream a chunked body.
+//! Streaming calls over HTTP/1.1: `/v3/watch` and `/v3/lease/keepalive` take the request
+//! body's JSON objects as the call's request messages and answer `Transfer-Encoding: chunked`,
+//! one line per response, `{"result":{...}}` (or grpc-gateway's `{"error":{...}}` when the call
+//! fails). They run the gRPC handlers themselves (the watch hub, the keep-alive loop) on an
+//! in-process call, so permissions and limits are the gRPC path's. The stream ends when the
+//! call does or when the client hangs up (the watch's watchers are released then).
+//! `/v3/election/observe` and `/v3/maintenance/snapshot` still answer 501. Over HTTP/2, only
+//! bodiless GET/HEAD requests reach the HTTP endpoints, so no gateway call is served there.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll};
 
-use http::StatusCode;
-use keel_grpc::{Code, HttpRequest, HttpResponse, Status};
+use bytes::Bytes;
+use futures_util::Stream;
+use http::{HeaderMap, StatusCode};
+use keel_grpc::{
+    Call, CallCounts, CallHead, Code, HttpRequest, HttpResponse, RequestStream, ResponseSink,
+    Status,
+};
+use keel_proto::etcdserverpb as pb;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -140,10 +153,9 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
             })
             .await
         }
-        "/v3/watch"
-        | "/v3/lease/keepalive"
-        | "/v3/election/observe"
-        | "/v3/maintenance/snapshot" => error(&Status::new(
+        "/v3/watch" => streaming(&api, Streaming::Watch, request.headers, &body),
+        "/v3/lease/keepalive" => streaming(&api, Streaming::LeaseKeepAlive, request.headers, &body),
+        "/v3/election/observe" | "/v3/maintenance/snapshot" => error(&Status::new(
             Code::Unimplemented,
             "keel: streaming calls are not served by the JSON gateway yet",
         )),
@@ -207,6 +219,155 @@ where
     }
 }
 
+/// The streaming calls the gateway serves.
+#[derive(Clone, Copy, Debug)]
+enum Streaming {
+    Watch,
+    LeaseKeepAlive,
+}
+
+/// Responses a streaming call may queue ahead of the HTTP writer; beyond it the call's sends
+/// wait (and a watch's own bounded queue takes over), so a slow reader holds no more.
+const STREAM_MESSAGES_MAX: usize = 16;
+
+/// Serves a streaming call: the body's JSON objects (grpc-gateway decodes the body as a
+/// sequence of them) become the request messages, then the request side ends, as the gateway's
+/// `CloseSend` does. The answer streams one JSON line per response.
+fn streaming(api: &Rc<Api>, kind: Streaming, headers: HeaderMap, body: &[u8]) -> HttpResponse {
+    let requests = match kind {
+        Streaming::Watch => decode_all::<pb::WatchRequest>(body),
+        Streaming::LeaseKeepAlive => decode_all::<pb::LeaseKeepAliveRequest>(body),
+    };
+    let requests = match requests {
+        Ok(requests) => requests,
+        Err(status) => return error(&status),
+    };
+    let path = match kind {
+        Streaming::Watch => "/etcdserverpb.Watch/Watch",
+        Streaming::LeaseKeepAlive => "/etcdserverpb.Lease/LeaseKeepAlive",
+    };
+    let counts = Rc::new(CallCounts::default());
+    let call = Call {
+        head: CallHead {
+            path: path.to_string(),
+            // The Authorization header is the token, as on the unary gateway calls.
+            metadata: headers,
+            timeout: None,
+        },
+        requests: RequestStream::local(requests, counts.clone()),
+    };
+    let (sender, messages) = futures_channel::mpsc::channel(STREAM_MESSAGES_MAX);
+    // grpc-go's send limit, as the gRPC path has: grpc-gateway is a gRPC client of it.
+    let mut sink = ResponseSink::local(
+        sender,
+        keel_grpc::codec::DEFAULT_MAX_SEND_MESSAGE_BYTES,
+        counts,
+    );
+    let api = api.clone();
+    let driver = async move {
+        match kind {
+            Streaming::Watch => api.hub().serve(call, &mut sink).await,
+            Streaming::LeaseKeepAlive => api.lease_keep_alive(call, &mut sink).await,
+        }
+        // `sink` (the sender) drops here, so the lines end after the last response.
+    };
+    HttpResponse::streaming(
+        StatusCode::OK,
+        "application/json",
+        Lines {
+            driver: Some(Box::pin(driver)),
+            messages,
+            kind,
+            failure: None,
+        },
+    )
+}
+
+/// The request messages in `body`, protobuf-encoded: each JSON object in turn (none for an
+/// empty body). A bad one fails the call before it starts, as grpc-gateway's decoder does
+/// (code Unknown: the decoder's error is no gRPC status).
+fn decode_all<Req>(body: &[u8]) -> Result<Vec<Bytes>, Status>
+where
+    Req: DeserializeOwned + prost::Message,
+{
+    serde_json::Deserializer::from_slice(body)
+        .into_iter::<Req>()
+        .map(|request| {
+            request
+                .map(|r| Bytes::from(r.encode_to_vec()))
+                .map_err(|e| Status::new(Code::Unknown, e.to_string()))
+        })
+        .collect()
+}
+
+/// A streaming call's body: polls the call itself (nothing else drives it, and dropping this
+/// drops the call) and turns each response into a `{"result":...}` line.
+struct Lines {
+    driver: Option<Pin<Box<dyn Future<Output = Status>>>>,
+    messages: futures_channel::mpsc::Receiver<Bytes>,
+    kind: Streaming,
+    /// The call's failure, written as the last line once its responses are out.
+    failure: Option<Status>,
+}
+
+impl Stream for Lines {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let this = &mut *self;
+        if let Some(driver) = this.driver.as_mut() {
+            if let Poll::Ready(status) = driver.as_mut().poll(cx) {
+                this.driver = None;
+                if !status.is_ok() {
+                    this.failure = Some(status);
+                }
+            }
+        }
+        match Pin::new(&mut this.messages).poll_next(cx) {
+            Poll::Ready(Some(message)) => Poll::Ready(Some(result_line(this.kind, &message))),
+            Poll::Ready(None) => Poll::Ready(this.failure.take().map(|s| stream_error_line(&s))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// One response as grpc-gateway streams it: `{"result":<response>}` and a newline.
+fn result_line(kind: Streaming, message: &[u8]) -> Bytes {
+    fn line<M: prost::Message + Default + Serialize>(message: &[u8]) -> Result<Vec<u8>, Status> {
+        let response =
+            M::decode(message).map_err(|e| Status::new(Code::Internal, e.to_string()))?;
+        let mut out = br#"{"result":"#.to_vec();
+        serde_json::to_writer(&mut out, &response)
+            .map_err(|e| Status::new(Code::Internal, e.to_string()))?;
+        out.extend_from_slice(b"}\n");
+        Ok(out)
+    }
+    let encoded = match kind {
+        Streaming::Watch => line::<pb::WatchResponse>(message),
+        Streaming::LeaseKeepAlive => line::<pb::LeaseKeepAliveResponse>(message),
+    };
+    match encoded {
+        Ok(line) => Bytes::from(line),
+        Err(status) => stream_error_line(&status),
+    }
+}
+
+/// grpc-gateway v1's error line in a stream (its `internal.StreamError` in proto3 JSON, with
+/// the .proto field names): `{"error":{"grpc_code":…,"http_code":…,"message":…,"http_status":…}}`.
+fn stream_error_line(status: &Status) -> Bytes {
+    let http_code = http_status(status.code);
+    // Written by hand to keep Go's field order (serde_json's maps sort their keys).
+    let mut line = format!(
+        r#"{{"error":{{"grpc_code":{},"http_code":{},"message":{},"http_status":{}}}}}"#,
+        status.code.as_u8(),
+        http_code.as_u16(),
+        serde_json::Value::String(status.message.clone()),
+        serde_json::Value::String(http_code.canonical_reason().unwrap_or("").to_string()),
+    );
+    line.push('\n');
+    Bytes::from(line)
+}
+
 /// grpc-gateway's error answer: `{"error":…,"message":…,"code":…}` with the HTTP status its
 /// `HTTPStatusFromCode` picks.
 fn error(status: &Status) -> HttpResponse {
@@ -261,5 +422,31 @@ mod tests {
             StatusCode::PRECONDITION_FAILED
         );
         assert_eq!(http_status(Code::NotFound), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn stream_errors_look_like_grpc_gateways() {
+        let line = stream_error_line(&Status::new(
+            Code::NotFound,
+            "etcdserver: requested lease not found",
+        ));
+        assert_eq!(
+            &line[..],
+            &b"{\"error\":{\"grpc_code\":5,\"http_code\":404,\"message\":\"etcdserver: requested lease not found\",\"http_status\":\"Not Found\"}}\n"[..]
+        );
+    }
+
+    #[test]
+    fn a_body_may_hold_several_requests_or_none() {
+        let two = decode_all::<pb::WatchRequest>(
+            br#"{"create_request":{"key":"YQ=="}} {"progress_request":{}}"#,
+        )
+        .expect("two requests");
+        assert_eq!(two.len(), 2);
+        assert!(decode_all::<pb::WatchRequest>(b" \n")
+            .expect("none")
+            .is_empty());
+        let bad = decode_all::<pb::WatchRequest>(b"{bad").expect_err("bad JSON");
+        assert_eq!(bad.code, Code::Unknown);
     }
 }

@@ -493,7 +493,7 @@ impl Api {
     }
 
     /// The keep-alive stream: one answer per request, in order. An unknown lease answers TTL 0.
-    async fn lease_keep_alive(&self, call: Call, sink: &mut ResponseSink) -> Status {
+    pub(crate) async fn lease_keep_alive(&self, call: Call, sink: &mut ResponseSink) -> Status {
         let Call {
             head: _,
             mut requests,

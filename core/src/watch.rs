@@ -586,9 +586,19 @@ impl Hub {
             woken: Cell::new(false),
         });
         self.streams.borrow_mut().insert(id, stream.clone());
-        let status = self.serve_stream(&stream, call, sink).await;
-        self.close_stream(&stream);
-        status
+        // Closes the stream however this future ends: returning, or dropped mid-way (a reset
+        // or deadline on gRPC, a JSON gateway client that hung up), so its watchers never leak.
+        struct Closer<'a> {
+            hub: &'a Hub,
+            stream: Rc<Stream>,
+        }
+        impl Drop for Closer<'_> {
+            fn drop(&mut self) {
+                self.hub.close_stream(&self.stream);
+            }
+        }
+        let closer = Closer { hub: self, stream };
+        self.serve_stream(&closer.stream, call, sink).await
     }
 
     fn close_stream(&self, stream: &Rc<Stream>) {

@@ -1,6 +1,8 @@
 //! A minimal HTTP/1.1 server for the plain endpoints that share the gRPC port (`/health`,
 //! `/version`, `/metrics`, the JSON gateway): a sans-I/O request parser, a response writer, and
-//! the connection loop. Keep-alive and `Content-Length` bodies only; no chunked encoding.
+//! the connection loop. Requests: keep-alive and `Content-Length` bodies only (no chunked
+//! request bodies). Responses: a whole `Content-Length` body, or a streamed body written with
+//! `Transfer-Encoding: chunked` (the JSON gateway's watch and keep-alive streams).
 
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -8,6 +10,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::future::{select, Either};
+use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -44,12 +47,28 @@ pub struct HttpRequest {
     pub body: Bytes,
 }
 
-/// The answer to one request: the writer adds Content-Length and Connection.
-#[derive(Clone, Debug)]
+/// A streamed response body: each item is written (and flushed) as it comes; the body ends
+/// when the stream does. Whoever builds one bounds what it buffers (a bounded channel): the
+/// server pulls the next item only after the previous one was written.
+pub struct BodyStream(pub Pin<Box<dyn Stream<Item = Bytes>>>);
+
+impl std::fmt::Debug for BodyStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BodyStream")
+    }
+}
+
+/// The answer to one request: the writer adds Content-Length (or Transfer-Encoding) and
+/// Connection.
+#[derive(Debug)]
 pub struct HttpResponse {
     pub status: StatusCode,
     pub content_type: &'static str,
+    /// The whole body; empty when `stream` is set.
     pub body: Bytes,
+    /// A streamed body, sent chunked after the head. Dropped (with whatever produces it) when
+    /// the client goes away.
+    pub stream: Option<BodyStream>,
 }
 
 impl HttpResponse {
@@ -58,6 +77,21 @@ impl HttpResponse {
             status,
             content_type,
             body: body.into(),
+            stream: None,
+        }
+    }
+
+    /// A response whose body is `stream`'s items, in order, written as they come.
+    pub fn streaming(
+        status: StatusCode,
+        content_type: &'static str,
+        stream: impl Stream<Item = Bytes> + 'static,
+    ) -> Self {
+        HttpResponse {
+            status,
+            content_type,
+            body: Bytes::new(),
+            stream: Some(BodyStream(Box::pin(stream))),
         }
     }
 
@@ -223,6 +257,71 @@ pub fn write_response(response: &HttpResponse, keep_alive: KeepAlive) -> Vec<u8>
     out
 }
 
+/// The head of a streamed response. Always `Connection: close`: bytes a client sends while
+/// its stream runs are read only to notice that it went away, not kept as a next request.
+pub fn write_streaming_head(response: &HttpResponse) -> Vec<u8> {
+    let reason = response.status.canonical_reason().unwrap_or("Unknown");
+    format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        response.status.as_u16(),
+        reason,
+        response.content_type,
+    )
+    .into_bytes()
+}
+
+/// One chunk of a chunked body. `data` must not be empty: an empty chunk ends the body.
+pub fn write_chunk(data: &[u8]) -> Vec<u8> {
+    assert!(!data.is_empty(), "an empty chunk would end the body");
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.reserve(data.len() + 2);
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// The last chunk of a chunked body (no trailers).
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Writes a streamed body chunk by chunk until it ends or the client goes away. The client's
+/// side is read meanwhile: end of file or an error there means nobody is listening, and the
+/// stream is dropped at once (a watch releases its watchers) instead of when a write fails,
+/// which for a quiet watch might be never.
+async fn write_stream<IO>(io: &mut IO, mut stream: BodyStream) -> Result<(), GrpcError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    const DISCARD_BYTES: usize = 4 * 1024;
+    let mut discard = BytesMut::with_capacity(DISCARD_BYTES);
+    loop {
+        let next = {
+            discard.clear();
+            let read = pin!(io.read_buf(&mut discard));
+            match select(stream.0.next(), read).await {
+                Either::Left((chunk, _)) => Ok(chunk),
+                Either::Right((read, _)) => Err(read),
+            }
+        };
+        match next {
+            Ok(Some(chunk)) if chunk.is_empty() => {}
+            Ok(Some(chunk)) => {
+                io.write_all(&write_chunk(&chunk)).await?;
+                io.flush().await?;
+            }
+            Ok(None) => {
+                io.write_all(LAST_CHUNK).await?;
+                io.flush().await?;
+                return Ok(());
+            }
+            // The client closed (or reset) its side: stop, dropping the stream.
+            Err(Ok(0)) | Err(Err(_)) => return Ok(()),
+            // Bytes after the request (a pipelined request we will not serve, as we close
+            // after the stream): drop them; `discard` stays bounded.
+            Err(Ok(_)) => {}
+        }
+    }
+}
+
 /// Reads more bytes into `buffer`, or fails once `read_timeout` passes with nothing read: a
 /// client that stops mid-request (or idles between keep-alive requests) must not hold a
 /// connection slot forever.
@@ -295,7 +394,12 @@ where
             headers: head.headers,
             body,
         };
-        let response = handle(request).await;
+        let mut response = handle(request).await;
+        if let Some(stream) = response.stream.take() {
+            io.write_all(&write_streaming_head(&response)).await?;
+            io.flush().await?;
+            return write_stream(&mut io, stream).await;
+        }
         io.write_all(&write_response(&response, head.keep_alive))
             .await?;
         io.flush().await?;
@@ -409,5 +513,111 @@ mod tests {
         assert!(text.ends_with("\r\n\r\n{\"health\":\"true\"}"));
         let closing = write_response(&HttpResponse::not_found(), KeepAlive::No);
         assert!(String::from_utf8_lossy(&closing).contains("Connection: close\r\n"));
+    }
+
+    /// Runs `serve_http1` on one end of an in-memory pipe with a handler answering `response`
+    /// once, and `client` on the other end.
+    fn with_server<C, Fut>(response: HttpResponse, client: C) -> Result<(), GrpcError>
+    where
+        C: FnOnce(tokio::io::DuplexStream) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let response = std::cell::RefCell::new(Some(response));
+        let sleep = |_: Duration| -> Pin<Box<dyn Future<Output = ()>>> {
+            Box::pin(futures_lite::future::pending())
+        };
+        let server = serve_http1(
+            server_io,
+            BytesMut::new(),
+            Http1Limits::default(),
+            Duration::from_secs(60),
+            &sleep,
+            |_request| {
+                let response = response.borrow_mut().take().expect("one request");
+                async move { response }
+            },
+        );
+        let (served, ()) =
+            futures_lite::future::block_on(futures_util::future::join(server, client(client_io)));
+        served
+    }
+
+    #[test]
+    fn streams_a_chunked_body_flushing_each_chunk() {
+        let (mut tx, rx) = futures_channel::mpsc::channel::<Bytes>(1);
+        let response = HttpResponse::streaming(StatusCode::OK, "application/json", rx);
+        let served = with_server(response, |mut client| async move {
+            client
+                .write_all(b"POST /v3/watch HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+                .await
+                .expect("request");
+            let mut got = Vec::new();
+            // Each chunk arrives before the next is produced: it was flushed on its own.
+            for (item, wire) in [
+                (&b"{\"a\":1}\n"[..], &b"8\r\n{\"a\":1}\n\r\n"[..]),
+                (b"", b""),
+                (b"xyz", b"3\r\nxyz\r\n"),
+            ] {
+                tx.try_send(Bytes::copy_from_slice(item)).expect("room");
+                if wire.is_empty() {
+                    continue;
+                }
+                let mut buffer = vec![0u8; 4096];
+                while !got.ends_with(wire) {
+                    let n = client.read(&mut buffer).await.expect("read");
+                    assert!(n > 0, "{:?}", String::from_utf8_lossy(&got));
+                    got.extend_from_slice(&buffer[..n]);
+                }
+            }
+            drop(tx);
+            client.read_to_end(&mut got).await.expect("rest");
+            let text = String::from_utf8(got).expect("utf-8");
+            assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+            assert!(
+                text.contains("Content-Type: application/json\r\n"),
+                "{text}"
+            );
+            assert!(text.contains("Transfer-Encoding: chunked\r\n"), "{text}");
+            assert!(text.contains("Connection: close\r\n"), "{text}");
+            assert!(!text.contains("Content-Length"), "{text}");
+            assert!(
+                text.ends_with("\r\n\r\n8\r\n{\"a\":1}\n\r\n3\r\nxyz\r\n0\r\n\r\n"),
+                "{text}"
+            );
+        });
+        served.expect("served");
+    }
+
+    #[test]
+    fn a_client_that_goes_away_ends_the_stream() {
+        let (tx, rx) = futures_channel::mpsc::channel::<Bytes>(1);
+        let response = HttpResponse::streaming(StatusCode::OK, "application/json", rx);
+        let served = with_server(response, |mut client| async move {
+            client
+                .write_all(b"POST /v3/watch HTTP/1.1\r\n\r\n")
+                .await
+                .expect("request");
+            let mut buffer = vec![0u8; 4096];
+            let mut got = Vec::new();
+            while !got.ends_with(b"\r\n\r\n") {
+                let n = client.read(&mut buffer).await.expect("read");
+                assert!(n > 0);
+                got.extend_from_slice(&buffer[..n]);
+            }
+            // The producer is idle (nothing to write, so no write can fail): only the read
+            // side can tell the server that the client left.
+            drop(client);
+        });
+        served.expect("served");
+        // The server dropped the body stream, so its producer sees a closed channel.
+        assert!(tx.is_closed());
+    }
+
+    #[test]
+    fn chunks_are_framed_with_hex_lengths() {
+        assert_eq!(write_chunk(b"a"), b"1\r\na\r\n");
+        assert_eq!(&write_chunk(&[b'x'; 26])[..4], b"1a\r\n");
+        assert_eq!(LAST_CHUNK, b"0\r\n\r\n");
     }
 }

@@ -52,7 +52,7 @@ pub mod status;
 
 pub use codec::{frame_bytes, parse_grpc_timeout};
 pub use error::GrpcError;
-pub use http1::{Http1Limits, HttpRequest, HttpResponse};
+pub use http1::{BodyStream, Http1Limits, HttpRequest, HttpResponse};
 pub use server::{
     serve_connection, unary, Call, CallCounts, CallHead, Handler, RequestStream, ResponseSink,
     Runtime, ServerConfig, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_PREFACE_TIMEOUT,

@@ -172,10 +172,19 @@ fn add(cell: &Cell<u64>, n: u64) {
 /// The request messages of one call, in order, under the receive limit.
 #[derive(Debug)]
 pub struct RequestStream {
-    body: RecvStream,
+    body: Source,
     decoder: MessageDecoder,
     end: StreamEnd,
     counts: Rc<CallCounts>,
+}
+
+/// Where a call's request messages come from.
+#[derive(Debug)]
+enum Source {
+    /// A gRPC call's HTTP/2 stream.
+    H2(RecvStream),
+    /// An in-process call (the JSON gateway's streaming calls): these messages, then the end.
+    Local(std::collections::VecDeque<Bytes>),
 }
 
 #[derive(Debug)]
@@ -188,8 +197,19 @@ enum StreamEnd {
 impl RequestStream {
     fn new(body: RecvStream, max_message_bytes: usize, counts: Rc<CallCounts>) -> RequestStream {
         RequestStream {
-            body,
+            body: Source::H2(body),
             decoder: MessageDecoder::new(max_message_bytes),
+            end: StreamEnd::Open,
+            counts,
+        }
+    }
+
+    /// An in-process call's request side: yields `messages` (bodies without the 5-byte gRPC
+    /// prefix), then ends as a client's half-close does.
+    pub fn local(messages: Vec<Bytes>, counts: Rc<CallCounts>) -> RequestStream {
+        RequestStream {
+            body: Source::Local(messages.into()),
+            decoder: MessageDecoder::new(usize::MAX),
             end: StreamEnd::Open,
             counts,
         }
@@ -201,6 +221,17 @@ impl RequestStream {
     /// Cancel-safe: its only await is h2's `data()`, and a received chunk is buffered before
     /// any other await, so dropping this future (e.g. in a `select`) loses no bytes.
     pub async fn next_raw(&mut self) -> Result<Option<Bytes>, Status> {
+        let body = match &mut self.body {
+            Source::H2(body) => body,
+            Source::Local(messages) => {
+                let message = messages.pop_front();
+                if let Some(message) = &message {
+                    add(&self.counts.messages_received, 1);
+                    add(&self.counts.bytes_received, message.len() as u64);
+                }
+                return Ok(message);
+            }
+        };
         loop {
             match &self.end {
                 StreamEnd::Failed(status) => return Err(status.clone()),
@@ -227,12 +258,12 @@ impl RequestStream {
                     }
                 };
             }
-            match self.body.data().await {
+            match body.data().await {
                 Some(Ok(chunk)) => {
                     self.decoder.push(&chunk);
                     // The bytes now live in our bounded buffer: give the window back so the
                     // client may send the rest.
-                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    let _ = body.flow_control().release_capacity(chunk.len());
                 }
                 Some(Err(error)) => {
                     let status = status_from_h2(&error);
@@ -297,6 +328,9 @@ enum Wire {
     Fresh(SendResponse<Bytes>),
     /// Headers sent: the final status goes in trailers.
     Streaming(SendStream<Bytes>),
+    /// An in-process call: message bodies (without the 5-byte prefix) go into this bounded
+    /// channel; its receiver drives the call and takes the final status from the handler.
+    Local(futures_channel::mpsc::Sender<Bytes>),
     Finished,
 }
 
@@ -305,6 +339,7 @@ impl Wire {
         match self {
             Wire::Fresh(_) => "fresh",
             Wire::Streaming(_) => "streaming",
+            Wire::Local(_) => "local",
             Wire::Finished => "finished",
         }
     }
@@ -326,6 +361,22 @@ impl ResponseSink {
     ) -> ResponseSink {
         ResponseSink {
             wire: Rc::new(RefCell::new(Wire::Fresh(respond))),
+            max_send_message_bytes,
+            frame_torn: false,
+            counts,
+        }
+    }
+
+    /// An in-process call's response side: each message's body goes into `messages`, a
+    /// bounded channel, so a send waits while the receiver is behind; a closed receiver ends
+    /// the call as a client's reset does (Canceled).
+    pub fn local(
+        messages: futures_channel::mpsc::Sender<Bytes>,
+        max_send_message_bytes: usize,
+        counts: Rc<CallCounts>,
+    ) -> ResponseSink {
+        ResponseSink {
+            wire: Rc::new(RefCell::new(Wire::Local(messages))),
             max_send_message_bytes,
             frame_torn: false,
             counts,
@@ -358,6 +409,11 @@ impl ResponseSink {
             // Only after a failed send: the stream is broken and will be reset.
             return Err(Status::new(Code::Canceled, "context canceled"));
         }
+        if matches!(*self.wire.borrow(), Wire::Local(_)) {
+            return self
+                .send_local(frame.split_off(crate::codec::PREFIX_BYTES))
+                .await;
+        }
         self.start()?;
         self.frame_torn = true;
         let body_bytes = (frame.len() - crate::codec::PREFIX_BYTES) as u64;
@@ -387,6 +443,25 @@ impl ResponseSink {
         Ok(())
     }
 
+    /// `send_frame` for an in-process call: waits for room in the channel, then queues `body`.
+    /// Cancel-safe: nothing is queued until the send completes.
+    async fn send_local(&mut self, body: Bytes) -> Result<(), Status> {
+        let canceled = || Status::new(Code::Canceled, "context canceled");
+        let body_bytes = body.len() as u64;
+        poll_fn(|cx| match &mut *self.wire.borrow_mut() {
+            Wire::Local(sender) => sender.poll_ready(cx).map_err(|_| canceled()),
+            _ => Poll::Ready(Err(canceled())),
+        })
+        .await?;
+        match &mut *self.wire.borrow_mut() {
+            Wire::Local(sender) => sender.start_send(body).map_err(|_| canceled())?,
+            _ => return Err(canceled()),
+        }
+        add(&self.counts.messages_sent, 1);
+        add(&self.counts.bytes_sent, body_bytes);
+        Ok(())
+    }
+
     /// Whether response headers went out (then the status goes in trailers).
     pub fn headers_sent(&self) -> bool {
         matches!(*self.wire.borrow(), Wire::Streaming(_))
@@ -410,6 +485,7 @@ impl ResponseSink {
                 *wire = Wire::Streaming(stream);
             }
             Wire::Streaming(stream) => *wire = Wire::Streaming(stream),
+            Wire::Local(_) => panic!("h2 send on an in-process sink"),
             Wire::Finished => panic!("send after the call finished"),
         }
         Ok(())
@@ -420,7 +496,8 @@ impl ResponseSink {
     fn finish(&mut self, status: &Status) {
         let mut wire = self.wire.borrow_mut();
         match std::mem::replace(&mut *wire, Wire::Finished) {
-            Wire::Finished => {}
+            // The in-process caller gets the status from the handler itself.
+            Wire::Finished | Wire::Local(_) => {}
             Wire::Fresh(mut respond) => {
                 let response = grpc_response(StatusCode::OK, Some(status));
                 let _ = respond.send_response(response, true);
@@ -443,7 +520,7 @@ impl ResponseSink {
             let polled = match &mut *wire.borrow_mut() {
                 Wire::Fresh(respond) => respond.poll_reset(cx).map(|_| ()),
                 Wire::Streaming(stream) => stream.poll_reset(cx).map(|_| ()),
-                Wire::Finished => Poll::Pending,
+                Wire::Local(_) | Wire::Finished => Poll::Pending,
             };
             polled
         })
@@ -713,12 +790,20 @@ async fn serve_http_over_h2<H: Handler>(
         headers: parts.headers,
         body: Bytes::new(),
     };
-    let answer = handler.http(request).await;
+    let mut answer = handler.http(request).await;
     let mut response = http::Response::new(());
     *response.status_mut() = answer.status;
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+    if let Some(stream) = answer.stream.take() {
+        if let Ok(send) = respond.send_response(response, head_only) {
+            if !head_only {
+                send_stream_over_h2(send, stream).await;
+            }
+        }
+        return;
+    }
     response.headers_mut().insert(
         http::header::CONTENT_LENGTH,
         HeaderValue::from(answer.body.len()),
@@ -732,6 +817,38 @@ async fn serve_http_over_h2<H: Handler>(
         // within the connection's send buffer limit.
         let _ = send.send_data(answer.body, true);
     }
+}
+
+/// Sends a streamed HTTP body as DATA frames, one item at a time within the peer's window (so
+/// nothing queues past it), until the body ends or the client resets the stream. Only bodiless
+/// GET/HEAD requests reach the HTTP endpoints over HTTP/2 (see `serve_stream`), so the JSON
+/// gateway's streaming POSTs do not come here yet.
+async fn send_stream_over_h2(mut send: SendStream<Bytes>, mut stream: crate::http1::BodyStream) {
+    use futures_util::StreamExt;
+    loop {
+        // Watch for a reset while waiting too: a quiet stream may not send for a long time.
+        let next = {
+            let reset = pin!(poll_fn(|cx| send.poll_reset(cx)));
+            match select(stream.0.next(), reset).await {
+                Either::Left((next, _)) => next,
+                Either::Right(_) => return,
+            }
+        };
+        let Some(mut chunk) = next else { break };
+        while !chunk.is_empty() {
+            send.reserve_capacity(chunk.len());
+            let capacity_bytes = match poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(capacity_bytes)) => capacity_bytes,
+                // Reset or gone: dropping `stream` ends whatever produced it.
+                Some(Err(_)) | None => return,
+            };
+            let data = chunk.split_to(capacity_bytes.min(chunk.len()));
+            if send.send_data(data, false).is_err() {
+                return;
+            }
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
 }
 
 fn reject(respond: &mut SendResponse<Bytes>, http_status: StatusCode, status: &Status) {
