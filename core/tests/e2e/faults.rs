@@ -337,10 +337,21 @@ async fn the_quota_refuses_the_write_that_would_pass_it_and_defragment_gives_spa
     );
     let member = status.header().expect("a header").member_id();
     assert_eq!(alarm_list(&mut c).await, vec![(member, AlarmType::Nospace)]);
-    assert!(status
-        .errors()
-        .iter()
-        .any(|e| e == &format!("memberID:{member} alarm:NOSPACE ")));
+    // Status reads the alarms the member has applied and published; the status above may have
+    // been answered before the raised alarm was, so ask again until it shows (or time out).
+    let want = format!("memberID:{member} alarm:NOSPACE ");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let errors = c.status().await.expect("status").errors().to_vec();
+        if errors.contains(&want) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Status errors {errors:?} never showed {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let (code, body) = server.http_get("/health");
     assert_eq!(code, 503);
     assert!(body.contains("ALARM NOSPACE"), "{body}");
