@@ -109,6 +109,20 @@ pub fn parse_endpoints(list: &str) -> Result<Vec<String>, Error> {
     Ok(endpoints)
 }
 
+/// The HTTP/2 handshake over `io`, with the connection driven by a task spawned on the current
+/// tokio runtime until every `SendRequest` clone is dropped.
+async fn drive<T>(builder: &h2::client::Builder, io: T) -> Result<SendRequest<Bytes>, Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, connection) = builder.handshake::<_, Bytes>(io).await?;
+    tokio::spawn(async move {
+        // A connection error also fails every open stream, which is where it is reported.
+        let _ = connection.await;
+    });
+    Ok(send)
+}
+
 /// One HTTP/2 connection to one endpoint. Clones share the connection.
 #[derive(Clone)]
 pub struct Connection {
@@ -148,14 +162,7 @@ impl Connection {
             .initial_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
         let (send, scheme) = match tls {
-            None => {
-                let (send, connection) = builder.handshake::<_, Bytes>(tcp).await?;
-                tokio::spawn(async move {
-                    // A connection error also fails every open stream, where it is reported.
-                    let _ = connection.await;
-                });
-                (send, Scheme::HTTP)
-            }
+            None => (drive(&builder, tcp).await?, Scheme::HTTP),
             Some(config) => {
                 let name = rustls::pki_types::ServerName::try_from(authority.host().to_string())
                     .map_err(|e| Error::InvalidArgument(format!("endpoint {endpoint:?}: {e}")))?;
@@ -163,11 +170,7 @@ impl Connection {
                     .connect(name, tcp)
                     .await
                     .map_err(connect_error)?;
-                let (send, connection) = builder.handshake::<_, Bytes>(stream).await?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                (send, Scheme::HTTPS)
+                (drive(&builder, stream).await?, Scheme::HTTPS)
             }
         };
         Ok(Connection {
