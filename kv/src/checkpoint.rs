@@ -14,11 +14,16 @@ use rkyv::rancor;
 
 use crate::error::{KvError, Result};
 use crate::index::{KeyHistory, Version, VersionKind};
+use crate::store::ValueLogOptions;
 use crate::store::{compacted_start, hash_version, Reader, Store, Writer};
 use crate::types::Revision;
+use crate::vlog::{RECORD_HEADER_BYTES, SEGMENT_NONE};
 
 const MAGIC: [u8; 8] = *b"KEELKVCP";
-const FORMAT_VERSION: u32 = 1;
+/// Format 2 adds value-log pointers (`VersionRecord::segment`) and the segments they need.
+const FORMAT_VERSION: u32 = 2;
+/// Format 1 (every value inline) still loads.
+const FORMAT_VERSION_INLINE: u32 = 1;
 /// Bytes before the payload.
 pub const HEADER_BYTES: usize = 40;
 const _: () = assert!(HEADER_BYTES == 8 + 4 + 4 + 8 + 8 + 4 + 4);
@@ -29,9 +34,49 @@ struct CheckpointData {
     current_rev: i64,
     compact_rev: i64,
     keys: Vec<KeyRecord>,
-    /// Every version's value, concatenated in key/revision order.
+    /// The values kept inline (those not in a durable segment), concatenated in key/revision
+    /// order.
     values: Vec<u8>,
     leases: Vec<LeaseRecord>,
+    /// The durable value-log segments the versions may point into.
+    segments: Vec<SegmentRecord>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct SegmentRecord {
+    id: u32,
+    /// The segment's record bytes: its file must hold at least these.
+    record_bytes: u64,
+}
+
+/// Format 1: every value inline. Only read (tests write one to prove such files still load).
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[cfg_attr(not(test), allow(dead_code))]
+struct CheckpointDataInline {
+    applied_index: u64,
+    current_rev: i64,
+    compact_rev: i64,
+    keys: Vec<KeyRecordInline>,
+    values: Vec<u8>,
+    leases: Vec<LeaseRecord>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct KeyRecordInline {
+    key: Vec<u8>,
+    versions: Vec<VersionRecordInline>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct VersionRecordInline {
+    main: i64,
+    sub: i64,
+    tombstone: bool,
+    create_revision: i64,
+    version: i64,
+    lease: i64,
+    value_offset: u64,
+    value_bytes: u64,
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
@@ -48,6 +93,9 @@ struct VersionRecord {
     create_revision: i64,
     version: i64,
     lease: i64,
+    /// `SEGMENT_NONE`: the value is `values[value_offset..][..value_bytes]`. Otherwise the value
+    /// is in that segment's record at `value_offset` (after its header and key).
+    segment: u32,
     value_offset: u64,
     value_bytes: u64,
 }
@@ -68,6 +116,9 @@ pub struct CheckpointSource {
     compact_rev: i64,
     applied_index: u64,
     leases: Vec<(i64, i64)>,
+    /// Durable segments at the capture, `(id, record_bytes)` ascending: versions in them are
+    /// written as pointers, every other value inline.
+    durable_segments: Vec<(u32, u64)>,
 }
 
 impl Writer {
@@ -86,6 +137,7 @@ impl Writer {
             compact_rev: self.compact_rev,
             applied_index: self.applied_index,
             leases: self.leases.iter().map(|(id, e)| (*id, e.ttl_s)).collect(),
+            durable_segments: self.vlog.durable_segments(),
         }
     }
 }
@@ -152,8 +204,18 @@ impl CheckpointSource {
             let list = entry.value().load(&guard);
             let mut versions = Vec::new();
             for v in list.iter().take_while(|v| v.rev.main <= self.revision) {
-                let value_offset = values.len() as u64;
-                values.extend_from_slice(&v.value);
+                let durable = v.segment != SEGMENT_NONE
+                    && self
+                        .durable_segments
+                        .binary_search_by_key(&v.segment, |(id, _)| *id)
+                        .is_ok();
+                let (segment, value_offset) = if durable {
+                    (v.segment, u64::from(v.offset))
+                } else {
+                    let at = values.len() as u64;
+                    values.extend_from_slice(&v.value);
+                    (SEGMENT_NONE, at)
+                };
                 versions.push(VersionRecord {
                     main: v.rev.main,
                     sub: v.rev.sub,
@@ -161,6 +223,7 @@ impl CheckpointSource {
                     create_revision: v.create_revision,
                     version: v.version,
                     lease: v.lease,
+                    segment,
                     value_offset,
                     value_bytes: v.value.len() as u64,
                 });
@@ -188,6 +251,14 @@ impl CheckpointSource {
                 .map(|(id, ttl_s)| LeaseRecord {
                     id: *id,
                     ttl_s: *ttl_s,
+                })
+                .collect(),
+            segments: self
+                .durable_segments
+                .iter()
+                .map(|(id, record_bytes)| SegmentRecord {
+                    id: *id,
+                    record_bytes: *record_bytes,
                 })
                 .collect(),
         };
@@ -318,6 +389,7 @@ pub fn image_from_versions(
                 create_revision: v.create_revision,
                 version: v.version,
                 lease: v.lease,
+                segment: SEGMENT_NONE,
                 value_offset,
                 value_bytes: v.value.len() as u64,
             });
@@ -332,30 +404,35 @@ pub fn image_from_versions(
             .into_iter()
             .map(|(id, ttl_s)| LeaseRecord { id, ttl_s })
             .collect(),
+        segments: Vec::new(),
     };
     let image = frame(&data);
     // The archive holds a copy of every value: free the first before the check restores a third.
     drop(data);
-    restore(&image)?;
+    restore(&image, ValueLogOptions::default(), &mut no_segment_files)?;
     Ok(image)
 }
 
 /// The framed archive of `data` (see the module's description).
 fn frame(data: &CheckpointData) -> Vec<u8> {
-    let key_count = data.keys.len() as u64;
     let payload = rkyv::to_bytes::<rancor::Error>(data)
         .expect("serializing plain data into memory cannot fail");
+    frame_payload(FORMAT_VERSION, data.keys.len() as u64, &payload)
+}
+
+/// The header for an archive `payload` of `format`, then the payload.
+fn frame_payload(format: u32, key_count: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(&key_count.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
     let header_crc = crc32fast::hash(&out);
     out.extend_from_slice(&header_crc.to_le_bytes());
     assert!(out.len() == HEADER_BYTES);
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(payload);
     out
 }
 
@@ -371,7 +448,34 @@ fn damaged(why: &'static str) -> KvError {
     KvError::CheckpointDamaged(why)
 }
 
-pub(crate) fn restore(bytes: &[u8]) -> Result<(Writer, Reader)> {
+/// Where a restore finds the durable value-log segments a checkpoint points into: the file of
+/// segment `id` (mapped; its bytes are shared, never copied), or why it cannot be used.
+pub type SegmentFiles<'a> = dyn FnMut(u32) -> std::result::Result<Bytes, String> + 'a;
+
+/// For images that must not point into segment files (every value inline).
+pub(crate) fn no_segment_files(id: u32) -> std::result::Result<Bytes, String> {
+    Err(format!(
+        "an inline image refers to value-log segment {id}, which only its own member's disk holds"
+    ))
+}
+
+/// One version as either format stores it.
+struct VersionFields {
+    rev: Revision,
+    tombstone: bool,
+    create_revision: i64,
+    version: i64,
+    lease: i64,
+    segment: u32,
+    value_offset: u64,
+    value_bytes: u64,
+}
+
+pub(crate) fn restore(
+    bytes: &[u8],
+    options: ValueLogOptions,
+    files: &mut SegmentFiles<'_>,
+) -> Result<(Writer, Reader)> {
     if bytes.len() < HEADER_BYTES {
         return Err(damaged("shorter than the header"));
     }
@@ -381,7 +485,8 @@ pub(crate) fn restore(bytes: &[u8]) -> Result<(Writer, Reader)> {
     if crc32fast::hash(&bytes[..36]) != le_u32(bytes, 36) {
         return Err(damaged("header crc mismatch"));
     }
-    if le_u32(bytes, 8) != FORMAT_VERSION {
+    let format = le_u32(bytes, 8);
+    if format != FORMAT_VERSION && format != FORMAT_VERSION_INLINE {
         return Err(damaged("unknown format version"));
     }
     let payload_bytes = le_u64(bytes, 16);
@@ -396,76 +501,197 @@ pub(crate) fn restore(bytes: &[u8]) -> Result<(Writer, Reader)> {
     // rkyv needs an aligned buffer; the caller's bytes may sit anywhere.
     let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
     aligned.extend_from_slice(payload);
-    let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&aligned)
-        .map_err(|_| damaged("archive failed validation"))?;
-    if data.keys.len() as u64 != key_count {
-        return Err(damaged("key count does not match the header"));
+    // Both formats go through one loader; a macro, because their archived types differ.
+    macro_rules! load {
+        ($archived:ty, $segments:expr, $segment_of:expr) => {{
+            let data = rkyv::access::<$archived, rancor::Error>(&aligned)
+                .map_err(|_| damaged("archive failed validation"))?;
+            if data.keys.len() as u64 != key_count {
+                return Err(damaged("key count does not match the header"));
+            }
+            let header = Header {
+                applied_index: data.applied_index.to_native(),
+                current_rev: data.current_rev.to_native(),
+                compact_rev: data.compact_rev.to_native(),
+                leases: data
+                    .leases
+                    .iter()
+                    .map(|l| (l.id.to_native(), l.ttl_s.to_native()))
+                    .collect(),
+                segments: $segments(data),
+            };
+            let keys = data.keys.iter().map(|record| {
+                let versions = record.versions.iter().map(|v| VersionFields {
+                    rev: Revision {
+                        main: v.main.to_native(),
+                        sub: v.sub.to_native(),
+                    },
+                    tombstone: v.tombstone,
+                    create_revision: v.create_revision.to_native(),
+                    version: v.version.to_native(),
+                    lease: v.lease.to_native(),
+                    segment: $segment_of(v),
+                    value_offset: v.value_offset.to_native(),
+                    value_bytes: v.value_bytes.to_native(),
+                });
+                (record.key.as_slice(), versions)
+            });
+            build(header, data.values.as_slice(), keys, options, files)
+        }};
     }
-    let current_rev = data.current_rev.to_native();
-    let compact_rev = data.compact_rev.to_native();
+    if format == FORMAT_VERSION {
+        load!(
+            ArchivedCheckpointData,
+            |d: &ArchivedCheckpointData| d
+                .segments
+                .iter()
+                .map(|s| (s.id.to_native(), s.record_bytes.to_native()))
+                .collect(),
+            |v: &ArchivedVersionRecord| v.segment.to_native()
+        )
+    } else {
+        load!(
+            ArchivedCheckpointDataInline,
+            |_: &ArchivedCheckpointDataInline| Vec::new(),
+            |_: &ArchivedVersionRecordInline| SEGMENT_NONE
+        )
+    }
+}
+
+/// What a checkpoint holds besides its keys.
+struct Header {
+    applied_index: u64,
+    current_rev: i64,
+    compact_rev: i64,
+    leases: Vec<(i64, i64)>,
+    /// `(id, record_bytes)` of the durable segments versions may point into.
+    segments: Vec<(u32, u64)>,
+}
+
+fn build<'k, K, V>(
+    header: Header,
+    values: &[u8],
+    keys: K,
+    options: ValueLogOptions,
+    files: &mut SegmentFiles<'_>,
+) -> Result<(Writer, Reader)>
+where
+    K: Iterator<Item = (&'k [u8], V)>,
+    V: Iterator<Item = VersionFields>,
+{
+    let Header {
+        applied_index,
+        current_rev,
+        compact_rev,
+        leases,
+        segments,
+    } = header;
     if current_rev < crate::store::REVISION_INITIAL || compact_rev > current_rev {
         return Err(damaged("revisions out of order"));
     }
-    let (mut writer, reader) = Store::new();
-    writer.applied_index = data.applied_index.to_native();
+    let (mut writer, reader) = Store::with_value_log(options);
+    writer.applied_index = applied_index;
     writer.current_rev = current_rev;
     writer.compact_rev = compact_rev;
-    for lease in data.leases.iter() {
+    for (id, ttl_s) in leases {
         writer.leases.insert(
-            lease.id.to_native(),
+            id,
             crate::store::LeaseEntry {
-                ttl_s: lease.ttl_s.to_native(),
+                ttl_s,
                 keys: Default::default(),
             },
         );
     }
-    let values: &[u8] = data.values.as_slice();
+    // Each durable segment's file, mapped once; values are slices of it.
+    let mut mapped: std::collections::BTreeMap<u32, Bytes> = std::collections::BTreeMap::new();
+    for (id, record_bytes) in segments {
+        let file = files(id).map_err(|why| KvError::SegmentUnusable { segment: id, why })?;
+        if id == SEGMENT_NONE || id >= options.first_segment_id || mapped.contains_key(&id) {
+            return Err(damaged("a segment id out of range or listed twice"));
+        }
+        if (file.len() as u64) < record_bytes {
+            return Err(KvError::SegmentUnusable {
+                segment: id,
+                why: format!(
+                    "the file holds {} bytes, the checkpoint needs {record_bytes}",
+                    file.len()
+                ),
+            });
+        }
+        writer.vlog.insert_durable(id, record_bytes);
+        mapped.insert(id, file);
+    }
     let mut previous_key: Option<&[u8]> = None;
-    for record in data.keys.iter() {
-        let key_slice: &[u8] = record.key.as_slice();
+    for (key_slice, record_versions) in keys {
         if key_slice.is_empty() || previous_key.is_some_and(|p| p >= key_slice) {
             return Err(damaged("keys not strictly ascending"));
         }
         previous_key = Some(key_slice);
-        if record.versions.is_empty() {
-            return Err(damaged("a key without versions"));
-        }
         let key = Bytes::copy_from_slice(key_slice);
-        let mut versions: Vec<Version> = Vec::with_capacity(record.versions.len());
-        for v in record.versions.iter() {
-            let rev = Revision {
-                main: v.main.to_native(),
-                sub: v.sub.to_native(),
-            };
+        let mut versions: Vec<Version> = Vec::new();
+        for v in record_versions {
+            let rev = v.rev;
             if versions.last().is_some_and(|last| last.rev >= rev) || rev.main > current_rev {
                 return Err(damaged("versions not ascending"));
             }
-            let start = v.value_offset.to_native();
-            let end = start
-                .checked_add(v.value_bytes.to_native())
-                .ok_or(damaged("value range overflows"))?;
-            if end > values.len() as u64 {
-                return Err(damaged("value range outside the value blob"));
-            }
-            let value = &values[start as usize..end as usize];
             let version = if v.tombstone {
                 Version::tombstone(rev)
-            } else {
-                let (value, segment) = writer.vlog.append(&key, rev, value);
+            } else if v.segment == SEGMENT_NONE {
+                let start = v.value_offset;
+                let end = start
+                    .checked_add(v.value_bytes)
+                    .ok_or(damaged("value range overflows"))?;
+                if end > values.len() as u64 {
+                    return Err(damaged("value range outside the value blob"));
+                }
+                let placed = writer
+                    .vlog
+                    .append(&key, rev, &values[start as usize..end as usize]);
                 Version {
                     rev,
                     kind: VersionKind::Put,
-                    create_revision: v.create_revision.to_native(),
-                    version: v.version.to_native(),
-                    lease: v.lease.to_native(),
-                    value,
-                    segment,
+                    create_revision: v.create_revision,
+                    version: v.version,
+                    lease: v.lease,
+                    value: placed.value,
+                    segment: placed.segment,
+                    offset: placed.offset,
+                }
+            } else {
+                let file = mapped
+                    .get(&v.segment)
+                    .ok_or(damaged("a value in a segment the checkpoint does not list"))?;
+                let offset = u32::try_from(v.value_offset)
+                    .map_err(|_| damaged("a record offset beyond 4 GiB"))?;
+                let start = (v.value_offset as usize)
+                    .checked_add(RECORD_HEADER_BYTES + key.len())
+                    .ok_or(damaged("value range overflows"))?;
+                let end = start
+                    .checked_add(v.value_bytes as usize)
+                    .ok_or(damaged("value range overflows"))?;
+                if end > file.len() || v.value_bytes == 0 {
+                    return Err(damaged("a value outside its segment's file"));
+                }
+                writer
+                    .vlog
+                    .count_loaded(v.segment, &key, rev, v.value_bytes);
+                Version {
+                    rev,
+                    kind: VersionKind::Put,
+                    create_revision: v.create_revision,
+                    version: v.version,
+                    lease: v.lease,
+                    value: file.slice(start..end),
+                    segment: v.segment,
+                    offset,
                 }
             };
             versions.push(version);
             writer.index_grew(key.len());
         }
-        let latest = versions.last().expect("checked non-empty above");
+        let Some(latest) = versions.last() else {
+            return Err(damaged("a key without versions"));
+        };
         if latest.kind == VersionKind::Put && latest.lease != 0 {
             writer
                 .leases
@@ -486,4 +712,61 @@ pub(crate) fn restore(bytes: &[u8]) -> Result<(Writer, Reader)> {
         .store(compact_rev, std::sync::atomic::Ordering::Release);
     writer.resume_compaction();
     Ok((writer, reader))
+}
+
+#[cfg(test)]
+mod format_1 {
+    use super::*;
+
+    #[test]
+    fn format_1_checkpoints_with_inline_values_still_load() {
+        let data = CheckpointDataInline {
+            applied_index: 9,
+            current_rev: 3,
+            compact_rev: 0,
+            keys: vec![KeyRecordInline {
+                key: b"a".to_vec(),
+                versions: vec![
+                    VersionRecordInline {
+                        main: 2,
+                        sub: 0,
+                        tombstone: false,
+                        create_revision: 2,
+                        version: 1,
+                        lease: 5,
+                        value_offset: 0,
+                        value_bytes: 3,
+                    },
+                    VersionRecordInline {
+                        main: 3,
+                        sub: 0,
+                        tombstone: false,
+                        create_revision: 2,
+                        version: 2,
+                        lease: 5,
+                        value_offset: 3,
+                        value_bytes: 2,
+                    },
+                ],
+            }],
+            values: b"onetw".to_vec(),
+            leases: vec![LeaseRecord { id: 5, ttl_s: 60 }],
+        };
+        let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&data).unwrap();
+        let image = frame_payload(1, 1, &payload);
+        let (w, r) = Store::restore(&image).expect("format 1 loads");
+        assert_eq!(w.applied_index(), 9);
+        assert_eq!(
+            r.range(&crate::RangeRequest {
+                key: Bytes::from_static(b"a"),
+                ..Default::default()
+            })
+            .unwrap()
+            .kvs
+            .first()
+            .map(|kv| kv.value.clone()),
+            Some(Bytes::from_static(b"tw"))
+        );
+        assert_eq!(w.lease(5).map(|l| l.keys.len()), Some(1));
+    }
 }

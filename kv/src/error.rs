@@ -42,6 +42,10 @@ pub enum KvError {
     /// A checkpoint failed validation (not an etcd error: the server refuses to start from it).
     #[error("keel-kv: damaged checkpoint: {0}")]
     CheckpointDamaged(&'static str),
+    /// A checkpoint refers to a value-log segment that cannot be used (missing, short or
+    /// unreadable): not an etcd error, the server refuses to start and names the file.
+    #[error("keel-kv: value-log segment {segment}: {why}")]
+    SegmentUnusable { segment: u32, why: String },
     /// A bbolt database (an etcd snapshot) that cannot be read or written (not an etcd error:
     /// snapshot tools report it).
     #[error("keel-kv: bbolt: {0}")]

@@ -35,6 +35,8 @@ pub(crate) struct Version {
     pub(crate) value: Bytes,
     /// The value's segment, or `SEGMENT_NONE`.
     pub(crate) segment: u32,
+    /// The offset of the value's record in its segment (0 for `SEGMENT_NONE`).
+    pub(crate) offset: u32,
 }
 
 impl Version {
@@ -62,6 +64,7 @@ impl Version {
             lease: 0,
             value: Bytes::new(),
             segment: SEGMENT_NONE,
+            offset: 0,
         }
     }
 }

@@ -39,16 +39,22 @@ pub mod validate;
 mod vlog;
 
 pub use checkpoint::{
-    image_from_versions, CheckpointSource, ExportVersion, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+    image_from_versions, CheckpointSource, ExportVersion, SegmentFiles,
+    HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
 };
 pub use error::{KvError, Result};
-pub use store::{CompactionStatus, Reader, Store, Writer, COMPACT_REVISION_NONE, REVISION_INITIAL};
+pub use store::{
+    CompactionStatus, Reader, Store, ValueLogOptions, Writer, COMPACT_REVISION_NONE,
+    REVISION_INITIAL,
+};
 pub use types::*;
 pub use validate::{
     validate_delete_range, validate_lease_grant, validate_put, validate_range, validate_txn,
     LEASE_TTL_MAX_S, MAX_TXN_OPS_DEFAULT,
 };
-pub use vlog::SEGMENT_BYTES;
+pub use vlog::{
+    record_bytes, DeadSegment, SealedSegment, RECORD_HEADER_BYTES, SEGMENT_BYTES, SEGMENT_NONE,
+};
 
 #[cfg(test)]
 mod tests;

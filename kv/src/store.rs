@@ -1,7 +1,7 @@
 //! The store: one `Writer` (the raft core applies committed entries through it) and any number of
 //! `Reader`s (one per shard) that read the published state without locks.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -19,7 +19,9 @@ use crate::types::{
     Revision, TxnRequest, TxnResponse,
 };
 use crate::validate::LEASE_TTL_MAX_S;
-use crate::vlog::{Reclaim, ValueLog, SEGMENT_BYTES};
+use crate::vlog::{
+    DeadSegment, Reclaim, SealedSegment, ValueLog, RECORD_HEADER_BYTES, SEGMENT_BYTES,
+};
 
 /// The revision of an empty store, as in etcd.
 pub const REVISION_INITIAL: i64 = 1;
@@ -66,6 +68,15 @@ impl Store {
     /// An empty store whose value-log segments hold `segment_bytes` (tests use small ones to exercise
     /// segment rotation and reclaim).
     pub fn with_segment_bytes(segment_bytes: usize) -> (Writer, Reader) {
+        Self::with_value_log(ValueLogOptions {
+            segment_bytes,
+            ..ValueLogOptions::default()
+        })
+    }
+
+    /// An empty store whose value log is set up as `options` say.
+    pub fn with_value_log(options: ValueLogOptions) -> (Writer, Reader) {
+        let segment_bytes = options.segment_bytes;
         assert!(segment_bytes > 0, "a segment must hold something");
         let shared = Arc::new(Shared {
             index: Index::new(),
@@ -74,7 +85,7 @@ impl Store {
         });
         let writer = Writer {
             shared: shared.clone(),
-            vlog: ValueLog::new(segment_bytes),
+            vlog: ValueLog::starting_at(segment_bytes, options.first_segment_id, options.on_disk),
             leases: BTreeMap::new(),
             index_bytes: 0,
             applied_index: 0,
@@ -87,9 +98,49 @@ impl Store {
         (writer, Reader { shared })
     }
 
-    /// Rebuilds a store from `Writer::checkpoint` output; any damage is a typed error.
+    /// Rebuilds a store from a checkpoint whose values are all inline (one taken with the value
+    /// log in memory, or made by `image_from_versions`, or a leader's snapshot); any damage is a
+    /// typed error.
     pub fn restore(checkpoint: &[u8]) -> Result<(Writer, Reader)> {
-        crate::checkpoint::restore(checkpoint)
+        crate::checkpoint::restore(
+            checkpoint,
+            ValueLogOptions::default(),
+            &mut crate::checkpoint::no_segment_files,
+        )
+    }
+
+    /// Rebuilds a store from a checkpoint that may point into durable value-log segments,
+    /// which `files` maps; the value log then goes on as `options` say
+    /// (`options.first_segment_id` must be above every segment the checkpoint lists). Work
+    /// and memory are proportional to the index, not to the values in segments.
+    pub fn restore_with_segments(
+        checkpoint: &[u8],
+        options: ValueLogOptions,
+        files: &mut crate::checkpoint::SegmentFiles<'_>,
+    ) -> Result<(Writer, Reader)> {
+        crate::checkpoint::restore(checkpoint, options, files)
+    }
+}
+
+/// How a store keeps its value log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValueLogOptions {
+    /// The size of one segment.
+    pub segment_bytes: usize,
+    /// The first segment id the store uses: above every segment file already on disk.
+    pub first_segment_id: u32,
+    /// Seal full segments for the driver to write and map (the server). Off keeps every value
+    /// in memory and hands nothing out (tests, simulations, tools).
+    pub on_disk: bool,
+}
+
+impl Default for ValueLogOptions {
+    fn default() -> Self {
+        ValueLogOptions {
+            segment_bytes: SEGMENT_BYTES,
+            first_segment_id: 0,
+            on_disk: false,
+        }
     }
 }
 
@@ -205,6 +256,78 @@ impl Writer {
     /// Value-log bytes held (live or awaiting reclaim): the server's "db size".
     pub fn value_log_bytes(&self) -> u64 {
         self.vlog.bytes_total()
+    }
+
+    /// Sealed value-log segments to write to disk, oldest first (only with `on_disk`). Write each
+    /// to a file, make it durable, map it and hand the mapping to `segment_durable`.
+    pub fn take_sealed_segments(&mut self) -> Vec<SealedSegment> {
+        self.vlog.take_sealed()
+    }
+
+    /// Record bytes sealed and not yet reported durable: the driver stops taking writes while
+    /// this is above its bound.
+    pub fn sealed_backlog_bytes(&self) -> u64 {
+        self.vlog.sealed_backlog_bytes()
+    }
+
+    /// Segment `id` (of `sealed_bytes` record bytes) is durable in `file`, its mapped contents:
+    /// every version still in it now points into `file`, so the memory copy is freed once the
+    /// last reader drops its slice. A segment that reclaim removed meanwhile is only counted.
+    pub fn segment_durable(&mut self, id: u32, sealed_bytes: u64, file: Bytes) {
+        self.vlog.sealed_written(sealed_bytes);
+        if !self.vlog.mark_durable(id, file.len() as u64) {
+            return;
+        }
+        // Group the segment's versions by key, so a hot key's list is copied once per segment,
+        // not once per version in it.
+        let mut by_key: HashMap<Bytes, Vec<Revision>> = HashMap::new();
+        for (key, rev) in &self.vlog.segments[&id].refs {
+            by_key.entry(key.clone()).or_default().push(*rev);
+        }
+        let guard = epoch::pin();
+        for (key, revs) in by_key {
+            let Some(entry) = self.shared.index.get(key.as_ref()) else {
+                continue;
+            };
+            let versions = entry.value().load(&guard);
+            let mut list: Option<Vec<Version>> = None;
+            for rev in revs {
+                let Ok(pos) = versions.binary_search_by(|v| v.rev.cmp(&rev)) else {
+                    continue;
+                };
+                let v = &versions[pos];
+                if v.segment != id {
+                    continue;
+                }
+                let start = v.offset as usize + RECORD_HEADER_BYTES + key.len();
+                let end = start + v.value.len();
+                assert!(
+                    end <= file.len(),
+                    "segment {id}'s record at {} ends past its file",
+                    v.offset
+                );
+                list.get_or_insert_with(|| versions.to_vec())[pos].value = file.slice(start..end);
+            }
+            if let Some(list) = list {
+                entry.value().replace(list, &guard);
+            }
+        }
+    }
+
+    /// Segments removed since the last call, whose files go once no kept checkpoint refers to
+    /// them (only with `on_disk`).
+    pub fn take_dead_segments(&mut self) -> Vec<DeadSegment> {
+        let died_at_index = self.applied_index;
+        std::mem::take(&mut self.vlog.dead)
+            .into_iter()
+            .map(|id| DeadSegment { id, died_at_index })
+            .collect()
+    }
+
+    /// Every segment id this store uses or used (the open one is the highest): a store that
+    /// replaces this one starts above it.
+    pub fn segment_ids(&self) -> Vec<u32> {
+        self.vlog.segments.keys().copied().collect()
     }
 
     /// Value-log bytes still referenced by the index.
@@ -335,7 +458,7 @@ impl Writer {
             // Copy the key: a slice of the request would pin the whole request buffer.
             None => Bytes::copy_from_slice(key),
         };
-        let (value, segment) = self.vlog.append(&key_bytes, rev, value);
+        let placed = self.vlog.append(&key_bytes, rev, value);
         self.index_grew(key_bytes.len());
         let version = Version {
             rev,
@@ -343,8 +466,9 @@ impl Writer {
             create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision),
             version: prev.as_ref().map_or(1, |p| p.version + 1),
             lease,
-            value,
-            segment,
+            value: placed.value,
+            segment: placed.segment,
+            offset: placed.offset,
         };
         let kv = version.to_key_value(&key_bytes);
         match &entry {
@@ -752,11 +876,12 @@ impl Writer {
             if versions[pos].segment != cursor.segment {
                 continue;
             }
-            let (value, segment) = self.vlog.append(key, *rev, &versions[pos].value);
-            self.vlog.release(cursor.segment, value.len());
+            let placed = self.vlog.append(key, *rev, &versions[pos].value);
+            self.vlog.release(cursor.segment, placed.value.len());
             let mut list = versions.to_vec();
-            list[pos].value = value;
-            list[pos].segment = segment;
+            list[pos].value = placed.value;
+            list[pos].segment = placed.segment;
+            list[pos].offset = placed.offset;
             entry.value().replace(list, &guard);
         }
         let next_ref = cursor.next_ref + refs.len();

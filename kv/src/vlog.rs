@@ -1,22 +1,43 @@
-//! The append-only value log: values live in large in-memory segments and the index holds `Bytes`
-//! slices of them, so a range read hands out those slices without copying.
+//! The append-only value log: values live in large segments and the index holds `Bytes` slices
+//! of them, so a range read hands out those slices without copying.
 //!
-//! A segment is one `BytesMut` allocation of `SEGMENT_BYTES`. Appending a value copies it into the
-//! spare capacity and splits the written part off as a frozen `Bytes` that shares the allocation, so
-//! the open segment never reallocates and readers never see bytes that are still being written.
-//! Compaction drops versions (live bytes fall); `reclaim_step` rewrites the live values of a mostly
-//! dead frozen segment into the open one. The old allocation is freed when the last `Bytes`
-//! pointing into it is dropped, so readers still holding a slice keep working.
+//! A segment is written as framed records, one per stored value (see [`RECORD_HEADER_BYTES`]),
+//! so a segment file can be checked and walked without the index. While a segment is open it is
+//! one `BytesMut` allocation: appending copies the record into the spare capacity and splits the
+//! written part off as a frozen `Bytes` that shares the allocation, so the open segment never
+//! reallocates and readers never see bytes that are still being written.
+//!
+//! Values on disk (`spill` on, as the server runs it): a segment that fills up is sealed and
+//! handed to the driver ([`SealedSegment`], taken with `Writer::take_sealed_segments`), which
+//! writes it to a file, makes it durable and maps it; `Writer::segment_durable` then points every
+//! version still in that segment at the mapping, and the in-memory copy is freed once the last
+//! reader drops its slice. Memory then holds the index, the open segment and the sealed segments
+//! not yet durable (bounded by the driver), never the whole data set. With `spill` off (tests,
+//! simulations, tools) segments stay in memory and nothing is handed out.
+//!
+//! Compaction drops versions (live bytes fall); `reclaim_step` rewrites the live values of a
+//! mostly dead frozen segment into the open one. A segment whose file may still be referenced
+//! by a checkpoint is reported as dead (`Writer::take_dead_segments`) for the driver to delete
+//! once no kept checkpoint needs it.
 
 use std::collections::BTreeMap;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::types::Revision;
 
 /// Default size of one value-log segment.
 pub const SEGMENT_BYTES: usize = 1 << 20;
 const _: () = assert!(SEGMENT_BYTES.is_power_of_two() && SEGMENT_BYTES >= 4096);
+
+/// One record: `crc32 u32 | key_len u32 | value_len u32 | rev_main i64 | rev_sub i64 | key |
+/// value`, little-endian; the crc covers everything after itself.
+pub const RECORD_HEADER_BYTES: usize = 4 + 4 + 4 + 8 + 8;
+
+/// The bytes one record of this key and value takes in its segment.
+pub const fn record_bytes(key_bytes: usize, value_bytes: usize) -> usize {
+    RECORD_HEADER_BYTES + key_bytes + value_bytes
+}
 
 /// A segment is rewritten once less than this share (in percent) of its bytes are live.
 pub const RECLAIM_LIVE_PERCENT_MAX: u64 = 50;
@@ -34,13 +55,47 @@ pub(crate) enum Reclaim {
 /// The segment id of an empty value: it takes no log space.
 pub const SEGMENT_NONE: u32 = u32::MAX;
 
+/// A sealed segment for the driver to write: its records, in order, make up the file (then zero
+/// padding to whatever block size the driver writes in; a record never starts with a zero
+/// length key, so the padding reads as the end).
+#[derive(Debug)]
+pub struct SealedSegment {
+    pub id: u32,
+    pub records: Vec<Bytes>,
+    /// The sum of the records' lengths: the file's meaningful bytes.
+    pub bytes: u64,
+}
+
+/// A segment the log no longer uses; its file goes once no kept checkpoint refers to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadSegment {
+    pub id: u32,
+    /// The applied raft index when it died: a checkpoint taken at or after a later index does
+    /// not refer to it.
+    pub died_at_index: u64,
+}
+
 /// Bookkeeping for one segment.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentStats {
+    /// Value bytes written into the segment (quota and metrics count values, as before).
     pub(crate) bytes_total: u64,
     pub(crate) bytes_live: u64,
+    /// Record bytes written: the next record's offset, and the file's length.
+    pub(crate) record_bytes: u64,
     /// Every value written into this segment, in write order, so reclaim can find them again.
     pub(crate) refs: Vec<(Bytes, Revision)>,
+    /// Whether the segment's file is durable (values then point into its mapping).
+    pub(crate) durable: bool,
+}
+
+/// Where `append` put a value.
+#[derive(Debug, Clone)]
+pub(crate) struct Placed {
+    pub(crate) value: Bytes,
+    pub(crate) segment: u32,
+    /// The record's offset in its segment.
+    pub(crate) offset: u32,
 }
 
 #[derive(Debug)]
@@ -54,20 +109,37 @@ pub(crate) struct ValueLog {
     /// would put an O(segments) loop on the apply path.
     all_bytes_total: u64,
     all_bytes_live: u64,
+    /// Whether sealed segments go to disk (see the module's description).
+    spill: bool,
+    /// The open segment's records, kept for sealing when `spill` is on.
+    open_records: Vec<Bytes>,
+    /// Sealed segments the driver has not taken yet.
+    sealed: Vec<SealedSegment>,
+    /// Record bytes sealed and not yet durable: what the driver bounds.
+    sealed_backlog_bytes: u64,
+    /// Segments removed whose files the driver deletes later.
+    pub(crate) dead: Vec<u32>,
 }
 
 impl ValueLog {
-    pub(crate) fn new(segment_bytes: usize) -> Self {
+    /// A log whose first segment is `first_id`; `spill` hands sealed segments to the driver.
+    pub(crate) fn starting_at(segment_bytes: usize, first_id: u32, spill: bool) -> Self {
         assert!(segment_bytes > 0);
+        assert!(first_id != SEGMENT_NONE, "segment ids exhausted");
         let mut segments = BTreeMap::new();
-        segments.insert(0, SegmentStats::default());
+        segments.insert(first_id, SegmentStats::default());
         ValueLog {
             open: BytesMut::with_capacity(segment_bytes),
-            open_id: 0,
+            open_id: first_id,
             segment_bytes,
             segments,
             all_bytes_total: 0,
             all_bytes_live: 0,
+            spill,
+            open_records: Vec::new(),
+            sealed: Vec::new(),
+            sealed_backlog_bytes: 0,
+            dead: Vec::new(),
         }
     }
 
@@ -75,41 +147,119 @@ impl ValueLog {
         self.open_id
     }
 
-    /// Copies `value` into the log and returns the shared slice and its segment id.
-    pub(crate) fn append(&mut self, key: &Bytes, rev: Revision, value: &[u8]) -> (Bytes, u32) {
+    /// Frozen segments loaded from durable files (restore): their values already point into
+    /// the files' mappings.
+    pub(crate) fn insert_durable(&mut self, id: u32, record_bytes: u64) {
+        assert!(
+            id < self.open_id,
+            "a loaded segment is older than the open one"
+        );
+        let previous = self.segments.insert(
+            id,
+            SegmentStats {
+                record_bytes,
+                durable: true,
+                ..SegmentStats::default()
+            },
+        );
+        assert!(previous.is_none(), "a segment is loaded once");
+    }
+
+    /// Counts a loaded value of a durable segment (restore).
+    pub(crate) fn count_loaded(&mut self, id: u32, key: &Bytes, rev: Revision, value_bytes: u64) {
+        let stats = self
+            .segments
+            .get_mut(&id)
+            .expect("a loaded value's segment was inserted");
+        stats.bytes_total += value_bytes;
+        stats.bytes_live += value_bytes;
+        stats.refs.push((key.clone(), rev));
+        self.all_bytes_total += value_bytes;
+        self.all_bytes_live += value_bytes;
+    }
+
+    /// Copies `value` into the log as a record and returns where it went.
+    pub(crate) fn append(&mut self, key: &Bytes, rev: Revision, value: &[u8]) -> Placed {
         if value.is_empty() {
-            return (Bytes::new(), SEGMENT_NONE);
+            return Placed {
+                value: Bytes::new(),
+                segment: SEGMENT_NONE,
+                offset: 0,
+            };
         }
-        let spare_bytes = self.open.capacity() - self.open.len();
-        if value.len() > spare_bytes {
-            // Freeze the open segment: a value never straddles two allocations. A value larger than a
-            // segment gets a segment of its own size.
-            self.open_id = self
-                .open_id
-                .checked_add(1)
-                .expect("fewer than 2^32 segments");
-            assert!(self.open_id != SEGMENT_NONE, "segment ids exhausted");
-            self.open = BytesMut::with_capacity(self.segment_bytes.max(value.len()));
-            self.segments.insert(self.open_id, SegmentStats::default());
+        let len = record_bytes(key.len(), value.len());
+        let key_len = u32::try_from(key.len()).expect("keys are bounded far below 4 GiB");
+        let value_len = u32::try_from(value.len()).expect("values are bounded far below 4 GiB");
+        if len > self.open.capacity() - self.open.len() {
+            // Seal the open segment: a record never straddles two allocations. A record larger
+            // than a segment gets a segment of its own size.
+            self.rotate(len);
         }
         let capacity_before = self.open.capacity();
+        let start = self.open.len();
+        self.open.put_u32_le(0); // crc, filled in below
+        self.open.put_u32_le(key_len);
+        self.open.put_u32_le(value_len);
+        self.open.put_i64_le(rev.main);
+        self.open.put_i64_le(rev.sub);
+        self.open.extend_from_slice(key);
         self.open.extend_from_slice(value);
+        let crc = crc32fast::hash(&self.open[start + 4..]);
+        self.open[start..start + 4].copy_from_slice(&crc.to_le_bytes());
         assert!(
             self.open.capacity() == capacity_before,
             "the open segment must never reallocate"
         );
-        let slice = self.open.split().freeze();
-        assert!(slice.len() == value.len());
+        let record = self.open.split().freeze();
+        assert!(record.len() == len);
+        let value_bytes = record.slice(RECORD_HEADER_BYTES + key.len()..);
         let stats = self
             .segments
             .get_mut(&self.open_id)
             .expect("the open segment has stats");
+        let offset = u32::try_from(stats.record_bytes).expect("segments are below 4 GiB");
         stats.bytes_total += value.len() as u64;
         stats.bytes_live += value.len() as u64;
+        stats.record_bytes += len as u64;
         self.all_bytes_total += value.len() as u64;
         self.all_bytes_live += value.len() as u64;
         stats.refs.push((key.clone(), rev));
-        (slice, self.open_id)
+        if self.spill {
+            self.open_records.push(record);
+        }
+        Placed {
+            value: value_bytes,
+            segment: self.open_id,
+            offset,
+        }
+    }
+
+    /// Seals the open segment and opens the next, sized for at least `record_bytes`.
+    fn rotate(&mut self, record_bytes: usize) {
+        let sealed_id = self.open_id;
+        self.open_id = self
+            .open_id
+            .checked_add(1)
+            .expect("fewer than 2^32 segments");
+        assert!(self.open_id != SEGMENT_NONE, "segment ids exhausted");
+        self.open = BytesMut::with_capacity(self.segment_bytes.max(record_bytes));
+        self.segments.insert(self.open_id, SegmentStats::default());
+        if self.spill {
+            let records = std::mem::take(&mut self.open_records);
+            let bytes = self
+                .segments
+                .get(&sealed_id)
+                .expect("the sealed segment has stats")
+                .record_bytes;
+            if !records.is_empty() {
+                self.sealed_backlog_bytes += bytes;
+                self.sealed.push(SealedSegment {
+                    id: sealed_id,
+                    records,
+                    bytes,
+                });
+            }
+        }
     }
 
     /// Freezes the open segment when it holds dead bytes, so reclaim may rewrite it too (only
@@ -122,13 +272,47 @@ impl ValueLog {
         if stats.bytes_live == stats.bytes_total {
             return;
         }
-        self.open_id = self
-            .open_id
-            .checked_add(1)
-            .expect("fewer than 2^32 segments");
-        assert!(self.open_id != SEGMENT_NONE, "segment ids exhausted");
-        self.open = BytesMut::with_capacity(self.segment_bytes);
-        self.segments.insert(self.open_id, SegmentStats::default());
+        self.rotate(0);
+    }
+
+    /// Sealed segments for the driver to write, oldest first.
+    pub(crate) fn take_sealed(&mut self) -> Vec<SealedSegment> {
+        std::mem::take(&mut self.sealed)
+    }
+
+    pub(crate) fn sealed_backlog_bytes(&self) -> u64 {
+        self.sealed_backlog_bytes
+    }
+
+    /// Marks a sealed segment durable; false when reclaim removed it meanwhile.
+    pub(crate) fn mark_durable(&mut self, id: u32, file_bytes: u64) -> bool {
+        let Some(stats) = self.segments.get_mut(&id) else {
+            return false;
+        };
+        assert!(id != self.open_id, "only a sealed segment becomes durable");
+        assert!(!stats.durable, "segment {id} became durable twice");
+        assert!(
+            file_bytes >= stats.record_bytes,
+            "segment {id}'s file holds {file_bytes} bytes, fewer than its {} record bytes",
+            stats.record_bytes
+        );
+        stats.durable = true;
+        true
+    }
+
+    /// The driver finished writing a sealed segment (durable or removed meanwhile).
+    pub(crate) fn sealed_written(&mut self, bytes: u64) {
+        assert!(self.sealed_backlog_bytes >= bytes, "backlog underflow");
+        self.sealed_backlog_bytes -= bytes;
+    }
+
+    /// Durable segments and their record bytes, ascending: what a checkpoint may refer to.
+    pub(crate) fn durable_segments(&self) -> Vec<(u32, u64)> {
+        self.segments
+            .iter()
+            .filter(|(_, s)| s.durable)
+            .map(|(id, s)| (*id, s.record_bytes))
+            .collect()
     }
 
     /// Records that a value left the index (compaction dropped its version).
@@ -157,6 +341,9 @@ impl ValueLog {
             .expect("a segment under reclaim has stats");
         assert!(stats.bytes_live == 0, "every live value was rewritten");
         self.all_bytes_total -= stats.bytes_total;
+        if self.spill {
+            self.dead.push(segment);
+        }
     }
 
     /// The oldest frozen segment worth rewriting, if any: at most `RECLAIM_LIVE_PERCENT_MAX`

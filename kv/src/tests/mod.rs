@@ -4,5 +4,6 @@
 mod checkpoint;
 mod concurrency;
 mod model;
+mod on_disk;
 mod scenario;
 mod space;
