@@ -48,6 +48,10 @@ pub const DEFAULT_MAX_WATCHERS_PER_STREAM: usize = 100_000;
 /// `--preface-timeout-ms`: see `keel_grpc::DEFAULT_PREFACE_TIMEOUT` for why.
 pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = keel_grpc::DEFAULT_PREFACE_TIMEOUT.as_millis() as u64;
 
+/// Bounds of `--value-log-segment-bytes`: a segment holds at least one 4 KiB block, and record
+/// offsets within it fit in 32 bits with room to spare.
+pub const VALUE_LOG_SEGMENT_BYTES_MIN: usize = 4096;
+pub const VALUE_LOG_SEGMENT_BYTES_MAX: usize = 1 << 30;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "keel",
@@ -212,6 +216,15 @@ pub struct Flags {
     /// Keel: which CPU the raft core is pinned to (default: the last one).
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
+
+    /// Keel: bytes in one value-log segment file (values go to `<data-dir>/vlog` a segment at
+    /// a time: larger segments mean fewer files, smaller ones less memory waiting for disk).
+    #[arg(
+        long = "value-log-segment-bytes",
+        env = "KEEL_VALUE_LOG_SEGMENT_BYTES",
+        default_value_t = keel_kv::SEGMENT_BYTES
+    )]
+    pub value_log_segment_bytes: usize,
 
     /// Keel: open client connections one shard serves at once; a connection beyond it is
     /// closed as soon as it is accepted.
@@ -448,6 +461,8 @@ pub struct Config {
     pub auto_compaction: Option<Retention>,
     pub shards: usize,
     pub raft_cpu: usize,
+    /// Bytes in one value-log segment (`--value-log-segment-bytes`).
+    pub value_log_segment_bytes: usize,
     /// Compare data with the peers before serving (`--experimental-initial-corrupt-check`).
     pub initial_corrupt_check: bool,
     /// How often the leader compares members' data; None when disabled.
@@ -617,6 +632,14 @@ impl Config {
         let cpus = available_cpus();
         let shards = if f.shards == 0 { cpus } else { f.shards };
         let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
+        if !(VALUE_LOG_SEGMENT_BYTES_MIN..=VALUE_LOG_SEGMENT_BYTES_MAX)
+            .contains(&f.value_log_segment_bytes)
+        {
+            return Err(CoreError::Config(format!(
+                "--value-log-segment-bytes {} is outside {VALUE_LOG_SEGMENT_BYTES_MIN}..={VALUE_LOG_SEGMENT_BYTES_MAX}",
+                f.value_log_segment_bytes
+            )));
+        }
         if raft_cpu >= cpus {
             return Err(CoreError::Config(format!(
                 "--raft-cpu {raft_cpu} is not an available CPU (have {cpus})"
@@ -714,6 +737,7 @@ impl Config {
             auto_compaction,
             shards,
             raft_cpu,
+            value_log_segment_bytes: f.value_log_segment_bytes,
             initial_corrupt_check: f.experimental_initial_corrupt_check,
             corrupt_check_interval: (!corrupt_check_interval.is_zero())
                 .then_some(corrupt_check_interval),

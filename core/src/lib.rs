@@ -33,4 +33,5 @@ pub mod shared;
 pub mod snapshot_cli;
 pub mod stats;
 pub mod tls;
+pub mod vlog_writer;
 pub mod watch;

@@ -550,6 +550,12 @@ impl Transport {
         self.control.borrow_mut().drain(..).collect()
     }
 
+    /// Tells raft the snapshot for `to` could not be sent (e.g. it could not be prepared), so
+    /// it retries later.
+    pub fn snapshot_failed(&self, to: u64) {
+        self.snapshot_not_sent(Some(to));
+    }
+
     /// Tells raft a snapshot frame for `snapshot_to` was not sent, so it retries later.
     fn snapshot_not_sent(&self, snapshot_to: Option<u64>) {
         if let Some(to) = snapshot_to {

@@ -46,6 +46,7 @@ use crate::peer::{Control, Transport};
 use crate::rt;
 use crate::shared::Shared;
 use crate::stats::RaftStats;
+use crate::vlog_writer::{self, VlogWriter};
 use crate::watch::WatchBatch;
 
 /// Test-only: the key whose stored value a member damages at start (see `open`).
@@ -66,6 +67,10 @@ pub struct RaftCore {
     snap_dir: PathBuf,
     /// Serializes and writes checkpoints on its own thread; see `start_checkpoint`.
     checkpoints: CheckpointWriter,
+    /// Writes sealed value-log segments beside the loop; see `vlog_writer`.
+    vlog: VlogWriter,
+    /// Dead value-log segments whose files wait for the checkpoints that refer to them to go.
+    dead_segments: Vec<kv::DeadSegment>,
     transport: Rc<Transport>,
     /// Where the member's millisecond clock (`now_ms`) starts.
     clock_origin: Instant,
@@ -79,6 +84,7 @@ pub struct RaftCoreParts {
     wal: Wal<DmaStore>,
     writer: kv::Writer,
     snap_dir: PathBuf,
+    vlog_dir: PathBuf,
     members: Vec<MemberInfo>,
     alarms: Alarms,
     auth: crate::auth::AuthImage,
@@ -107,6 +113,20 @@ pub async fn open(
         .map_err(|e| CoreError::Wal(e.to_string()))?;
     checkpoint::remove_unfinished(&snap_dir);
     let checkpoint = checkpoint::load_newest(&snap_dir)?;
+    // Value-log segments: keep those a kept checkpoint points into, delete the rest, and map
+    // the kept ones for the restore (values are read from the files, never copied in).
+    let vlog_dir = config.data_dir.join("vlog");
+    let kept = segments_of_checkpoints(&snap_dir);
+    let first_segment_id = vlog_writer::remove_unreferenced(&vlog_dir, &kept)?;
+    let value_log = kv::ValueLogOptions {
+        segment_bytes: config.value_log_segment_bytes,
+        first_segment_id,
+        on_disk: true,
+    };
+    let mut segment_files = |id: u32| {
+        let path = keel_io::vlog::segment_path(&vlog_dir, id);
+        keel_io::vlog::map_file(&path).map_err(|e| format!("{}: {e}", path.display()))
+    };
 
     let start = match config.initial_cluster_state {
         ClusterState::Existing => recovery::Start::Joining,
@@ -118,7 +138,15 @@ pub async fn open(
         limits.raft_msg_bytes_max,
         limits.raft_uncommitted_bytes_max,
     );
-    let recovered = recovery::recover(rc, start, identity.members.clone(), checkpoint, records)?;
+    let recovered = recovery::recover(
+        rc,
+        start,
+        identity.members.clone(),
+        checkpoint,
+        records,
+        value_log,
+        &mut segment_files,
+    )?;
     let recovery::Recovered {
         node,
         mut writer,
@@ -140,6 +168,7 @@ pub async fn open(
             wal,
             writer,
             snap_dir,
+            vlog_dir,
             members,
             alarms,
             auth,
@@ -157,6 +186,7 @@ impl RaftCore {
             wal,
             writer,
             snap_dir,
+            vlog_dir,
             members,
             alarms,
             auth,
@@ -201,7 +231,10 @@ impl RaftCore {
         let clock_origin = shared.started_at;
         // Started from this executor's thread, so it runs beside the raft CPU.
         let checkpoints = CheckpointWriter::start(snap_dir.clone())?;
+        let vlog = VlogWriter::start(vlog_dir);
         let mut core = RaftCore {
+            vlog,
+            dead_segments: Vec::new(),
             shared,
             member,
             wal: Rc::new(wal),
@@ -240,12 +273,17 @@ impl RaftCore {
                 break;
             }
             self.wal_release.check()?;
+            // Values waiting for the disk past their bound: no new writes until it catches up
+            // (proposals wait in their bounded mailbox, then clients hear "too many requests").
+            let proposals_held =
+                self.member.sealed_backlog_bytes() > vlog_writer::SEALED_BACKLOG_BYTES_MAX;
             let idle = !self.member.has_work()
-                && self.shared.proposals.is_empty()
+                && (proposals_held || self.shared.proposals.is_empty())
                 && self.shared.reads.is_empty()
                 && self.shared.queries.is_empty()
                 && !self.transport.has_inbox()
-                && !self.checkpoints.has_outcome();
+                && !self.checkpoints.has_outcome()
+                && !self.vlog.has_outcome();
             if idle {
                 let wait_ms = self.member.next_tick_ms().saturating_sub(self.now_ms());
                 let proposals = self.shared.proposals.clone();
@@ -253,12 +291,20 @@ impl RaftCore {
                 let queries = self.shared.queries.clone();
                 let transport = self.transport.clone();
                 let checkpoints = self.checkpoints.outcomes();
+                let segments = self.vlog.outcomes();
+                let proposals_ready = async {
+                    if proposals_held {
+                        futures_lite::future::pending::<()>().await
+                    } else {
+                        proposals.ready().await
+                    }
+                };
                 futures_lite::future::or(
-                    futures_lite::future::or(proposals.ready(), reads.ready()),
+                    futures_lite::future::or(proposals_ready, reads.ready()),
                     futures_lite::future::or(
                         futures_lite::future::or(queries.ready(), transport.inbox_ready()),
                         futures_lite::future::or(
-                            checkpoints.ready(),
+                            futures_lite::future::or(checkpoints.ready(), segments.ready()),
                             rt::sleep(Duration::from_millis(wait_ms)),
                         ),
                     ),
@@ -268,6 +314,11 @@ impl RaftCore {
             // Between Readies, as the member asks: a written checkpoint lets the WAL go.
             if let Some(outcome) = self.checkpoints.try_take() {
                 self.finish_checkpoint(outcome).await?;
+            }
+            while let Some(outcome) = self.vlog.try_take() {
+                let durable = outcome?;
+                self.member
+                    .segment_durable(durable.id, durable.bytes, durable.file);
             }
             self.step_peers();
             let now_ms = self.now_ms();
@@ -279,7 +330,9 @@ impl RaftCore {
             );
             self.auto_compactor
                 .tick(Instant::now(), rev, role, &self.shared);
-            self.take_proposals();
+            if !proposals_held {
+                self.take_proposals();
+            }
             self.take_reads();
             self.publish();
             if self.member.has_ready() {
@@ -290,6 +343,9 @@ impl RaftCore {
                 self.publish();
                 futures_lite::future::yield_now().await;
             }
+            // Applies and compaction steps seal segments (and reclaim kills them).
+            self.vlog.submit(self.member.take_sealed_segments());
+            self.dead_segments.extend(self.member.take_dead_segments());
             self.member.answer_compaction_waiters();
             if self.member.checkpoint_due() {
                 self.start_checkpoint()?;
@@ -431,7 +487,7 @@ impl RaftCore {
             persisted_messages,
         } = io;
         for m in messages {
-            self.transport.send(m);
+            self.send(m);
         }
         if let Some((index, data)) = checkpoint_to_persist {
             self.persist_snapshot(index, data).await?;
@@ -449,7 +505,7 @@ impl RaftCore {
             stats.wal_fsync.observe_duration(started.elapsed());
         }
         for m in persisted_messages {
-            self.transport.send(m);
+            self.send(m);
         }
         let now_ms = self.now_ms();
         let (applied_before, started) = (self.member.applied_index(), Instant::now());
@@ -457,6 +513,41 @@ impl RaftCore {
         self.observe_apply(applied_before, started);
         self.publish();
         Ok(())
+    }
+
+    /// Sends a raft message. A snapshot is our checkpoint file, whose store image points into
+    /// this member's value-log segments: it goes out with every value inline, prepared on a
+    /// thread beside the raft CPU (it reads every value), while the loop goes on.
+    fn send(&self, mut m: keel_raft::Message) {
+        let data = match &m.snapshot {
+            Some(snap)
+                if m.msg_type == keel_raft::MessageType::Snapshot && !snap.data.is_empty() =>
+            {
+                snap.data.clone()
+            }
+            _ => {
+                self.transport.send(m);
+                return;
+            }
+        };
+        let transport = self.transport.clone();
+        let dir = self.vlog.dir().to_path_buf();
+        rt::spawn_local(async move {
+            let inlined =
+                rt::on_thread("keel-snapshot-out", move || inline_checkpoint(&dir, &data)).await;
+            match inlined {
+                Ok(data) => {
+                    if let Some(snap) = m.snapshot.as_mut() {
+                        snap.data = data;
+                    }
+                    transport.send(m);
+                }
+                Err(why) => {
+                    tracing::error!(to = m.to, %why, "cannot prepare a snapshot for a follower");
+                    transport.snapshot_failed(m.to);
+                }
+            }
+        });
     }
 
     /// Times a step of the member that may have applied entries (see
@@ -666,6 +757,21 @@ impl RaftCore {
             } => {
                 self.wal_release.start(self.wal.clone(), done.wal_keep_from);
                 self.release_beside(Removal::OlderThan(done.remove_before), previous_image);
+                // Checkpoints older than `remove_before` are going; a segment that died
+                // before the oldest kept one was captured is in none of them.
+                let oldest_kept = if done.remove_before == 0 {
+                    index
+                } else {
+                    done.remove_before
+                };
+                let (gone, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.dead_segments)
+                    .into_iter()
+                    .partition(|d| d.died_at_index < oldest_kept);
+                self.dead_segments = waiting;
+                vlog_writer::remove_dead(
+                    self.vlog.dir().to_path_buf(),
+                    gone.into_iter().map(|d| d.id).collect(),
+                );
             }
             CheckpointCompletion::Overtaken { stale_file_index } => {
                 if let Some(stale) = stale_file_index {
@@ -758,4 +864,54 @@ fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
     shared
         .db_size_in_use_bytes
         .store(writer.size_bytes_in_use().max(4096), Ordering::Release);
+}
+
+/// The segments the checkpoint files in `snap_dir` point into: what a start must keep. A file
+/// that does not decode points nowhere (loading skips it too).
+fn segments_of_checkpoints(snap_dir: &std::path::Path) -> Vec<u32> {
+    let mut kept = Vec::new();
+    for (_, path) in checkpoint::files(snap_dir) {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(cp) = checkpoint::decode(&bytes) else {
+            continue;
+        };
+        if let Ok(ids) = kv::checkpoint_segments(&cp.kv_image) {
+            kept.extend(ids);
+        }
+    }
+    kept.sort_unstable();
+    kept.dedup();
+    kept
+}
+
+/// Our checkpoint file `data` with every value inline, for a follower (see `RaftCore::send`);
+/// a file that points into no segment is sent as it is.
+fn inline_checkpoint(vlog_dir: &std::path::Path, data: &Bytes) -> Result<Bytes, String> {
+    let cp = checkpoint::decode(data)?;
+    let listed = kv::checkpoint_segments(&cp.kv_image).map_err(|e| e.to_string())?;
+    if listed.is_empty() {
+        return Ok(data.clone());
+    }
+    let image = kv::inline_image(&cp.kv_image, &mut |id| {
+        let path = keel_io::vlog::segment_path(vlog_dir, id);
+        keel_io::vlog::map_file(&path).map_err(|e| format!("{}: {e}", path.display()))
+    })
+    .map_err(|e| e.to_string())?;
+    tracing::info!(
+        index = cp.meta.index,
+        segments = listed.len(),
+        bytes = image.len(),
+        "snapshot for a follower: values copied inline from the value-log segments"
+    );
+    Ok(Bytes::from(checkpoint::encode(
+        cp.meta.index,
+        cp.meta.term,
+        &cp.meta.conf_state,
+        &cp.members,
+        &cp.alarms,
+        &cp.auth,
+        &image,
+    )))
 }

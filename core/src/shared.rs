@@ -478,7 +478,9 @@ pub fn kv_error(e: kv::KvError) -> EtcdError {
         kv::KvError::LeaseExists => EtcdError::LeaseExist,
         kv::KvError::LeaseTtlTooLarge => EtcdError::LeaseTtlTooLarge,
         // A damaged checkpoint stops the node at start; it never reaches a client.
-        kv::KvError::CheckpointDamaged(_) => EtcdError::Corrupt,
+        kv::KvError::CheckpointDamaged(_) | kv::KvError::SegmentUnusable { .. } => {
+            EtcdError::Corrupt
+        }
         // bbolt files are read and written only by snapshot tools, never for a client's request.
         kv::KvError::Bolt(_) => EtcdError::Corrupt,
     }

@@ -1,4 +1,5 @@
-//! keel-io: the only crate that does syscalls for storage. It holds the write-ahead log.
+//! keel-io: the only crate that does syscalls for storage. It holds the write-ahead log and the
+//! value-log segment files.
 //!
 //! Bird's-eye view: `Wal<S>` turns `append(records)` calls from many tasks on one glommio executor
 //! into batches (group commit): one aligned O_DIRECT write plus one fdatasync per batch, into
@@ -14,7 +15,8 @@
 //!   glommio: drive it with `futures_lite::future::block_on` or `sim::SimExecutor`.
 //!
 //! Module map: `frame` (on-disk format, pure), `wal` (batching, rotation, recovery), `store` (the
-//! seam), `dma` and `sim` (the two stores), `error` (`WalError`).
+//! seam), `dma` and `sim` (the two stores), `error` (`WalError`), `vlog` (keel-kv's value-log
+//! segment files: written once with O_DIRECT through io_uring, made durable, mapped read-only).
 //!
 //! Architecture invariant: an `append` returns `Ok` only after its records were written and
 //! fdatasync'ed; a failed fdatasync aborts the process, it is never retried nor reported as `Ok`.
@@ -38,6 +40,7 @@ pub mod error;
 pub mod frame;
 pub mod sim;
 pub mod store;
+pub mod vlog;
 pub mod wal;
 
 pub use dma::{measure_fsync_floor, pread_fallbacks, DmaSegment, DmaStore, FloorStats};

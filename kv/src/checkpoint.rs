@@ -459,6 +459,39 @@ pub(crate) fn no_segment_files(id: u32) -> std::result::Result<Bytes, String> {
     ))
 }
 
+/// The value-log segments a checkpoint points into (none for format 1 and inline images):
+/// what a restart must keep. Reads the archive's index, never a value.
+pub fn checkpoint_segments(image: &[u8]) -> Result<Vec<u32>> {
+    // Validates the image; the first listed segment stops it, as no file is handed over.
+    match restore(image, ValueLogOptions::default(), &mut |_| {
+        Err(String::new())
+    }) {
+        Ok(_) => Ok(Vec::new()),
+        Err(KvError::SegmentUnusable { .. }) => listed_segments(image),
+        Err(e) => Err(e),
+    }
+}
+
+fn listed_segments(image: &[u8]) -> Result<Vec<u32>> {
+    let payload = &image[HEADER_BYTES..];
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
+    aligned.extend_from_slice(payload);
+    let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&aligned)
+        .map_err(|_| damaged("archive failed validation"))?;
+    Ok(data.segments.iter().map(|s| s.id.to_native()).collect())
+}
+
+/// The same checkpoint with every value inline: what another member can restore without this
+/// member's segment files (a leader's snapshot). Holds every value in memory while it runs.
+pub fn inline_image(image: &[u8], files: &mut SegmentFiles<'_>) -> Result<Vec<u8>> {
+    let (writer, _reader) = restore(image, ValueLogOptions::default(), files)?;
+    let mut source = writer.checkpoint_source();
+    source.durable_segments.clear();
+    Ok(source
+        .serialize()
+        .expect("no compaction runs on a store nobody applies to"))
+}
+
 /// One version as either format stores it.
 struct VersionFields {
     rev: Revision,
@@ -589,6 +622,20 @@ where
     if current_rev < crate::store::REVISION_INITIAL || compact_rev > current_rev {
         return Err(damaged("revisions out of order"));
     }
+    if segments.iter().any(|(id, _)| *id == SEGMENT_NONE) {
+        return Err(damaged("a segment id out of range or listed twice"));
+    }
+    // New segments start above every listed one, whatever the caller asked.
+    let first_segment_id = segments
+        .iter()
+        .map(|(id, _)| id + 1)
+        .max()
+        .unwrap_or(0)
+        .max(options.first_segment_id);
+    let options = ValueLogOptions {
+        first_segment_id,
+        ..options
+    };
     let (mut writer, reader) = Store::with_value_log(options);
     writer.applied_index = applied_index;
     writer.current_rev = current_rev;
@@ -606,7 +653,7 @@ where
     let mut mapped: std::collections::BTreeMap<u32, Bytes> = std::collections::BTreeMap::new();
     for (id, record_bytes) in segments {
         let file = files(id).map_err(|why| KvError::SegmentUnusable { segment: id, why })?;
-        if id == SEGMENT_NONE || id >= options.first_segment_id || mapped.contains_key(&id) {
+        if id >= first_segment_id || mapped.contains_key(&id) {
             return Err(damaged("a segment id out of range or listed twice"));
         }
         if (file.len() as u64) < record_bytes {

@@ -39,8 +39,8 @@ pub mod validate;
 mod vlog;
 
 pub use checkpoint::{
-    image_from_versions, CheckpointSource, ExportVersion, SegmentFiles,
-    HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+    checkpoint_segments, image_from_versions, inline_image, CheckpointSource, ExportVersion,
+    SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
 };
 pub use error::{KvError, Result};
 pub use store::{

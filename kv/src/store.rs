@@ -324,6 +324,12 @@ impl Writer {
             .collect()
     }
 
+    /// The value-log options for a store that replaces this one (a leader's snapshot): the same
+    /// settings, with segment ids above every one this store used.
+    pub fn successor_value_log(&self) -> ValueLogOptions {
+        self.vlog.successor()
+    }
+
     /// Every segment id this store uses or used (the open one is the highest): a store that
     /// replaces this one starts above it.
     pub fn segment_ids(&self) -> Vec<u32> {

@@ -147,6 +147,15 @@ impl ValueLog {
         self.open_id
     }
 
+    /// Options for a log that replaces this one: same settings, ids above every one used here.
+    pub(crate) fn successor(&self) -> crate::store::ValueLogOptions {
+        crate::store::ValueLogOptions {
+            segment_bytes: self.segment_bytes,
+            first_segment_id: self.open_id + 1,
+            on_disk: self.spill,
+        }
+    }
+
     /// Frozen segments loaded from durable files (restore): their values already point into
     /// the files' mappings.
     pub(crate) fn insert_durable(&mut self, id: u32, record_bytes: u64) {

@@ -270,6 +270,12 @@ pub struct Member {
     config: MemberConfig,
     node: RawNode<MemStorage>,
     writer: kv::Writer,
+    /// Value-log segments of replaced stores, and of this one, whose files may go once no kept
+    /// checkpoint refers to them (the driver decides when).
+    dead_segments: Vec<kv::DeadSegment>,
+    /// The lowest segment id of the current store: a completion below it is for a store a
+    /// leader's snapshot replaced.
+    segments_from: u32,
     members: Vec<MemberInfo>,
     /// The raised alarms, changed only by applied alarm entries (replicated, checkpointed).
     alarms: Alarms,
@@ -367,6 +373,8 @@ impl Member {
             next_request_id: 1,
             last_checkpoint_index,
             checkpoint_in_flight: None,
+            dead_segments: Vec::new(),
+            segments_from: 0,
             pending: None,
             effects: Vec::new(),
             leader_id_logged: 0,
@@ -426,6 +434,35 @@ impl Member {
     }
     pub fn writer(&self) -> &kv::Writer {
         &self.writer
+    }
+
+    /// Sealed value-log segments for the driver to write, map and report with
+    /// `segment_durable` (only when the store keeps values on disk).
+    pub fn take_sealed_segments(&mut self) -> Vec<kv::SealedSegment> {
+        self.writer.take_sealed_segments()
+    }
+
+    /// Record bytes sealed and not yet durable: the driver takes no new proposals above its
+    /// bound, so memory stays bounded when the disk is slower than the writes.
+    pub fn sealed_backlog_bytes(&self) -> u64 {
+        self.writer.sealed_backlog_bytes()
+    }
+
+    /// A sealed segment is durable and mapped as `file`.
+    pub fn segment_durable(&mut self, id: u32, sealed_bytes: u64, file: Bytes) {
+        if id < self.segments_from {
+            // Sealed by a store a leader's snapshot replaced: it died with that store.
+            return;
+        }
+        self.writer.segment_durable(id, sealed_bytes, file);
+    }
+
+    /// Segments whose files may be deleted once the oldest kept checkpoint is past
+    /// `died_at_index`.
+    pub fn take_dead_segments(&mut self) -> Vec<kv::DeadSegment> {
+        let mut dead = std::mem::take(&mut self.dead_segments);
+        dead.extend(self.writer.take_dead_segments());
+        dead
     }
     /// When the next tick is due: the driver may sleep until then when there is no work.
     pub fn next_tick_ms(&self) -> u64 {
@@ -1120,14 +1157,36 @@ impl Member {
         }
         let cp = checkpoint::decode(&snap.data)
             .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
-        let (writer, reader) =
-            kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+        // A leader's snapshot carries every value inline (the leader expands its own
+        // checkpoint before sending); the new store's segments start above the old one's.
+        let (writer, reader) = kv::Store::restore_with_segments(
+            &cp.kv_image,
+            self.writer.successor_value_log(),
+            &mut |id| {
+                Err(format!(
+                    "a leader's snapshot refers to its own segment {id}"
+                ))
+            },
+        )
+        .map_err(|e| CoreError::Store(e.to_string()))?;
         assert_eq!(
             writer.applied_index(),
             index,
             "a snapshot's store is at the snapshot's index"
         );
-        self.writer = writer;
+        // Every segment of the replaced store dies now; its files go once no kept checkpoint
+        // refers to them.
+        let mut old = std::mem::replace(&mut self.writer, writer);
+        self.dead_segments.extend(old.take_dead_segments());
+        self.dead_segments
+            .extend(old.segment_ids().into_iter().map(|id| kv::DeadSegment {
+                id,
+                died_at_index: index,
+            }));
+        // Sealed segments not handed out yet are never written; ones being written are ignored
+        // when they complete (they are below `segments_from`).
+        drop(old.take_sealed_segments());
+        self.segments_from = self.writer.segment_ids()[0];
         self.recount_keys();
         self.effects.push(Effect::StoreReplaced { reader });
         self.set_members(cp.members);
@@ -2315,8 +2374,16 @@ mod tests {
         rc.heartbeat_tick = 1;
         rc.seed = 1;
         let infos = m.members().to_vec();
-        let r = recovery::recover(rc, recovery::Start::Founding, infos, None, wal)
-            .expect("a well-formed WAL recovers");
+        let r = recovery::recover(
+            rc,
+            recovery::Start::Founding,
+            infos,
+            None,
+            wal,
+            kv::ValueLogOptions::default(),
+            &mut |id| Err(format!("no segment {id}")),
+        )
+        .expect("a well-formed WAL recovers");
         assert_eq!(r.checkpoint_index, 1, "the bootstrap snapshot");
         let config = m.config.clone();
         let mut again = Member::new(config, r.node, r.writer, r.members, r.alarms, 1);

@@ -194,13 +194,17 @@ pub struct Recovered {
 /// Rebuilds a member from what its driver read from disk: the newest valid checkpoint (if
 /// any) and the WAL's records, oldest first. `raft` is the raft configuration without its
 /// applied index, which recovery sets; `initial_members` is the identity's membership, used
-/// when there is no checkpoint.
+/// when there is no checkpoint. `value_log` says how the store keeps values (its first segment
+/// id above every segment file on disk), and `segment_files` maps the durable value-log
+/// segments the checkpoint points into.
 pub fn recover(
     mut raft: keel_raft::Config,
     start: Start,
     initial_members: Vec<MemberInfo>,
     checkpoint: Option<Checkpoint>,
     records: Vec<Record>,
+    value_log: kv::ValueLogOptions,
+    segment_files: &mut kv::SegmentFiles<'_>,
 ) -> Result<Recovered, CoreError> {
     let mut storage = match start {
         Start::Joining => MemStorage::new(),
@@ -214,8 +218,8 @@ pub fn recover(
     let mut auth = AuthImage::default();
     let (writer, reader) = match checkpoint {
         Some(cp) => {
-            let (w, r) =
-                kv::Store::restore(&cp.kv_image).map_err(|e| CoreError::Store(e.to_string()))?;
+            let (w, r) = kv::Store::restore_with_segments(&cp.kv_image, value_log, segment_files)
+                .map_err(|e| CoreError::Store(e.to_string()))?;
             assert_eq!(
                 w.applied_index(),
                 cp.meta.index,
@@ -241,7 +245,7 @@ pub fn recover(
             });
             (w, r)
         }
-        None => kv::Store::new(),
+        None => kv::Store::with_value_log(value_log),
     };
     replay(&mut storage, records)?;
     let applied = storage.first_index() - 1;

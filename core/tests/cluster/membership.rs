@@ -47,8 +47,23 @@ fn promote(c: &Cluster, via: usize, hex_id: &str) {
 
 #[test]
 fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced() {
-    let mut c = Cluster::start(3, Net::Loopback, &["--snapshot-count", SNAPSHOT_COUNT]);
+    // Small value-log segments: the leader's checkpoints point into its segment files, so the
+    // snapshot it sends must carry the values themselves (what a large store does).
+    let mut c = Cluster::start(
+        3,
+        Net::Loopback,
+        &[
+            "--snapshot-count",
+            SNAPSHOT_COUNT,
+            "--value-log-segment-bytes",
+            "4096",
+        ],
+    );
     put_keys(&c.members[0].client_url(), "before/", KEYS_BEFORE_JOIN);
+    let segments = std::fs::read_dir(c.members[0].data_dir.join("vlog"))
+        .expect("the value-log directory")
+        .count();
+    assert!(segments > 1, "300 puts sealed {segments} segments");
 
     // Add a learner; it must be served a snapshot, the log it needs is gone.
     let learner = c.add_member(0, "n3", Voting::Learner, None);
@@ -58,6 +73,12 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
             .filter(|(k, _, _)| k.starts_with("before/"))
             .count(),
         KEYS_BEFORE_JOIN
+    );
+    assert!(
+        (0..3).any(|i| c.members[i]
+            .log_all()
+            .contains("values copied inline from the value-log segments")),
+        "no member sent a snapshot built from its segment files"
     );
     let learner_log = c.members[learner].log_all();
     assert!(

@@ -502,6 +502,11 @@ impl Server {
         }
     }
 
+    /// Starts the server again without waiting for anything (for a start that must fail).
+    pub fn launch_again(&mut self) {
+        self.launch();
+    }
+
     /// Starts the server again on the same data directory and ports, and waits until it answers.
     pub fn restart(&mut self) {
         self.launch();

@@ -291,3 +291,163 @@ fn no_flags_serves_127_0_0_1_2379_with_default_data_dir() {
         "the default data dir is <name>.keel in the working directory"
     );
 }
+
+/// The value-log segment files (`<data-dir>/vlog/*.seg`) and their total size.
+fn segment_files(server: &Server) -> (Vec<std::path::PathBuf>, u64) {
+    let dir = server.data_path().join("vlog");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    // The member deletes dead segments as it runs: one listed may be gone a moment later.
+    files.retain(|p| p.exists());
+    files.sort();
+    let bytes = files
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    (files, bytes)
+}
+
+/// The newest checkpoint file's size.
+fn newest_checkpoint_bytes(server: &Server) -> Option<u64> {
+    let dir = server.data_path().join("snap");
+    std::fs::read_dir(dir)
+        .ok()?
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "keel"))
+        .max()
+        .map(|p| std::fs::metadata(p).expect("metadata").len())
+}
+
+fn value_for(i: usize, round: usize) -> Vec<u8> {
+    format!("{round}:{i:04}:")
+        .into_bytes()
+        .into_iter()
+        .cycle()
+        .take(1000)
+        .collect()
+}
+
+async fn check_values(server: &Server, keys: usize, round: usize) {
+    let mut c = client(server).await;
+    let got = c
+        .get("v/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("a prefix get");
+    assert_eq!(got.kvs().len(), keys, "{}", server.log_tail());
+    for (i, kv) in got.kvs().iter().enumerate() {
+        assert_eq!(kv.key_str().expect("utf-8"), format!("v/{i:04}"));
+        assert!(
+            kv.value() == value_for(i, round).as_slice(),
+            "v/{i:04} has a wrong value after a restart"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_live_in_segment_files_that_checkpoints_point_into_across_restarts_and_kills() {
+    // Small segments and frequent checkpoints: the paths a large store takes, at a small size.
+    let mut server = Server::keel(&[
+        "--value-log-segment-bytes",
+        "4096",
+        "--snapshot-count",
+        "100",
+    ]);
+    const KEYS: usize = 400;
+    let mut c = client(&server).await;
+    for i in 0..KEYS {
+        c.put(format!("v/{i:04}"), value_for(i, 0), None)
+            .await
+            .expect("a put");
+    }
+    let (files, bytes) = segment_files(&server);
+    assert!(
+        files.len() >= 50 && bytes >= (KEYS * 1000) as u64 * 3 / 4,
+        "400 KB of values in 4 KiB segments made {} files of {bytes} bytes",
+        files.len()
+    );
+    // Checkpoints point into the segments instead of copying the values.
+    let checkpoint = newest_checkpoint_bytes(&server).expect("a checkpoint after 400 puts");
+    assert!(
+        checkpoint < (KEYS * 1000 / 4) as u64,
+        "a checkpoint of {checkpoint} bytes copies the values"
+    );
+
+    // A clean stop and start: values come back from the files.
+    server.stop();
+    server.restart();
+    check_values(&server, KEYS, 0).await;
+
+    // Overwrite everything twice and compact: dead segments are rewritten and, once no kept
+    // checkpoint points into them, deleted.
+    let mut c = client(&server).await;
+    for round in 1..=2 {
+        for i in 0..KEYS {
+            c.put(format!("v/{i:04}"), value_for(i, round), None)
+                .await
+                .expect("a put");
+        }
+    }
+    let (before_gc, _) = segment_files(&server);
+    let revision = c
+        .get("v/0000", None)
+        .await
+        .expect("a get")
+        .header()
+        .expect("a header")
+        .revision();
+    c.compact(revision, None).await.expect("a compaction");
+    // Later checkpoints let the dead files go; keep writing so they are taken.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut n = 0;
+    loop {
+        let (files, _) = segment_files(&server);
+        if files.len() * 2 < before_gc.len() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "segment files stayed at {} (from {}) after compaction:\n{}",
+            files.len(),
+            before_gc.len(),
+            server.log_tail()
+        );
+        c.put(format!("filler/{}", n % 10), "f", None)
+            .await
+            .expect("a put");
+        n += 1;
+    }
+
+    // SIGKILL: whatever a checkpoint points to is there, the rest is replayed from the WAL.
+    tokio::task::block_in_place(|| server.kill9());
+    server.restart();
+    check_values(&server, KEYS, 2).await;
+
+    // A segment file a checkpoint needs is gone: the member refuses to start and names it.
+    server.stop();
+    let (files, _) = segment_files(&server);
+    let victim = files.first().expect("segments remain").clone();
+    std::fs::remove_file(&victim).expect("removing a segment");
+    server.launch_again();
+    let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(10)))
+        .unwrap_or_else(|| {
+            panic!(
+                "the member started without a segment:\n{}",
+                server.log_tail()
+            )
+        });
+    assert!(!status.success());
+    let log = server.log_all();
+    let name = victim
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        log.contains("value-log segment") && log.contains(&name),
+        "the refusal does not name the segment {name}:\n{log}"
+    );
+}

@@ -366,6 +366,9 @@ impl World {
             node.initial_members.clone(),
             cp,
             records,
+            // The simulation keeps values in memory: its checkpoints carry them inline.
+            keel_kv::ValueLogOptions::default(),
+            &mut |id| Err(format!("the simulation has no segment file {id}")),
         )
         .map_err(|e| e.to_string())?;
         let config = MemberConfig {

@@ -177,10 +177,18 @@ fn a_checkpoint_points_into_durable_segments_and_restores_from_them() {
         }
         other => panic!("expected SegmentUnusable, got {:?}", other.map(|_| ())),
     }
-    // A restore whose new segments would reuse a listed id is refused.
-    assert!(
-        Store::restore_with_segments(&image, on_disk(0), &mut |id| Ok(disk[&id].clone())).is_err()
-    );
+    // New segments start above every listed one, whatever the caller asked.
+    let (w3, _) = Store::restore_with_segments(&image, on_disk(0), &mut |id| Ok(disk[&id].clone()))
+        .expect("restores");
+    assert!(w3.segment_ids().last() > disk.keys().last());
+    // The list a restart keeps, read without restoring.
+    let listed = checkpoint_segments(&image).unwrap();
+    assert_eq!(listed, disk.keys().copied().collect::<Vec<_>>());
+    // The inline image restores anywhere, to the same store.
+    let inline = inline_image(&image, &mut |id| Ok(disk[&id].clone())).unwrap();
+    assert!(checkpoint_segments(&inline).unwrap().is_empty());
+    let (_, r4) = Store::restore(&inline).expect("an inline image needs no files");
+    assert_eq!(r4.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
 }
 
 #[test]

@@ -1,0 +1,184 @@
+//! The value-log writer: the member's sealed segments written to `<data-dir>/vlog/` by one task
+//! on the raft core's executor, with O_DIRECT through io_uring (keel-io's `vlog`), made durable,
+//! mapped, and reported back through a mailbox the raft loop polls with its other inputs. The
+//! loop never waits for a segment: io_uring does the writing, and the kernel's fsync workers
+//! the syncing, while the loop goes on proposing and applying.
+//!
+//! Segments are written one at a time, oldest first. A segment needs no ordering against the
+//! WAL or against other segments: a checkpoint points only into segments already reported
+//! durable, and WAL replay rebuilds anything newer. The queue is bounded in bytes by the raft
+//! loop, which takes no new proposals while `Member::sealed_backlog_bytes` is above
+//! `SEALED_BACKLOG_BYTES_MAX`; the two mailboxes are sized for the segments that bound allows,
+//! with an overflow list for the rare burst of small segments past it.
+//!
+//! A write that fails stops the raft core (and the process), as a failed WAL write does; a
+//! failed fdatasync aborts inside keel-io.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use keel_kv as kv;
+
+use crate::error::CoreError;
+use crate::rt::{self, Mailbox};
+
+/// Record bytes sealed and not yet durable above which the raft loop takes no new proposals:
+/// bounds the memory that values waiting for the disk hold.
+pub const SEALED_BACKLOG_BYTES_MAX: u64 = 64 << 20;
+
+/// Segments queued to the writer task, and completions queued back.
+const SEGMENTS_QUEUED_MAX: usize = 256;
+
+/// A segment made durable and mapped.
+pub struct Durable {
+    pub id: u32,
+    /// Its record bytes, as sealed.
+    pub bytes: u64,
+    pub file: Bytes,
+}
+
+pub struct VlogWriter {
+    dir: PathBuf,
+    todo: Arc<Mailbox<kv::SealedSegment>>,
+    /// Segments that did not fit in `todo`; moved there as it drains.
+    overflow: VecDeque<kv::SealedSegment>,
+    done: Arc<Mailbox<Result<Durable, CoreError>>>,
+}
+
+impl VlogWriter {
+    /// Starts the writer task on the current (raft core's) executor, writing into `dir`.
+    pub fn start(dir: PathBuf) -> VlogWriter {
+        let todo: Arc<Mailbox<kv::SealedSegment>> = Mailbox::new(SEGMENTS_QUEUED_MAX);
+        let done = Mailbox::new(SEGMENTS_QUEUED_MAX);
+        let (task_todo, task_done, task_dir) = (todo.clone(), done.clone(), dir.clone());
+        rt::spawn_local(async move {
+            loop {
+                task_todo.ready().await;
+                if task_todo.is_closed() && task_todo.is_empty() {
+                    return;
+                }
+                while let Some(segment) = task_todo.try_recv() {
+                    let mut outcome = write(&task_dir, segment).await;
+                    // The loop drains completions before it hands over more segments, and at
+                    // most SEGMENTS_QUEUED_MAX are queued, so this waits only briefly if ever.
+                    while let Err(back) = task_done.try_send(outcome) {
+                        outcome = back;
+                        if task_done.is_closed() {
+                            return;
+                        }
+                        rt::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                }
+            }
+        });
+        VlogWriter {
+            dir,
+            todo,
+            overflow: VecDeque::new(),
+            done,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Queues sealed segments, oldest first.
+    pub fn submit(&mut self, segments: Vec<kv::SealedSegment>) {
+        self.overflow.extend(segments);
+        self.refill();
+    }
+
+    fn refill(&mut self) {
+        while let Some(segment) = self.overflow.pop_front() {
+            if let Err(back) = self.todo.try_send(segment) {
+                self.overflow.push_front(back);
+                break;
+            }
+        }
+    }
+
+    /// A finished segment, if any.
+    pub fn try_take(&mut self) -> Option<Result<Durable, CoreError>> {
+        let outcome = self.done.try_recv();
+        self.refill();
+        outcome
+    }
+
+    pub fn has_outcome(&self) -> bool {
+        !self.done.is_empty()
+    }
+
+    /// The completions mailbox, to wait on beside the loop's other inputs.
+    pub fn outcomes(&self) -> Arc<Mailbox<Result<Durable, CoreError>>> {
+        self.done.clone()
+    }
+}
+
+impl Drop for VlogWriter {
+    fn drop(&mut self) {
+        self.todo.close();
+        self.done.close();
+    }
+}
+
+async fn write(dir: &Path, segment: kv::SealedSegment) -> Result<Durable, CoreError> {
+    let kv::SealedSegment { id, records, bytes } = segment;
+    let path = keel_io::vlog::segment_path(dir, id);
+    let failed = |source: std::io::Error| CoreError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    keel_io::vlog::write_segment(dir, id, &records, bytes)
+        .await
+        .map_err(failed)?;
+    drop(records);
+    let file = keel_io::vlog::map_file(&path).map_err(failed)?;
+    Ok(Durable { id, bytes, file })
+}
+
+/// At start: deletes every segment file in `dir` that none of `kept` (the segments the kept
+/// checkpoints point into) names: files written after the newest checkpoint (WAL replay
+/// writes their values again), half-written ones, and dead ones a crash kept from being
+/// deleted. Returns the first free segment id: above every file that stays.
+pub fn remove_unreferenced(dir: &Path, kept: &[u32]) -> Result<u32, CoreError> {
+    let data_dir_error = |source| CoreError::DataDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(data_dir_error)?;
+    let mut first_free = 0;
+    for id in keel_io::vlog::list_segments(dir).map_err(data_dir_error)? {
+        if kept.contains(&id) {
+            first_free = first_free.max(id + 1);
+            continue;
+        }
+        let path = keel_io::vlog::segment_path(dir, id);
+        std::fs::remove_file(&path).map_err(|source| CoreError::DataDir { path, source })?;
+    }
+    Ok(first_free)
+}
+
+/// Deletes the files of dead segments (on a thread beside the raft CPU: thousands of unlinks
+/// must not stall the loop). A file already gone is fine: a segment sealed and dropped before
+/// it was written has none.
+pub fn remove_dead(dir: PathBuf, ids: Vec<u32>) {
+    if ids.is_empty() {
+        return;
+    }
+    rt::spawn_local(async move {
+        rt::on_thread("keel-vlog-gc", move || {
+            for id in ids {
+                let path = keel_io::vlog::segment_path(&dir, id);
+                if let Err(e) = std::fs::remove_file(&path) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot delete a dead value-log segment");
+                    }
+                }
+            }
+        })
+        .await;
+    });
+}
