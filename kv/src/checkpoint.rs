@@ -17,7 +17,7 @@ use crate::index::{KeyHistory, Version, VersionKind};
 use crate::store::ValueLogOptions;
 use crate::store::{compacted_start, hash_version, Reader, Store, Writer};
 use crate::types::Revision;
-use crate::vlog::{RECORD_HEADER_BYTES, SEGMENT_NONE};
+use crate::vlog::{DurableSegment, RECORD_HEADER_BYTES, SEGMENT_NONE};
 
 const MAGIC: [u8; 8] = *b"KEELKVCP";
 /// Format 2 adds value-log pointers (`VersionRecord::segment`) and the segments they need.
@@ -47,6 +47,9 @@ struct SegmentRecord {
     id: u32,
     /// The segment's record bytes: its file must hold at least these.
     record_bytes: u64,
+    /// Value bytes written into it, live or dead (so reclaim still sees the dead ones after a
+    /// restart).
+    value_bytes: u64,
 }
 
 /// Format 1: every value inline. Only read (tests write one to prove such files still load).
@@ -118,7 +121,7 @@ pub struct CheckpointSource {
     leases: Vec<(i64, i64)>,
     /// Durable segments at the capture, `(id, record_bytes)` ascending: versions in them are
     /// written as pointers, every other value inline.
-    durable_segments: Vec<(u32, u64)>,
+    durable_segments: Vec<DurableSegment>,
 }
 
 impl Writer {
@@ -207,7 +210,7 @@ impl CheckpointSource {
                 let durable = v.segment != SEGMENT_NONE
                     && self
                         .durable_segments
-                        .binary_search_by_key(&v.segment, |(id, _)| *id)
+                        .binary_search_by_key(&v.segment, |d| d.id)
                         .is_ok();
                 let (segment, value_offset) = if durable {
                     (v.segment, u64::from(v.offset))
@@ -256,9 +259,10 @@ impl CheckpointSource {
             segments: self
                 .durable_segments
                 .iter()
-                .map(|(id, record_bytes)| SegmentRecord {
-                    id: *id,
-                    record_bytes: *record_bytes,
+                .map(|d| SegmentRecord {
+                    id: d.id,
+                    record_bytes: d.record_bytes,
+                    value_bytes: d.value_bytes,
                 })
                 .collect(),
         };
@@ -578,7 +582,11 @@ pub(crate) fn restore(
             |d: &ArchivedCheckpointData| d
                 .segments
                 .iter()
-                .map(|s| (s.id.to_native(), s.record_bytes.to_native()))
+                .map(|s| DurableSegment {
+                    id: s.id.to_native(),
+                    record_bytes: s.record_bytes.to_native(),
+                    value_bytes: s.value_bytes.to_native(),
+                })
                 .collect(),
             |v: &ArchivedVersionRecord| v.segment.to_native()
         )
@@ -597,8 +605,8 @@ struct Header {
     current_rev: i64,
     compact_rev: i64,
     leases: Vec<(i64, i64)>,
-    /// `(id, record_bytes)` of the durable segments versions may point into.
-    segments: Vec<(u32, u64)>,
+    /// The durable segments versions may point into.
+    segments: Vec<DurableSegment>,
 }
 
 fn build<'k, K, V>(
@@ -622,13 +630,13 @@ where
     if current_rev < crate::store::REVISION_INITIAL || compact_rev > current_rev {
         return Err(damaged("revisions out of order"));
     }
-    if segments.iter().any(|(id, _)| *id == SEGMENT_NONE) {
+    if segments.iter().any(|d| d.id == SEGMENT_NONE) {
         return Err(damaged("a segment id out of range or listed twice"));
     }
     // New segments start above every listed one, whatever the caller asked.
     let first_segment_id = segments
         .iter()
-        .map(|(id, _)| id + 1)
+        .map(|d| d.id + 1)
         .max()
         .unwrap_or(0)
         .max(options.first_segment_id);
@@ -651,7 +659,8 @@ where
     }
     // Each durable segment's file, mapped once; values are slices of it.
     let mut mapped: std::collections::BTreeMap<u32, Bytes> = std::collections::BTreeMap::new();
-    for (id, record_bytes) in segments {
+    for segment in segments {
+        let (id, record_bytes) = (segment.id, segment.record_bytes);
         let file = files(id).map_err(|why| KvError::SegmentUnusable { segment: id, why })?;
         if id >= first_segment_id || mapped.contains_key(&id) {
             return Err(damaged("a segment id out of range or listed twice"));
@@ -665,7 +674,7 @@ where
                 ),
             });
         }
-        writer.vlog.insert_durable(id, record_bytes);
+        writer.vlog.insert_durable(segment);
         mapped.insert(id, file);
     }
     let mut previous_key: Option<&[u8]> = None;
@@ -719,9 +728,12 @@ where
                 if end > file.len() || v.value_bytes == 0 {
                     return Err(damaged("a value outside its segment's file"));
                 }
-                writer
+                if !writer
                     .vlog
-                    .count_loaded(v.segment, &key, rev, v.value_bytes);
+                    .count_loaded(v.segment, &key, rev, v.value_bytes)
+                {
+                    return Err(damaged("a segment's live values exceed what it holds"));
+                }
                 Version {
                     rev,
                     kind: VersionKind::Put,

@@ -7,16 +7,25 @@
 //! the pure `validate_*` functions ([`validate`]); everything that depends on state is decided at
 //! apply. Errors are the one [`KvError`] enum whose messages are etcd's, byte for byte.
 //!
-//! Storage: values are appended into 1 MiB in-memory value-log segments (`vlog.rs`) and the ordered
-//! index (a crossbeam `SkipMap`, `index.rs`) maps each key to an immutable, copy-on-write list of
-//! versions `(revision, kind, create, version, lease, value slice)`. Ranges hand out `Bytes` slices
-//! of the segments. Compaction ([`Writer::compact_step`]) trims histories and rewrites mostly-dead
-//! segments in bounded steps. [`Writer::checkpoint`] / [`Store::restore`] serialize everything as a
-//! framed, crc-checked rkyv archive; [`Writer::checkpoint_source`] lets another thread do the
-//! serializing while the writer keeps applying.
+//! Storage: values are appended as crc-framed records into value-log segments (`vlog.rs`) and
+//! the ordered index (a crossbeam `SkipMap`, `index.rs`) maps each key to an immutable,
+//! copy-on-write list of versions `(revision, kind, create, version, lease, value slice,
+//! segment, offset)`. Ranges hand out `Bytes` slices of the segments. With the value log on disk
+//! ([`ValueLogOptions::on_disk`], as the server runs it) a full segment is sealed and handed to
+//! the driver ([`Writer::take_sealed_segments`]), which writes, syncs and maps it; then
+//! [`Writer::segment_durable`] points the versions in it at the mapping and the memory copy
+//! goes. Compaction ([`Writer::compact_step`]) trims histories and rewrites mostly-dead segments
+//! in bounded steps; segments it empties are reported ([`Writer::take_dead_segments`]) for the
+//! driver to delete once no kept checkpoint points into them. [`Writer::checkpoint`] /
+//! [`Store::restore_with_segments`] serialize the index as a framed, crc-checked rkyv archive
+//! whose versions point into durable segments (other values inline), and map those segments
+//! back at restore; [`inline_image`] turns such a checkpoint into one with every value inline,
+//! for another member. [`Writer::checkpoint_source`] lets another thread do the serializing
+//! while the writer keeps applying.
 //!
 //! Architecture invariant: keel-kv does no I/O, reads no clock and spawns no thread; it only turns
-//! requests into state, responses and events, and bytes into bytes.
+//! requests into state, responses and events, and bytes into bytes. Segment files reach it as
+//! `Bytes` its driver mapped.
 //!
 //! Architecture invariant: there is exactly one writer; it publishes the current revision (an
 //! `AtomicI64`) only after a whole txn is applied, and readers never read above it, so no reader sees

@@ -75,6 +75,16 @@ pub struct DeadSegment {
     pub died_at_index: u64,
 }
 
+/// A durable segment as a checkpoint lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DurableSegment {
+    pub(crate) id: u32,
+    /// Record bytes: the file holds at least these.
+    pub(crate) record_bytes: u64,
+    /// Value bytes ever written into it (live or dead): what reclaim weighs live bytes against.
+    pub(crate) value_bytes: u64,
+}
+
 /// Bookkeeping for one segment.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentStats {
@@ -156,35 +166,46 @@ impl ValueLog {
         }
     }
 
-    /// Frozen segments loaded from durable files (restore): their values already point into
-    /// the files' mappings.
-    pub(crate) fn insert_durable(&mut self, id: u32, record_bytes: u64) {
+    /// A frozen segment loaded from its durable file (restore): its values already point into
+    /// the file's mapping and are counted live by `count_loaded`.
+    pub(crate) fn insert_durable(&mut self, segment: DurableSegment) {
         assert!(
-            id < self.open_id,
+            segment.id < self.open_id,
             "a loaded segment is older than the open one"
         );
         let previous = self.segments.insert(
-            id,
+            segment.id,
             SegmentStats {
-                record_bytes,
+                bytes_total: segment.value_bytes,
+                record_bytes: segment.record_bytes,
                 durable: true,
                 ..SegmentStats::default()
             },
         );
         assert!(previous.is_none(), "a segment is loaded once");
+        self.all_bytes_total += segment.value_bytes;
     }
 
-    /// Counts a loaded value of a durable segment (restore).
-    pub(crate) fn count_loaded(&mut self, id: u32, key: &Bytes, rev: Revision, value_bytes: u64) {
+    /// Counts a loaded value of a durable segment (restore); false when the segment's live
+    /// values would exceed what was written into it (a damaged checkpoint).
+    pub(crate) fn count_loaded(
+        &mut self,
+        id: u32,
+        key: &Bytes,
+        rev: Revision,
+        value_bytes: u64,
+    ) -> bool {
         let stats = self
             .segments
             .get_mut(&id)
             .expect("a loaded value's segment was inserted");
-        stats.bytes_total += value_bytes;
+        if stats.bytes_live + value_bytes > stats.bytes_total {
+            return false;
+        }
         stats.bytes_live += value_bytes;
         stats.refs.push((key.clone(), rev));
-        self.all_bytes_total += value_bytes;
         self.all_bytes_live += value_bytes;
+        true
     }
 
     /// Copies `value` into the log as a record and returns where it went.
@@ -315,12 +336,16 @@ impl ValueLog {
         self.sealed_backlog_bytes -= bytes;
     }
 
-    /// Durable segments and their record bytes, ascending: what a checkpoint may refer to.
-    pub(crate) fn durable_segments(&self) -> Vec<(u32, u64)> {
+    /// Durable segments, ascending: what a checkpoint may point into.
+    pub(crate) fn durable_segments(&self) -> Vec<DurableSegment> {
         self.segments
             .iter()
             .filter(|(_, s)| s.durable)
-            .map(|(id, s)| (*id, s.record_bytes))
+            .map(|(id, s)| DurableSegment {
+                id: *id,
+                record_bytes: s.record_bytes,
+                value_bytes: s.bytes_total,
+            })
             .collect()
     }
 

@@ -1,0 +1,94 @@
+//! The memory a store holds per version with its values on disk: the index's budget.
+//!
+//! A counting allocator measures the heap this test's store holds after loading keys whose
+//! values went to segment files (written with plain writes and mapped with keel-io, as the
+//! server maps them): what stays is the index, not the values.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use keel_kv::{Op, PutRequest, Store, ValueLogOptions, Writer};
+
+struct Counting;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged and only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Heap bytes the index may hold per version of a 16-byte key, values on disk: the version
+/// (metadata and a value slice), its share of the key's skip-list node and history, and the
+/// value log's back-reference for reclaim. ARCHITECTURE.md quotes it.
+const INDEX_BYTES_PER_VERSION_MAX: usize = 400;
+
+fn write_sealed(w: &mut Writer, dir: &std::path::Path) {
+    for sealed in w.take_sealed_segments() {
+        let path = keel_io::vlog::segment_path(dir, sealed.id);
+        let mut file: Vec<u8> = Vec::with_capacity(sealed.bytes as usize);
+        for r in &sealed.records {
+            file.extend_from_slice(r);
+        }
+        std::fs::write(&path, &file).unwrap();
+        drop(file);
+        let mapped = keel_io::vlog::map_file(&path).unwrap();
+        w.segment_durable(sealed.id, sealed.bytes, mapped);
+    }
+}
+
+#[test]
+fn values_on_disk_leave_only_the_index_in_memory() {
+    const KEYS: usize = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let (mut w, r) = Store::with_value_log(ValueLogOptions {
+        segment_bytes: 1 << 20,
+        first_segment_id: 0,
+        on_disk: true,
+    });
+    let value = vec![7u8; 1024];
+    for i in 0..KEYS {
+        let op = Op::Put(PutRequest {
+            key: Bytes::from(format!("key/{i:012}")),
+            value: Bytes::copy_from_slice(&value),
+            ..Default::default()
+        });
+        w.apply(i as u64 + 1, &op).unwrap();
+        if i % 1000 == 0 {
+            write_sealed(&mut w, dir.path());
+        }
+    }
+    write_sealed(&mut w, dir.path());
+    // Replaced version lists wait for the epoch to pass; let it, as a running server's other
+    // threads do.
+    for _ in 0..std::env::var("FLUSHES").map_or(4096, |v| v.parse().unwrap()) {
+        crossbeam_epoch::pin().flush();
+    }
+    let held = LIVE_BYTES.load(Ordering::Relaxed).saturating_sub(before);
+    // The open segment (1 MiB) is the only value memory allowed beside the index.
+    let index = held.saturating_sub(1 << 20);
+    let per_version = index / KEYS;
+    println!("held {held} bytes: {per_version} bytes per version beside the open segment");
+    assert!(
+        per_version <= INDEX_BYTES_PER_VERSION_MAX,
+        "{per_version} bytes per version, over the budget of {INDEX_BYTES_PER_VERSION_MAX}"
+    );
+    drop((w, r));
+}
