@@ -20,10 +20,11 @@
 //! while the head waits nothing would notice a client hanging up (etcd sends nothing yet for
 //! an empty-body watch or an election without a leader).
 //!
-//! Over HTTP/2 (h2c with prior knowledge, or TLS with ALPN h2) only bodiless GET/HEAD requests
-//! reach the HTTP endpoints; a gateway POST there is answered as grpc-go answers a non-gRPC
-//! content type (415). etcd 3.4 serves none of them over HTTP/2 either: its grpc-go resets
-//! such a stream with PROTOCOL_ERROR.
+//! Over HTTP/2 the gateway is served on TLS listeners (ALPN h2), as etcd 3.4 serves it there,
+//! answers going out within the peer's window (keel-grpc's `all_http_over_h2`). Over
+//! plaintext h2c only bodiless GET/HEAD requests reach the HTTP endpoints and a gateway POST
+//! is answered as current grpc-go answers a non-gRPC content type (415); etcd 3.4 serves none
+//! there either (its grpc-go resets such a stream with PROTOCOL_ERROR).
 
 use std::future::Future;
 use std::pin::Pin;
