@@ -2,14 +2,29 @@
 //! with a JSON request in proto3's JSON mapping (the .proto field names, int64 as strings,
 //! bytes as base64), answered by the same service methods gRPC calls reach.
 //!
-//! Streaming calls over HTTP/1.1: `/v3/watch` and `/v3/lease/keepalive` take the request
-//! body's JSON objects as the call's request messages and answer `Transfer-Encoding: chunked`,
-//! one line per response, `{"result":{...}}` (or grpc-gateway's `{"error":{...}}` when the call
-//! fails). They run the gRPC handlers themselves (the watch hub, the keep-alive loop) on an
-//! in-process call, so permissions and limits are the gRPC path's. The stream ends when the
-//! call does or when the client hangs up (the watch's watchers are released then).
-//! `/v3/election/observe` and `/v3/maintenance/snapshot` still answer 501. Over HTTP/2, only
-//! bodiless GET/HEAD requests reach the HTTP endpoints, so no gateway call is served there.
+//! Streaming calls over HTTP/1.1 answer `Transfer-Encoding: chunked`, one line per response,
+//! `{"result":{...}}`, and when the call fails grpc-gateway's `{"error":{...}}` object (without
+//! a newline) ends the body. `/v3/watch` and `/v3/lease/keepalive` take the request body's JSON
+//! objects as the call's request messages, then end its request side as the gateway's
+//! `CloseSend` does (a watch stays open after that, as etcd's does, until the client hangs
+//! up). `/v3/election/observe` and `/v3/maintenance/snapshot` take the body's one request. All
+//! four run through the gRPC dispatcher on an in-process call, so permissions, limits and
+//! error texts are the gRPC path's: a bad token is no early 401 there. The call's responses
+//! queue in a small bounded channel (one 1 MiB chunk for a snapshot), so memory stays bounded
+//! for a slow reader. The stream ends when the call does or when the client hangs up (a
+//! watch's watchers are released then).
+//!
+//! grpc-gateway sends a stream's head with its first line, so a call failing before it answers
+//! gets the error's HTTP status. Keel does so for a snapshot (whose first line comes once the
+//! database image is written); a watch, keep-alive or observe gets its 200 head at once, since
+//! while the head waits nothing would notice a client hanging up (etcd sends nothing yet for
+//! an empty-body watch or an election without a leader).
+//!
+//! Over HTTP/2 the gateway is served on TLS listeners (ALPN h2), as etcd 3.4 serves it there,
+//! answers going out within the peer's window (keel-grpc's `all_http_over_h2`). Over
+//! plaintext h2c only bodiless GET/HEAD requests reach the HTTP endpoints and a gateway POST
+//! is answered as current grpc-go answers a non-gRPC content type (415); etcd 3.4 serves none
+//! there either (its grpc-go resets such a stream with PROTOCOL_ERROR).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,13 +32,14 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, StatusCode};
 use keel_grpc::{
     Call, CallCounts, CallHead, Code, HttpRequest, HttpResponse, RequestStream, ResponseSink,
     Status,
 };
 use keel_proto::etcdserverpb as pb;
+use keel_proto::v3electionpb as epb;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -43,6 +59,19 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
             "text/plain; charset=utf-8",
             "Method Not Allowed\n",
         );
+    }
+    // The streaming calls run through the gRPC dispatcher, which checks the token as each
+    // method does on gRPC: a bad token is no early 401 there (etcd answers a watch with a
+    // canceled line, a snapshot with its raw auth error, an observe with an empty stream).
+    let kind = match path.as_str() {
+        "/v3/watch" => Some(Streaming::Watch),
+        "/v3/lease/keepalive" => Some(Streaming::LeaseKeepAlive),
+        "/v3/election/observe" => Some(Streaming::Observe),
+        "/v3/maintenance/snapshot" => Some(Streaming::Snapshot),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        return streaming(api, kind, request.headers, &request.body).await;
     }
     // etcd's gateway passes the `Authorization` header on as the call's token.
     let who = match crate::auth::who(api.shared(), &request.headers).await {
@@ -153,12 +182,6 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
             })
             .await
         }
-        "/v3/watch" => streaming(&api, Streaming::Watch, request.headers, &body),
-        "/v3/lease/keepalive" => streaming(&api, Streaming::LeaseKeepAlive, request.headers, &body),
-        "/v3/election/observe" | "/v3/maintenance/snapshot" => error(&Status::new(
-            Code::Unimplemented,
-            "keel: streaming calls are not served by the JSON gateway yet",
-        )),
         _ => HttpResponse::not_found(),
     }
 }
@@ -220,43 +243,75 @@ where
 }
 
 /// The streaming calls the gateway serves.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Streaming {
+    /// Bidirectional: the body holds any number of requests.
     Watch,
     LeaseKeepAlive,
+    /// Server-streaming: the body holds one request.
+    Observe,
+    Snapshot,
 }
 
-/// Responses a streaming call may queue ahead of the HTTP writer; beyond it the call's sends
-/// wait (and a watch's own bounded queue takes over), so a slow reader holds no more.
+impl Streaming {
+    /// The gRPC method the call runs as (through the gRPC dispatcher, so its checks apply).
+    fn path(self) -> &'static str {
+        match self {
+            Streaming::Watch => "/etcdserverpb.Watch/Watch",
+            Streaming::LeaseKeepAlive => "/etcdserverpb.Lease/LeaseKeepAlive",
+            Streaming::Observe => "/v3electionpb.Election/Observe",
+            Streaming::Snapshot => "/etcdserverpb.Maintenance/Snapshot",
+        }
+    }
+
+    /// Responses the call may queue ahead of the HTTP writer; beyond it the call's sends wait
+    /// (and a watch's own bounded queue takes over), so a slow reader holds no more. A
+    /// snapshot's responses are 1 MiB chunks of the database: one queued (the channel's slot
+    /// per sender) is enough to keep the writer busy while the next chunk is read.
+    fn queue_max(self) -> usize {
+        match self {
+            Streaming::Snapshot => 0,
+            _ => STREAM_MESSAGES_MAX,
+        }
+    }
+}
+
+/// Responses a watch, keep-alive or observe call may queue ahead of the HTTP writer.
 const STREAM_MESSAGES_MAX: usize = 16;
 
-/// Serves a streaming call: the body's JSON objects (grpc-gateway decodes the body as a
-/// sequence of them) become the request messages, then the request side ends, as the gateway's
-/// `CloseSend` does. The answer streams one JSON line per response.
-fn streaming(api: &Rc<Api>, kind: Streaming, headers: HeaderMap, body: &[u8]) -> HttpResponse {
+/// Serves a streaming call. A bidirectional call (watch, keep-alive) takes the body's JSON
+/// objects as its request messages (grpc-gateway decodes the body as a sequence of them), then
+/// its request side ends, as the gateway's `CloseSend` does. A server-streaming call
+/// (observe, snapshot) takes the body's first JSON object, or an empty request for an empty
+/// body, as grpc-gateway's generated handlers do. The answer streams one JSON line per
+/// response.
+async fn streaming(
+    api: &Rc<Api>,
+    kind: Streaming,
+    headers: HeaderMap,
+    body: &[u8],
+) -> HttpResponse {
     let requests = match kind {
         Streaming::Watch => decode_all::<pb::WatchRequest>(body),
         Streaming::LeaseKeepAlive => decode_all::<pb::LeaseKeepAliveRequest>(body),
+        Streaming::Observe => decode_first::<epb::LeaderRequest>(body),
+        Streaming::Snapshot => decode_first::<pb::SnapshotRequest>(body),
     };
     let requests = match requests {
         Ok(requests) => requests,
         Err(status) => return error(&status),
     };
-    let path = match kind {
-        Streaming::Watch => "/etcdserverpb.Watch/Watch",
-        Streaming::LeaseKeepAlive => "/etcdserverpb.Lease/LeaseKeepAlive",
-    };
     let counts = Rc::new(CallCounts::default());
     let call = Call {
         head: CallHead {
-            path: path.to_string(),
+            path: kind.path().to_string(),
             // The Authorization header is the token, as on the unary gateway calls.
             metadata: headers,
             timeout: None,
         },
         requests: RequestStream::local(requests, counts.clone()),
     };
-    let (sender, messages) = futures_channel::mpsc::channel(STREAM_MESSAGES_MAX);
+    let (sender, messages) = futures_channel::mpsc::channel(kind.queue_max());
     // grpc-go's send limit, as the gRPC path has: grpc-gateway is a gRPC client of it.
     let mut sink = ResponseSink::local(
         sender,
@@ -265,21 +320,36 @@ fn streaming(api: &Rc<Api>, kind: Streaming, headers: HeaderMap, body: &[u8]) ->
     );
     let api = api.clone();
     let driver = async move {
-        match kind {
-            Streaming::Watch => api.hub().serve(call, &mut sink).await,
-            Streaming::LeaseKeepAlive => api.lease_keep_alive(call, &mut sink).await,
-        }
+        let status = api.dispatch(kind.path(), call, &mut sink).await;
         // `sink` (the sender) drops here, so the lines end after the last response.
+        drop(sink);
+        status
+    };
+    let mut lines = Lines {
+        driver: Some(Box::pin(driver)),
+        messages,
+        kind,
+        results: 0,
+        failure: None,
+        failed_with: None,
+    };
+    if kind != Streaming::Snapshot {
+        // Sent at once: a watch or an observe may wait long for its first line, and only a
+        // response being written notices a client that hung up meanwhile.
+        return HttpResponse::streaming(StatusCode::OK, "application/json", lines);
+    }
+    // grpc-gateway writes the head with the first line, so a call that fails before
+    // answering (a snapshot refused by auth) gets its error's HTTP status. A snapshot's first
+    // line comes as soon as the database image is written, so it is awaited here.
+    let first = futures_util::StreamExt::next(&mut lines).await;
+    let status = match (lines.results, lines.failed_with) {
+        (0, Some(code)) => http_status(code),
+        _ => StatusCode::OK,
     };
     HttpResponse::streaming(
-        StatusCode::OK,
+        status,
         "application/json",
-        Lines {
-            driver: Some(Box::pin(driver)),
-            messages,
-            kind,
-            failure: None,
-        },
+        futures_util::stream::iter(first).chain(lines),
     )
 }
 
@@ -300,14 +370,36 @@ where
         .collect()
 }
 
+/// A server-streaming call's one request, protobuf-encoded: the body's first JSON object
+/// (what follows it is not read, as grpc-gateway's decoder reads one), or an empty request
+/// for an empty body. A bad one is InvalidArgument, answered before the call starts.
+fn decode_first<Req>(body: &[u8]) -> Result<Vec<Bytes>, Status>
+where
+    Req: DeserializeOwned + prost::Message + Default,
+{
+    let request = match serde_json::Deserializer::from_slice(body)
+        .into_iter::<Req>()
+        .next()
+    {
+        None => Req::default(),
+        Some(Ok(request)) => request,
+        Some(Err(e)) => return Err(Status::new(Code::InvalidArgument, e.to_string())),
+    };
+    Ok(vec![Bytes::from(request.encode_to_vec())])
+}
+
 /// A streaming call's body: polls the call itself (nothing else drives it, and dropping this
 /// drops the call) and turns each response into a `{"result":...}` line.
 struct Lines {
     driver: Option<Pin<Box<dyn Future<Output = Status>>>>,
     messages: futures_channel::mpsc::Receiver<Bytes>,
     kind: Streaming,
+    /// `{"result":...}` lines given out so far.
+    results: u64,
     /// The call's failure, written as the last line once its responses are out.
     failure: Option<Status>,
+    /// The code of the failure once its line is given out.
+    failed_with: Option<Code>,
 }
 
 impl Stream for Lines {
@@ -324,8 +416,14 @@ impl Stream for Lines {
             }
         }
         match Pin::new(&mut this.messages).poll_next(cx) {
-            Poll::Ready(Some(message)) => Poll::Ready(Some(result_line(this.kind, &message))),
-            Poll::Ready(None) => Poll::Ready(this.failure.take().map(|s| stream_error_line(&s))),
+            Poll::Ready(Some(message)) => {
+                this.results += 1;
+                Poll::Ready(Some(result_line(this.kind, &message)))
+            }
+            Poll::Ready(None) => Poll::Ready(this.failure.take().map(|status| {
+                this.failed_with = Some(status.code);
+                stream_error_line(&status)
+            })),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -345,26 +443,34 @@ fn result_line(kind: Streaming, message: &[u8]) -> Bytes {
     let encoded = match kind {
         Streaming::Watch => line::<pb::WatchResponse>(message),
         Streaming::LeaseKeepAlive => line::<pb::LeaseKeepAliveResponse>(message),
+        Streaming::Observe => line::<epb::LeaderResponse>(message),
+        Streaming::Snapshot => line::<pb::SnapshotResponse>(message),
     };
     match encoded {
         Ok(line) => Bytes::from(line),
-        Err(status) => stream_error_line(&status),
+        // Our own message failed to re-decode (never expected): say so in its place, on a
+        // line of its own, as more lines may follow.
+        Err(status) => {
+            let mut line = stream_error_line(&status).to_vec();
+            line.push(b'\n');
+            Bytes::from(line)
+        }
     }
 }
 
-/// grpc-gateway v1's error line in a stream (its `internal.StreamError` in proto3 JSON, with
+/// grpc-gateway v1's error object in a stream (its `internal.StreamError` in proto3 JSON, with
 /// the .proto field names): `{"error":{"grpc_code":…,"http_code":…,"message":…,"http_status":…}}`.
+/// It ends the stream, and grpc-gateway writes it without the newline that follows results.
 fn stream_error_line(status: &Status) -> Bytes {
     let http_code = http_status(status.code);
     // Written by hand to keep Go's field order (serde_json's maps sort their keys).
-    let mut line = format!(
+    let line = format!(
         r#"{{"error":{{"grpc_code":{},"http_code":{},"message":{},"http_status":{}}}}}"#,
         status.code.as_u8(),
         http_code.as_u16(),
         serde_json::Value::String(status.message.clone()),
         serde_json::Value::String(http_code.canonical_reason().unwrap_or("").to_string()),
     );
-    line.push('\n');
     Bytes::from(line)
 }
 
@@ -432,8 +538,56 @@ mod tests {
         ));
         assert_eq!(
             &line[..],
-            &b"{\"error\":{\"grpc_code\":5,\"http_code\":404,\"message\":\"etcdserver: requested lease not found\",\"http_status\":\"Not Found\"}}\n"[..]
+            &b"{\"error\":{\"grpc_code\":5,\"http_code\":404,\"message\":\"etcdserver: requested lease not found\",\"http_status\":\"Not Found\"}}"[..]
         );
+    }
+
+    #[test]
+    fn a_server_streaming_call_takes_the_first_request_or_an_empty_one() {
+        let decode = |body: &[u8]| {
+            decode_first::<epb::LeaderRequest>(body).map(|messages| {
+                assert_eq!(messages.len(), 1);
+                <epb::LeaderRequest as prost::Message>::decode(&messages[0][..]).expect("protobuf")
+            })
+        };
+        let first = decode(br#"{"name":"ZWw="} {"name":"b3RoZXI="}"#).expect("a request");
+        assert_eq!(&first.name[..], b"el");
+        assert_eq!(decode(b"").expect("empty"), epb::LeaderRequest::default());
+        let bad = decode(b"{bad").expect_err("bad JSON");
+        assert_eq!(bad.code, Code::InvalidArgument);
+    }
+
+    /// Polls `lines` to its end (nothing here waits on anything but the futures given).
+    fn drain(lines: &mut Lines) -> Vec<Bytes> {
+        futures_lite::future::block_on(lines.collect::<Vec<_>>())
+    }
+
+    fn lines_of(kind: Streaming, driver: impl Future<Output = Status> + 'static) -> Lines {
+        let (_, messages) = futures_channel::mpsc::channel(1);
+        Lines {
+            driver: Some(Box::pin(driver)),
+            messages,
+            kind,
+            results: 0,
+            failure: None,
+            failed_with: None,
+        }
+    }
+
+    #[test]
+    fn a_call_that_fails_before_answering_is_one_error_object() {
+        let mut lines = lines_of(Streaming::Snapshot, async {
+            Status::new(Code::Unknown, "auth: permission denied")
+        });
+        let out = drain(&mut lines);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].starts_with(br#"{"error":{"grpc_code":2,"http_code":500"#));
+        assert!(!out[0].ends_with(b"\n"));
+        assert_eq!((lines.results, lines.failed_with), (0, Some(Code::Unknown)));
+        // A call that ends cleanly without answering is an empty body.
+        let mut lines = lines_of(Streaming::Observe, async { Status::ok() });
+        assert!(drain(&mut lines).is_empty());
+        assert_eq!(lines.failed_with, None);
     }
 
     #[test]

@@ -106,7 +106,13 @@ impl Api {
         status
     }
 
-    async fn dispatch(self: &Rc<Self>, path: &str, call: Call, sink: &mut ResponseSink) -> Status {
+    /// Runs one call by its gRPC path (the JSON gateway's streaming calls come here too).
+    pub(crate) async fn dispatch(
+        self: &Rc<Self>,
+        path: &str,
+        call: Call,
+        sink: &mut ResponseSink,
+    ) -> Status {
         // etcd's clients send "hasleader: true" to be told at once when the member is cut off.
         if requires_leader(&call.head) && !self.shared.has_leader() {
             return etcd(EtcdError::NoLeader);

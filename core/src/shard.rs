@@ -314,6 +314,15 @@ async fn accept_loop<H: crate::auth::ServesCertUser>(
     } = &*serving;
     let api = &handler;
     let shard = *shard;
+    // etcd 3.4 serves its JSON gateway over HTTP/2 on TLS listeners only (see
+    // `all_http_over_h2`); over plaintext h2c its grpc-go refuses such requests.
+    let config = match tls {
+        Some(_) => Rc::new(ServerConfig {
+            all_http_over_h2: true,
+            ..(**config).clone()
+        }),
+        None => config.clone(),
+    };
     loop {
         match listener.accept().await {
             Ok(stream) => {

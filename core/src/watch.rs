@@ -653,11 +653,10 @@ impl Hub {
                 continue;
             }
             if client_done {
-                // etcd keeps a half-closed watch stream open for its events; we end it once
-                // nothing is left to send, as the client can no longer change it.
-                if stream.watchers.borrow().is_empty() {
-                    return Status::ok();
-                }
+                // etcd keeps a half-closed watch stream open, watchers or none (its recvLoop
+                // returns on EOF, but the stream lives until its context ends), so a JSON
+                // gateway watch, whose request side always ends with the body, stays open
+                // until its client hangs up. A reset or hang-up drops this future.
                 let wait = Box::pin(crate::rt::sleep(next_progress - now));
                 futures_util::future::select(Box::pin(stream.woken()), wait).await;
                 continue;

@@ -98,8 +98,15 @@ pub struct ServerConfig {
     /// HTTP/1.1 request line) before it is closed; on HTTP/1.1 also the longest wait for the
     /// next bytes of a request, or for the next request on a kept-alive connection.
     pub preface_timeout: Duration,
-    /// Limits for HTTP/1.1 requests on the same port.
+    /// Limits for HTTP/1.1 requests on the same port (a body's limit also bounds a POST's
+    /// body over HTTP/2).
     pub http1: Http1Limits,
+    /// Whether every non-gRPC request over HTTP/2, whatever its method (the JSON gateway's
+    /// POSTs), reaches the HTTP endpoints; otherwise only GET and HEAD do and the rest are
+    /// refused as grpc-go refuses them. etcd 3.4 serves them all on its TLS listeners, where
+    /// one handler splits requests by content type, but not over plaintext h2c, where its
+    /// connection multiplexer hands every HTTP/2 connection to grpc-go.
+    pub all_http_over_h2: bool,
 }
 
 impl Default for ServerConfig {
@@ -116,6 +123,7 @@ impl Default for ServerConfig {
             data_frame_budget_bytes: 16 * 1024 * 1024,
             preface_timeout: DEFAULT_PREFACE_TIMEOUT,
             http1: Http1Limits::default(),
+            all_http_over_h2: false,
         }
     }
 }
@@ -690,10 +698,12 @@ async fn serve_stream<H: Handler, R: Runtime>(
         .unwrap_or_default();
     // A plain HTTP/2 GET (curl, a health probe, a browser over TLS, where ALPN picks h2) is
     // the HTTP endpoints' business, as etcd's mux routes it: /health and /metrics answer over
-    // h2 as they do over HTTP/1.1.
-    let plain_http = parts.method == Method::GET || parts.method == Method::HEAD;
+    // h2 as they do over HTTP/1.1. So is a JSON gateway POST where the listener serves them
+    // (TLS, as etcd 3.4 does; see `all_http_over_h2`).
+    let plain_http =
+        parts.method == Method::GET || parts.method == Method::HEAD || config.all_http_over_h2;
     if plain_http && !is_grpc_content_type(&content_type) {
-        serve_http_over_h2(parts, respond, handler).await;
+        serve_http_over_h2(parts, body, respond, handler, config.http1.body_bytes_max).await;
         return;
     }
     // grpc-go answers a non-gRPC content type with HTTP 415 and a gRPC status, so both gRPC
@@ -773,22 +783,44 @@ async fn serve_stream<H: Handler, R: Runtime>(
 }
 
 /// Ends a stream before the handler runs: an HTTP status plus a trailers-only gRPC status.
-/// Answers a bodiless HTTP/2 request (GET or HEAD) with the handler's HTTP endpoints.
+/// Answers a plain HTTP/2 request (a GET or HEAD, or where allowed any, a gateway POST) with the
+/// handler's HTTP endpoints. The body is read whole first, up to `body_bytes_max` (as on
+/// HTTP/1.1); a larger one is answered 413 without being read further.
 async fn serve_http_over_h2<H: Handler>(
     parts: http::request::Parts,
+    body: RecvStream,
     mut respond: SendResponse<Bytes>,
     handler: Rc<H>,
+    body_bytes_max: usize,
 ) {
     let head_only = parts.method == Method::HEAD;
     let path = parts
         .uri
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
+    let body = match read_body(body, body_bytes_max).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            let mut response = http::Response::new(());
+            *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            let text = format!("{}\n", StatusCode::PAYLOAD_TOO_LARGE);
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            if let Ok(mut send) = respond.send_response(response, false) {
+                let _ = send.send_data(Bytes::from(text), true);
+            }
+            return;
+        }
+        // The client reset the stream or the connection went: nobody to answer.
+        Err(BodyError::Gone) => return,
+    };
     let request = HttpRequest {
         method: parts.method,
         path,
         headers: parts.headers,
-        body: Bytes::new(),
+        body,
     };
     let mut answer = handler.http(request).await;
     let mut response = http::Response::new(());
@@ -809,20 +841,42 @@ async fn serve_http_over_h2<H: Handler>(
         HeaderValue::from(answer.body.len()),
     );
     let end_now = head_only || answer.body.is_empty();
-    let Ok(mut send) = respond.send_response(response, end_now) else {
+    let Ok(send) = respond.send_response(response, end_now) else {
         return;
     };
     if !end_now {
-        // HTTP endpoint bodies are small (health, version, metrics text): h2 buffers them
-        // within the connection's send buffer limit.
-        let _ = send.send_data(answer.body, true);
+        // Within the peer's window, as a streamed body goes: a gateway answer (a range) may be
+        // larger than what h2 should buffer ahead of it.
+        let body = answer.body;
+        let once = futures_util::stream::once(async move { body });
+        send_stream_over_h2(send, crate::http1::BodyStream(Box::pin(once))).await;
     }
 }
 
+/// Why a plain HTTP/2 request's body was not read.
+enum BodyError {
+    TooLarge,
+    Gone,
+}
+
+/// Reads a request body whole, releasing flow-control capacity as it comes (or the window
+/// would stall), and stops at `max` bytes.
+async fn read_body(mut body: RecvStream, max: usize) -> Result<Bytes, BodyError> {
+    let mut out = BytesMut::new();
+    while let Some(data) = poll_fn(|cx| body.poll_data(cx)).await {
+        let data = data.map_err(|_| BodyError::Gone)?;
+        let _ = body.flow_control().release_capacity(data.len());
+        if out.len() + data.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
+}
+
 /// Sends a streamed HTTP body as DATA frames, one item at a time within the peer's window (so
-/// nothing queues past it), until the body ends or the client resets the stream. Only bodiless
-/// GET/HEAD requests reach the HTTP endpoints over HTTP/2 (see `serve_stream`), so the JSON
-/// gateway's streaming POSTs do not come here yet.
+/// nothing queues past it), until the body ends or the client resets the stream: the JSON
+/// gateway's streaming POSTs where `all_http_over_h2` lets them in.
 async fn send_stream_over_h2(mut send: SendStream<Bytes>, mut stream: crate::http1::BodyStream) {
     use futures_util::StreamExt;
     loop {

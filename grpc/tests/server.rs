@@ -208,6 +208,9 @@ impl Handler for TestHandler {
                 "application/json",
                 "{\"health\":\"true\",\"reason\":\"\"}",
             ),
+            ("POST", "/echo") => {
+                HttpResponse::new(StatusCode::OK, "application/json", request.body)
+            }
             _ => HttpResponse::not_found(),
         }
     }
@@ -217,6 +220,37 @@ impl Handler for TestHandler {
 fn server_addr() -> SocketAddr {
     static ADDR: OnceLock<SocketAddr> = OnceLock::new();
     *ADDR.get_or_init(|| {
+        spawn_server(ServerConfig {
+            max_recv_message_bytes: MAX_RECV_MESSAGE_BYTES,
+            preface_timeout: PREFACE_TIMEOUT,
+            ..ServerConfig::default()
+        })
+    })
+}
+
+/// The largest plain HTTP/2 request body the all-HTTP server takes.
+const ALL_HTTP_BODY_BYTES_MAX: usize = 1024;
+
+/// A second server whose HTTP/2 connections pass every non-gRPC request to the HTTP endpoints
+/// (as Keel's TLS listeners do), with a small body limit.
+fn all_http_server_addr() -> SocketAddr {
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| {
+        spawn_server(ServerConfig {
+            preface_timeout: PREFACE_TIMEOUT,
+            all_http_over_h2: true,
+            http1: keel_grpc::Http1Limits {
+                body_bytes_max: ALL_HTTP_BODY_BYTES_MAX,
+                ..Default::default()
+            },
+            ..ServerConfig::default()
+        })
+    })
+}
+
+/// Starts a server with `config` on its own executor thread, for the rest of the process.
+fn spawn_server(config: ServerConfig) -> SocketAddr {
+    {
         let (sender, receiver) = std::sync::mpsc::channel();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name("grpc-test-server")
@@ -226,11 +260,7 @@ fn server_addr() -> SocketAddr {
                 sender
                     .send(listener.local_addr().expect("addr"))
                     .expect("send addr");
-                let config = Rc::new(ServerConfig {
-                    max_recv_message_bytes: MAX_RECV_MESSAGE_BYTES,
-                    preface_timeout: PREFACE_TIMEOUT,
-                    ..ServerConfig::default()
-                });
+                let config = Rc::new(config);
                 let handler = Rc::new(TestHandler);
                 let runtime = Rc::new(GlommioRuntime);
                 loop {
@@ -257,7 +287,7 @@ fn server_addr() -> SocketAddr {
         // The server runs until the test process exits.
         std::mem::forget(handle);
         receiver.recv().expect("server address")
-    })
+    }
 }
 
 /// Runs a client future on a fresh executor, failing the test if it takes over 20 s.
@@ -285,7 +315,11 @@ where
 }
 
 async fn connect() -> SendRequest<Bytes> {
-    let stream = TcpStream::connect(server_addr()).await.expect("connect");
+    connect_to(server_addr()).await
+}
+
+async fn connect_to(addr: SocketAddr) -> SendRequest<Bytes> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     // A large connection window gives h2's small-DATA-frame budget room for 200 buffered
     // replies; the stream window stays at the 64 KiB default to exercise flow control.
@@ -675,6 +709,51 @@ fn http2_get_health_is_served_by_the_http_endpoints() {
             bytes.extend_from_slice(&chunk);
         }
         assert_eq!(bytes, b"{\"health\":\"true\",\"reason\":\"\"}");
+    });
+}
+
+/// A plain HTTP/2 POST of `body` to /echo: the status and the answer's body.
+async fn post_echo(client: &mut SendRequest<Bytes>, body: Bytes) -> (StatusCode, Vec<u8>) {
+    let request = http::Request::builder()
+        .method("POST")
+        .uri("http://keel/echo")
+        .header("content-type", "application/json")
+        .body(())
+        .expect("request");
+    let (response, mut send) = client.send_request(request, false).expect("send");
+    send.send_data(body, true).expect("the body is sent");
+    let response = response.await.expect("a response");
+    let status = response.status();
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
+    }
+    (status, bytes)
+}
+
+#[test]
+fn http2_posts_reach_the_http_endpoints_only_where_configured() {
+    run_client(|| async {
+        let mut client = connect_to(all_http_server_addr()).await;
+        let (status, body) =
+            post_echo(&mut client, Bytes::from_static(b"{\"key\":\"YQ==\"}")).await;
+        assert_eq!(
+            (status, body.as_slice()),
+            (StatusCode::OK, &b"{\"key\":\"YQ==\"}"[..])
+        );
+        // A body past the limit is refused, as on HTTP/1.1, and the connection serves on.
+        let big = Bytes::from(vec![b' '; ALL_HTTP_BODY_BYTES_MAX + 1]);
+        let (status, _) = post_echo(&mut client, big).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let exact = Bytes::from(vec![b' '; ALL_HTTP_BODY_BYTES_MAX]);
+        assert_eq!(post_echo(&mut client, exact).await.0, StatusCode::OK);
+        // The default server refuses a non-gRPC POST as grpc-go does.
+        let mut client = connect().await;
+        let (status, _) = post_echo(&mut client, Bytes::from_static(b"{}")).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     });
 }
 

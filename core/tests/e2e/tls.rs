@@ -518,3 +518,87 @@ fn a_client_certificates_common_name_is_the_auth_user_without_a_token_like_etcd(
     );
     assert!(answers[0][0].contains("OK"), "{:?}", answers[0]);
 }
+
+/// One JSON gateway request with curl over TLS, HTTP/2 by ALPN: the HTTP version curl used,
+/// the status, and the body's JSON lines (ids and terms removed). A streamed answer is read
+/// for `max_secs` (a watch does not end by itself).
+fn gateway_h2(
+    server: &Server,
+    ca: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    max_secs: u32,
+) -> (String, u32, Vec<serde_json::Value>) {
+    require_tool("curl");
+    let out = Command::new("curl")
+        .args([
+            "-s", "-N", "--http2", "--cacert", ca, "-X", method, "-d", body,
+        ])
+        .args(["--max-time", &max_secs.to_string()])
+        .args(["-w", "\n%{http_version} %{http_code}"])
+        .arg(format!("{}{path}", server.client_url()))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, tail) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let (version, status) = tail.split_once(' ').expect("curl's -w line");
+    let lines = body
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut v = crate::common::json_of(l).unwrap_or(serde_json::Value::String(l.into()));
+            crate::common::strip_member_fields(&mut v);
+            v
+        })
+        .collect();
+    (
+        version.to_string(),
+        status.parse().expect("a status code"),
+        lines,
+    )
+}
+
+#[test]
+fn the_json_gateway_answers_over_http2_on_tls_like_etcd() {
+    let pki = Pki::new();
+    let ca = pki.arg("ca.pem");
+    let mut answers = Vec::new();
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let server = start(kind, &pki, &[], None);
+        let mut got = Vec::new();
+        for (method, path, body) in [
+            ("POST", "/v3/kv/put", r#"{"key":"YQ==","value":"Yg=="}"#),
+            ("POST", "/v3/kv/range", r#"{"key":"YQ=="}"#),
+            ("PUT", "/v3/kv/range", "{}"),
+            ("POST", "/v3/lease/keepalive", r#"{"ID":"5"}"#),
+        ] {
+            got.push(gateway_h2(&server, &ca, method, path, body, 10));
+        }
+        // A bad request: only the status and code compare (Go's and Rust's parsers word
+        // their errors differently).
+        let (version, status, lines) = gateway_h2(&server, &ca, "POST", "/v3/kv/range", "{bad", 10);
+        got.push((version, status, vec![lines[0]["code"].clone()]));
+        // A watch replaying the put, read until curl gives up on the open stream.
+        got.push(gateway_h2(
+            &server,
+            &ca,
+            "POST",
+            "/v3/watch",
+            r#"{"create_request":{"key":"YQ==","start_revision":"1"}}"#,
+            2,
+        ));
+        answers.push(got);
+    }
+    let ours = &answers[0];
+    assert_eq!(ours[1].0, "2", "HTTP/2: {ours:?}");
+    assert_eq!(ours[1].2[0]["kvs"][0]["value"], "Yg==", "{ours:?}");
+    assert_eq!(ours[2].1, 405, "{ours:?}");
+    assert_eq!(ours[5].2.len(), 2, "created and the event: {ours:?}");
+    for (i, (ours, theirs)) in answers[0].iter().zip(&answers[1]).enumerate() {
+        assert_eq!(
+            ours, theirs,
+            "answer {i}: keel (left) and etcd (right) differ"
+        );
+    }
+}
