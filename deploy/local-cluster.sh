@@ -8,6 +8,8 @@
 # usage: deploy/local-cluster.sh [DIR]
 #   KEEL=path/to/keel   the binary (default: keel on PATH, else target/{release,debug}/keel)
 #   KEEL_SHARDS=N       client-serving cores per member (default 1: three members share the host)
+# Member i (0, 1, 2) pins its raft core to CPU i % (CPUs): by default every member would pin
+# it to the last CPU, and three raft cores on one CPU starve each other.
 set -euo pipefail
 
 dir="${1:-./keel-local}"
@@ -27,6 +29,7 @@ if [[ -z "$keel" || ! -x "$keel" ]]; then
 fi
 
 cluster="n1=http://127.0.0.1:2380,n2=http://127.0.0.1:22380,n3=http://127.0.0.1:32380"
+cpus="$(nproc)"
 pids=()
 
 stop() {
@@ -38,9 +41,11 @@ stop() {
 trap stop INT TERM EXIT
 
 start() {
-  local name="$1" client="$2" peer="$3"
+  local name="$1" client="$2" peer="$3" index="$4"
+  local raft_cpu=$((index % cpus))
   KEEL_SHARDS="${KEEL_SHARDS:-1}" "$keel" \
     --name "$name" \
+    --raft-cpu "$raft_cpu" \
     --data-dir "$dir/$name.keel" \
     --listen-client-urls "http://127.0.0.1:$client" \
     --advertise-client-urls "http://127.0.0.1:$client" \
@@ -51,12 +56,12 @@ start() {
     --initial-cluster-state new \
     >"$dir/$name.log" 2>&1 &
   pids+=("$!")
-  echo "$name: pid $! client http://127.0.0.1:$client peer http://127.0.0.1:$peer log $dir/$name.log"
+  echo "$name: pid $! client http://127.0.0.1:$client peer http://127.0.0.1:$peer raft CPU $raft_cpu log $dir/$name.log"
 }
 
-start n1 2379 2380
-start n2 22379 22380
-start n3 32379 32380
+start n1 2379 2380 0
+start n2 22379 22380 1
+start n3 32379 32380 2
 
 echo "try: ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379 endpoint status -w table"
 echo "Ctrl-C stops the cluster."

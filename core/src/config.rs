@@ -213,7 +213,9 @@ pub struct Flags {
     #[arg(long = "shards", env = "KEEL_SHARDS", default_value_t = 0)]
     pub shards: usize,
 
-    /// Keel: which CPU the raft core is pinned to (default: the last one).
+    /// Keel: which CPU the raft core is pinned to (default: the last one). Several members on
+    /// one host would all take the last CPU by default and starve each other's raft cores:
+    /// give member i CPU i % CPUs (deploy/local-cluster.sh and the cluster tests do).
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 

@@ -452,14 +452,21 @@ impl RaftCore {
         let mut count = 0;
         let mut bytes = 0;
         let now_ms = self.now_ms();
+        let mut batch = Vec::new();
         while count < PROPOSALS_PER_BATCH_MAX && bytes < PROPOSAL_BYTES_PER_BATCH_MAX {
             let Some(p) = self.shared.proposals.try_recv() else {
                 break;
             };
             count += 1;
             bytes += p.data.len();
-            self.member.propose(p, now_ms);
+            batch.push(p);
         }
+        assert!(
+            batch.len() <= PROPOSALS_PER_BATCH_MAX,
+            "the batch stays bounded"
+        );
+        // One raft proposal for the whole batch: one append per follower, not one per write.
+        self.member.propose_batch(batch, now_ms);
     }
 
     fn take_reads(&mut self) {

@@ -446,6 +446,15 @@ impl Env {
                     let _ = writeln!(out, "error: {e}");
                 }
             }
+            "propose-batch" => {
+                let data = args[1..]
+                    .iter()
+                    .map(|a| Bytes::from(a.to_string()))
+                    .collect();
+                if let Err(e) = self.node(id()).raw.propose_batch(data) {
+                    let _ = writeln!(out, "error: {e}");
+                }
+            }
             "propose-conf-change" => {
                 let change_type = match args[1] {
                     "add" => ConfChangeType::AddNode,

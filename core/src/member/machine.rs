@@ -516,6 +516,7 @@ impl Member {
         let forwarded =
             (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
                 .then(|| (m.from, m.entries.clone()));
+        let (to, term) = (m.to, m.term);
         let Err(e) = self.node.step(m) else {
             return;
         };
@@ -523,6 +524,23 @@ impl Member {
         let Some((from, entries)) = forwarded else {
             return;
         };
+        if entries.len() > 1 {
+            // A follower forwards its drained batch in one message, which raft refuses whole
+            // and without change. Step its entries one at a time, as if the follower had
+            // forwarded each alone, so only those refused alone are reported refused.
+            for entry in entries {
+                let single = Message {
+                    msg_type: MessageType::Propose,
+                    from,
+                    to,
+                    term,
+                    entries: vec![entry],
+                    ..Message::default()
+                };
+                self.step(single, now_ms);
+            }
+            return;
+        }
         let refusal = match e {
             keel_raft::Error::LearnerNotCaughtUp(_) => Refusal::LearnerNotReady,
             _ if self.leader_id == 0 => Refusal::NoLeader,
@@ -607,6 +625,49 @@ impl Member {
                 tracing::warn!(error = %e, "proposal refused");
                 self.proposal_failed();
                 let _ = p.reply.send(Err(EtcdError::Stopped));
+            }
+        }
+    }
+
+    /// Client writes drained together, proposed to raft in one call: the leader appends them
+    /// with one append message per follower (and one WAL write), and a follower forwards them
+    /// in one message, instead of one of each per write. Each write is answered as `propose`
+    /// would answer it alone.
+    pub fn propose_batch(&mut self, batch: Vec<Proposal>, now_ms: u64) {
+        if batch.len() <= 1 {
+            for p in batch {
+                self.propose(p, now_ms);
+            }
+            return;
+        }
+        let last_index_before = self.node.raft().raft_log.last_index();
+        let data: Vec<Bytes> = batch.iter().map(|p| p.data.clone()).collect();
+        match self.node.propose_batch(data) {
+            Ok(()) => {
+                let deadline_ms = now_ms + self.config.request_timeout_ms;
+                for p in batch {
+                    self.waiting
+                        .insert(p.id, (p.reply, self.leader_id), deadline_ms);
+                }
+            }
+            Err(e) => {
+                // Raft refuses a batch whole (one entry over the message size, the batch over
+                // the uncommitted limit, no leader) and changes nothing when it does. Offer
+                // the writes one at a time, so those that fit still go and each refused one
+                // hears the error it would have heard alone.
+                assert_eq!(
+                    self.node.raft().raft_log.last_index(),
+                    last_index_before,
+                    "a refused batch appended nothing"
+                );
+                tracing::debug!(
+                    error = %e,
+                    writes = batch.len(),
+                    "batch refused; proposing one by one"
+                );
+                for p in batch {
+                    self.propose(p, now_ms);
+                }
             }
         }
     }
@@ -2330,6 +2391,175 @@ mod tests {
             Some(Refusal::LearnerNotReady)
         );
         assert_eq!(ProposalKind::from_code(0), None);
+    }
+
+    /// A put whose value is over raft's default message size limit (1 MiB), which the
+    /// leader refuses alone.
+    fn oversized_put(key: &str) -> pb::InternalRaftRequest {
+        let mut req = put(key);
+        req.put.as_mut().expect("a put").value = Bytes::from(vec![b'v'; (1 << 20) + 1]);
+        req
+    }
+
+    type WriteAnswer = oneshot::Receiver<Result<Outcome, EtcdError>>;
+
+    /// Proposals of puts to `keys`, ids from `first_id` up, and their answers.
+    fn batch_of(keys: &[String], first_id: u64) -> (Vec<Proposal>, Vec<WriteAnswer>) {
+        keys.iter()
+            .enumerate()
+            .map(|(i, key)| proposal(first_id + i as u64, put(key)))
+            .unzip()
+    }
+
+    #[test]
+    fn a_batch_of_writes_reaches_each_follower_in_one_append() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let (batch, mut answers) = batch_of(&keys, 1_000);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose_batch(batch, now_ms);
+        let io = trio.members[leader]
+            .ready(now_ms)
+            .expect("a batch makes a Ready");
+        let appends: Vec<&Message> = io
+            .messages
+            .iter()
+            .filter(|m| m.msg_type == MessageType::Append)
+            .collect();
+        let mut to: Vec<u64> = appends.iter().map(|m| m.to).collect();
+        to.sort_unstable();
+        let followers: Vec<u64> = (1..=3).filter(|&id| id != leader as u64 + 1).collect();
+        assert_eq!(to, followers, "one append per follower, not one per write");
+        assert!(
+            appends.iter().all(|m| m.entries.len() == 100),
+            "each append carries the whole batch"
+        );
+        trio.members[leader]
+            .persisted(now_ms)
+            .expect("no snapshots here");
+        // The leader's Ready is taken here, not in the round: deliver its messages by hand.
+        for m in io.messages.into_iter().chain(io.persisted_messages) {
+            let to = m.to as usize;
+            trio.members[to - 1].step(m, now_ms);
+        }
+        for _ in 0..5 {
+            trio.round();
+        }
+        for rx in &mut answers {
+            assert!(
+                matches!(rx.try_recv(), Ok(Some(Ok(_)))),
+                "every write applied"
+            );
+        }
+        let revisions: Vec<i64> = trio
+            .members
+            .iter()
+            .map(|m| m.writer().current_revision())
+            .collect();
+        assert_eq!(
+            revisions,
+            vec![101, 101, 101],
+            "every member applied the batch"
+        );
+    }
+
+    #[test]
+    fn a_follower_forwards_its_batch_to_the_leader_in_one_message() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        let keys: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+        let (batch, mut answers) = batch_of(&keys, 2_000);
+        let now_ms = trio.now_ms;
+        trio.members[follower].propose_batch(batch, now_ms);
+        let io = trio.members[follower]
+            .ready(now_ms)
+            .expect("a forwarded batch makes a Ready");
+        let forwarded: Vec<&Message> = io
+            .messages
+            .iter()
+            .filter(|m| m.msg_type == MessageType::Propose)
+            .collect();
+        assert_eq!(forwarded.len(), 1, "one message for the whole batch");
+        assert_eq!(forwarded[0].to, leader as u64 + 1);
+        assert_eq!(forwarded[0].entries.len(), 50);
+        trio.members[follower]
+            .persisted(now_ms)
+            .expect("no snapshots here");
+        for m in io.messages.into_iter().chain(io.persisted_messages) {
+            let to = m.to as usize;
+            trio.members[to - 1].step(m, now_ms);
+        }
+        for _ in 0..10 {
+            trio.round();
+        }
+        for rx in &mut answers {
+            assert!(
+                matches!(rx.try_recv(), Ok(Some(Ok(_)))),
+                "the follower answers each write once applied there"
+            );
+        }
+        assert_eq!(trio.members[follower].writer().current_revision(), 51);
+    }
+
+    #[test]
+    fn a_batch_raft_refuses_whole_answers_each_write_as_if_proposed_alone() {
+        // On the leader: the oversized write is refused, the others go.
+        let mut m = started_leader();
+        let (a, mut rx_a) = proposal(1, put("a"));
+        let (big, mut rx_big) = proposal(2, oversized_put("big"));
+        let (b, mut rx_b) = proposal(3, put("b"));
+        m.propose_batch(vec![a, big, b], 10);
+        assert!(
+            matches!(rx_big.try_recv(), Ok(Some(Err(EtcdError::TooManyRequests)))),
+            "refused alone, with the leader known: too many requests, as before batching"
+        );
+        settle(&mut m, 10);
+        assert!(matches!(rx_a.try_recv(), Ok(Some(Ok(_)))));
+        assert!(matches!(rx_b.try_recv(), Ok(Some(Ok(_)))));
+        assert_eq!(m.writer().current_revision(), 3, "both small puts applied");
+
+        // With no leader known yet, every write hears NoLeader.
+        let mut trio = Trio::new();
+        assert_eq!(trio.members[0].leader_id(), 0);
+        let keys: Vec<String> = (0..3).map(|i| format!("n{i}")).collect();
+        let (batch, answers) = batch_of(&keys, 10);
+        trio.members[0].propose_batch(batch, 0);
+        for mut rx in answers {
+            assert!(matches!(rx.try_recv(), Ok(Some(Err(EtcdError::NoLeader)))));
+        }
+    }
+
+    #[test]
+    fn a_forwarded_batch_the_leader_refuses_whole_is_stepped_one_write_at_a_time() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        let (a, mut rx_a) = proposal(1, put("a"));
+        let (big, mut rx_big) = proposal(2, oversized_put("big"));
+        let (b, mut rx_b) = proposal(3, put("b"));
+        let now_ms = trio.now_ms;
+        trio.members[follower].propose_batch(vec![a, big, b], now_ms);
+        for _ in 0..10 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx_big.try_recv(), Ok(Some(Err(EtcdError::TooManyRequests)))),
+            "only the write the leader refuses alone is refused"
+        );
+        assert!(matches!(rx_a.try_recv(), Ok(Some(Ok(_)))));
+        assert!(matches!(rx_b.try_recv(), Ok(Some(Ok(_)))));
+        let revisions: Vec<i64> = trio
+            .members
+            .iter()
+            .map(|m| m.writer().current_revision())
+            .collect();
+        assert_eq!(
+            revisions,
+            vec![3, 3, 3],
+            "every member applied both small puts"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::{free_port, json_of, require_tool, unb64, Output};
+use crate::common::{free_port, json_of, raft_cpu_of, require_tool, unb64, Output};
 use crate::netns::{self, Netns};
 
 /// How long a member may take to answer `endpoint health` once a quorum runs.
@@ -64,6 +64,9 @@ pub struct Member {
     pub extra_args: Vec<String>,
     /// Environment variables (test-only knobs) for the next launches.
     pub env: Vec<(String, String)>,
+    /// The CPU this member pins its raft core to: slot % CPUs, so members on one host do not
+    /// all take the last CPU (keel's default) and starve each other's raft cores.
+    raft_cpu: usize,
     child: Option<Child>,
     launches: u32,
 }
@@ -145,6 +148,8 @@ impl Member {
             .arg(ELECTION_TIMEOUT_MS.to_string())
             .arg("--shards")
             .arg("1")
+            .arg("--raft-cpu")
+            .arg(self.raft_cpu.to_string())
             .args(&self.extra_args)
             .env_remove("ETCDCTL_API")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -380,6 +385,7 @@ impl Cluster {
             log_dir: self.dir.path().to_path_buf(),
             extra_args: self.extra_args.clone(),
             env: Vec::new(),
+            raft_cpu: raft_cpu_of(slot),
             child: None,
             launches: 0,
         }

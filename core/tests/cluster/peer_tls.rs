@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, require_tool, OpensslPki};
+use crate::common::{free_port, raft_cpu_of, require_tool, OpensslPki};
 use crate::harness::{Cluster, Net};
 
 /// A throwaway PKI: the cluster's CA, a stranger CA, and peer certificates issued by either.
@@ -143,16 +143,18 @@ impl Drop for Process {
     }
 }
 
-/// Starts `program` (keel or etcd) as member `name` of `initial_cluster` with https peer URLs.
+/// Starts `program` (keel or etcd) as member n`index` of `initial_cluster` with https peer
+/// URLs.
 fn spawn_member(
     program: &str,
     dir: &Path,
-    name: &str,
+    index: usize,
     client_port: u16,
     peer_port: u16,
     initial_cluster: &str,
     tls: &[String],
 ) -> Process {
+    let name = format!("n{index}");
     let log = dir.join(format!("{name}.log"));
     let out = std::fs::File::create(&log).expect("log file");
     let err = out.try_clone().expect("log handle");
@@ -160,7 +162,7 @@ fn spawn_member(
     let peer_url = format!("https://127.0.0.1:{peer_port}");
     let mut cmd = Command::new(program);
     cmd.arg("--name")
-        .arg(name)
+        .arg(&name)
         .arg("--data-dir")
         .arg(dir.join(format!("{name}.data")))
         .args(["--listen-client-urls", &client_url])
@@ -174,7 +176,8 @@ fn spawn_member(
         .stdout(out)
         .stderr(err);
     if program.ends_with("keel") {
-        cmd.args(["--shards", "1"]);
+        cmd.args(["--shards", "1"])
+            .args(["--raft-cpu", &raft_cpu_of(index).to_string()]);
     }
     Process {
         child: cmd.spawn().expect("the member starts"),
@@ -219,7 +222,7 @@ fn wrong_ca_cluster(program: &str, pki: &Pki, refusal: &str) -> WrongCaOutcome {
             spawn_member(
                 program,
                 dir.path(),
-                &format!("n{i}"),
+                i,
                 ports[i].0,
                 ports[i].1,
                 &initial_cluster,

@@ -650,9 +650,9 @@ impl World {
         for q in node.queries.drain(..) {
             run.member.query(q, now);
         }
-        while let Some(p) = node.proposals.pop_front() {
-            run.member.propose(p, now);
-        }
+        // As production's raft loop: what arrived since the last turn is one raft batch.
+        run.member
+            .propose_batch(node.proposals.drain(..).collect(), now);
         let reads = std::mem::take(&mut node.reads);
         if bug == Bug::LocalLinearizableReads {
             for r in reads {
