@@ -8,6 +8,7 @@
 #   bench/scripts/load-rss.sh etcd etcd path/to/keel-bench
 #
 # TOTAL (default 1000000), CLIENTS (100), CONNS (10), PORT (24379), DATA_ROOT (a temp dir),
+# SETTLE_S (20: seconds between the load and the second RSS reading and the kill),
 # EXTRA_ARGS (more server flags, space separated).
 set -euo pipefail
 
@@ -54,7 +55,7 @@ wait_ready_ms() {
   echo $(((t1 - t0) / 1000000))
 }
 rss() {
-  awk '/^(VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2/1024}' "/proc/$pid/status"
+  awk '/^(VmHWM|VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2/1024}' "/proc/$pid/status"
   echo
 }
 
@@ -64,6 +65,9 @@ echo "== $kind: loading $total keys of 1 KiB"
 "$bench" --endpoints "$url" --conns "$conns" --clients "$clients" \
   put --key-size 16 --val-size 1024 --key-space-size "$total" --sequential-keys --total "$total"
 echo "RSS after load: $(rss)"
+# Background work (a checkpoint in flight, compaction) settles; then the steady state.
+sleep "${SETTLE_S:-20}"
+echo "RSS ${SETTLE_S:-20} s later: $(rss)"
 echo "data dir: $(du -sh "$data" | cut -f1)"
 kill -9 "$pid"
 wait "$pid" 2>/dev/null || true
