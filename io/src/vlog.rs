@@ -209,4 +209,32 @@ mod tests {
             Vec::<u32>::new()
         );
     }
+
+    #[test]
+    fn a_segment_larger_than_one_write_goes_out_in_several() {
+        // A value above the segment size gets a segment of its own size: over 1 MiB, several
+        // O_DIRECT writes.
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<Bytes> = (0..3u8)
+            .map(|i| Bytes::from(vec![i + 1; WRITE_CHUNK_BYTES - 100]))
+            .collect();
+        let bytes = records.iter().map(|r| r.len() as u64).sum();
+        let path = dir.path().to_path_buf();
+        let written = records.clone();
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                write_segment(&path, 0x1234_5678, &written, bytes)
+                    .await
+                    .unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let map = map_file(&segment_path(dir.path(), 0x1234_5678)).unwrap();
+        assert_eq!(map.len() as u64, bytes.next_multiple_of(BLOCK_BYTES as u64));
+        let expected: Vec<u8> = records.iter().flat_map(|r| r.iter().copied()).collect();
+        assert!(map[..expected.len()] == expected[..]);
+        assert!(map[expected.len()..].iter().all(|b| *b == 0));
+        assert_eq!(list_segments(dir.path()).unwrap(), vec![0x1234_5678]);
+    }
 }
