@@ -216,7 +216,7 @@ impl CheckpointSource {
                     (v.segment, u64::from(v.offset))
                 } else {
                     let at = values.len() as u64;
-                    values.extend_from_slice(&v.value);
+                    values.extend_from_slice(&v.value());
                     (SEGMENT_NONE, at)
                 };
                 versions.push(VersionRecord {
@@ -228,7 +228,7 @@ impl CheckpointSource {
                     lease: v.lease,
                     segment,
                     value_offset,
-                    value_bytes: v.value.len() as u64,
+                    value_bytes: v.value_len() as u64,
                 });
             }
             // A key created after the captured revision has nothing to keep.
@@ -326,7 +326,7 @@ impl CheckpointSource {
                 create_revision: v.create_revision,
                 version: v.version,
                 lease: v.lease,
-                value: v.value.clone(),
+                value: v.value(),
             })?;
         }
         Ok(())
@@ -709,7 +709,8 @@ where
                     create_revision: v.create_revision,
                     version: v.version,
                     lease: v.lease,
-                    value: placed.value,
+                    record: placed.record,
+                    value_len: placed.value_len,
                     segment: placed.segment,
                     offset: placed.offset,
                 }
@@ -719,11 +720,12 @@ where
                     .ok_or(damaged("a value in a segment the checkpoint does not list"))?;
                 let offset = u32::try_from(v.value_offset)
                     .map_err(|_| damaged("a record offset beyond 4 GiB"))?;
-                let start = (v.value_offset as usize)
-                    .checked_add(RECORD_HEADER_BYTES + key.len())
-                    .ok_or(damaged("value range overflows"))?;
+                let value_len =
+                    u32::try_from(v.value_bytes).map_err(|_| damaged("a value beyond 4 GiB"))?;
+                let start = v.value_offset as usize;
                 let end = start
-                    .checked_add(v.value_bytes as usize)
+                    .checked_add(RECORD_HEADER_BYTES + key.len())
+                    .and_then(|e| e.checked_add(v.value_bytes as usize))
                     .ok_or(damaged("value range overflows"))?;
                 if end > file.len() || v.value_bytes == 0 {
                     return Err(damaged("a value outside its segment's file"));
@@ -740,7 +742,8 @@ where
                     create_revision: v.create_revision,
                     version: v.version,
                     lease: v.lease,
-                    value: file.slice(start..end),
+                    record: file.slice(start..end),
+                    value_len,
                     segment: v.segment,
                     offset,
                 }

@@ -31,8 +31,12 @@ pub(crate) struct Version {
     /// 1 for the first put of a generation; 0 for a tombstone.
     pub(crate) version: i64,
     pub(crate) lease: i64,
-    /// A slice of a value-log segment (empty for tombstones and empty values).
-    pub(crate) value: Bytes,
+    /// The value's whole value-log record (header, key, value), a slice of its segment in
+    /// memory or of the segment file's mapping; empty for tombstones and empty values.
+    pub(crate) record: Bytes,
+    /// The value's length, kept here so bookkeeping (compaction's release) never reads a
+    /// mapped record on the raft core.
+    pub(crate) value_len: u32,
     /// The value's segment, or `SEGMENT_NONE`.
     pub(crate) segment: u32,
     /// The offset of the value's record in its segment (0 for `SEGMENT_NONE`).
@@ -40,7 +44,51 @@ pub(crate) struct Version {
 }
 
 impl Version {
+    /// A put's version whose value is in `record` (see `ValueLog::append`).
+    pub(crate) fn value_len(&self) -> usize {
+        self.value_len as usize
+    }
+
+    /// The value, unchecked: for the writer's own record it just wrote, and for copies whose
+    /// reader checks them later.
+    pub(crate) fn value_unchecked(&self) -> Bytes {
+        if self.record.is_empty() {
+            return Bytes::new();
+        }
+        let start = self.record.len() - self.value_len();
+        self.record.slice(start..)
+    }
+
+    /// The value, after checking its record's crc. A record that fails it (a damaged disk
+    /// under a mapped segment, or memory gone bad) stops the process, naming the segment file
+    /// and the record's offset: a member never serves a value it cannot vouch for.
+    pub(crate) fn value(&self) -> Bytes {
+        if self.record.is_empty() {
+            return Bytes::new();
+        }
+        let stored = u32::from_le_bytes(self.record[..4].try_into().expect("4 bytes"));
+        let stored_len = u32::from_le_bytes(self.record[8..12].try_into().expect("4 bytes"));
+        assert!(
+            crc32fast::hash(&self.record[4..]) == stored && stored_len == self.value_len,
+            "value-log segment {:08x}.seg: the record at offset {} fails its crc check; \
+             refusing to serve a damaged value",
+            self.segment,
+            self.offset
+        );
+        self.value_unchecked()
+    }
+
     pub(crate) fn to_key_value(&self, key: &Bytes) -> KeyValue {
+        self.key_value_with(key, self.value())
+    }
+
+    /// `to_key_value` for a version the writer has just written (its record is in memory and
+    /// was made a moment ago: checking it again would only cost time).
+    pub(crate) fn fresh_key_value(&self, key: &Bytes) -> KeyValue {
+        self.key_value_with(key, self.value_unchecked())
+    }
+
+    fn key_value_with(&self, key: &Bytes, value: Bytes) -> KeyValue {
         assert!(
             self.kind == VersionKind::Put,
             "a tombstone has no key-value"
@@ -50,7 +98,7 @@ impl Version {
             create_revision: self.create_revision,
             mod_revision: self.rev.main,
             version: self.version,
-            value: self.value.clone(),
+            value,
             lease: self.lease,
         }
     }
@@ -62,7 +110,8 @@ impl Version {
             create_revision: 0,
             version: 0,
             lease: 0,
-            value: Bytes::new(),
+            record: Bytes::new(),
+            value_len: 0,
             segment: SEGMENT_NONE,
             offset: 0,
         }

@@ -19,9 +19,7 @@ use crate::types::{
     Revision, TxnRequest, TxnResponse,
 };
 use crate::validate::LEASE_TTL_MAX_S;
-use crate::vlog::{
-    DeadSegment, Reclaim, SealedSegment, ValueLog, RECORD_HEADER_BYTES, SEGMENT_BYTES,
-};
+use crate::vlog::{DeadSegment, Reclaim, SealedSegment, ValueLog, SEGMENT_BYTES};
 
 /// The revision of an empty store, as in etcd.
 pub const REVISION_INITIAL: i64 = 1;
@@ -299,14 +297,14 @@ impl Writer {
                 if v.segment != id {
                     continue;
                 }
-                let start = v.offset as usize + RECORD_HEADER_BYTES + key.len();
-                let end = start + v.value.len();
+                let start = v.offset as usize;
+                let end = start + v.record.len();
                 assert!(
                     end <= file.len(),
                     "segment {id}'s record at {} ends past its file",
                     v.offset
                 );
-                list.get_or_insert_with(|| versions.to_vec())[pos].value = file.slice(start..end);
+                list.get_or_insert_with(|| versions.to_vec())[pos].record = file.slice(start..end);
             }
             if let Some(list) = list {
                 entry.value().replace(list, &guard);
@@ -472,11 +470,12 @@ impl Writer {
             create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision),
             version: prev.as_ref().map_or(1, |p| p.version + 1),
             lease,
-            value: placed.value,
+            record: placed.record,
+            value_len: placed.value_len,
             segment: placed.segment,
             offset: placed.offset,
         };
-        let kv = version.to_key_value(&key_bytes);
+        let kv = version.fresh_key_value(&key_bytes);
         match &entry {
             Some(e) => {
                 let old = e.value().load(&guard);
@@ -828,7 +827,7 @@ impl Writer {
                 continue;
             }
             for v in &versions[..keep_from] {
-                self.vlog.release(v.segment, v.value.len());
+                self.vlog.release(v.segment, v.value_len());
                 let version_bytes = entry.key().len() as u64 + VERSION_INDEX_BYTES;
                 assert!(self.index_bytes >= version_bytes, "index bytes underflow");
                 self.index_bytes -= version_bytes;
@@ -882,10 +881,12 @@ impl Writer {
             if versions[pos].segment != cursor.segment {
                 continue;
             }
-            let placed = self.vlog.append(key, *rev, &versions[pos].value);
-            self.vlog.release(cursor.segment, placed.value.len());
+            // Checked: a damaged record is never copied into a new segment as if it were good.
+            let placed = self.vlog.append(key, *rev, &versions[pos].value());
+            self.vlog.release(cursor.segment, placed.value_len as usize);
             let mut list = versions.to_vec();
-            list[pos].value = placed.value;
+            list[pos].record = placed.record;
+            list[pos].value_len = placed.value_len;
             list[pos].segment = placed.segment;
             list[pos].offset = placed.offset;
             entry.value().replace(list, &guard);
@@ -968,12 +969,18 @@ impl Writer {
         let Some(last) = versions.last_mut() else {
             return false;
         };
-        if last.kind != VersionKind::Put || last.value.is_empty() {
+        if last.kind != VersionKind::Put || last.value_len() == 0 {
             return false;
         }
-        let mut damaged = last.value.to_vec();
-        damaged[0] ^= 0x01;
-        last.value = Bytes::from(damaged);
+        // A different value under a valid crc, as if it had been damaged before it was framed:
+        // what the members' hash comparison must find (a crc mismatch would stop the member
+        // at the first read instead).
+        let mut damaged = last.record.to_vec();
+        let at = damaged.len() - last.value_len();
+        damaged[at] ^= 0x01;
+        let crc = crc32fast::hash(&damaged[4..]);
+        damaged[..4].copy_from_slice(&crc.to_le_bytes());
+        last.record = Bytes::from(damaged);
         entry.value().replace(versions, &guard);
         true
     }
@@ -1195,6 +1202,6 @@ pub(crate) fn hash_version(hasher: &mut crc32fast::Hasher, key: &[u8], v: &Versi
     hasher.update(&v.create_revision.to_le_bytes());
     hasher.update(&v.version.to_le_bytes());
     hasher.update(&v.lease.to_le_bytes());
-    hasher.update(&(v.value.len() as u64).to_le_bytes());
-    hasher.update(&v.value);
+    hasher.update(&(v.value_len() as u64).to_le_bytes());
+    hasher.update(&v.value());
 }

@@ -102,7 +102,9 @@ pub(crate) struct SegmentStats {
 /// Where `append` put a value.
 #[derive(Debug, Clone)]
 pub(crate) struct Placed {
-    pub(crate) value: Bytes,
+    /// The whole record (header, key, value).
+    pub(crate) record: Bytes,
+    pub(crate) value_len: u32,
     pub(crate) segment: u32,
     /// The record's offset in its segment.
     pub(crate) offset: u32,
@@ -212,7 +214,8 @@ impl ValueLog {
     pub(crate) fn append(&mut self, key: &Bytes, rev: Revision, value: &[u8]) -> Placed {
         if value.is_empty() {
             return Placed {
-                value: Bytes::new(),
+                record: Bytes::new(),
+                value_len: 0,
                 segment: SEGMENT_NONE,
                 offset: 0,
             };
@@ -242,7 +245,6 @@ impl ValueLog {
         );
         let record = self.open.split().freeze();
         assert!(record.len() == len);
-        let value_bytes = record.slice(RECORD_HEADER_BYTES + key.len()..);
         let stats = self
             .segments
             .get_mut(&self.open_id)
@@ -255,10 +257,11 @@ impl ValueLog {
         self.all_bytes_live += value.len() as u64;
         stats.refs.push((key.clone(), rev));
         if self.spill {
-            self.open_records.push(record);
+            self.open_records.push(record.clone());
         }
         Placed {
-            value: value_bytes,
+            record,
+            value_len,
             segment: self.open_id,
             offset,
         }

@@ -426,6 +426,69 @@ async fn values_live_in_segment_files_that_checkpoints_point_into_across_restart
     server.restart();
     check_values(&server, KEYS, 2).await;
 
+    // A bit flips in a value of a segment file: the member never serves it. Fresh keys fill
+    // fresh segments; a clean stop checkpoints them; one of their files is damaged.
+    let mut c = client(&server).await;
+    for i in 0..40 {
+        c.put(format!("z/{i:02}"), vec![b'z'; 1000], None)
+            .await
+            .expect("a put");
+    }
+    // More after them, so the segments holding the z/ values are sealed and durable (and the
+    // checkpoint the stop writes points into them instead of copying them).
+    for i in 0..40 {
+        c.put(format!("y/{i:02}"), vec![b'y'; 1000], None)
+            .await
+            .expect("a put");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.stop();
+    let (files, _) = segment_files(&server);
+    let damaged = files
+        .iter()
+        .find(|p| {
+            let bytes = std::fs::read(p).expect("a segment file");
+            // The first record's key (after the 28-byte header) is one of the fresh keys.
+            bytes.len() > 40 && bytes[28..30] == *b"z/"
+        })
+        .expect("a segment that starts with a fresh key")
+        .clone();
+    let mut bytes = std::fs::read(&damaged).expect("the segment");
+    bytes[28 + 4 + 10] ^= 0x20;
+    std::fs::write(&damaged, &bytes).expect("damaging the segment");
+    server.restart();
+    let mut c = client(&server).await;
+    let read = c.get("z/", Some(GetOptions::new().with_prefix())).await;
+    assert!(read.is_err(), "a damaged value was served");
+    let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(10)))
+        .unwrap_or_else(|| {
+            panic!(
+                "the member goes on after reading a damaged value:\n{}",
+                server.log_tail()
+            )
+        });
+    assert!(!status.success());
+    let log = server.log_all();
+    let name = damaged
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        log.contains(&name) && log.contains("fails its crc check"),
+        "the stop does not name the damaged segment {name}:\n{log}"
+    );
+    // Put the byte back: the member starts and serves again.
+    bytes[28 + 4 + 10] ^= 0x20;
+    std::fs::write(&damaged, &bytes).expect("repairing the segment");
+    server.restart();
+    let mut c = client(&server).await;
+    let got = c
+        .get("z/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("a get");
+    assert_eq!(got.kvs().len(), 40);
+
     // A segment file a checkpoint needs is gone: the member refuses to start and names it.
     server.stop();
     let (files, _) = segment_files(&server);

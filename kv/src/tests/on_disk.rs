@@ -284,3 +284,47 @@ fn a_restored_store_still_knows_its_segments_dead_bytes_and_reclaims_them() {
         );
     }
 }
+
+#[test]
+fn a_bit_flip_in_a_segment_file_is_never_served() {
+    let (mut w, r) = Store::with_value_log(on_disk(0));
+    for i in 0..20u32 {
+        w.apply(u64::from(i) + 1, &put(&format!("k{i:02}"), &[i as u8; 100]))
+            .unwrap();
+    }
+    // The "disk" returns the first segment with one bit of its first value flipped.
+    let mut disk = BTreeMap::new();
+    let mut sealed = w.take_sealed_segments();
+    assert!(!sealed.is_empty());
+    let first = sealed.remove(0);
+    let mut file: Vec<u8> = first
+        .records
+        .iter()
+        .flat_map(|r| r.iter().copied())
+        .collect();
+    let key_len = u32::from_le_bytes(file[4..8].try_into().unwrap()) as usize;
+    file[RECORD_HEADER_BYTES + key_len] ^= 0x04;
+    file.resize(file.len().next_multiple_of(4096), 0);
+    let file = Bytes::from(file);
+    disk.insert(first.id, file.clone());
+    w.segment_durable(first.id, first.bytes, file);
+    for s in sealed {
+        let f: Vec<u8> = s.records.iter().flat_map(|r| r.iter().copied()).collect();
+        w.segment_durable(s.id, s.bytes, Bytes::from(f));
+    }
+    // Every other value reads as written.
+    assert_eq!(value_of(&r, "k01"), Some(Bytes::from(vec![1u8; 100])));
+    // The damaged one stops the reader (the server aborts on a panic) and names the file and
+    // the record's offset.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value_of(&r, "k00")));
+    let message = read.expect_err("a damaged value was served");
+    let message = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("{:08x}.seg", first.id))
+            && message.contains("record at offset 0 fails its crc check"),
+        "{message}"
+    );
+}
