@@ -44,6 +44,22 @@ pub struct Checkpoint {
     pub kv_image: Vec<u8>,
 }
 
+impl Checkpoint {
+    /// This checkpoint's file again, with `kv_image` as its store image (its own, or another
+    /// form of it, such as the all-inline one a follower is sent).
+    pub fn encode_with_image(&self, kv_image: &[u8]) -> Vec<u8> {
+        encode(
+            self.meta.index,
+            self.meta.term,
+            &self.meta.conf_state,
+            &self.members,
+            &self.alarms,
+            &self.auth,
+            kv_image,
+        )
+    }
+}
+
 pub fn encode(
     index: u64,
     term: u64,

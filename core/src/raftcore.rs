@@ -912,13 +912,5 @@ fn inline_checkpoint(vlog_dir: &std::path::Path, data: &Bytes) -> Result<Bytes, 
         bytes = image.len(),
         "snapshot for a follower: values copied inline from the value-log segments"
     );
-    Ok(Bytes::from(checkpoint::encode(
-        cp.meta.index,
-        cp.meta.term,
-        &cp.meta.conf_state,
-        &cp.members,
-        &cp.alarms,
-        &cp.auth,
-        &image,
-    )))
+    Ok(Bytes::from(cp.encode_with_image(&image)))
 }

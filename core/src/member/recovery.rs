@@ -16,7 +16,7 @@ use keel_raft::{
 
 use crate::alarms::Alarms;
 use crate::auth::AuthImage;
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::error::CoreError;
 use crate::ids::Member as MemberInfo;
 
@@ -230,15 +230,7 @@ pub fn recover(
             auth = cp.auth.clone();
             storage.set_conf_state(cp.meta.conf_state.clone());
             // The checkpoint file is also what a far-behind follower receives as a snapshot.
-            let data = Bytes::from(checkpoint::encode(
-                cp.meta.index,
-                cp.meta.term,
-                &cp.meta.conf_state,
-                &cp.members,
-                &cp.alarms,
-                &cp.auth,
-                &cp.kv_image,
-            ));
+            let data = Bytes::from(cp.encode_with_image(&cp.kv_image));
             storage.apply_snapshot(Snapshot {
                 metadata: cp.meta,
                 data,
