@@ -149,7 +149,9 @@ pub fn remove_unreferenced(dir: &Path, kept: &[u32]) -> Result<u32, CoreError> {
         source,
     };
     std::fs::create_dir_all(dir).map_err(data_dir_error)?;
-    let mut first_free = 0;
+    // Above every kept id, file or not: a kept checkpoint naming a missing file must never
+    // find another segment's file under that name later.
+    let mut first_free = kept.iter().map(|id| id + 1).max().unwrap_or(0);
     for id in keel_io::vlog::list_segments(dir).map_err(data_dir_error)? {
         if kept.contains(&id) {
             first_free = first_free.max(id + 1);

@@ -505,17 +505,27 @@ fn load_kv_image(image: &[u8]) {
         return;
     };
     let revision = reader.current_revision();
+    // Values behind pointers are the stand-in files' bytes, which no crc vouches for: reading
+    // them stops the process by design (see `Version::value`), so only an image whose values
+    // are all inline is read whole.
+    let inline = keel_kv::checkpoint_segments(image).is_ok_and(|ids| ids.is_empty());
     let source = writer.checkpoint_source();
-    let hash = source.hash();
+    let hash = if inline {
+        source.hash()
+    } else {
+        Err(keel_kv::KvError::Compacted)
+    };
     let again = writer.checkpoint();
     let (writer2, reader2) = keel_kv::Store::restore_with_segments(&again, options, &mut files)
         .expect("an image Keel wrote restores");
     assert_eq!(reader2.current_revision(), revision);
-    assert_eq!(
-        writer2.checkpoint_source().hash().ok(),
-        hash.ok(),
-        "a restored image checkpoints to the same hash"
-    );
+    if inline {
+        assert_eq!(
+            writer2.checkpoint_source().hash().ok(),
+            hash.ok(),
+            "a restored image checkpoints to the same hash"
+        );
+    }
 }
 
 /// Raft's own binary codec (`raft/src/types.rs`): every decoder, and the round trip of what

@@ -464,25 +464,58 @@ pub(crate) fn no_segment_files(id: u32) -> std::result::Result<Bytes, String> {
 }
 
 /// The value-log segments a checkpoint points into (none for format 1 and inline images):
-/// what a restart must keep. Reads the archive's index, never a value.
+/// what a restart must keep. Checks the frame and the archive, and reads only the list: no
+/// key and no value is restored.
 pub fn checkpoint_segments(image: &[u8]) -> Result<Vec<u32>> {
-    // Validates the image; the first listed segment stops it, as no file is handed over.
-    match restore(image, ValueLogOptions::default(), &mut |_| {
-        Err(String::new())
-    }) {
-        Ok(_) => Ok(Vec::new()),
-        Err(KvError::SegmentUnusable { .. }) => listed_segments(image),
-        Err(e) => Err(e),
+    let Payload {
+        format, aligned, ..
+    } = validated_payload(image)?;
+    if format == FORMAT_VERSION_INLINE {
+        return Ok(Vec::new());
     }
-}
-
-fn listed_segments(image: &[u8]) -> Result<Vec<u32>> {
-    let payload = &image[HEADER_BYTES..];
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
-    aligned.extend_from_slice(payload);
     let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&aligned)
         .map_err(|_| damaged("archive failed validation"))?;
     Ok(data.segments.iter().map(|s| s.id.to_native()).collect())
+}
+
+/// A checkpoint's payload after its frame checked out, copied where rkyv can read it.
+struct Payload {
+    format: u32,
+    key_count: u64,
+    aligned: rkyv::util::AlignedVec<16>,
+}
+
+fn validated_payload(bytes: &[u8]) -> Result<Payload> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(damaged("shorter than the header"));
+    }
+    if bytes[..8] != MAGIC {
+        return Err(damaged("bad magic"));
+    }
+    if crc32fast::hash(&bytes[..36]) != le_u32(bytes, 36) {
+        return Err(damaged("header crc mismatch"));
+    }
+    let format = le_u32(bytes, 8);
+    if format != FORMAT_VERSION && format != FORMAT_VERSION_INLINE {
+        return Err(damaged("unknown format version"));
+    }
+    let payload_bytes = le_u64(bytes, 16);
+    let key_count = le_u64(bytes, 24);
+    if (bytes.len() - HEADER_BYTES) as u64 != payload_bytes {
+        return Err(damaged("length does not match the header"));
+    }
+    let payload = &bytes[HEADER_BYTES..];
+    if crc32fast::hash(payload) != le_u32(bytes, 32) {
+        return Err(damaged("payload crc mismatch"));
+    }
+    // rkyv needs an aligned buffer; the caller's bytes may sit anywhere.
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
+    aligned.extend_from_slice(payload);
+    Ok(Payload {
+        format,
+        key_count,
+        aligned,
+    })
 }
 
 /// The same checkpoint with every value inline: what another member can restore without this
@@ -513,31 +546,11 @@ pub(crate) fn restore(
     options: ValueLogOptions,
     files: &mut SegmentFiles<'_>,
 ) -> Result<(Writer, Reader)> {
-    if bytes.len() < HEADER_BYTES {
-        return Err(damaged("shorter than the header"));
-    }
-    if bytes[..8] != MAGIC {
-        return Err(damaged("bad magic"));
-    }
-    if crc32fast::hash(&bytes[..36]) != le_u32(bytes, 36) {
-        return Err(damaged("header crc mismatch"));
-    }
-    let format = le_u32(bytes, 8);
-    if format != FORMAT_VERSION && format != FORMAT_VERSION_INLINE {
-        return Err(damaged("unknown format version"));
-    }
-    let payload_bytes = le_u64(bytes, 16);
-    let key_count = le_u64(bytes, 24);
-    if (bytes.len() - HEADER_BYTES) as u64 != payload_bytes {
-        return Err(damaged("length does not match the header"));
-    }
-    let payload = &bytes[HEADER_BYTES..];
-    if crc32fast::hash(payload) != le_u32(bytes, 32) {
-        return Err(damaged("payload crc mismatch"));
-    }
-    // rkyv needs an aligned buffer; the caller's bytes may sit anywhere.
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
-    aligned.extend_from_slice(payload);
+    let Payload {
+        format,
+        key_count,
+        aligned,
+    } = validated_payload(bytes)?;
     // Both formats go through one loader; a macro, because their archived types differ.
     macro_rules! load {
         ($archived:ty, $segments:expr, $segment_of:expr) => {{
@@ -630,7 +643,9 @@ where
     if current_rev < crate::store::REVISION_INITIAL || compact_rev > current_rev {
         return Err(damaged("revisions out of order"));
     }
-    if segments.iter().any(|d| d.id == SEGMENT_NONE) {
+    // The last two ids are never used: SEGMENT_NONE, and the one that would make the next
+    // segment SEGMENT_NONE.
+    if segments.iter().any(|d| d.id >= SEGMENT_NONE - 1) {
         return Err(damaged("a segment id out of range or listed twice"));
     }
     // New segments start above every listed one, whatever the caller asked.
