@@ -123,10 +123,7 @@ pub async fn open(
         first_segment_id,
         on_disk: true,
     };
-    let mut segment_files = |id: u32| {
-        let path = keel_io::vlog::segment_path(&vlog_dir, id);
-        keel_io::vlog::map_file(&path).map_err(|e| format!("{}: {e}", path.display()))
-    };
+    let mut segment_files = |id: u32| vlog_writer::map_segment(&vlog_dir, id);
 
     let start = match config.initial_cluster_state {
         ClusterState::Existing => recovery::Start::Joining,
@@ -902,8 +899,7 @@ fn inline_checkpoint(vlog_dir: &std::path::Path, data: &Bytes) -> Result<Bytes, 
         return Ok(data.clone());
     }
     let image = kv::inline_image(&cp.kv_image, &mut |id| {
-        let path = keel_io::vlog::segment_path(vlog_dir, id);
-        keel_io::vlog::map_file(&path).map_err(|e| format!("{}: {e}", path.display()))
+        vlog_writer::map_segment(vlog_dir, id)
     })
     .map_err(|e| e.to_string())?;
     tracing::info!(

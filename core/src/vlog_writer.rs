@@ -139,6 +139,12 @@ async fn write(dir: &Path, segment: kv::SealedSegment) -> Result<Durable, CoreEr
     Ok(Durable { id, bytes, file })
 }
 
+/// Maps segment `id` of `dir`; the error names the file (restores and snapshots report it).
+pub fn map_segment(dir: &Path, id: u32) -> Result<Bytes, String> {
+    let path = keel_io::vlog::segment_path(dir, id);
+    keel_io::vlog::map_file(&path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// At start: deletes every segment file in `dir` that none of `kept` (the segments the kept
 /// checkpoints point into) names: files written after the newest checkpoint (WAL replay
 /// writes their values again), half-written ones, and dead ones a crash kept from being

@@ -41,6 +41,23 @@ fn write_sealed(w: &mut Writer, disk: &mut BTreeMap<u32, Bytes>) {
     assert_eq!(w.sealed_backlog_bytes(), 0);
 }
 
+/// Twenty keys overwritten five times (round r writes 100 bytes of r), every sealed segment
+/// made durable: the store, its reader, its "disk" and the last applied index.
+fn five_rounds_of_twenty_keys() -> (Writer, Reader, BTreeMap<u32, Bytes>, u64) {
+    let (mut w, r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for round in 0..5u8 {
+        for k in 0..20 {
+            index += 1;
+            w.apply(index, &put(&format!("k{k:02}"), &[round; 100]))
+                .unwrap();
+        }
+    }
+    write_sealed(&mut w, &mut disk);
+    (w, r, disk, index)
+}
+
 fn value_of(r: &Reader, key: &str) -> Option<Bytes> {
     let resp = r
         .range(&RangeRequest {
@@ -193,17 +210,7 @@ fn a_checkpoint_points_into_durable_segments_and_restores_from_them() {
 
 #[test]
 fn reclaimed_segments_are_reported_dead_and_later_checkpoints_do_not_need_them() {
-    let (mut w, r) = Store::with_value_log(on_disk(0));
-    let mut disk = BTreeMap::new();
-    let mut index = 0;
-    for round in 0..5u8 {
-        for k in 0..20 {
-            index += 1;
-            w.apply(index, &put(&format!("k{k:02}"), &[round; 100]))
-                .unwrap();
-        }
-    }
-    write_sealed(&mut w, &mut disk);
+    let (mut w, r, mut disk, mut index) = five_rounds_of_twenty_keys();
     index += 1;
     let rev = w.current_revision();
     w.apply(
@@ -239,17 +246,7 @@ fn reclaimed_segments_are_reported_dead_and_later_checkpoints_do_not_need_them()
 
 #[test]
 fn a_restored_store_still_knows_its_segments_dead_bytes_and_reclaims_them() {
-    let (mut w, _r) = Store::with_value_log(on_disk(0));
-    let mut disk = BTreeMap::new();
-    let mut index = 0;
-    for round in 0..5u8 {
-        for k in 0..20 {
-            index += 1;
-            w.apply(index, &put(&format!("k{k:02}"), &[round; 100]))
-                .unwrap();
-        }
-    }
-    write_sealed(&mut w, &mut disk);
+    let (w, _r, disk, mut index) = five_rounds_of_twenty_keys();
     // Older rounds are still history (no compaction yet), so nothing is dead yet; after the
     // compaction below in the restored store, they are.
     let image = w.checkpoint();
