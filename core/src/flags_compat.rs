@@ -122,6 +122,7 @@ pub struct EtcdCompatFlags {
     pub force_new_cluster: Option<String>,
     #[arg(long = "host-whitelist", env = "ETCD_HOST_WHITELIST", hide = true)]
     pub host_whitelist: Option<String>,
+    /// Read by `Config::from_args`: the file's settings replace every other flag and variable.
     #[arg(long = "config-file", env = "ETCD_CONFIG_FILE", hide = true)]
     pub config_file: Option<String>,
 }
@@ -172,11 +173,6 @@ impl EtcdCompatFlags {
             return Err(CoreError::Config(format!(
                 "--host-whitelist {h:?} is not supported: Keel does not check the Host header, so it would not refuse the hosts this list leaves out; use '*' or leave it unset"
             )));
-        }
-        if given(&self.config_file) {
-            return Err(CoreError::Config(
-                "--config-file is not supported yet: pass the settings as flags or ETCD_* variables (refusing to start with defaults in place of the file's settings)".into(),
-            ));
         }
         if let Some(v) = self.debug.as_deref() {
             go_bool("debug", v)?;
@@ -305,12 +301,6 @@ mod tests {
         ("proxy", "on", "--proxy"),
         ("force-new-cluster", "true", "--force-new-cluster"),
         ("host-whitelist", "example.com", "--host-whitelist"),
-        ("config-file", "/etc/etcd/etcd.conf.yml", "--config-file"),
-        (
-            "client-cert-allowed-hostname",
-            "x",
-            "--client-cert-allowed-hostname",
-        ),
     ];
 
     #[test]

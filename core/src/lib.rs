@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod checkpoint_writer;
 pub mod compactor;
 pub mod config;
+pub mod config_file;
 pub mod convert;
 pub mod corrupt;
 pub mod error;

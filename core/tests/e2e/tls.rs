@@ -1,6 +1,7 @@
 //! TLS on the client port, side by side with etcd 3.4 started with the same certificates:
 //! etcdctl over TLS, a plaintext client refused, client certificate authentication, the
 //! etcd-client crate's TLS options, /health over TLS, a certificate swapped on disk, --auto-tls,
+//! --client-crl-file and --client-cert-allowed-hostname,
 //! and a handshake that never completes.
 //!
 //! The certificates are made at test time with the `openssl` CLI (EC P-256 keys).
@@ -457,6 +458,41 @@ fn a_revoked_client_certificate_is_refused_with_client_crl_file_like_etcd() {
         assert_ne!(
             revoked.code, 0,
             "{kind:?}: a revoked certificate got {revoked:?}"
+        );
+    }
+}
+
+#[test]
+fn client_cert_allowed_hostname_refuses_certificates_for_other_names_like_etcd() {
+    let pki = Pki::new();
+    pki.issue(
+        "ca",
+        "client-named",
+        "subjectAltName=DNS:client.example\nextendedKeyUsage=clientAuth\n",
+    );
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let server = start(
+            kind,
+            &pki,
+            &[
+                "--client-cert-auth",
+                "--trusted-ca-file",
+                &pki.arg("ca.pem"),
+                "--client-cert-allowed-hostname",
+                "client.example",
+            ],
+            Some("client-named"),
+        );
+        server.etcdctl(&["put", "named", "ok"]).ok();
+        // Trusted by the CA, but not valid for client.example.
+        let other = etcdctl_with(
+            &server,
+            &pki.etcdctl_flags(Some("client-ca")),
+            &["--dial-timeout=2s", "--command-timeout=3s", "get", "named"],
+        );
+        assert_ne!(
+            other.code, 0,
+            "{kind:?}: a certificate for another name got {other:?}"
         );
     }
 }
