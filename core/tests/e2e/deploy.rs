@@ -921,3 +921,122 @@ fn every_value_the_chart_reads_is_in_values_yaml() {
     }
     assert!(read >= 20, "the templates read their values");
 }
+
+/// The systemd unit: `systemd-analyze verify` accepts it, and its command started as systemd
+/// would start it (the unit's `Environment=` lines under an `EnvironmentFile` of `ETCD_*`
+/// settings, no arguments, nothing else from the caller's environment) serves etcdctl, and
+/// stops on the unit's `KillSignal` with status 0 within `TimeoutStopSec`, so
+/// `Restart=on-failure` restarts only a member that failed.
+#[test]
+fn the_systemd_unit_verifies_and_its_command_starts_and_stops_a_member() {
+    require_tool("systemd-analyze");
+    let unit = std::fs::read_to_string(deploy_dir().join("keel.service")).expect("keel.service");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keel = env!("CARGO_BIN_EXE_keel");
+    // verify checks that ExecStart's binary exists, so point it at the one under test.
+    let local = dir.path().join("keel.service");
+    std::fs::write(&local, unit.replace("/usr/local/bin/keel", keel)).expect("write unit");
+    let verify = Command::new("systemd-analyze")
+        .args(["verify", &local.display().to_string()])
+        .output()
+        .expect("systemd-analyze runs");
+    let complaints: Vec<String> = String::from_utf8_lossy(&verify.stderr)
+        .lines()
+        .filter(|l| l.contains("keel.service"))
+        .map(String::from)
+        .collect();
+    assert!(
+        verify.status.success() && complaints.is_empty(),
+        "systemd-analyze verify: {:?} {complaints:#?}",
+        verify.status
+    );
+
+    let setting = |key: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(|v| v.trim().to_string())
+            .collect()
+    };
+    assert_eq!(setting("ExecStart"), vec!["/usr/local/bin/keel"]);
+    assert_eq!(setting("KillSignal"), vec!["SIGTERM"]);
+    let stop_timeout_s: u64 = setting("TimeoutStopSec")[0].parse().expect("seconds");
+    // The EnvironmentFile an operator writes, as the unit's comment shows, on free ports.
+    let (client, peer) = (crate::common::free_port(), crate::common::free_port());
+    let env_file = format!(
+        "# /etc/default/keel\n\
+         ETCD_NAME=n1\n\
+         ETCD_LISTEN_CLIENT_URLS=http://127.0.0.1:{client}\n\
+         ETCD_ADVERTISE_CLIENT_URLS=http://127.0.0.1:{client}\n\
+         ETCD_LISTEN_PEER_URLS=http://127.0.0.1:{peer}\n\
+         ETCD_INITIAL_ADVERTISE_PEER_URLS=http://127.0.0.1:{peer}\n\
+         ETCD_INITIAL_CLUSTER=n1=http://127.0.0.1:{peer}\n\
+         ETCD_INITIAL_CLUSTER_STATE=new\n"
+    );
+    assert_eq!(
+        setting("EnvironmentFile"),
+        vec!["-/etc/default/keel"],
+        "the unit reads /etc/default/keel"
+    );
+    let state = dir.path().join("var-lib-keel");
+    let mut env: Vec<(String, String)> = Vec::new();
+    for line in setting("Environment") {
+        let (k, v) = line.split_once('=').expect("Environment=K=V");
+        env.push((
+            k.into(),
+            v.replace("/var/lib/keel", &state.display().to_string()),
+        ));
+    }
+    // systemd applies EnvironmentFile after Environment=.
+    for line in env_file.lines().filter(|l| !l.starts_with('#')) {
+        let (k, v) = line.split_once('=').expect("K=V");
+        env.push((k.into(), v.into()));
+    }
+    assert!(
+        env.iter().any(|(k, _)| k == "ETCD_DATA_DIR"),
+        "the unit names the data dir"
+    );
+    let log = dir.path().join("journal.log");
+    let out = std::fs::File::create(&log).expect("log");
+    let mut child = Command::new(keel)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("clone"))
+        .stderr(out)
+        .spawn()
+        .expect("keel starts");
+    let endpoint = format!("127.0.0.1:{client}");
+    let journal = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the member to serve",
+        Duration::from_secs(20),
+        || etcdctl_at(&endpoint, &["put", "unit", "ok"], None).code == 0,
+        &journal,
+    );
+    assert_eq!(
+        etcdctl_at(&endpoint, &["get", "unit", "--print-value-only"], None)
+            .ok()
+            .stdout,
+        "ok\n"
+    );
+    assert!(state.join("member.json").exists(), "data in ETCD_DATA_DIR");
+    let stopped_at = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(stop_timeout_s),
+            "keel outlived TimeoutStopSec after SIGTERM\n{}",
+            journal()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "SIGTERM ends keel with status 0, not {status:?}\n{}",
+        journal()
+    );
+}
