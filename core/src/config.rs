@@ -475,6 +475,8 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// The `--config-file` the settings came from, if any.
     pub config_file: Option<PathBuf>,
+    /// `--host-whitelist`: the Host headers plaintext HTTP requests may carry.
+    pub host_whitelist: crate::host_whitelist::HostWhitelist,
 }
 
 impl Config {
@@ -778,6 +780,9 @@ impl Config {
             ignored_flags,
             warnings,
             config_file: None,
+            host_whitelist: crate::host_whitelist::HostWhitelist::parse(
+                f.etcd_compat.host_whitelist.as_deref().unwrap_or("*"),
+            ),
         })
     }
 }

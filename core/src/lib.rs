@@ -14,6 +14,7 @@ pub mod etcd_snapshot;
 pub mod extra_listeners;
 pub mod flags_compat;
 pub mod gateway;
+pub mod host_whitelist;
 pub mod http;
 pub mod ids;
 pub mod lifecycle;

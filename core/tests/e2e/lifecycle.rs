@@ -259,3 +259,46 @@ fn a_member_added_again_gets_a_new_id_as_on_etcd() {
         server.stop();
     }
 }
+
+/// GET /health over HTTP/1.1 with `host` in the Host header: (status, body).
+fn get_with_host(addr: &str, host: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    (status, body.to_string())
+}
+
+/// `--host-whitelist` refuses plaintext HTTP requests whose Host is not listed with etcd's 421
+/// and text (DNS rebinding, CVE-2018-5702), and leaves gRPC alone, as etcd 3.4 does.
+#[test]
+fn host_whitelist_refuses_unlisted_hosts_as_etcd_does() {
+    let mut answers = Vec::new();
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let mut server = Server::start(kind, &["--host-whitelist", "127.0.0.1,keel.example"]);
+        let addr = server.endpoint();
+        server.etcdctl(&["put", "k", "v"]).ok();
+        let listed = get_with_host(&addr, &format!("keel.example:{}", server.client_port));
+        let also_listed = get_with_host(&addr, &addr);
+        let refused = get_with_host(&addr, &format!("evil.example:{}", server.client_port));
+        server.stop();
+        assert_eq!(listed.0, 200, "{kind:?}: {listed:?}");
+        assert_eq!(also_listed.0, 200, "{kind:?}: {also_listed:?}");
+        answers.push(refused);
+    }
+    assert_eq!(answers[0].0, 421, "Keel: {:?}", answers[0]);
+    assert_eq!(answers[0], answers[1], "Keel's refusal against etcd's");
+}
