@@ -119,7 +119,6 @@ impl Identity {
     /// flags into a new one. A data directory of another cluster is refused.
     pub fn load_or_create(cfg: &Config) -> Result<(Identity, Bootstrap), CoreError> {
         let path = cfg.data_dir.join(IDENTITY_FILE);
-        let fresh = Identity::from_config(cfg);
         match std::fs::read(&path) {
             Ok(bytes) => {
                 let stored: Identity = serde_json::from_slice(&bytes).map_err(|e| {
@@ -136,6 +135,20 @@ impl Identity {
                 Ok((stored, Bootstrap::Restart))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let fresh = match cfg.initial_cluster_state {
+                    // MemberAdd made this member's id with the time in it: ask the cluster.
+                    crate::config::ClusterState::Existing => {
+                        let joined = crate::join::learn_identity(cfg)?;
+                        Identity {
+                            member_id: joined.member_id,
+                            cluster_id: joined.cluster_id,
+                            name: cfg.name.clone(),
+                            cluster_token: cfg.initial_cluster_token.clone(),
+                            members: joined.members,
+                        }
+                    }
+                    crate::config::ClusterState::New => Identity::from_config(cfg),
+                };
                 write_durably(
                     &cfg.data_dir,
                     &path,

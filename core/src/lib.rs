@@ -17,6 +17,7 @@ pub mod gateway;
 pub mod host_whitelist;
 pub mod http;
 pub mod ids;
+pub mod join;
 pub mod lifecycle;
 pub mod limits;
 pub mod lock;
