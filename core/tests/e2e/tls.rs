@@ -436,30 +436,14 @@ fn a_revoked_client_certificate_is_refused_with_client_crl_file_like_etcd() {
     std::fs::write(pki.path("crlnumber"), "1000\n").expect("a CRL number");
     pki.openssl(&["ca", "-config", "ca.cnf", "-revoke", "client-ca.pem"]);
     pki.openssl(&["ca", "-config", "ca.cnf", "-gencrl", "-out", "crl.pem"]);
-    for kind in [Kind::Keel, Kind::Etcd] {
-        let server = start(
-            kind,
-            &pki,
-            &[
-                "--client-cert-auth",
-                "--trusted-ca-file",
-                &pki.arg("ca.pem"),
-                "--client-crl-file",
-                &pki.arg("crl.pem"),
-            ],
-            Some("client2-ca"),
-        );
-        server.etcdctl(&["put", "crl", "ok"]).ok();
-        let revoked = etcdctl_with(
-            &server,
-            &pki.etcdctl_flags(Some("client-ca")),
-            &["--dial-timeout=2s", "--command-timeout=3s", "get", "crl"],
-        );
-        assert_ne!(
-            revoked.code, 0,
-            "{kind:?}: a revoked certificate got {revoked:?}"
-        );
-    }
+    let crl = pki.arg("crl.pem");
+    accepts_one_client_and_refuses_another(
+        &pki,
+        &["--client-crl-file", &crl],
+        "client2-ca",
+        "client-ca",
+        "a revoked certificate",
+    );
 }
 
 #[test]
@@ -470,30 +454,37 @@ fn client_cert_allowed_hostname_refuses_certificates_for_other_names_like_etcd()
         "client-named",
         "subjectAltName=DNS:client.example\nextendedKeyUsage=clientAuth\n",
     );
-    for kind in [Kind::Keel, Kind::Etcd] {
-        let server = start(
-            kind,
-            &pki,
-            &[
-                "--client-cert-auth",
-                "--trusted-ca-file",
-                &pki.arg("ca.pem"),
-                "--client-cert-allowed-hostname",
-                "client.example",
-            ],
-            Some("client-named"),
-        );
-        server.etcdctl(&["put", "named", "ok"]).ok();
+    accepts_one_client_and_refuses_another(
+        &pki,
+        &["--client-cert-allowed-hostname", "client.example"],
+        "client-named",
         // Trusted by the CA, but not valid for client.example.
-        let other = etcdctl_with(
+        "client-ca",
+        "a certificate for another name",
+    );
+}
+
+/// With client certificates required (CA 1) and `extra` flags, Keel and etcd both serve the
+/// client certificate `accepted` and refuse `refused`.
+fn accepts_one_client_and_refuses_another(
+    pki: &Pki,
+    extra: &[&str],
+    accepted: &str,
+    refused: &str,
+    what: &str,
+) {
+    let ca = pki.arg("ca.pem");
+    let mut flags = vec!["--client-cert-auth", "--trusted-ca-file", &ca];
+    flags.extend_from_slice(extra);
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let server = start(kind, pki, &flags, Some(accepted));
+        server.etcdctl(&["put", "k", "ok"]).ok();
+        let answer = etcdctl_with(
             &server,
-            &pki.etcdctl_flags(Some("client-ca")),
-            &["--dial-timeout=2s", "--command-timeout=3s", "get", "named"],
+            &pki.etcdctl_flags(Some(refused)),
+            &["--dial-timeout=2s", "--command-timeout=3s", "get", "k"],
         );
-        assert_ne!(
-            other.code, 0,
-            "{kind:?}: a certificate for another name got {other:?}"
-        );
+        assert_ne!(answer.code, 0, "{kind:?}: {what} got {answer:?}");
     }
 }
 
