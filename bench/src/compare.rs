@@ -1078,6 +1078,24 @@ pub fn to_text(result: &CompareResult) -> String {
             "  {} repeat {}: client CPU of all cores: {cpu}",
             run.system, run.repeat
         );
+        let server = [
+            ("put", &run.put_throughput),
+            ("put-1c", &run.put_latency),
+            ("txn-put", &run.txn_put),
+            ("range-s", &run.range_serializable),
+            ("range-l", &run.range_linearizable),
+            ("keepalive", &run.lease_keepalive),
+            ("watch-event", &run.watch),
+        ]
+        .iter()
+        .map(|(name, s)| format!("{name} {}", cell(server_us(s))))
+        .collect::<Vec<_>>()
+        .join(", ");
+        let _ = writeln!(
+            out,
+            "  {} repeat {}: server CPU us per request: {server}",
+            run.system, run.repeat
+        );
     }
     for file in &result.files {
         let _ = writeln!(out, "wrote {file}");
@@ -1543,6 +1561,10 @@ mod tests {
         assert!(text.contains("40.00-60.00"), "{text}");
         assert!(text.contains("8.00-12.00"), "{text}");
         assert!(text.contains("0.20x"), "{text}");
+        assert!(
+            text.contains("keel repeat 1: server CPU us per request: put 8.00, put-1c 8.00"),
+            "{text}"
+        );
         // Results written before these rows existed still load: the new rows read n/a.
         let mut old = serde_json::to_value(with_cpu("etcd", 0, 1.0)).expect("serializes");
         let map = old.as_object_mut().expect("object");
