@@ -10,6 +10,7 @@
 use std::ffi::CString;
 use std::fmt::Write as _;
 use std::fs::File;
+use std::future::Future;
 use std::net::TcpListener;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
@@ -23,8 +24,10 @@ use keel_proto::etcdserverpb::{PutRequest, PutResponse, RangeRequest};
 use serde::{Deserialize, Serialize};
 
 use crate::client::{self, Caller, Connection};
-use crate::report::{self, median, Percentiles, Summary};
-use crate::workloads::{self, PutArgs, RangeArgs, Target, WatchLatencyArgs};
+use crate::report::{self, median, CpuTimes, Percentiles, ServerCpu, Summary};
+use crate::workloads::{
+    self, LeaseKeepaliveArgs, PutArgs, RangeArgs, Target, TxnPutArgs, WatchLatencyArgs,
+};
 use crate::Error;
 
 /// The floor's write unit: one 4 KiB block, the WAL's smallest aligned append.
@@ -102,6 +105,13 @@ pub struct CompareArgs {
     /// Puts per second in the watch row
     #[arg(long, default_value_t = 10.0)]
     pub watch_put_rate: f64,
+    /// Txns (one Put, no compares) in the txn-put row, by the put row's clients and connections
+    #[arg(long, default_value_t = 100_000)]
+    pub txn_put_total: u64,
+    /// LeaseKeepAlive messages in the keep-alive row, by the range rows' clients and connections
+    /// (one granted lease and one keep-alive stream per client)
+    #[arg(long, default_value_t = 100_000)]
+    pub keepalive_total: u64,
     /// 4 KiB write + fdatasync operations for the disk floor
     #[arg(long, default_value_t = 1000)]
     pub floor_ops: u64,
@@ -131,6 +141,11 @@ pub struct SystemRun {
     pub range_serializable: Summary,
     pub range_linearizable: Summary,
     pub watch: Summary,
+    /// Absent from results written before these rows existed, hence the defaults.
+    #[serde(default)]
+    pub txn_put: Summary,
+    #[serde(default)]
+    pub lease_keepalive: Summary,
 }
 
 /// The disk floor of one repeat.
@@ -151,6 +166,11 @@ pub struct Row {
     pub keel: Option<f64>,
     /// keel / etcd.
     pub ratio: Option<f64>,
+    /// The spread over the repeats: smallest and largest value of each system.
+    #[serde(default)]
+    pub etcd_spread: Option<(f64, f64)>,
+    #[serde(default)]
+    pub keel_spread: Option<(f64, f64)>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -348,12 +368,37 @@ async fn run_workloads(
         bytes_per_key: rss_after_bytes.saturating_sub(rss_before_bytes) as f64
             / args.mem_keys.max(1) as f64,
     };
-    let put_throughput = workloads::put(
-        &target(args.put_clients, args.put_conns),
-        &put_args(args.put_total),
+    let put_throughput = with_server_cpu(
+        server,
+        PER_REQUEST,
+        workloads::put(
+            &target(args.put_clients, args.put_conns),
+            &put_args(args.put_total),
+        ),
     )
     .await?;
-    let put_latency = workloads::put(&target(1, 1), &put_args(args.latency_total)).await?;
+    let put_latency = with_server_cpu(
+        server,
+        PER_REQUEST,
+        workloads::put(&target(1, 1), &put_args(args.latency_total)),
+    )
+    .await?;
+    let txn_put = with_server_cpu(
+        server,
+        PER_REQUEST,
+        workloads::txn_put(
+            &target(args.put_clients, args.put_conns),
+            &TxnPutArgs {
+                key_size: 8,
+                val_size: VALUE_BYTES,
+                txn_ops: 1,
+                key_space_size: args.mem_keys.max(1),
+                total: args.txn_put_total,
+                rate: 0.0,
+            },
+        ),
+    )
+    .await?;
     put_once(&server.endpoint, RANGE_KEY, &[b'v'; VALUE_BYTES]).await?;
     let range_args = |consistency: &str| RangeArgs {
         key: RANGE_KEY.into(),
@@ -367,18 +412,46 @@ async fn run_workloads(
         rate: 0.0,
     };
     let range_target = target(args.range_clients, args.range_conns);
-    let range_serializable = workloads::range(&range_target, &range_args("s")).await?;
-    let range_linearizable = workloads::range(&range_target, &range_args("l")).await?;
-    let watch = workloads::watch_latency(
-        &target(1, args.watch_streams.clamp(1, 100)),
-        &WatchLatencyArgs {
-            streams: args.watch_streams,
-            watchers_per_stream: args.watch_watchers_per_stream,
-            put_total: args.watch_puts,
-            put_rate: args.watch_put_rate,
-            key_size: 32,
-            val_size: 32,
-        },
+    let range_serializable = with_server_cpu(
+        server,
+        PER_REQUEST,
+        workloads::range(&range_target, &range_args("s")),
+    )
+    .await?;
+    let range_linearizable = with_server_cpu(
+        server,
+        PER_REQUEST,
+        workloads::range(&range_target, &range_args("l")),
+    )
+    .await?;
+    let lease_keepalive = with_server_cpu(
+        server,
+        PER_REQUEST,
+        workloads::lease_keepalive(
+            &range_target,
+            &LeaseKeepaliveArgs {
+                total: args.keepalive_total,
+                rate: 0.0,
+            },
+        ),
+    )
+    .await?;
+    // Per delivered event: the server's work in this row is the fan-out to every watcher (the
+    // puts that trigger the events are few and are counted in the same CPU time).
+    let watch = with_server_cpu(
+        server,
+        PER_EVENT,
+        workloads::watch_latency(
+            &target(1, args.watch_streams.clamp(1, 100)),
+            &WatchLatencyArgs {
+                streams: args.watch_streams,
+                watchers_per_stream: args.watch_watchers_per_stream,
+                put_total: args.watch_puts,
+                put_rate: args.watch_put_rate,
+                key_size: 32,
+                val_size: 32,
+            },
+        ),
     )
     .await?;
     let run = SystemRun {
@@ -390,6 +463,8 @@ async fn run_workloads(
         range_serializable,
         range_linearizable,
         watch,
+        txn_put,
+        lease_keepalive,
     };
     for summary in [
         &run.put_throughput,
@@ -397,10 +472,39 @@ async fn run_workloads(
         &run.range_serializable,
         &run.range_linearizable,
         &run.watch,
+        &run.txn_put,
+        &run.lease_keepalive,
     ] {
         check_errors(label, summary)?;
     }
     Ok(run)
+}
+
+/// What `with_server_cpu` divides by: the workload's first class (its requests), or the watch
+/// workload's "watch" class (one sample per event delivered to one watcher).
+const PER_REQUEST: (&str, &str) = ("", "request");
+const PER_EVENT: (&str, &str) = ("watch", "delivered event");
+
+/// Runs `workload` and records the server's CPU time over it (all threads, user + system),
+/// divided by the successful requests of the class `per.0` (the first class when empty).
+/// The /proc reads sit right around the workload, so connection setup and teardown of the
+/// workload's own clients count; nothing else runs against the server meanwhile.
+async fn with_server_cpu(
+    server: &Server,
+    per: (&str, &str),
+    workload: impl Future<Output = Result<Summary, Error>>,
+) -> Result<Summary, Error> {
+    let before = server.cpu_times()?;
+    let mut summary = workload.await?;
+    let after = server.cpu_times()?;
+    let class = if per.0.is_empty() {
+        summary.classes.first()
+    } else {
+        summary.class(per.0)
+    };
+    let requests = class.map_or(0, |c| c.total.saturating_sub(c.errors));
+    summary.server_cpu = Some(ServerCpu::between(before, after, requests, per.1));
+    Ok(summary)
 }
 
 /// A run with failed requests does not measure what it claims to: refuse it.
@@ -563,6 +667,21 @@ impl Server {
         })
     }
 
+    /// The process's CPU time so far, all threads (live and exited) together, from
+    /// /proc/PID/stat utime and stime.
+    pub fn cpu_times(&self) -> Result<CpuTimes, Error> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
+        let (utime, stime) = parse_proc_stat_ticks(&stat).ok_or_else(|| Error::Server {
+            label: self.label.clone(),
+            reason: format!("cannot parse /proc/PID/stat: {stat:?}"),
+        })?;
+        let ticks_per_s = clock_ticks_per_s()?;
+        Ok(CpuTimes {
+            user_s: utime as f64 / ticks_per_s,
+            sys_s: stime as f64 / ticks_per_s,
+        })
+    }
+
     /// SIGTERM, then SIGKILL after `STOP_TIMEOUT_MS`; reaps the process.
     pub fn stop(mut self) -> Result<(), Error> {
         self.stop_inner()
@@ -606,6 +725,30 @@ pub fn parse_vm_rss_bytes(status: &str) -> Option<u64> {
         "kB" => Some(value * 1024),
         _ => None,
     }
+}
+
+/// utime and stime (fields 14 and 15 of proc(5), in clock ticks) from a /proc/PID/stat line.
+/// Field 2, the command name in parentheses, may itself hold spaces and parentheses (a thread
+/// can name itself anything), so the fields are counted after the last ')'.
+pub fn parse_proc_stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // The first field after the command name is field 3 (state); utime is field 14.
+    let mut fields = after_comm.split_whitespace().skip(14 - 3);
+    let utime = fields.next()?.parse().ok()?;
+    let stime = fields.next()?.parse().ok()?;
+    Some((utime, stime))
+}
+
+/// sysconf(_SC_CLK_TCK): the unit of /proc/PID/stat's CPU times.
+fn clock_ticks_per_s() -> Result<f64, Error> {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return Err(Error::Io(std::io::Error::other(
+            "sysconf(_SC_CLK_TCK) gave no clock tick rate",
+        )));
+    }
+    Ok(ticks as f64)
 }
 
 /// An O_DIRECT file descriptor, closed on drop.
@@ -718,57 +861,78 @@ pub fn measure_disk_floor(dir: &Path, ops: u64) -> Result<Histogram<u64>, Error>
     Ok(histogram)
 }
 
+/// One system's values of `metric` over its runs (the repeats), in run order.
+fn values_of(
+    runs: &[SystemRun],
+    system: &str,
+    metric: impl Fn(&SystemRun) -> Option<f64>,
+) -> Vec<f64> {
+    runs.iter()
+        .filter(|r| r.system == system)
+        .filter_map(metric)
+        .collect()
+}
+
 /// Medians over one system's runs of `metric`.
 fn median_of(
     runs: &[SystemRun],
     system: &str,
     metric: impl Fn(&SystemRun) -> Option<f64>,
 ) -> Option<f64> {
-    let values: Vec<f64> = runs
-        .iter()
-        .filter(|r| r.system == system)
-        .filter_map(&metric)
-        .collect();
-    median(&values)
+    median(&values_of(runs, system, metric))
+}
+
+/// (smallest, largest) of `values`; None when empty.
+fn spread(values: &[f64]) -> Option<(f64, f64)> {
+    let min = values.iter().copied().reduce(f64::min)?;
+    let max = values.iter().copied().reduce(f64::max)?;
+    assert!(min <= max);
+    Some((min, max))
 }
 
 fn throughput(summary: &Summary) -> Option<f64> {
     summary.classes.first().map(|c| c.throughput_per_s)
 }
 
-/// The ratio table of DESIGN.md's "Targets".
+fn p50(summary: &Summary) -> Option<f64> {
+    summary.classes.first().map(|c| c.latency_us.p50 as f64)
+}
+
+fn server_us(summary: &Summary) -> Option<f64> {
+    summary.server_cpu.as_ref()?.us_per_request
+}
+
+/// The ratio table of DESIGN.md's "Targets", plus each workload's server CPU per request
+/// beside its throughput and latency.
 pub fn table(result: &CompareResult) -> Vec<Row> {
     let runs = &result.runs;
     let etcd = "etcd";
     let keel = result.keel_label.as_str();
-    let floor_p50 = median(
-        &result
-            .floors
-            .iter()
-            .map(|f| f.latency_us.p50 as f64)
-            .collect::<Vec<_>>(),
-    );
+    let floors: Vec<f64> = result
+        .floors
+        .iter()
+        .map(|f| f.latency_us.p50 as f64)
+        .collect();
+    let floor_p50 = median(&floors);
     let row = |name: &str, unit: &str, target: &str, metric: &dyn Fn(&SystemRun) -> Option<f64>| {
-        let e = median_of(runs, etcd, metric);
-        let k = median_of(runs, keel, metric);
+        let e = values_of(runs, etcd, metric);
+        let k = values_of(runs, keel, metric);
+        let (em, km) = (median(&e), median(&k));
         Row {
             name: name.to_string(),
             unit: unit.to_string(),
             target: target.to_string(),
-            etcd: e,
-            keel: k,
-            ratio: match (e, k) {
+            etcd: em,
+            keel: km,
+            ratio: match (em, km) {
                 (Some(e), Some(k)) if e > 0.0 => Some(k / e),
                 _ => None,
             },
+            etcd_spread: spread(&e),
+            keel_spread: spread(&k),
         }
     };
-    let put_p50 = |r: &SystemRun| {
-        r.put_latency
-            .classes
-            .first()
-            .map(|c| c.latency_us.p50 as f64)
-    };
+    let put_p50 = |r: &SystemRun| p50(&r.put_latency);
     let mut rows = vec![
         row(
             "put throughput, 1000 clients/100 conns, 256 B",
@@ -776,18 +940,52 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
             ">= 5x",
             &|r| throughput(&r.put_throughput),
         ),
+        row("  server CPU per put (1000 clients)", "us", "", &|r| {
+            server_us(&r.put_throughput)
+        }),
         row("put latency p50, 1 client", "us", "", &put_p50),
+        row("  server CPU per put (1 client)", "us", "", &|r| {
+            server_us(&r.put_latency)
+        }),
         row("put p50 / disk floor p50", "x floor", "keel <= 1.3", &|r| {
             Some(put_p50(r)? / floor_p50.filter(|f| *f > 0.0)?)
+        }),
+        row(
+            "txn-put throughput (1 put, no compares)",
+            "req/s",
+            "",
+            &|r| throughput(&r.txn_put),
+        ),
+        row("  txn-put latency p50", "us", "", &|r| p50(&r.txn_put)),
+        row("  server CPU per txn-put", "us", "", &|r| {
+            server_us(&r.txn_put)
         }),
         row("serializable range throughput", "req/s", ">= 5x", &|r| {
             throughput(&r.range_serializable)
         }),
+        row("  server CPU per serializable range", "us", "", &|r| {
+            server_us(&r.range_serializable)
+        }),
         row("linearizable range throughput", "req/s", "", &|r| {
             throughput(&r.range_linearizable)
         }),
+        row("  server CPU per linearizable range", "us", "", &|r| {
+            server_us(&r.range_linearizable)
+        }),
         row("linearizable / serializable", "x", "keel >= 0.8", &|r| {
             Some(throughput(&r.range_linearizable)? / throughput(&r.range_serializable)?)
+        }),
+        row(
+            "lease keep-alive throughput (stream msgs)",
+            "msg/s",
+            "",
+            &|r| throughput(&r.lease_keepalive),
+        ),
+        row("  keep-alive latency p50", "us", "", &|r| {
+            p50(&r.lease_keepalive)
+        }),
+        row("  server CPU per keep-alive", "us", "", &|r| {
+            server_us(&r.lease_keepalive)
         }),
         row(
             "memory per stored key (RSS delta)",
@@ -798,6 +996,9 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         row("watch latency p99", "us", "keel < 5000 us", &|r| {
             r.watch.class("watch").map(|c| c.latency_us.p99 as f64)
         }),
+        row("  server CPU per delivered watch event", "us", "", &|r| {
+            server_us(&r.watch)
+        }),
     ];
     rows.push(Row {
         name: "disk floor p50 (4 KiB O_DIRECT write + fdatasync)".into(),
@@ -806,6 +1007,8 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         etcd: floor_p50,
         keel: None,
         ratio: None,
+        etcd_spread: spread(&floors),
+        keel_spread: None,
     });
     assert!(rows.iter().all(|r| !r.name.is_empty()));
     rows
@@ -816,6 +1019,14 @@ fn cell(value: Option<f64>) -> String {
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
         Some(v) => format!("{v:.2}"),
         None => "n/a".into(),
+    }
+}
+
+/// "min-max" of a spread, or nothing for a single repeat (its one value is the median).
+fn spread_cell(spread: Option<(f64, f64)>) -> String {
+    match spread {
+        Some((min, max)) if min < max => format!("{}-{}", cell(Some(min)), cell(Some(max))),
+        _ => String::new(),
     }
 }
 
@@ -833,17 +1044,25 @@ pub fn to_text(result: &CompareResult) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<52} {:>8} {:>12} {:>12} {:>10}  target",
-        "row (median of repeats)", "unit", "etcd", result.keel_label, "ratio"
+        "{:<50} {:>7} {:>9} {:>17} {:>9} {:>17} {:>8}  target",
+        "row (median of repeats)",
+        "unit",
+        "etcd",
+        "etcd min-max",
+        result.keel_label,
+        format!("{} min-max", result.keel_label),
+        "ratio"
     );
     for row in &result.table {
         let _ = writeln!(
             out,
-            "{:<52} {:>8} {:>12} {:>12} {:>10}  {}",
+            "{:<50} {:>7} {:>9} {:>17} {:>9} {:>17} {:>8}  {}",
             row.name,
             row.unit,
             cell(row.etcd),
+            spread_cell(row.etcd_spread),
             cell(row.keel),
+            spread_cell(row.keel_spread),
             row.ratio.map_or("n/a".into(), |r| format!("{r:.2}x")),
             row.target
         );
@@ -857,6 +1076,24 @@ pub fn to_text(result: &CompareResult) -> String {
         let _ = writeln!(
             out,
             "  {} repeat {}: client CPU of all cores: {cpu}",
+            run.system, run.repeat
+        );
+        let server = [
+            ("put", &run.put_throughput),
+            ("put-1c", &run.put_latency),
+            ("txn-put", &run.txn_put),
+            ("range-s", &run.range_serializable),
+            ("range-l", &run.range_linearizable),
+            ("keepalive", &run.lease_keepalive),
+            ("watch-event", &run.watch),
+        ]
+        .iter()
+        .map(|(name, s)| format!("{name} {}", cell(server_us(s))))
+        .collect::<Vec<_>>()
+        .join(", ");
+        let _ = writeln!(
+            out,
+            "  {} repeat {}: server CPU us per request: {server}",
             run.system, run.repeat
         );
     }
@@ -884,20 +1121,24 @@ pub fn draw_chart(result: &CompareResult, path: &Path) -> Result<(), Error> {
         names
     };
     type Pick = fn(&SystemRun) -> &Summary;
-    let workloads: [(&str, Pick); 5] = [
+    // Watch last: it is the one workload without a throughput bar.
+    let workloads: [(&str, Pick); 7] = [
         ("put 1000c", |r| &r.put_throughput),
         ("put 1c", |r| &r.put_latency),
+        ("txn-put", |r| &r.txn_put),
         ("range s", |r| &r.range_serializable),
         ("range l", |r| &r.range_linearizable),
+        ("keepalive", |r| &r.lease_keepalive),
         ("watch", |r| &r.watch),
     ];
+    let groups = workloads.len() - 1;
     let colors = [RED, BLUE, GREEN, MAGENTA, CYAN];
     let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_error)?;
     let (upper, lower) = root.split_vertically(420);
 
     // Top: throughput bars, one group per workload (watch has no throughput meaning: skipped).
-    let bars: Vec<(usize, usize, f64)> = workloads[..4]
+    let bars: Vec<(usize, usize, f64)> = workloads[..groups]
         .iter()
         .enumerate()
         .flat_map(|(w, (_, pick))| {
@@ -912,7 +1153,7 @@ pub fn draw_chart(result: &CompareResult, path: &Path) -> Result<(), Error> {
         .margin(15)
         .x_label_area_size(30)
         .y_label_area_size(80)
-        .build_cartesian_2d(0f64..4f64, 0f64..y_max)
+        .build_cartesian_2d(0f64..groups as f64, 0f64..y_max)
         .map_err(chart_error)?;
     // Group names are drawn over each group: axis labels would sit between bars.
     chart
@@ -922,13 +1163,18 @@ pub fn draw_chart(result: &CompareResult, path: &Path) -> Result<(), Error> {
         .draw()
         .map_err(chart_error)?;
     chart
-        .draw_series(workloads[..4].iter().enumerate().map(|(w, (name, _))| {
-            Text::new(
-                name.to_string(),
-                (w as f64 + 0.3, y_max * 0.97),
-                ("sans-serif", 16),
-            )
-        }))
+        .draw_series(
+            workloads[..groups]
+                .iter()
+                .enumerate()
+                .map(|(w, (name, _))| {
+                    Text::new(
+                        name.to_string(),
+                        (w as f64 + 0.3, y_max * 0.97),
+                        ("sans-serif", 16),
+                    )
+                }),
+        )
         .map_err(chart_error)?;
     let width = 0.8 / systems.len().max(1) as f64;
     for (s, system) in systems.iter().enumerate() {
@@ -1055,6 +1301,91 @@ mod tests {
     }
 
     #[test]
+    fn proc_stat_cpu_ticks_are_read_after_the_last_parenthesis() {
+        // A real line's shape (proc(5)): pid (comm) state ppid ... utime stime cutime ...
+        let plain = "4242 (etcd) S 1 4242 4242 0 -1 4194560 9000 0 3 0 1234 567 0 0 20 0 12 0 \
+                     100 2000000 3000 18446744073709551615";
+        assert_eq!(parse_proc_stat_ticks(plain), Some((1234, 567)));
+        // A command name with spaces and parentheses, including a ") " that looks like the end.
+        let odd = "77 (a) b (c) d) R 1 77 77 0 -1 0 0 0 0 0 31 7 0 0 20 0 1 0 5 0 0";
+        assert_eq!(parse_proc_stat_ticks(odd), Some((31, 7)));
+        assert_eq!(parse_proc_stat_ticks("77 (x) R 1 2 3"), None, "too short");
+        assert_eq!(parse_proc_stat_ticks("no parenthesis 1 2 3"), None);
+        let bad = "1 (x) S 1 1 1 0 -1 0 0 0 0 0 ten 7 0";
+        assert_eq!(parse_proc_stat_ticks(bad), None, "not a number");
+    }
+
+    #[test]
+    fn server_cpu_times_follow_a_busy_process() {
+        // A shell that spins, then sleeps: its CPU time grows, then stops growing.
+        let child = Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 30",
+            ])
+            .spawn()
+            .expect("sh runs");
+        let server = Server {
+            label: "sh".into(),
+            child: Some(child),
+            endpoint: String::new(),
+            log_path: PathBuf::new(),
+        };
+        let start = server.cpu_times().expect("own child's /proc/PID/stat");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut now = start;
+        while now.user_s + now.sys_s < 0.1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            now = server.cpu_times().expect("still running");
+        }
+        assert!(now.user_s + now.sys_s >= 0.1, "{start:?} -> {now:?}");
+        let cpu = ServerCpu::between(start, now, 1000, "request");
+        assert!(cpu.us_per_request.expect("requests > 0") > 0.0, "{cpu:?}");
+        server.stop().expect("stops");
+    }
+
+    #[tokio::test]
+    async fn with_server_cpu_divides_by_the_chosen_class() {
+        let child = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        let server = Server {
+            label: "sleep".into(),
+            child: Some(child),
+            endpoint: String::new(),
+            log_path: PathBuf::new(),
+        };
+        let class = |name: &str, total: u64, errors: u64| report::ClassSummary {
+            name: name.into(),
+            total,
+            errors,
+            ..Default::default()
+        };
+        let watch = Summary {
+            classes: vec![class("watch", 500, 0), class("put", 5, 0)],
+            ..Default::default()
+        };
+        let measured = with_server_cpu(&server, PER_EVENT, async { Ok(watch) })
+            .await
+            .expect("measured");
+        let cpu = measured.server_cpu.expect("filled in");
+        assert_eq!((cpu.requests, cpu.per.as_str()), (500, "delivered event"));
+        let put = Summary {
+            classes: vec![class("put", 100, 10)],
+            ..Default::default()
+        };
+        let measured = with_server_cpu(&server, PER_REQUEST, async { Ok(put) })
+            .await
+            .expect("measured");
+        let cpu = measured.server_cpu.expect("filled in");
+        assert_eq!(cpu.requests, 90, "only successful requests count");
+        // A sleeping process uses (next to) no CPU: the figure is small, not made up.
+        assert!(
+            cpu.us_per_request.expect("requests > 0") < 10_000.0,
+            "{cpu:?}"
+        );
+        server.stop().expect("stops");
+    }
+
+    #[test]
     fn disk_floor_writes_and_syncs() {
         // The crate's own directory is on the real filesystem (not tmpfs, which refuses O_DIRECT).
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -1106,6 +1437,8 @@ mod tests {
             range_serializable: summary(2.0 * put_rate, p50_us),
             range_linearizable: summary(put_rate, p50_us),
             watch: summary(1.0, p50_us),
+            txn_put: summary(put_rate, p50_us),
+            lease_keepalive: summary(3.0 * put_rate, p50_us),
         }
     }
 
@@ -1166,6 +1499,82 @@ mod tests {
     }
 
     #[test]
+    fn table_reports_server_cpu_per_request_with_spread() {
+        let with_cpu = |system: &str, repeat: u32, us: f64| {
+            let mut run = fake_run(system, repeat, 100.0, 200);
+            let cpu = ServerCpu {
+                user_s: us,
+                sys_s: 0.0,
+                requests: 1_000_000,
+                per: "request".into(),
+                us_per_request: Some(us),
+            };
+            for summary in [
+                &mut run.put_throughput,
+                &mut run.put_latency,
+                &mut run.txn_put,
+                &mut run.range_serializable,
+                &mut run.range_linearizable,
+                &mut run.lease_keepalive,
+                &mut run.watch,
+            ] {
+                summary.server_cpu = Some(cpu.clone());
+            }
+            run
+        };
+        let result = fake_result(vec![
+            with_cpu("etcd", 0, 40.0),
+            with_cpu("keel", 0, 12.0),
+            with_cpu("keel", 1, 8.0),
+            with_cpu("etcd", 1, 60.0),
+            with_cpu("etcd", 2, 50.0),
+            with_cpu("keel", 2, 10.0),
+        ]);
+        let rows = table(&result);
+        let cpu_rows: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.name.contains("server CPU per"))
+            .collect();
+        assert_eq!(cpu_rows.len(), 7, "one per workload");
+        for row in &cpu_rows {
+            assert_eq!(row.unit, "us");
+            assert_eq!(
+                (row.etcd, row.keel),
+                (Some(50.0), Some(10.0)),
+                "{}",
+                row.name
+            );
+            assert_eq!(row.ratio, Some(0.2));
+            assert_eq!(row.etcd_spread, Some((40.0, 60.0)));
+            assert_eq!(row.keel_spread, Some((8.0, 12.0)));
+        }
+        // Each workload's CPU row follows its throughput or latency row.
+        let position = |name: &str| rows.iter().position(|r| r.name.contains(name));
+        assert_eq!(
+            position("server CPU per put (1000 clients)"),
+            position("put throughput").map(|p| p + 1)
+        );
+        let text = to_text(&CompareResult {
+            table: rows,
+            ..result
+        });
+        assert!(text.contains("40.00-60.00"), "{text}");
+        assert!(text.contains("8.00-12.00"), "{text}");
+        assert!(text.contains("0.20x"), "{text}");
+        assert!(
+            text.contains("keel repeat 1: server CPU us per request: put 8.00, put-1c 8.00"),
+            "{text}"
+        );
+        // Results written before these rows existed still load: the new rows read n/a.
+        let mut old = serde_json::to_value(with_cpu("etcd", 0, 1.0)).expect("serializes");
+        let map = old.as_object_mut().expect("object");
+        map.remove("txn_put");
+        map.remove("lease_keepalive");
+        let old: SystemRun = serde_json::from_value(old).expect("old results parse");
+        assert_eq!(server_us(&old.txn_put), None);
+    }
+
+    #[test]
     fn table_without_keel_has_no_ratios_and_chart_draws() {
         let mut result = fake_result(vec![fake_run("etcd", 0, 100.0, 200)]);
         result.keel_unavailable = Some("no Keel binary at /x/keel".into());
@@ -1187,7 +1596,14 @@ mod tests {
             &body[..200.min(body.len())]
         );
         // Each throughput group is named once over its bars and once in the latency legend.
-        for group in ["put 1000c", "put 1c", "range s", "range l"] {
+        for group in [
+            "put 1000c",
+            "put 1c",
+            "txn-put",
+            "range s",
+            "range l",
+            "keepalive",
+        ] {
             assert!(body.matches(group).count() >= 2, "{group} label missing");
         }
         std::fs::remove_dir_all(&dir).expect("cleanup");

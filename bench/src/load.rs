@@ -179,6 +179,8 @@ pub async fn run_load<O: Op>(
             })
             .collect(),
         client_cpu,
+        // Only compare knows the server process; it fills this in.
+        server_cpu: None,
     };
     assert_eq!(
         summary.classes.iter().map(|c| c.total).sum::<u64>(),

@@ -76,6 +76,37 @@ impl CpuUsage {
     }
 }
 
+/// The server's CPU time over one run, per request. Only `compare` fills it in: it started the
+/// server, so it has the pid whose /proc/PID/stat it reads before and after the workload.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerCpu {
+    pub user_s: f64,
+    pub sys_s: f64,
+    /// What the CPU time is divided by: successful requests, or delivered events for watch.
+    pub requests: u64,
+    /// "request" or "delivered event", so the figure says what it is per.
+    pub per: String,
+    /// (user + sys) / requests in microseconds; None when nothing succeeded (no honest figure).
+    pub us_per_request: Option<f64>,
+}
+
+impl ServerCpu {
+    pub fn between(start: CpuTimes, end: CpuTimes, requests: u64, per: &str) -> ServerCpu {
+        // Negative deltas cannot happen for one live process; clamp anyway so a bad read
+        // shows as 0 rather than as a negative cost.
+        let user_s = (end.user_s - start.user_s).max(0.0);
+        let sys_s = (end.sys_s - start.sys_s).max(0.0);
+        let us_per_request = (requests > 0).then(|| (user_s + sys_s) * 1e6 / requests as f64);
+        ServerCpu {
+            user_s,
+            sys_s,
+            requests,
+            per: per.to_string(),
+            us_per_request,
+        }
+    }
+}
+
 /// Latency percentiles in microseconds.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
@@ -130,6 +161,9 @@ pub struct Summary {
     pub rate_per_s: Option<f64>,
     pub classes: Vec<ClassSummary>,
     pub client_cpu: CpuUsage,
+    /// The server's CPU per request (`compare` only; absent from a plain workload's `--json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu: Option<ServerCpu>,
 }
 
 impl Summary {
@@ -185,6 +219,16 @@ impl Summary {
             "  client CPU: user {:.2} s + sys {:.2} s = {:.0}% of one core, {:.0}% of {} cores",
             cpu.user_s, cpu.sys_s, cpu.pct_of_one_core, cpu.pct_of_all_cores, cpu.cores
         );
+        if let Some(server) = &self.server_cpu {
+            let per = server
+                .us_per_request
+                .map_or("n/a".to_string(), |us| format!("{us:.1} µs"));
+            let _ = writeln!(
+                out,
+                "  server CPU: user {:.2} s + sys {:.2} s over {} {}s = {per} per {}",
+                server.user_s, server.sys_s, server.requests, server.per, server.per
+            );
+        }
         out
     }
 }
@@ -279,6 +323,41 @@ mod tests {
         assert_eq!(median(&[]), None);
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn server_cpu_per_request_in_microseconds() {
+        let start = CpuTimes {
+            user_s: 1.0,
+            sys_s: 0.5,
+        };
+        let end = CpuTimes {
+            user_s: 2.5,
+            sys_s: 1.0,
+        };
+        let cpu = ServerCpu::between(start, end, 1000, "request");
+        assert!((cpu.user_s - 1.5).abs() < 1e-9 && (cpu.sys_s - 0.5).abs() < 1e-9);
+        // 2 s of CPU over 1000 requests is 2000 µs each.
+        assert!((cpu.us_per_request.expect("requests > 0") - 2000.0).abs() < 1e-6);
+        assert_eq!(
+            ServerCpu::between(start, end, 0, "request").us_per_request,
+            None
+        );
+        let text = Summary {
+            workload: "watch-latency".into(),
+            server_cpu: Some(ServerCpu::between(start, end, 4, "delivered event")),
+            ..Default::default()
+        }
+        .to_text(Precision::Short);
+        assert!(
+            text.contains("over 4 delivered events = 500000.0 µs per delivered event"),
+            "{text}"
+        );
+        let json = serde_json::to_string(&Summary::default()).expect("serializes");
+        assert!(
+            !json.contains("server_cpu"),
+            "plain runs keep etcd's JSON shape: {json}"
+        );
     }
 
     #[test]

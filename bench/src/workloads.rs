@@ -821,6 +821,8 @@ pub async fn watch_latency(target: &Target, args: &WatchLatencyArgs) -> Result<S
             report::summarize_class("from-send", &from_send_histogram, unmatched, None, elapsed),
         ],
         client_cpu,
+        // Only compare knows the server process; it fills this in.
+        server_cpu: None,
     };
     assert_eq!(summary.classes[1].total, args.put_total);
     Ok(summary)

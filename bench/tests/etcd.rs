@@ -416,6 +416,10 @@ fn compare_args(work: &Path, out: &Path, keel_bin: &Path, label: &str) -> Vec<St
         "0",
         "--floor-ops",
         "20",
+        "--txn-put-total",
+        "100",
+        "--keepalive-total",
+        "100",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -450,7 +454,44 @@ fn compare_etcd_against_etcd_as_stand_in() {
         assert_eq!(run.memory.keys, 200);
         assert!(run.memory.rss_after_bytes > 0);
         assert_eq!(run.watch.class("watch").expect("watch").total, 5 * 6);
+        assert_eq!(run.txn_put.class("txn-put").expect("txn-put").total, 100);
+        assert_eq!(
+            run.lease_keepalive
+                .class("keepalive")
+                .expect("keepalive")
+                .total,
+            100
+        );
+        // Every workload carries the server's CPU, divided by what that workload delivers.
+        for summary in [
+            &run.put_throughput,
+            &run.put_latency,
+            &run.txn_put,
+            &run.range_serializable,
+            &run.range_linearizable,
+            &run.lease_keepalive,
+        ] {
+            let cpu = summary.server_cpu.as_ref().expect("server CPU measured");
+            assert_eq!(cpu.per, "request");
+            assert_eq!(
+                cpu.requests, summary.classes[0].total,
+                "{}",
+                summary.workload
+            );
+            assert!(cpu.us_per_request.is_some_and(|us| us >= 0.0), "{cpu:?}");
+        }
+        let watch_cpu = run.watch.server_cpu.as_ref().expect("server CPU measured");
+        assert_eq!(
+            (watch_cpu.requests, watch_cpu.per.as_str()),
+            (30, "delivered event")
+        );
     }
+    let cpu_row = result
+        .table
+        .iter()
+        .find(|r| r.name.contains("server CPU per put (1000 clients)"))
+        .expect("server CPU row");
+    assert!(cpu_row.ratio.is_some(), "{cpu_row:?}");
     assert_eq!(result.floors.len(), 1);
     assert!(result.floors[0].latency_us.p50 > 0);
     let put = &result.table[0];
