@@ -325,9 +325,12 @@ fn checkpoint_file() -> Vec<u8> {
             voters: vec![0x8e9e05c52164694d],
             learners: vec![3],
         },
-        &members,
-        &[],
-        &keel_core::auth::AuthImage::default(),
+        keel_core::checkpoint::ClusterState {
+            members: &members,
+            alarms: &[],
+            auth: &keel_core::auth::AuthImage::default(),
+            removed: &[0x1234],
+        },
         &kv_image(),
     )
 }

@@ -65,6 +65,9 @@ pub enum Bug {
     SendBeforePersist,
     /// Answers linearizable reads from the local store, without a ReadIndex round.
     LocalLinearizableReads,
+    /// Never tells a removed member that dials in that it was removed (the peer transport of
+    /// builds before the removed notice): such a member lingers.
+    NoRemovedNotice,
 }
 
 /// The knobs one seed draws.
@@ -94,6 +97,9 @@ pub enum NetMsg {
         kind: keel_core::member::ProposalKind,
         id: u64,
     },
+    /// The peer transport's removed notice: the receiver was removed from the cluster (sent by
+    /// a member that applied the removal, to a removed member that reached it).
+    Removed,
 }
 
 struct InFlight {
@@ -182,6 +188,10 @@ pub struct Counts {
     pub dropped: u64,
     pub members_added: u64,
     pub members_removed: u64,
+    /// Removed members that stopped because a peer told them so (they missed their removal).
+    pub removed_told_by_peer: u64,
+    /// Removed members that stopped on applying their own removal.
+    pub removed_applied_own: u64,
     pub promotions: u64,
 }
 
@@ -560,6 +570,20 @@ impl World {
         let (from, to) = (m.from, m.to);
         let lost =
             self.blocked[from][to] || !self.is_up(to) || m.to_incarnation != self.incarnations[to];
+        let from_id = self.nodes[from].id;
+        let from_removed = !lost
+            && self.nodes[to]
+                .run
+                .as_ref()
+                .is_some_and(|r| r.member.is_removed(from_id));
+        if from_removed && self.config.bug != Bug::NoRemovedNotice {
+            // As the peer transport: a connection from a removed member is answered with the
+            // removed notice and closed; nothing it sent is taken.
+            self.counts.dropped += 1;
+            self.note(|| format!("m{to} tells m{from} it was removed"));
+            let _ = self.send(to, from, NetMsg::Removed);
+            return;
+        }
         if let NetMsg::Raft(bytes, _) = &m.msg {
             let msg = Message::decode(bytes).expect("a message we encoded decodes");
             if lost {
@@ -595,7 +619,9 @@ impl World {
             return;
         }
         let now = self.clock_ms(to);
-        let from_id = self.nodes[from].id;
+        if matches!(m.msg, NetMsg::Removed) {
+            self.note(|| format!("m{to} was told by m{from} that it was removed"));
+        }
         let member = &mut self.nodes[to].run.as_mut().expect("checked up").member;
         match m.msg {
             NetMsg::Raft(..) => unreachable!("handled above"),
@@ -606,6 +632,7 @@ impl World {
                 member.keepalive_reply(request_id, ttl_s)
             }
             NetMsg::Refused { refusal, kind, id } => member.forwarded_refused(refusal, kind, id),
+            NetMsg::Removed => member.told_removed(from_id),
         }
     }
 
@@ -738,7 +765,7 @@ impl World {
                     self.send_raft(i, m);
                 }
             }
-            Bug::None | Bug::LocalLinearizableReads => {}
+            Bug::None | Bug::LocalLinearizableReads | Bug::NoRemovedNotice => {}
         }
         self.progress_io(i)
     }
@@ -956,6 +983,16 @@ impl World {
                     }
                 }
                 Effect::Removed => {
+                    // Exit 0, as production's process: systemd's Restart=on-failure leaves it
+                    // down, so the simulation never restarts it either.
+                    let listed = self.nodes[i].run.as_ref().is_some_and(|r| {
+                        r.member.members().iter().any(|m| m.id == self.nodes[i].id)
+                    });
+                    if listed {
+                        self.counts.removed_told_by_peer += 1;
+                    } else {
+                        self.counts.removed_applied_own += 1;
+                    }
                     self.exit(i, "removed from the cluster".to_string());
                     self.nodes[i].removed = true;
                     return;
@@ -1126,23 +1163,15 @@ impl World {
         self.pending_changes.push(PendingChange { rx, kind });
     }
 
-    /// What an operator does after checking `member list`: a member the cluster no longer
-    /// lists (its removal applied though the answer was lost) is stopped for good.
-    pub fn stop_removed_members(&mut self) {
+    /// Members that run although the cluster (its leader's applied membership) no longer lists
+    /// them: removed while they could not hear of it, and not yet told by a peer.
+    pub fn lingering_removed(&self) -> Vec<usize> {
         let Some(members) = self.membership() else {
-            return;
+            return Vec::new();
         };
-        for i in 0..self.nodes.len() {
-            let listed = members.iter().any(|m| m.id == self.nodes[i].id);
-            if !listed && !self.nodes[i].removed {
-                self.note(|| format!("m{i} is no longer listed: stopped"));
-                if self.is_up(i) {
-                    self.crash(i);
-                }
-                self.nodes[i].removed = true;
-                self.counts.members_removed += 1;
-            }
-        }
+        (0..self.nodes.len())
+            .filter(|&i| self.is_up(i) && !members.iter().any(|m| m.id == self.nodes[i].id))
+            .collect()
     }
 
     /// Carries out what an operator does after a membership change is applied.
@@ -1192,10 +1221,9 @@ impl World {
                 self.counts.members_added += 1;
             }
             ChangeKind::Remove { index } => {
-                if self.is_up(index) {
-                    self.crash(index);
-                }
-                self.nodes[index].removed = true;
+                // No operator stops it: the member stops by itself, on applying its removal,
+                // or, when it missed that (partitioned away, down), when a peer tells it.
+                self.note(|| format!("m{index} was removed; it must stop by itself"));
                 self.counts.members_removed += 1;
             }
             ChangeKind::Promote => self.counts.promotions += 1,
@@ -1288,7 +1316,7 @@ enum ChangeKind {
     Add {
         index: usize,
     },
-    /// Stop the removed member's process for good.
+    /// The removed member, which must stop by itself.
     Remove {
         index: usize,
     },
