@@ -9,7 +9,9 @@
 //! raft loop drains.
 //!
 //! Frame: u32 big-endian length, then the payload (a handshake, then one `keel_raft::Message`
-//! in its own binary encoding per frame).
+//! in its own binary encoding per frame). A snapshot travels as one large frame, which TCP
+//! streams in chunks; both sides bound its size. Parsing a handshake and a frame are pure
+//! functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
 //!
 //! A connection carries frames one way, from the dialer, with one exception: a member that
 //! applied another's removal answers a connection from the removed member (at its handshake,
@@ -17,9 +19,7 @@
 //! it, as etcd answers 410 Gone; the dialer's member then stops (etcd's `errMemberRemoved`).
 //! A build from before this frame never reads from a connection it dialed: it sees the
 //! connection close and redials with backoff, lingering as before, and each refused dial is
-//! logged on the refusing member. A snapshot travels as one large frame, which TCP
-//! streams in chunks; both sides bound its size. Parsing a handshake and a frame are pure
-//! functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
+//! logged on the refusing member.
 //!
 //! TLS (`https://` peer URLs): an https listener runs the server side of a handshake (bounded
 //! by [`PEER_HANDSHAKE_TIMEOUT`]) before reading the hello; a sender dialing an https URL runs
