@@ -15,8 +15,9 @@
 //!
 //! A connection carries frames one way, from the dialer, with one exception: a member that
 //! applied another's removal answers a connection from the removed member (at its handshake,
-//! or at its next frame) with one `FRAME_MEMBER_REMOVED` frame back to the dialer, then closes
-//! it, as etcd answers 410 Gone; the dialer's member then stops (etcd's `errMemberRemoved`).
+//! at its next frame, or within `REMOVED_CHECK_INTERVAL` of applying the removal, so a removed
+//! member that sends nothing hears it too) with one `FRAME_MEMBER_REMOVED` frame back to the
+//! dialer, then closes it, as etcd answers 410 Gone; the dialer's member then stops (etcd's `errMemberRemoved`).
 //! A build from before this frame never reads from a connection it dialed: it sees the
 //! connection close and redials with backoff, lingering as before, and each refused dial is
 //! logged on the refusing member.
@@ -78,6 +79,9 @@ const ANSWER_FRAME_BYTES_MAX: usize = 64;
 /// had already sent, before closing: closing with unread bytes resets the connection, and a
 /// reset may discard the notice before the peer reads it.
 const REMOVED_NOTICE_LINGER: Duration = Duration::from_secs(2);
+/// How often an incoming connection checks whether its sender was removed meanwhile, while the
+/// sender is silent (a removed learner sends nothing of its own accord).
+const REMOVED_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// Proposal-refused body: refusal code u8, proposal kind u8, proposal id u64.
 const PROPOSAL_REFUSED_BYTES: usize = 1 + 1 + 8;
 /// HashKV request body: request id u64, revision i64.
@@ -953,21 +957,26 @@ impl Transport {
     /// notice to the dialer, then what it already sent is read and dropped until it hangs up
     /// (or `REMOVED_NOTICE_LINGER` passes), so the close does not reset the connection under
     /// the notice.
-    async fn refuse_removed<S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin>(
+    async fn refuse_removed<R, W>(
         &self,
-        mut stream: S,
+        mut reader: R,
+        mut writer: W,
         from: u64,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<()>
+    where
+        R: futures_lite::AsyncRead + Unpin,
+        W: futures_lite::AsyncWrite + Unpin,
+    {
         tracing::warn!(
             local_member_id = format!("{:x}", self.me),
             remote_peer_id_from = format!("{from:x}"),
             "rejected stream from remote peer because it was removed"
         );
-        stream.write_all(&encode_member_removed()).await?;
-        stream.flush().await?;
+        writer.write_all(&encode_member_removed()).await?;
+        writer.flush().await?;
         let drain = async {
             let mut buf = [0u8; 4096];
-            while let Ok(n) = stream.read(&mut buf).await {
+            while let Ok(n) = reader.read(&mut buf).await {
                 if n == 0 {
                     break;
                 }
@@ -979,11 +988,22 @@ impl Transport {
         ))
     }
 
+    /// Resolves once this member applied `from`'s removal: checked every
+    /// `REMOVED_CHECK_INTERVAL`, so a removed member that sends nothing (a learner, or one
+    /// frozen) is told too, without its next frame.
+    async fn removed_now(&self, from: u64) {
+        while !self.removed.borrow().contains(&from) {
+            rt::sleep(REMOVED_CHECK_INTERVAL).await;
+        }
+    }
+
     async fn read_peer<S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin>(
         &self,
-        mut stream: S,
+        stream: S,
     ) -> std::io::Result<()> {
-        let hello = parse_hello(&read_frame(&mut stream, HANDSHAKE_BYTES).await?)?;
+        // The write half only ever carries the removed notice back.
+        let (mut reader, writer) = futures_lite::io::split(stream);
+        let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES).await?)?;
         let Hello {
             cluster_id,
             from,
@@ -1000,7 +1020,7 @@ impl Transport {
             && (cluster_id == self.cluster_id.get() || cluster_id == 0)
             && to == self.me
         {
-            return self.refuse_removed(stream, from).await;
+            return self.refuse_removed(reader, writer, from).await;
         }
         // A joining member does not know the id yet and sends 0; it must be a member we know.
         let joining_peer = cluster_id == 0 && self.peers.borrow().contains_key(&from);
@@ -1020,13 +1040,29 @@ impl Transport {
                 "peer connection meant for another member",
             ));
         }
+        // Frames until the connection ends (an error), or until this member applies the
+        // sender's removal (found at its next frame, or by the check beside the reads).
+        let removed = async {
+            self.removed_now(from).await;
+            Ok(())
+        };
+        futures_lite::future::or(self.take_frames(&mut reader, from), removed).await?;
+        self.refuse_removed(reader, writer, from).await
+    }
+
+    /// Takes `from`'s frames into the inbox and control queues; returns Ok once `from` is
+    /// removed (its frames are not ours to take any more), an error when the connection ends.
+    async fn take_frames<R: futures_lite::AsyncRead + Unpin>(
+        &self,
+        reader: &mut R,
+        from: u64,
+    ) -> std::io::Result<()> {
         let stats = self.peer_stats.peer(from);
         loop {
-            let frame = read_frame(&mut stream, self.frame_bytes_max).await?;
+            let frame = read_frame(reader, self.frame_bytes_max).await?;
             RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
             if self.removed.borrow().contains(&from) {
-                // Removed while connected: its frames are not ours to take any more.
-                return self.refuse_removed(stream, from).await;
+                return Ok(());
             }
             match parse_frame(&frame, from)? {
                 Incoming::Raft(m) => {

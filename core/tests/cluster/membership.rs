@@ -82,7 +82,7 @@ fn assert_exits_removed(c: &mut Cluster, i: usize) {
 /// A member removed while it could not hear of it, stopped (killed, then started again on its
 /// data directory) or frozen (SIGSTOP, its connections left open), stops by itself, exit
 /// status 0, once it reaches a peer that applied its removal: at its connection's handshake,
-/// or at its first raft message on a connection it already had. The cluster goes on.
+/// or on a connection it already had, even a learner that sends nothing. The cluster goes on.
 #[test]
 fn a_member_removed_while_away_exits_by_itself_when_it_reaches_a_peer() {
     let mut c = Cluster::start(4, Net::Loopback, &[]);
@@ -146,6 +146,26 @@ fn a_member_removed_while_away_exits_by_itself_when_it_reaches_a_peer() {
             "keys {prefix}* after the removals"
         );
     }
+
+    // A learner never campaigns, so it sends nothing of its own accord: frozen across its
+    // removal, it is told by the notice its peers wrote on its connections meanwhile.
+    let learner = c.add_member(leader, "learner", Voting::Learner, None);
+    let with_learner: Vec<usize> = left.iter().copied().chain([learner]).collect();
+    c.wait_converged(&with_learner, Duration::from_secs(30));
+    let learner_id = c.member_hex_id(leader, learner);
+    c.members[learner].signal(libc::SIGSTOP);
+    c.etcdctl(leader, &["member", "remove", &learner_id]).ok();
+    std::thread::sleep(Duration::from_millis(
+        2 * crate::harness::ELECTION_TIMEOUT_MS,
+    ));
+    c.members[learner].signal(libc::SIGCONT);
+    let thawed = Instant::now();
+    assert_exits_removed(&mut c, learner);
+    eprintln!(
+        "the thawed removed learner stopped after {:?}",
+        thawed.elapsed()
+    );
+    assert_eq!(c.member_list(left[0]).len(), 2, "the learner is gone");
 }
 
 #[test]

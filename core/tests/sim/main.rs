@@ -56,8 +56,9 @@ const CHAOS_MS: std::ops::Range<u64> = 1_500..4_000;
 /// After healing, the cluster must converge within this.
 const LIVENESS_MS: u64 = 8_000;
 /// Once the cluster converged (the network healed), a member it no longer lists must have
-/// stopped by itself within this: it campaigns within two election timeouts of losing its
-/// leader, and the first peer it reaches tells it it was removed.
+/// stopped by itself within this: the notices its peers sent when they applied its removal
+/// arrive once the partition heals, a restarted one is told at its handshakes, and one that
+/// missed both is told when it next campaigns (within two election timeouts).
 const REMOVED_STOPS_MS: u64 = 1_000;
 const CLIENTS: usize = 6;
 const LEASE_CLIENTS: usize = 2;
@@ -540,8 +541,8 @@ fn the_checks_catch_stale_linearizable_reads() {
 }
 
 /// A voter removed while partitioned away (it never sees its removal commit) stops by itself
-/// once the partition heals and it reaches a peer: etcd's peers answer it 410 Gone, Keel's
-/// the removed notice. Returns when it stopped after the heal, in simulated ms.
+/// once the partition heals and its peers reach it: etcd's peers answer it 410 Gone, Keel's
+/// send the removed notice. Returns when it stopped after the heal, in simulated ms.
 fn removed_while_partitioned_stops_after_ms(seed: u64, bug: Bug) -> Result<u64, String> {
     let mut world = World::new(WorldConfig::new(5, 10_000, bug), seed);
     let deadline = |world: &World, ms: u64| world.now_ms + ms;

@@ -12,7 +12,7 @@
 //! one is being written.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -98,8 +98,20 @@ pub enum NetMsg {
         id: u64,
     },
     /// The peer transport's removed notice: the receiver was removed from the cluster (sent by
-    /// a member that applied the removal, to a removed member that reached it).
+    /// a member that applied the removal, to a removed member that reached it, or on the
+    /// connection it had when the removal applied).
     Removed,
+    /// A connection's handshake, as a process dials each peer it knows when it starts.
+    Hello,
+}
+
+impl NetMsg {
+    /// Whether this travels as TCP carries a handshake or the removed notice: never lost or
+    /// doubled by a degraded network, and held (retransmitted) while a partition lasts, but
+    /// gone with either process.
+    fn is_reliable(&self) -> bool {
+        matches!(self, NetMsg::Removed | NetMsg::Hello)
+    }
 }
 
 struct InFlight {
@@ -216,6 +228,9 @@ pub struct World {
     pending_changes: Vec<PendingChange>,
     /// How many times each member's process started (a restart is a new incarnation).
     incarnations: Vec<u64>,
+    /// Per member: the removed member ids its current process has sent the removed notice to
+    /// (on the connection each had to it when the removal applied).
+    notified_removed: Vec<BTreeSet<u64>>,
     /// How many events the trace keeps (`SIM_TRACE_EVENTS`, or `TRACE_EVENTS_KEPT`).
     trace_events_kept: usize,
     /// The watch events of every revision, as the first member to publish it did: every
@@ -306,6 +321,7 @@ impl World {
             counts: Counts::default(),
             pending_changes: Vec::new(),
             incarnations: vec![0; n],
+            notified_removed: vec![BTreeSet::new(); n],
             trace_events_kept: std::env::var("SIM_TRACE_EVENTS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -425,6 +441,22 @@ impl World {
         });
         node.why_down = None;
         self.incarnations[i] += 1;
+        self.notified_removed[i].clear();
+        // The peer transport dials every peer it knows at start: a handshake each.
+        let peers: Vec<u64> = self.nodes[i]
+            .run
+            .as_ref()
+            .expect("started")
+            .member
+            .members()
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        for id in peers {
+            if let Some(j) = self.index_of(id).filter(|&j| j != i) {
+                self.send_reliable(i, j, NetMsg::Hello);
+            }
+        }
         self.last_published[i] = Some(
             self.nodes[i]
                 .run
@@ -521,6 +553,52 @@ impl World {
         true
     }
 
+    /// Puts a handshake or removed notice on the wire (see `NetMsg::is_reliable`).
+    fn send_reliable(&mut self, from: usize, to: usize, msg: NetMsg) {
+        assert!(
+            msg.is_reliable(),
+            "only handshakes and notices travel reliably"
+        );
+        self.counts.messages += 1;
+        if self.network.len() >= NETWORK_IN_FLIGHT_MAX {
+            self.counts.dropped += 1;
+            return;
+        }
+        self.network.push(InFlight {
+            deliver_at_ms: self.now_ms + 1,
+            from,
+            to,
+            to_incarnation: self.incarnations[to],
+            msg,
+        });
+    }
+
+    /// Sends the removed notice to each member that member `i` newly knows was removed, on
+    /// the connection that member had to `i` (as the peer transport checks its connections
+    /// every `REMOVED_CHECK_INTERVAL`): lost when that member is down.
+    fn notify_removed(&mut self, i: usize) {
+        if self.config.bug == Bug::NoRemovedNotice {
+            return;
+        }
+        let Some(run) = self.nodes[i].run.as_ref() else {
+            return;
+        };
+        let fresh: Vec<u64> = run
+            .member
+            .removed_members()
+            .iter()
+            .copied()
+            .filter(|id| !self.notified_removed[i].contains(id))
+            .collect();
+        for id in fresh {
+            self.notified_removed[i].insert(id);
+            if let Some(j) = self.index_of(id).filter(|&j| j != i && self.is_up(j)) {
+                self.note(|| format!("m{i} tells m{j}, on its connection, it was removed"));
+                self.send_reliable(i, j, NetMsg::Removed);
+            }
+        }
+    }
+
     fn send_raft(&mut self, from: usize, m: Message) {
         let Some(to) = self.index_of(m.to) else {
             return;
@@ -566,8 +644,18 @@ impl World {
         }
     }
 
-    fn deliver_one(&mut self, m: InFlight) {
+    fn deliver_one(&mut self, mut m: InFlight) {
         let (from, to) = (m.from, m.to);
+        if m.msg.is_reliable()
+            && self.blocked[from][to]
+            && self.is_up(to)
+            && m.to_incarnation == self.incarnations[to]
+        {
+            // TCP retransmits until the partition heals.
+            m.deliver_at_ms = self.now_ms + 10;
+            self.network.push(m);
+            return;
+        }
         let lost =
             self.blocked[from][to] || !self.is_up(to) || m.to_incarnation != self.incarnations[to];
         let from_id = self.nodes[from].id;
@@ -581,7 +669,7 @@ impl World {
             // removed notice and closed; nothing it sent is taken.
             self.counts.dropped += 1;
             self.note(|| format!("m{to} tells m{from} it was removed"));
-            let _ = self.send(to, from, NetMsg::Removed);
+            self.send_reliable(to, from, NetMsg::Removed);
             return;
         }
         if let NetMsg::Raft(bytes, _) = &m.msg {
@@ -618,6 +706,9 @@ impl World {
             self.counts.dropped += 1;
             return;
         }
+        if matches!(m.msg, NetMsg::Hello) {
+            return;
+        }
         let now = self.clock_ms(to);
         if matches!(m.msg, NetMsg::Removed) {
             self.note(|| format!("m{to} was told by m{from} that it was removed"));
@@ -633,6 +724,7 @@ impl World {
             }
             NetMsg::Refused { refusal, kind, id } => member.forwarded_refused(refusal, kind, id),
             NetMsg::Removed => member.told_removed(from_id),
+            NetMsg::Hello => unreachable!("handled above"),
         }
     }
 
@@ -930,6 +1022,7 @@ impl World {
         };
         let effects = run.member.take_effects();
         let (is_leader, term) = (run.member.is_leader(), run.member.raft_term());
+        let mut members_changed = false;
         for effect in effects {
             match effect {
                 Effect::Leader { leader_id } => {
@@ -997,11 +1090,12 @@ impl World {
                     self.nodes[i].removed = true;
                     return;
                 }
-                Effect::MembersChanged
-                | Effect::AlarmsChanged
-                | Effect::AuthChanged
-                | Effect::HardState { .. } => {}
+                Effect::MembersChanged => members_changed = true,
+                Effect::AlarmsChanged | Effect::AuthChanged | Effect::HardState { .. } => {}
             }
+        }
+        if members_changed {
+            self.notify_removed(i);
         }
     }
 
@@ -1216,6 +1310,7 @@ impl World {
                 }
                 self.blocked.push(vec![false; index + 1]);
                 self.incarnations.push(0);
+                self.notified_removed.push(BTreeSet::new());
                 self.last_published.push(None);
                 self.start(index).expect("a new member starts");
                 self.counts.members_added += 1;
