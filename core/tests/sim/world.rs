@@ -427,6 +427,7 @@ impl World {
             recovered.checkpoint_index,
         );
         member.restore_auth(&recovered.auth);
+        member.restore_removed(&recovered.removed);
         let now = self.clock_ms(i);
         member.start(now);
         let (applied, term) = (member.applied_index(), member.raft_term());
