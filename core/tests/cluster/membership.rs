@@ -51,7 +51,7 @@ const REMOVED_EXIT_WITHIN: Duration = Duration::from_secs(10);
 
 /// Member `i` was removed: it must stop by itself, with etcd's words and exit status 0 (as
 /// etcd 3.4: systemd's Restart=on-failure then leaves it down).
-fn assert_exits_removed(c: &mut Cluster, i: usize) {
+pub fn assert_exits_removed(c: &mut Cluster, i: usize) {
     let status = c.members[i]
         .wait_exit(REMOVED_EXIT_WITHIN)
         .unwrap_or_else(|| {
