@@ -161,7 +161,6 @@ mod tests {
             id: 1,
             name: "one".into(),
             advertise_client_urls: vec![],
-            cluster_token: "test".into(),
             request_timeout_ms: 1_000,
             tick_ms: 100,
             snapshot_count: 10_000,

@@ -10,7 +10,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 use crate::compactor::Retention;
 use crate::error::CoreError;
@@ -473,28 +473,62 @@ pub struct Config {
     pub ignored_flags: Vec<&'static str>,
     /// Configuration the member runs with but an operator should hear about, for the startup log.
     pub warnings: Vec<String>,
+    /// The `--config-file` the settings came from, if any.
+    pub config_file: Option<PathBuf>,
+    /// `--host-whitelist`: the Host headers plaintext HTTP requests may carry.
+    pub host_whitelist: crate::host_whitelist::HostWhitelist,
 }
 
 impl Config {
     /// Parses the process's own arguments and environment.
     pub fn from_env() -> Result<Config, CoreError> {
-        let args = normalize_go_args(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
-        let flags = Flags::try_parse_from(args).map_err(|e| match e.kind() {
+        Config::from_args(
+            std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+        )
+    }
+
+    /// Parses `args` (the program name first) and the environment. With `--config-file` (or
+    /// `ETCD_CONFIG_FILE`) the file's settings are used instead, and every other flag and
+    /// `ETCD_*` variable is ignored, as etcd does (the command line is still parsed first, so
+    /// a malformed flag is refused either way, as in etcd).
+    pub fn from_args(args: Vec<String>) -> Result<Config, CoreError> {
+        let clap_error = |e: clap::Error| match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                 e.exit()
             }
             _ => CoreError::Config(e.to_string()),
-        })?;
-        Config::from_flags(flags)
+        };
+        let flags = Flags::try_parse_from(normalize_go_args(args)).map_err(clap_error)?;
+        let Some(path) = flags
+            .etcd_compat
+            .config_file
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+        else {
+            return Config::from_flags(flags);
+        };
+        let file = crate::config_file::read(&path, &Flags::command())?;
+        let command = Flags::command().mut_args(|a| a.env(None::<&'static str>));
+        let matches = command
+            .try_get_matches_from(std::iter::once("keel".to_string()).chain(file.args))
+            .map_err(|e| CoreError::Config(format!("--config-file {}: {e}", path.display())))?;
+        let flags = Flags::from_arg_matches(&matches).map_err(clap_error)?;
+        let mut config = Config::from_flags(flags)
+            .map_err(|e| CoreError::Config(format!("--config-file {}: {e}", path.display())))?;
+        for key in file.ignored_keys {
+            config.warnings.push(format!(
+                "--config-file {}: {key:?} is not an etcd 3.4 or Keel setting; ignored",
+                path.display()
+            ));
+        }
+        config.config_file = Some(path);
+        Ok(config)
     }
 
     pub fn from_flags(f: Flags) -> Result<Config, CoreError> {
-        let given = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
-        if given(&f.client_cert_allowed_hostname) {
-            return Err(CoreError::Config(
-                "--client-cert-allowed-hostname is not supported: refusing to accept client certificates it would reject".into(),
-            ));
-        }
         let mut ignored_flags = f.etcd_compat.check()?;
         let (listen_client, listen_client_unix) =
             parse_client_listen_urls("listen-client-urls", &f.listen_client_urls)?;
@@ -745,6 +779,10 @@ impl Config {
                 .then_some(corrupt_check_interval),
             ignored_flags,
             warnings,
+            config_file: None,
+            host_whitelist: crate::host_whitelist::HostWhitelist::parse(
+                f.etcd_compat.host_whitelist.as_deref().unwrap_or("*"),
+            ),
         })
     }
 }
@@ -1003,6 +1041,23 @@ fn client_tls(
             "--client-cert-auth needs --trusted-ca-file to verify client certificates with".into(),
         ));
     }
+    // etcd's AllowedHostname: a verified client certificate must also be valid for this name
+    // (its SANs, as Go's VerifyHostname checks them).
+    let allowed = match f
+        .client_cert_allowed_hostname
+        .as_deref()
+        .filter(|h| !h.is_empty())
+    {
+        Some(host) => {
+            if client_auth != ClientAuth::Require {
+                warnings.push(
+                    "--client-cert-allowed-hostname has no effect without --client-cert-auth: no client certificate is asked for".into(),
+                );
+            }
+            Allowed::Hostname(host.to_string())
+        }
+        None => Allowed::Any,
+    };
     let cipher_suites = match f.cipher_suites.as_deref() {
         Some(s) if !s.is_empty() => {
             crate::tls::parse_cipher_suites(s).map_err(CoreError::Config)?
@@ -1016,7 +1071,7 @@ fn client_tls(
                     .into(),
             ));
         }
-        if client_auth == ClientAuth::Require || crl_file.is_some() {
+        if client_auth == ClientAuth::Require || crl_file.is_some() || allowed != Allowed::Any {
             return Err(CoreError::Config(
                 "client certificate flags need TLS: give --cert-file and --key-file (or --auto-tls) and an https:// client URL".into(),
             ));
@@ -1036,7 +1091,7 @@ fn client_tls(
         client_auth,
         crl_file,
         cipher_suites,
-        allowed: Allowed::Any,
+        allowed,
     }))
 }
 
@@ -1335,6 +1390,7 @@ mod tests {
             &["--peer-client-cert-auth"][..],
             &["--peer-trusted-ca-file", "ca.pem"],
             &["--peer-cert-allowed-cn", "x"],
+            // Without client TLS there is no client certificate to check.
             &["--client-cert-allowed-hostname", "x"],
         ] {
             assert!(parse(refused).is_err(), "{refused:?}");

@@ -120,8 +120,10 @@ pub struct EtcdCompatFlags {
     pub proxy: Option<String>,
     #[arg(long = "force-new-cluster", env = "ETCD_FORCE_NEW_CLUSTER", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub force_new_cluster: Option<String>,
+    /// Read by `Config::from_flags` (crate::host_whitelist).
     #[arg(long = "host-whitelist", env = "ETCD_HOST_WHITELIST", hide = true)]
     pub host_whitelist: Option<String>,
+    /// Read by `Config::from_args`: the file's settings replace every other flag and variable.
     #[arg(long = "config-file", env = "ETCD_CONFIG_FILE", hide = true)]
     pub config_file: Option<String>,
 }
@@ -163,20 +165,6 @@ impl EtcdCompatFlags {
                     "--force-new-cluster is not supported: Keel cannot rewrite the membership to this member alone; restore a snapshot into a new one-member cluster instead".into(),
                 ));
             }
-        }
-        if let Some(h) = self
-            .host_whitelist
-            .as_deref()
-            .filter(|h| !h.is_empty() && h.split(',').any(|x| x.trim() != "*"))
-        {
-            return Err(CoreError::Config(format!(
-                "--host-whitelist {h:?} is not supported: Keel does not check the Host header, so it would not refuse the hosts this list leaves out; use '*' or leave it unset"
-            )));
-        }
-        if given(&self.config_file) {
-            return Err(CoreError::Config(
-                "--config-file is not supported yet: pass the settings as flags or ETCD_* variables (refusing to start with defaults in place of the file's settings)".into(),
-            ));
         }
         if let Some(v) = self.debug.as_deref() {
             go_bool("debug", v)?;
@@ -221,7 +209,6 @@ impl EtcdCompatFlags {
             ("log-package-levels", &self.log_package_levels),
             ("proxy", &self.proxy),
             ("force-new-cluster", &self.force_new_cluster),
-            ("host-whitelist", &self.host_whitelist),
         ];
         Ok(ignored
             .into_iter()
@@ -304,13 +291,6 @@ mod tests {
         ("discovery-srv", "example.com", "--discovery"),
         ("proxy", "on", "--proxy"),
         ("force-new-cluster", "true", "--force-new-cluster"),
-        ("host-whitelist", "example.com", "--host-whitelist"),
-        ("config-file", "/etc/etcd/etcd.conf.yml", "--config-file"),
-        (
-            "client-cert-allowed-hostname",
-            "x",
-            "--client-cert-allowed-hostname",
-        ),
     ];
 
     #[test]
@@ -403,6 +383,7 @@ mod tests {
         "discovery",
         "discovery-srv",
         "config-file",
+        "host-whitelist",
     ];
 
     #[test]
@@ -429,6 +410,7 @@ mod tests {
         let c = parse(&["--experimental-initial-corrupt-check".into()]).expect("accepted");
         assert!(c.initial_corrupt_check);
         let c = parse(&["--proxy=off".into(), "--host-whitelist=*".into()]).expect("defaults");
+        assert!(!c.host_whitelist.restricts());
         assert!(c.ignored_flags.contains(&"proxy"));
         assert!(parse(&["--debug=maybe".into()]).is_err());
     }

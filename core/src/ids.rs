@@ -1,10 +1,17 @@
 //! Member and cluster identity, and the file in the data directory that keeps it stable.
 //!
-//! etcd derives a member's id from its peer URLs and the cluster token, and the cluster id from
-//! the member ids, so every member of a new cluster computes the same ids without talking. We do
-//! the same with FNV-1a (we need agreement, not etcd's exact numbers). Once written, the identity
-//! file wins over flags: a restarted member keeps its ids even if its URLs changed, and a member
-//! refuses to start in a data directory that belongs to another cluster.
+//! Ids are derived exactly as etcd 3.4 derives them (etcdserver/api/membership), so the same
+//! flags give the same ids as etcd, and every member of a new cluster computes the same ids
+//! without talking:
+//! - a member's id is the first 8 bytes (big-endian) of the SHA-1 of its sorted peer URLs
+//!   concatenated, then the cluster token, then, for a member added at runtime, the decimal Unix
+//!   second of the MemberAdd call (with an empty token, as etcd's MemberAdd passes). The time is
+//!   why a member removed and added again gets a new id;
+//! - the cluster's id is the same digest of the sorted member ids as 8-byte big-endian words.
+//!
+//! Once written, the identity file wins over flags: a restarted member keeps its ids even if its
+//! URLs changed, and a member refuses to start in a data directory that belongs to another
+//! cluster.
 
 use std::path::Path;
 
@@ -15,39 +22,39 @@ use crate::error::CoreError;
 
 const IDENTITY_FILE: &str = "member.json";
 
-fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in *p {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // A separator keeps ("ab","c") and ("a","bc") apart.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    // 0 means "none" in raft and in etcd's API.
-    if h == 0 {
-        1
-    } else {
-        h
-    }
+/// The first 8 bytes of the SHA-1 digest, big-endian, as etcd's `binary.BigEndian.Uint64(hash[:8])`.
+fn sha1_u64(bytes: &[u8]) -> u64 {
+    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, bytes);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_ref()[..8]);
+    u64::from_be_bytes(first)
 }
 
-/// A member's id: from its sorted peer URLs and the cluster token, as etcd does.
-pub fn member_id(member: &InitialMember, cluster_token: &str) -> u64 {
-    let mut urls = member.peer_urls.clone();
+/// A member's id, as etcd's `membership.NewMember(name, peerURLs, clusterName, now)`: the sorted
+/// peer URLs concatenated (no separator, as etcd), the cluster token, and for a member added at
+/// runtime the Unix second it was added (`added_at_unix_s`); bootstrap members have none.
+pub fn member_id(peer_urls: &[String], cluster_token: &str, added_at_unix_s: Option<u64>) -> u64 {
+    let mut urls = peer_urls.to_vec();
     urls.sort();
-    let joined = urls.join(",");
-    fnv1a64(&[joined.as_bytes(), cluster_token.as_bytes()])
+    let mut bytes = urls.concat().into_bytes();
+    bytes.extend_from_slice(cluster_token.as_bytes());
+    if let Some(s) = added_at_unix_s {
+        bytes.extend_from_slice(s.to_string().as_bytes());
+    }
+    sha1_u64(&bytes)
 }
 
-/// The cluster's id: from the sorted member ids, so all members agree.
+/// The id of a bootstrap member (`--initial-cluster`), as etcd's `NewClusterFromURLsMap`.
+pub fn initial_member_id(member: &InitialMember, cluster_token: &str) -> u64 {
+    member_id(&member.peer_urls, cluster_token, None)
+}
+
+/// The cluster's id: from the sorted member ids, as etcd's `RaftCluster.genID`.
 pub fn cluster_id(member_ids: &[u64]) -> u64 {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
     let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_be_bytes()).collect();
-    fnv1a64(&[&bytes])
+    sha1_u64(&bytes)
 }
 
 /// One member as the cluster knows it.
@@ -79,7 +86,7 @@ impl Identity {
             .initial_cluster
             .iter()
             .map(|m| Member {
-                id: member_id(m, &cfg.initial_cluster_token),
+                id: initial_member_id(m, &cfg.initial_cluster_token),
                 name: m.name.clone(),
                 peer_urls: m.peer_urls.clone(),
                 // Client URLs are published through the log once the member runs (MemberAttributes),
@@ -112,7 +119,6 @@ impl Identity {
     /// flags into a new one. A data directory of another cluster is refused.
     pub fn load_or_create(cfg: &Config) -> Result<(Identity, Bootstrap), CoreError> {
         let path = cfg.data_dir.join(IDENTITY_FILE);
-        let fresh = Identity::from_config(cfg);
         match std::fs::read(&path) {
             Ok(bytes) => {
                 let stored: Identity = serde_json::from_slice(&bytes).map_err(|e| {
@@ -129,6 +135,20 @@ impl Identity {
                 Ok((stored, Bootstrap::Restart))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let fresh = match cfg.initial_cluster_state {
+                    // MemberAdd made this member's id with the time in it: ask the cluster.
+                    crate::config::ClusterState::Existing => {
+                        let joined = crate::join::learn_identity(cfg)?;
+                        Identity {
+                            member_id: joined.member_id,
+                            cluster_id: joined.cluster_id,
+                            name: cfg.name.clone(),
+                            cluster_token: cfg.initial_cluster_token.clone(),
+                            members: joined.members,
+                        }
+                    }
+                    crate::config::ClusterState::New => Identity::from_config(cfg),
+                };
                 write_durably(
                     &cfg.data_dir,
                     &path,
@@ -193,17 +213,41 @@ mod tests {
 
     #[test]
     fn ids_depend_on_urls_and_token_only() {
-        let a = member_id(&member("a", "http://127.0.0.1:2380"), "t");
+        let a = initial_member_id(&member("a", "http://127.0.0.1:2380"), "t");
         assert_eq!(
             a,
-            member_id(&member("renamed", "http://127.0.0.1:2380"), "t")
+            initial_member_id(&member("renamed", "http://127.0.0.1:2380"), "t")
         );
         assert_ne!(
             a,
-            member_id(&member("a", "http://127.0.0.1:2380"), "other-token")
+            initial_member_id(&member("a", "http://127.0.0.1:2380"), "other-token")
         );
-        assert_ne!(a, member_id(&member("a", "http://127.0.0.1:2381"), "t"));
+        assert_ne!(
+            a,
+            initial_member_id(&member("a", "http://127.0.0.1:2381"), "t")
+        );
         assert_eq!(cluster_id(&[3, 1, 2]), cluster_id(&[1, 2, 3]));
         assert_ne!(cluster_id(&[1, 2]), cluster_id(&[1, 2, 3]));
+    }
+
+    /// etcd with no flags (member "default" at http://localhost:2380, token "etcd-cluster")
+    /// reports member 8e9e05c52164694d in cluster cdf818194e3a8c32: every etcd user has seen
+    /// these two numbers, and Keel with no flags must report the same.
+    #[test]
+    fn the_default_ids_are_etcds() {
+        let id = initial_member_id(&member("default", "http://localhost:2380"), "etcd-cluster");
+        assert_eq!(format!("{id:x}"), "8e9e05c52164694d");
+        assert_eq!(format!("{:x}", cluster_id(&[id])), "cdf818194e3a8c32");
+    }
+
+    /// A member added at runtime mixes in the second of the call, so the same URLs added again
+    /// later get another id, as in etcd.
+    #[test]
+    fn runtime_added_members_mix_in_the_time() {
+        let urls = vec!["http://127.0.0.1:2380".to_string()];
+        let first = member_id(&urls, "", Some(1_700_000_000));
+        assert_ne!(first, member_id(&urls, "", Some(1_700_000_001)));
+        assert_ne!(first, member_id(&urls, "", None));
+        assert_eq!(first, member_id(&urls, "", Some(1_700_000_000)));
     }
 }

@@ -100,6 +100,13 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     }
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
+    if let Some(path) = &config.config_file {
+        // etcd's words, which operators grep for.
+        tracing::info!(
+            path = %path.display(),
+            "loaded server configuration, other configuration command line flags and environment variables will be ignored if provided"
+        );
+    }
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }

@@ -69,9 +69,24 @@ const FRAME_KEEPALIVE_REPLY: u8 = 2;
 const FRAME_HASHKV: u8 = 3;
 const FRAME_HASHKV_REPLY: u8 = 4;
 const FRAME_PROPOSAL_REFUSED: u8 = 5;
+/// The answer to [`MEMBERS_QUERY`]: cluster id u64, member count u32, then per member its id
+/// u64, its peer URL count u16, and each URL as a u16 length and its bytes.
+const FRAME_MEMBERS_REPLY: u8 = 6;
+/// The largest members reply read: a cluster has a handful of members, and the bound keeps a
+/// hostile answer from making a joining member allocate.
+pub const MEMBERS_REPLY_BYTES_MAX: usize = 1 << 20;
+/// A joining member's question "which member am I, in which cluster": a handshake from member
+/// 0 to member 0, which no member has. The answer is one members-reply frame (every member's id
+/// and peer URLs, as etcd's peers answer `GET /members`), then the connection closes. A member
+/// running an older build refuses the handshake ("meant for another member") and closes.
+pub const MEMBERS_QUERY: Hello = Hello {
+    cluster_id: 0,
+    from: 0,
+    to: 0,
+};
 /// Sent back to the dialer of a connection, with an empty body: "you were removed from the
 /// cluster" (etcd's 410 Gone on its peer handlers).
-const FRAME_MEMBER_REMOVED: u8 = 6;
+const FRAME_MEMBER_REMOVED: u8 = 7;
 /// The largest frame a dialer reads back from the member it dialed (only the removed notice
 /// travels that way; larger ones are refused as damage).
 const ANSWER_FRAME_BYTES_MAX: usize = 64;
@@ -360,6 +375,66 @@ pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
     Ok(incoming)
 }
 
+/// A members reply: the cluster id, and every member's id and peer URLs.
+pub type MembersReply = (u64, Vec<(u64, Vec<String>)>);
+
+/// Encodes a members reply as a whole frame (length prefix included).
+pub fn encode_members_reply(cluster_id: u64, members: &[(u64, Vec<String>)]) -> Vec<u8> {
+    let mut buf = vec![0; 4];
+    buf.push(FRAME_MEMBERS_REPLY);
+    buf.extend_from_slice(&cluster_id.to_be_bytes());
+    buf.extend_from_slice(&(members.len() as u32).to_be_bytes());
+    for (id, urls) in members {
+        buf.extend_from_slice(&id.to_be_bytes());
+        buf.extend_from_slice(&(urls.len() as u16).to_be_bytes());
+        for url in urls {
+            // Peer URLs are checked at startup and by MemberAdd; none is near 64 KiB.
+            let bytes = &url.as_bytes()[..url.len().min(u16::MAX as usize)];
+            buf.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+            buf.extend_from_slice(bytes);
+        }
+    }
+    let len = (buf.len() - 4) as u32;
+    buf[..4].copy_from_slice(&len.to_be_bytes());
+    buf
+}
+
+/// Reads a members reply's payload (without its length prefix): the cluster id and every
+/// member's id and peer URLs.
+pub fn parse_members_reply(frame: &[u8]) -> std::io::Result<MembersReply> {
+    let bad = || std::io::Error::other("malformed members reply");
+    let mut rest = match frame.split_first() {
+        Some((&FRAME_MEMBERS_REPLY, body)) => body,
+        _ => return Err(bad()),
+    };
+    let mut take = |n: usize| -> std::io::Result<&[u8]> {
+        if rest.len() < n {
+            return Err(bad());
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    let cluster_id = u64::from_be_bytes(take(8)?.try_into().expect("8 bytes"));
+    let count = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes"));
+    let mut members = Vec::new();
+    for _ in 0..count {
+        let id = u64::from_be_bytes(take(8)?.try_into().expect("8 bytes"));
+        let url_count = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes"));
+        let mut urls = Vec::new();
+        for _ in 0..url_count {
+            let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
+            let url = std::str::from_utf8(take(len)?).map_err(|_| bad())?;
+            urls.push(url.to_string());
+        }
+        members.push((id, urls));
+    }
+    if !rest.is_empty() {
+        return Err(bad());
+    }
+    Ok((cluster_id, members))
+}
+
 /// A connection a sender dialed: plaintext for http peer URLs, TLS for https ones.
 enum Dialed {
     Plain(TcpStream),
@@ -373,6 +448,9 @@ pub struct Transport {
     cluster_id: Cell<u64>,
     learned_cluster_id: Cell<Option<u64>>,
     peers: RefCell<HashMap<u64, Rc<Peer>>>,
+    /// Every member's id and peer URLs as last given to `set_peers` (this member included):
+    /// what a joining member's [`MEMBERS_QUERY`] is answered with.
+    members: RefCell<Vec<(u64, Vec<String>)>>,
     inbox: RefCell<VecDeque<Message>>,
     control: RefCell<VecDeque<Control>>,
     inbox_signal: Signal,
@@ -419,6 +497,7 @@ impl Transport {
             cluster_id: Cell::new(cluster_id),
             learned_cluster_id: Cell::new(None),
             peers: RefCell::new(HashMap::new()),
+            members: RefCell::new(Vec::new()),
             inbox: RefCell::new(VecDeque::new()),
             control: RefCell::new(VecDeque::new()),
             inbox_signal: Signal::default(),
@@ -470,6 +549,7 @@ impl Transport {
     /// Makes the set of peers match `members` (id and peer URLs), starting a sender task for
     /// each new one and stopping those no longer listed.
     pub fn set_peers(self: &Rc<Self>, members: &[(u64, Vec<String>)]) {
+        *self.members.borrow_mut() = members.to_vec();
         let mut peers = self.peers.borrow_mut();
         for (id, urls) in members {
             if *id == self.me {
@@ -1001,9 +1081,25 @@ impl Transport {
         &self,
         stream: S,
     ) -> std::io::Result<()> {
-        // The write half only ever carries the removed notice back.
-        let (mut reader, writer) = futures_lite::io::split(stream);
+        // The write half only ever carries an answer back: the members reply, or the removed
+        // notice.
+        let (mut reader, mut writer) = futures_lite::io::split(stream);
         let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES).await?)?;
+        if hello == MEMBERS_QUERY {
+            // A member joining with --initial-cluster-state existing asks who it is (its id
+            // was made by MemberAdd, with the time in it). Only a member that knows the
+            // cluster's id answers: a joining one does not know it yet.
+            let cluster_id = self.cluster_id.get();
+            if cluster_id == 0 {
+                return Err(std::io::Error::other(
+                    "members query to a member that is joining itself",
+                ));
+            }
+            let reply = encode_members_reply(cluster_id, &self.members.borrow());
+            writer.write_all(&reply).await?;
+            writer.flush().await?;
+            return Ok(());
+        }
         let Hello {
             cluster_id,
             from,
@@ -1132,5 +1228,47 @@ mod tests {
         // With a body it is no notice: a newer build's frame of that kind is refused as
         // damage, never taken as "you were removed".
         assert!(parse_frame(&[FRAME_MEMBER_REMOVED, 0], 7).is_err());
+    }
+
+    #[test]
+    fn a_members_reply_round_trips_and_damage_is_refused() {
+        let members = vec![
+            (
+                0x8e9e_05c5_2164_694d,
+                vec!["http://10.0.0.1:2380".to_string()],
+            ),
+            (
+                7,
+                vec![
+                    "https://a.example:2380".to_string(),
+                    "https://b.example:2380".to_string(),
+                ],
+            ),
+            (9, vec![]),
+        ];
+        let frame = encode_members_reply(0xcdf8, &members);
+        let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+        assert_eq!(
+            parse_members_reply(&frame[4..]).expect("parses"),
+            (0xcdf8, members)
+        );
+        for cut in 0..frame.len() - 4 {
+            assert!(
+                parse_members_reply(&frame[4..4 + cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = frame[4..].to_vec();
+        longer.push(0);
+        assert!(parse_members_reply(&longer).is_err(), "trailing bytes");
+        let mut other_kind = frame[4..].to_vec();
+        other_kind[0] = FRAME_RAFT;
+        assert!(parse_members_reply(&other_kind).is_err());
+        // The query is a handshake no member sends: from 0 to 0.
+        assert_eq!(
+            parse_hello(&encode_hello(MEMBERS_QUERY)[4..]).unwrap(),
+            MEMBERS_QUERY
+        );
     }
 }

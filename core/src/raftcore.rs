@@ -220,7 +220,6 @@ impl RaftCore {
             id: shared.member_id(),
             name: shared.config.name.clone(),
             advertise_client_urls: shared.config.advertise_client_urls.clone(),
-            cluster_token: shared.identity.cluster_token.clone(),
             request_timeout_ms: shared.request_timeout().as_millis() as u64,
             tick_ms: shared.config.heartbeat_interval_ms,
             snapshot_count: shared.config.snapshot_count,

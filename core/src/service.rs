@@ -712,6 +712,10 @@ impl Api {
         let change = MemberChange::Add {
             peer_urls: r.peer_ur_ls.clone(),
             learner: r.is_learner,
+            // etcd's MemberAdd mixes the wall-clock second of the call into the new id.
+            added_at_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         };
         let (id, members) = self.member_change(change).await?;
         let member = members.iter().find(|m| m.id == id).cloned();

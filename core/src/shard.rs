@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{select, Either};
 use keel_grpc::{serve_connection, Runtime, ServerConfig};
+
+use crate::host_whitelist::{HostChecked, HostWhitelist};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::config::{Config, Scheme};
@@ -259,12 +261,33 @@ async fn run(
         runtime,
     });
     let mut tasks: Vec<Pin<Box<dyn Future<Output = ()>>>> = Vec::new();
+    // --host-whitelist guards the client listeners' plaintext HTTP, as etcd's does; the
+    // metrics listener is not checked there either.
+    let host_check = shared
+        .config
+        .host_whitelist
+        .restricts()
+        .then(|| Rc::new(shared.config.host_whitelist.clone()));
     for (i, (addr, listener, tls)) in listeners.into_iter().enumerate() {
         if i < client_count {
-            let accept = accept_loop(serving.clone(), serving.api.clone(), addr, listener, tls);
+            let accept = accept_loop(
+                serving.clone(),
+                serving.api.clone(),
+                addr,
+                listener,
+                tls,
+                host_check.clone(),
+            );
             tasks.push(Box::pin(rt::spawn_local_handle(accept)));
         } else {
-            let accept = accept_loop(serving.clone(), metrics_only.clone(), addr, listener, tls);
+            let accept = accept_loop(
+                serving.clone(),
+                metrics_only.clone(),
+                addr,
+                listener,
+                tls,
+                None,
+            );
             tasks.push(Box::pin(rt::spawn_local_handle(accept)));
         }
     }
@@ -272,15 +295,35 @@ async fn run(
         let limit = serving.limit.clone();
         // A unix peer has no address: the limit's log line names the wildcard instead.
         let admit = move || limit.admit(SocketAddr::from(([0, 0, 0, 0], 0)), None);
-        let accept = extra_listeners::accept_unix(
-            path,
-            listener,
-            serving.api.clone(),
-            serving.config.clone(),
-            serving.runtime.clone(),
-            admit,
-        );
-        tasks.push(Box::pin(rt::spawn_local_handle(accept)));
+        // A unix listener is plaintext: etcd checks its HTTP requests' Host too.
+        match &host_check {
+            None => {
+                let accept = extra_listeners::accept_unix(
+                    path,
+                    listener,
+                    serving.api.clone(),
+                    serving.config.clone(),
+                    serving.runtime.clone(),
+                    admit,
+                );
+                tasks.push(Box::pin(rt::spawn_local_handle(accept)));
+            }
+            Some(whitelist) => {
+                let checked = Rc::new(HostChecked {
+                    inner: serving.api.clone(),
+                    whitelist: whitelist.clone(),
+                });
+                let accept = extra_listeners::accept_unix(
+                    path,
+                    listener,
+                    checked,
+                    serving.config.clone(),
+                    serving.runtime.clone(),
+                    admit,
+                );
+                tasks.push(Box::pin(rt::spawn_local_handle(accept)));
+            }
+        }
     }
     for t in tasks {
         t.await;
@@ -297,13 +340,15 @@ struct Serving {
 }
 
 /// Accepts on one listener, serving its connections with `handler` (the etcd API, or only the
-/// metrics endpoints); `tls` is its acceptor when the listener is https.
+/// metrics endpoints); `tls` is its acceptor when the listener is https; `host_check` is the
+/// `--host-whitelist` its plaintext HTTP requests must match, if it restricts anything.
 async fn accept_loop<H: crate::auth::ServesCertUser>(
     serving: Rc<Serving>,
     handler: Rc<H>,
     addr: SocketAddr,
     listener: TcpListener,
     tls: Option<Rc<Acceptor>>,
+    host_check: Option<Rc<HostWhitelist>>,
 ) {
     let Serving {
         shard,
@@ -335,11 +380,20 @@ async fn accept_loop<H: crate::auth::ServesCertUser>(
                 // Small unary calls must not wait for Nagle's timer.
                 let _ = stream.set_nodelay(true);
                 let (api, config, runtime) = (api.clone(), config.clone(), runtime.clone());
-                let tls = tls.clone();
+                let (tls, host_check) = (tls.clone(), host_check.clone());
                 rt::spawn_local(async move {
-                    let served = match tls {
-                        None => serve_connection(stream.compat(), api, config, runtime).await,
-                        Some(acceptor) => {
+                    let served = match (tls, host_check) {
+                        (None, None) => {
+                            serve_connection(stream.compat(), api, config, runtime).await
+                        }
+                        (None, Some(whitelist)) => {
+                            let checked = Rc::new(HostChecked {
+                                inner: api,
+                                whitelist,
+                            });
+                            serve_connection(stream.compat(), checked, config, runtime).await
+                        }
+                        (Some(acceptor), _) => {
                             let handshake = pin!(acceptor.accept(stream));
                             // A client that connects and never finishes the handshake must not
                             // hold a task, a slot and a socket: the same bound as the preface.

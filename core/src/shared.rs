@@ -117,6 +117,10 @@ pub enum MemberChange {
     Add {
         peer_urls: Vec<String>,
         learner: bool,
+        /// The Unix second the MemberAdd call arrived, mixed into the new member's id as etcd
+        /// does: read where the call is received, because the member state machine reads no
+        /// clock.
+        added_at_unix_s: u64,
     },
     Remove {
         id: u64,

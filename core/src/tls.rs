@@ -412,6 +412,12 @@ impl Connector {
         })
     }
 
+    /// The dialing configuration as the files are now (for a blocking dial before the raft core
+    /// runs: a joining member asking its peers who it is).
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        self.configs.current()
+    }
+
     /// Runs the client side of a handshake with the member at `host` (the peer URL's host,
     /// which its certificate must name unless auto TLS skips verification). The caller bounds
     /// it in time.

@@ -562,7 +562,7 @@ pub fn raft_message(data: &[u8]) {
 /// incoming connection, read as the transport reads it (length prefix under the frame limit,
 /// the handshake, then frames until one is refused).
 pub fn peer_frames(data: &[u8]) {
-    use keel_core::peer::{frame_len, parse_frame, parse_hello};
+    use keel_core::peer::{frame_len, parse_frame, parse_hello, parse_members_reply};
     const FRAME_BYTES_MAX: usize = 64 * 1024;
     const HANDSHAKE_BYTES: usize = 36;
     let mut rest = bounded(data);
@@ -580,6 +580,13 @@ pub fn peer_frames(data: &[u8]) {
         return;
     };
     while let Some(frame) = next(FRAME_BYTES_MAX) {
+        // A joining member reads a members reply from the same kind of stream.
+        if let Ok((_, members)) = parse_members_reply(frame) {
+            assert!(
+                members.len() * 10 <= frame.len(),
+                "each member takes 10 bytes at least"
+            );
+        }
         if parse_frame(frame, hello.from).is_err() {
             return;
         }

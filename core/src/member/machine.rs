@@ -130,8 +130,6 @@ pub struct MemberConfig {
     /// This member's name and client URLs, published into the membership once a leader is known.
     pub name: String,
     pub advertise_client_urls: Vec<String>,
-    /// Derives a joining member's id from its peer URLs.
-    pub cluster_token: String,
     /// etcd's request timeout: a call not answered by then gets "request timed out".
     pub request_timeout_ms: u64,
     /// One raft tick (etcd's heartbeat interval).
@@ -931,7 +929,7 @@ impl Member {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let deadline_ms = now_ms + self.config.request_timeout_ms;
-        let plan = membership::plan(&self.members, &change, &self.config.cluster_token);
+        let plan = membership::plan(&self.members, &change);
         let (change_type, node_id, member) = match plan {
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -1862,7 +1860,6 @@ mod tests {
             id: 1,
             name: "one".into(),
             advertise_client_urls: vec!["http://127.0.0.1:2379".into()],
-            cluster_token: "test".into(),
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             tick_ms: TICK_MS,
             snapshot_count: 10_000,
@@ -2302,7 +2299,6 @@ mod tests {
                         id,
                         name: format!("m{id}"),
                         advertise_client_urls: vec![format!("http://127.0.0.{id}:2379")],
-                        cluster_token: "test".into(),
                         request_timeout_ms: REQUEST_TIMEOUT_MS,
                         tick_ms: TICK_MS,
                         snapshot_count: 10_000,

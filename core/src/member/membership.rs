@@ -38,26 +38,22 @@ pub enum Plan {
 }
 
 /// Checks a membership call against the current members, as etcd does before proposing.
-/// `cluster_token` derives a new member's id from its peer URLs.
-pub fn plan(
-    members: &[Member],
-    change: &MemberChange,
-    cluster_token: &str,
-) -> Result<Plan, EtcdError> {
+pub fn plan(members: &[Member], change: &MemberChange) -> Result<Plan, EtcdError> {
     let find = |id: u64| members.iter().find(|m| m.id == id).cloned();
     match change {
-        MemberChange::Add { peer_urls, learner } => {
+        MemberChange::Add {
+            peer_urls,
+            learner,
+            added_at_unix_s,
+        } => {
             if members
                 .iter()
                 .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
             {
                 return Err(EtcdError::PeerUrlExist);
             }
-            let probe = crate::config::InitialMember {
-                name: String::new(),
-                peer_urls: peer_urls.clone(),
-            };
-            let id = crate::ids::member_id(&probe, cluster_token);
+            // etcd's MemberAdd passes an empty cluster name and the time of the call.
+            let id = crate::ids::member_id(peer_urls, "", Some(*added_at_unix_s));
             if find(id).is_some() {
                 return Err(EtcdError::MemberExist);
             }
@@ -159,9 +155,10 @@ pub fn after_conf_change(
 }
 
 /// The removed member ids after an applied ConfChange: a removal adds its id (etcd's
-/// `members_removed`). An addition takes its id out again: Keel derives a member's id from its
-/// peer URLs alone (etcd hashes in the time), so a member replaced on the same URLs comes back
-/// under the id it was removed with, and must be let in.
+/// `members_removed`). An addition takes its id out again, so an id that comes back is let
+/// in: MemberAdd hashes the time into new ids, as etcd does, but members added by earlier
+/// builds have ids derived from their peer URLs alone, and one replaced on the same URLs
+/// comes back under the id it was removed with.
 pub fn removed_after_conf_change(removed: &BTreeSet<u64>, cc: &ConfChange) -> BTreeSet<u64> {
     let mut removed = removed.clone();
     match cc.change_type {
@@ -267,21 +264,22 @@ mod tests {
         let add_taken = MemberChange::Add {
             peer_urls: vec!["http://a:2380".into()],
             learner: false,
+            added_at_unix_s: 1_700_000_000,
         };
-        assert_eq!(plan(&ms, &add_taken, "t"), Err(EtcdError::PeerUrlExist));
+        assert_eq!(plan(&ms, &add_taken), Err(EtcdError::PeerUrlExist));
         assert_eq!(
-            plan(&ms, &MemberChange::Remove { id: 9 }, "t"),
+            plan(&ms, &MemberChange::Remove { id: 9 }),
             Err(EtcdError::MemberNotFound)
         );
         assert_eq!(
-            plan(&ms, &MemberChange::Promote { id: 1 }, "t"),
+            plan(&ms, &MemberChange::Promote { id: 1 }),
             Err(EtcdError::MemberNotLearner)
         );
         let update = MemberChange::Update {
             id: 9,
             peer_urls: vec![],
         };
-        assert_eq!(plan(&ms, &update, "t"), Err(EtcdError::MemberNotFound));
+        assert_eq!(plan(&ms, &update), Err(EtcdError::MemberNotFound));
     }
 
     #[test]
@@ -290,12 +288,13 @@ mod tests {
         let add = MemberChange::Add {
             peer_urls: vec!["http://c:2380".into()],
             learner: true,
+            added_at_unix_s: 1_700_000_000,
         };
         let Ok(Plan::ConfChange {
             change_type,
             node_id,
             member,
-        }) = plan(&ms, &add, "t")
+        }) = plan(&ms, &add)
         else {
             panic!("an add of a new URL is planned as a conf change");
         };
@@ -318,7 +317,7 @@ mod tests {
             change_type,
             node_id,
             member,
-        }) = plan(&ms, &MemberChange::Promote { id: 2 }, "t")
+        }) = plan(&ms, &MemberChange::Promote { id: 2 })
         else {
             panic!("promoting a learner is a conf change");
         };

@@ -263,8 +263,8 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
     c.kill9(replaced);
     std::fs::remove_dir_all(&c.members[replaced].data_dir).expect("wiping the data dir");
     c.etcdctl(leader, &["member", "remove", &old_id]).ok();
-    // The replacement reuses the old id (see below), so it must not replay its own removal:
-    // write enough after it that a leader's checkpoint covers it before the replacement joins
+    let removed_at = std::time::Instant::now();
+    // Write enough that a leader's checkpoint covers the removal before the replacement joins
     // and is sent the newest one. Checkpoints are written beside the raft loop and land a
     // little after they are due, so write twice --snapshot-count, not just past it.
     let snapshot_count: usize = SNAPSHOT_COUNT.parse().expect("a number");
@@ -273,6 +273,9 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
         "while-replacing/",
         2 * snapshot_count,
     );
+    // Ids mix in the second of the MemberAdd, as etcd's do: add in a later second than the
+    // removal, or the replacement would get the removed id back.
+    std::thread::sleep(Duration::from_millis(1_100).saturating_sub(removed_at.elapsed()));
     let name = c.members[replaced].name.clone();
     let again = c.add_member(leader, &name, Voting::Voter, Some(replaced));
     assert_eq!(again, replaced);
@@ -286,12 +289,17 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
     }
     let listed = c.member_list(replaced);
     assert_eq!(listed.len(), 3, "after replace: {listed:?}");
-    // etcd would give the re-added member a fresh id (it hashes in the time); keel derives ids
-    // from the peer URLs only, so the replacement reuses the old id (reported as a bug).
+    // As in etcd, the re-added member gets a fresh id (the time of the MemberAdd is hashed in),
+    // and it learned that id from its peers when it joined.
     let replacement = listed
         .iter()
         .find(|m| m.peer_urls.contains(&c.members[replaced].peer_url()))
         .expect("the replacement is listed under its old URL");
+    assert_ne!(
+        format!("{:x}", replacement.id),
+        old_id,
+        "the replacement has a new id"
+    );
     assert!(
         !replacement.is_learner,
         "the replacement was added as a voter"

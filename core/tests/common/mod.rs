@@ -94,8 +94,8 @@ pub fn require_tool(tool: &str) {
         .is_ok();
     assert!(
         found,
-        "`{tool}` is not installed or not on PATH: the end-to-end tests need etcd 3.4's etcd and etcdctl \
-         (Debian: apt-get install etcd-server etcd-client)"
+        "`{tool}` is not installed or not on PATH: .ci/run installs every tool the tests use \
+         (etcd 3.4's etcd and etcdctl: apt-get install etcd-server etcd-client)"
     );
 }
 

@@ -1,7 +1,8 @@
 //! The JSON gateway (`POST /v3/...`), differential against etcd 3.4's grpc-gateway: the same
 //! requests to a fresh Keel and a fresh etcd must get the same HTTP status and the same JSON,
 //! apart from the member and cluster ids. The streaming calls (`/v3/watch`,
-//! `/v3/lease/keepalive`) are compared line by line, read as they arrive.
+//! `/v3/lease/keepalive`) are compared line by line, read as they arrive. One test makes the
+//! calls with the real `curl`, as operators do, a watch included (`curl -N`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -705,4 +706,78 @@ fn gateway_posts_over_plaintext_http2_are_not_served_as_etcd_serves_none() {
         assert!(ours == 415 || ours == 0, "keel answered {ours}");
         assert_eq!(h2c_post(&etcd, "/v3/kv/range", r#"{"key":"YQ=="}"#), 0);
     }
+}
+
+/// One request made with the real `curl`, as an operator types it: (status, body).
+fn curl(addr: &str, method: &str, path: &str, body: &str, extra: &[&str]) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-X", method, "-d", body, "-w", "\n%{http_code}"])
+        .args(extra)
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').expect("curl printed the status");
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The same calls made with curl, and a watch streamed with `curl -N` while another curl
+/// writes, give the same answers from Keel as from etcd 3.4.
+#[test]
+fn curl_gets_the_same_json_from_keel_as_from_etcd() {
+    crate::common::require_tool("curl");
+    let mut transcripts = Vec::new();
+    for server in [Server::keel(&[]), Server::etcd(&[])] {
+        let addr = server.endpoint();
+        let mut answers: Vec<(u16, Value)> = CALLS
+            .iter()
+            .map(|(method, path, body, compare)| {
+                let (status, text) = curl(&addr, method, path, body, &[]);
+                let json = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+                let json = match compare {
+                    Compare::Body => normalize(json),
+                    Compare::StatusAndCode => json.get("code").cloned().unwrap_or(Value::Null),
+                };
+                (status, json)
+            })
+            .collect();
+        // A watch streamed by curl -N for two seconds, with a put made meanwhile.
+        let watch = std::process::Command::new("curl")
+            .args(["-s", "-N", "--max-time", "2", "-X", "POST", "-d"])
+            .arg(r#"{"create_request":{"key":"d2F0Y2hlZA=="}}"#)
+            .arg(format!("http://{addr}/v3/watch"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl runs");
+        std::thread::sleep(Duration::from_millis(700));
+        let put = curl(
+            &addr,
+            "POST",
+            "/v3/kv/put",
+            r#"{"key":"d2F0Y2hlZA==","value":"c2Vlbg=="}"#,
+            &[],
+        );
+        assert_eq!(put.0, 200, "{put:?}");
+        let streamed = watch.wait_with_output().expect("curl ends");
+        for line in String::from_utf8_lossy(&streamed.stdout).lines() {
+            let v: Value = serde_json::from_str(line).expect("a JSON line");
+            // The watch id is the server's choice.
+            let mut v = normalize(v);
+            if let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) {
+                result.remove("watch_id");
+            }
+            answers.push((200, v));
+        }
+        transcripts.push(answers);
+    }
+    let (ours, theirs) = (&transcripts[0], &transcripts[1]);
+    assert!(
+        ours.iter()
+            .any(|(_, v)| v["result"]["events"][0]["kv"]["value"] == "c2Vlbg=="),
+        "the watch streamed the put: {ours:?}"
+    );
+    assert_eq!(
+        ours, theirs,
+        "Keel (left) and etcd (right) differ under curl"
+    );
 }

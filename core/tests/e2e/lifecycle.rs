@@ -114,3 +114,191 @@ fn the_metrics_listener_serves_metrics_and_health_but_not_the_api() {
         server.stop();
     }
 }
+
+/// `etcdctl member list -w json`: (cluster id, [(member id, name)]), ids in hex.
+fn ids_and_names(server: &Server) -> (String, Vec<(String, String)>) {
+    let v = server
+        .etcdctl(&["member", "list", "-w", "json"])
+        .ok()
+        .json();
+    let members = v["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| {
+            (
+                format!("{:x}", m["ID"].as_u64().expect("ID")),
+                m["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    (
+        format!(
+            "{:x}",
+            v["header"]["cluster_id"].as_u64().expect("cluster_id")
+        ),
+        members,
+    )
+}
+
+/// The same `--config-file` given to Keel and to etcd 3.4: both take every setting from it and
+/// ignore the command line's other flags and the `ETCD_*` variables, and both derive the same
+/// member and cluster ids from it (ids come from the peer URLs and the cluster token, as etcd
+/// derives them).
+#[test]
+fn a_config_file_configures_keel_as_it_configures_etcd_and_gives_etcds_ids() {
+    let mut seen = Vec::new();
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let (client, peer) = (free_port(), free_port());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("etcd.conf.yml");
+        // The advertised peer URL is not listened on: a one-member cluster never dials itself,
+        // and a fixed URL gives both servers the same ids.
+        std::fs::write(
+            &file,
+            format!(
+                "# etcd.conf.yml.sample's shape\n\
+                 name: 'from-file'\n\
+                 data-dir: {data}\n\
+                 snapshot-count: 10000\n\
+                 heartbeat-interval: 100\n\
+                 election-timeout: 1000\n\
+                 listen-peer-urls: http://127.0.0.1:{peer}\n\
+                 listen-client-urls: http://127.0.0.1:{client}\n\
+                 initial-advertise-peer-urls: http://10.11.12.13:2380\n\
+                 advertise-client-urls: http://127.0.0.1:{client}\n\
+                 initial-cluster: from-file=http://10.11.12.13:2380\n\
+                 initial-cluster-token: 'keel-config-file-test'\n\
+                 initial-cluster-state: 'new'\n\
+                 strict-reconfig-check: false\n\
+                 discovery:\n\
+                 client-transport-security:\n  cert-file:\n  client-cert-auth: false\n  auto-tls: false\n\
+                 auto-compaction-mode: periodic\n\
+                 auto-compaction-retention: \"1\"\n\
+                 log-outputs: [stderr]\n",
+                data = dir.path().join("data").display()
+            ),
+        )
+        .expect("write the config file");
+        let file_arg = file.display().to_string();
+        // The harness's own flags (--name e2e, its data dir, ...) and ETCD_NAME are ignored.
+        let mut server = Server::start_with(
+            kind,
+            client,
+            peer,
+            &["--config-file", &file_arg, "--snapshot-count", "5"],
+            &[
+                ("ETCD_NAME", "from-env"),
+                ("ETCD_INITIAL_CLUSTER_TOKEN", "env"),
+            ],
+            None,
+            None,
+        );
+        server.etcdctl(&["put", "k", "v"]).ok();
+        let (cluster, members) = ids_and_names(&server);
+        assert_eq!(members.len(), 1, "{kind:?}: {members:?}");
+        assert_eq!(members[0].1, "from-file", "{kind:?}");
+        assert!(
+            dir.path().join("data").is_dir(),
+            "{kind:?} uses the file's data dir"
+        );
+        if kind == Kind::Keel {
+            let log = settled_log(&server, "will be ignored if provided");
+            assert!(
+                log.contains("loaded server configuration, other configuration command line flags and environment variables will be ignored if provided"),
+                "{log}"
+            );
+        }
+        server.stop();
+        seen.push((cluster, members[0].0.clone()));
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "Keel and etcd derive the same (cluster id, member id) from the same settings"
+    );
+}
+
+/// A member removed and added again with the same peer URL gets a new id, on Keel as on etcd:
+/// the id of a member added at runtime mixes in the time of the call.
+#[test]
+fn a_member_added_again_gets_a_new_id_as_on_etcd() {
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let mut server = Server::start(kind, &[]);
+        let url = format!("http://127.0.0.1:{}", free_port());
+        let add = |server: &Server| -> String {
+            let v = server
+                .etcdctl(&[
+                    "member",
+                    "add",
+                    "again",
+                    "--learner",
+                    "--peer-urls",
+                    &url,
+                    "-w",
+                    "json",
+                ])
+                .ok()
+                .json();
+            format!(
+                "{:x}",
+                v["member"]["ID"].as_u64().expect("the added member's ID")
+            )
+        };
+        let first = add(&server);
+        server.etcdctl(&["member", "remove", &first]).ok();
+        // etcd mixes in whole seconds.
+        std::thread::sleep(Duration::from_millis(1_100));
+        let second = add(&server);
+        assert_ne!(first, second, "{kind:?}: a re-added member gets a new id");
+        let (_, members) = ids_and_names(&server);
+        assert!(
+            members.iter().any(|(id, _)| *id == second)
+                && !members.iter().any(|(id, _)| *id == first),
+            "{kind:?}: {members:?}"
+        );
+        server.stop();
+    }
+}
+
+/// GET /health over HTTP/1.1 with `host` in the Host header: (status, body).
+fn get_with_host(addr: &str, host: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    (status, body.to_string())
+}
+
+/// `--host-whitelist` refuses plaintext HTTP requests whose Host is not listed with etcd's 421
+/// and text (DNS rebinding, CVE-2018-5702), and leaves gRPC alone, as etcd 3.4 does.
+#[test]
+fn host_whitelist_refuses_unlisted_hosts_as_etcd_does() {
+    let mut answers = Vec::new();
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let mut server = Server::start(kind, &["--host-whitelist", "127.0.0.1,keel.example"]);
+        let addr = server.endpoint();
+        server.etcdctl(&["put", "k", "v"]).ok();
+        let listed = get_with_host(&addr, &format!("keel.example:{}", server.client_port));
+        let also_listed = get_with_host(&addr, &addr);
+        let refused = get_with_host(&addr, &format!("evil.example:{}", server.client_port));
+        server.stop();
+        assert_eq!(listed.0, 200, "{kind:?}: {listed:?}");
+        assert_eq!(also_listed.0, 200, "{kind:?}: {also_listed:?}");
+        answers.push(refused);
+    }
+    assert_eq!(answers[0].0, 421, "Keel: {:?}", answers[0]);
+    assert_eq!(answers[0], answers[1], "Keel's refusal against etcd's");
+}

@@ -1,6 +1,7 @@
 //! TLS on the client port, side by side with etcd 3.4 started with the same certificates:
 //! etcdctl over TLS, a plaintext client refused, client certificate authentication, the
 //! etcd-client crate's TLS options, /health over TLS, a certificate swapped on disk, --auto-tls,
+//! --client-crl-file and --client-cert-allowed-hostname,
 //! and a handshake that never completes.
 //!
 //! The certificates are made at test time with the `openssl` CLI (EC P-256 keys).
@@ -435,29 +436,55 @@ fn a_revoked_client_certificate_is_refused_with_client_crl_file_like_etcd() {
     std::fs::write(pki.path("crlnumber"), "1000\n").expect("a CRL number");
     pki.openssl(&["ca", "-config", "ca.cnf", "-revoke", "client-ca.pem"]);
     pki.openssl(&["ca", "-config", "ca.cnf", "-gencrl", "-out", "crl.pem"]);
+    let crl = pki.arg("crl.pem");
+    accepts_one_client_and_refuses_another(
+        &pki,
+        &["--client-crl-file", &crl],
+        "client2-ca",
+        "client-ca",
+        "a revoked certificate",
+    );
+}
+
+#[test]
+fn client_cert_allowed_hostname_refuses_certificates_for_other_names_like_etcd() {
+    let pki = Pki::new();
+    pki.issue(
+        "ca",
+        "client-named",
+        "subjectAltName=DNS:client.example\nextendedKeyUsage=clientAuth\n",
+    );
+    accepts_one_client_and_refuses_another(
+        &pki,
+        &["--client-cert-allowed-hostname", "client.example"],
+        "client-named",
+        // Trusted by the CA, but not valid for client.example.
+        "client-ca",
+        "a certificate for another name",
+    );
+}
+
+/// With client certificates required (CA 1) and `extra` flags, Keel and etcd both serve the
+/// client certificate `accepted` and refuse `refused`.
+fn accepts_one_client_and_refuses_another(
+    pki: &Pki,
+    extra: &[&str],
+    accepted: &str,
+    refused: &str,
+    what: &str,
+) {
+    let ca = pki.arg("ca.pem");
+    let mut flags = vec!["--client-cert-auth", "--trusted-ca-file", &ca];
+    flags.extend_from_slice(extra);
     for kind in [Kind::Keel, Kind::Etcd] {
-        let server = start(
-            kind,
-            &pki,
-            &[
-                "--client-cert-auth",
-                "--trusted-ca-file",
-                &pki.arg("ca.pem"),
-                "--client-crl-file",
-                &pki.arg("crl.pem"),
-            ],
-            Some("client2-ca"),
-        );
-        server.etcdctl(&["put", "crl", "ok"]).ok();
-        let revoked = etcdctl_with(
+        let server = start(kind, pki, &flags, Some(accepted));
+        server.etcdctl(&["put", "k", "ok"]).ok();
+        let answer = etcdctl_with(
             &server,
-            &pki.etcdctl_flags(Some("client-ca")),
-            &["--dial-timeout=2s", "--command-timeout=3s", "get", "crl"],
+            &pki.etcdctl_flags(Some(refused)),
+            &["--dial-timeout=2s", "--command-timeout=3s", "get", "k"],
         );
-        assert_ne!(
-            revoked.code, 0,
-            "{kind:?}: a revoked certificate got {revoked:?}"
-        );
+        assert_ne!(answer.code, 0, "{kind:?}: {what} got {answer:?}");
     }
 }
 

@@ -401,7 +401,6 @@ impl World {
             id: node.id,
             name: format!("m{i}"),
             advertise_client_urls: vec![format!("http://sim-{i}:2379")],
-            cluster_token: "sim".to_string(),
             request_timeout_ms: REQUEST_TIMEOUT_MS,
             tick_ms: TICK_MS,
             snapshot_count: self.config.snapshot_count,
@@ -1234,6 +1233,8 @@ impl World {
                 let change = MemberChange::Add {
                     peer_urls: vec![format!("http://sim-{index}:2380")],
                     learner: true,
+                    // Simulated wall-clock seconds, so a seed replays the same ids.
+                    added_at_unix_s: 1_700_000_000 + self.now_ms / 1_000,
                 };
                 (change, ChangeKind::Add { index })
             }

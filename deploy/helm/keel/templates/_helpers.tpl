@@ -18,3 +18,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ $name }}-{{ $i }}=http://{{ $name }}-{{ $i }}.{{ $name }}.{{ $ns }}.svc.{{ $domain }}:{{ $port }}
 {{- end -}}
 {{- end -}}
+
+{{/* One word for /bin/sh: single quotes, each ' inside closed, escaped and reopened. `quote`
+would give double quotes, inside which the shell still expands $ and backticks. */}}
+{{- define "keel.shellQuote" -}}
+'{{ . | toString | replace "'" "'\\''" }}'
+{{- end -}}
