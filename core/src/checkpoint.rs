@@ -4,8 +4,10 @@
 //!
 //! Format (little-endian): magic "KEELCKPT", version u32, raft index u64, raft term u64,
 //! conf-state length u32 + bytes (keel-raft's encoding), cluster length u32 + JSON (version 1:
-//! the members; version 2: `{"members": [...], "alarms": [...], "auth": {...}}`, where the auth
-//! store is absent in files written before auth existed),
+//! the members; version 2: `{"members": [...], "alarms": [...], "auth": {...}, "removed": [...]}`,
+//! where the auth store is absent in files written before auth existed, and the removed member
+//! ids in files written before they were kept: such a file loads with none, as older builds load
+//! a newer file and ignore them),
 //! store-image length u64 + bytes (keel-kv's own framed checkpoint), crc32 of all before it.
 //! Any damage is an error, never a guess.
 
@@ -25,13 +27,27 @@ const VERSION: u32 = 2;
 /// Version 1 files (members only, no alarms) still load.
 const VERSION_MEMBERS_ONLY: u32 = 1;
 
-/// The replicated cluster state beside the store: membership, raised alarms, the auth store.
-#[derive(Debug, Serialize, Deserialize)]
+/// The replicated cluster state beside the store, as the file holds it: membership, raised
+/// alarms, the auth store, and the ids of removed members.
+#[derive(Debug, Deserialize)]
 struct Cluster {
     members: Vec<Member>,
     alarms: Vec<AlarmMember>,
     #[serde(default)]
     auth: AuthImage,
+    #[serde(default)]
+    removed: Vec<u64>,
+}
+
+/// The replicated cluster state a checkpoint carries beside the store image.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ClusterState<'a> {
+    pub members: &'a [Member],
+    pub alarms: &'a [AlarmMember],
+    pub auth: &'a AuthImage,
+    /// Members removed from the cluster (etcd's `members_removed`): a peer that dials in under
+    /// one of these ids is told it was removed.
+    pub removed: &'a [u64],
 }
 
 /// A decoded checkpoint.
@@ -41,6 +57,7 @@ pub struct Checkpoint {
     pub members: Vec<Member>,
     pub alarms: Vec<AlarmMember>,
     pub auth: AuthImage,
+    pub removed: Vec<u64>,
     pub kv_image: Vec<u8>,
 }
 
@@ -52,9 +69,12 @@ impl Checkpoint {
             self.meta.index,
             self.meta.term,
             &self.meta.conf_state,
-            &self.members,
-            &self.alarms,
-            &self.auth,
+            ClusterState {
+                members: &self.members,
+                alarms: &self.alarms,
+                auth: &self.auth,
+                removed: &self.removed,
+            },
             kv_image,
         )
     }
@@ -64,19 +84,12 @@ pub fn encode(
     index: u64,
     term: u64,
     conf_state: &ConfState,
-    members: &[Member],
-    alarms: &[AlarmMember],
-    auth: &AuthImage,
+    cluster: ClusterState<'_>,
     kv_image: &[u8],
 ) -> Vec<u8> {
     let mut conf = Vec::new();
     conf_state.encode(&mut conf);
-    let members = serde_json::to_vec(&Cluster {
-        members: members.to_vec(),
-        alarms: alarms.to_vec(),
-        auth: auth.clone(),
-    })
-    .expect("cluster state serializes");
+    let members = serde_json::to_vec(&cluster).expect("cluster state serializes");
     let mut out = Vec::with_capacity(kv_image.len() + conf.len() + members.len() + 64);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -149,6 +162,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
             members: serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?,
             alarms: Vec::new(),
             auth: AuthImage::default(),
+            removed: Vec::new(),
         }
     } else {
         serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?
@@ -167,6 +181,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
         members: cluster.members,
         alarms: cluster.alarms,
         auth: cluster.auth,
+        removed: cluster.removed,
         kv_image,
     })
 }
@@ -303,9 +318,16 @@ mod tests {
             }],
             roles: vec![],
         };
-        let file = encode(42, 3, &conf, &members, &alarms, &auth, b"store image");
+        let cluster = ClusterState {
+            members: &members,
+            alarms: &alarms,
+            auth: &auth,
+            removed: &[0xdead],
+        };
+        let file = encode(42, 3, &conf, cluster, b"store image");
         let cp = decode(&file).expect("valid");
         assert_eq!(cp.alarms, alarms);
+        assert_eq!(cp.removed, vec![0xdead], "removed member ids are carried");
         assert_eq!(cp.auth, auth, "the auth store is carried");
         assert_eq!(
             (cp.meta.index, cp.meta.term, cp.meta.conf_state),

@@ -199,6 +199,12 @@ pub fn write_db<W: Write + Seek>(snap: &SnapshotSource, out: W) -> Result<(W, u6
     }
     w.end_bucket()?;
     w.begin_bucket(b"members_removed")?;
+    // etcd's keys: the id in hex, as in `members`; its value: the word "removed".
+    let mut removed: Vec<String> = snap.removed.iter().map(|id| format!("{id:x}")).collect();
+    removed.sort();
+    for id in &removed {
+        w.put(id.as_bytes(), b"removed")?;
+    }
     w.end_bucket()?;
 
     w.begin_bucket(BUCKET_META)?;
@@ -621,6 +627,7 @@ mod tests {
                 client_urls: vec![],
                 is_learner: false,
             }],
+            removed: vec![0xdef],
             alarms: vec![crate::alarms::AlarmMember {
                 member_id: 0xabc,
                 alarm: 1,
@@ -722,6 +729,7 @@ mod tests {
             term: 3,
             conf_state: keel_raft::ConfState::default(),
             members: vec![],
+            removed: vec![],
             alarms: vec![],
             auth: Default::default(),
         };
@@ -772,6 +780,7 @@ mod tests {
             term: 1,
             conf_state: keel_raft::ConfState::default(),
             members: vec![],
+            removed: vec![],
             alarms: vec![],
             auth,
         }

@@ -148,40 +148,52 @@ pub fn run(config: Config) -> Result<(), CoreError> {
 }
 
 /// Ends the process because the raft core stopped on its own: logs why, naming the member and
-/// the raft position, then exits non-zero at once (the shards die with the process).
+/// the raft position, then exits at once (the shards die with the process): non-zero after a
+/// failure, 0 after this member was removed from the cluster.
 fn stop_process(shared: &Shared, error: Option<&CoreError>) -> ! {
     let member = format!("{:x}", shared.member_id());
     let term = shared.raft_term.load(Ordering::Acquire);
     let commit_index = shared.commit_index.load(Ordering::Acquire);
     let applied_index = shared.applied_index.load(Ordering::Acquire);
-    match error {
-        Some(e) => tracing::error!(
-            member,
-            term,
-            commit_index,
-            applied_index,
-            error = %e,
-            "the raft core failed; this member cannot go on and stops"
-        ),
-        None => tracing::error!(
-            member,
-            term,
-            commit_index,
-            applied_index,
-            "the raft core stopped (this member was removed from the cluster); stopping"
-        ),
-    }
+    let removed = shared.removed.load(Ordering::Acquire);
     match error {
         Some(e) => {
-            eprintln!("keel: member {member} stopped at term {term}, index {applied_index}: {e}")
+            tracing::error!(
+                member,
+                term,
+                commit_index,
+                applied_index,
+                error = %e,
+                "the raft core failed; this member cannot go on and stops"
+            );
+            eprintln!("keel: member {member} stopped at term {term}, index {applied_index}: {e}");
+            std::process::exit(EXIT_RAFT_CORE_STOPPED);
         }
-        None => eprintln!("keel: member {member} was removed from the cluster"),
+        None => {
+            // The raft loop ends without an error only when asked to stop: by a signal (not
+            // here) or by the member's removal.
+            assert!(removed, "the raft core stopped cleanly without being asked");
+            tracing::warn!(
+                member,
+                term,
+                commit_index,
+                applied_index,
+                "the raft core stopped (this member was removed from the cluster); stopping"
+            );
+            eprintln!("keel: member {member} was removed from the cluster");
+            // etcd 3.4 exits 0 here (etcdmain ends with osutil.Exit(0) once the server has
+            // stopped): a removed member must stay down, and systemd's Restart=on-failure (our
+            // keel.service, and etcd's) restarts only a non-zero exit. Restarted, it would
+            // only be told again that it was removed, in a loop.
+            std::process::exit(EXIT_REMOVED);
+        }
     }
-    std::process::exit(EXIT_RAFT_CORE_STOPPED);
 }
 
 /// The exit status when the raft core stops without being asked (1 is a startup error).
 pub const EXIT_RAFT_CORE_STOPPED: i32 = 3;
+/// The exit status of a member that stopped because it was removed from the cluster.
+pub const EXIT_REMOVED: i32 = 0;
 
 fn block_stop_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and

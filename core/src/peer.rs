@@ -13,6 +13,15 @@
 //! streams in chunks; both sides bound its size. Parsing a handshake and a frame are pure
 //! functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
 //!
+//! A connection carries frames one way, from the dialer, with one exception: a member that
+//! applied another's removal answers a connection from the removed member (at its handshake,
+//! at its next frame, or within `REMOVED_CHECK_INTERVAL` of applying the removal, so a removed
+//! member that sends nothing hears it too) with one `FRAME_MEMBER_REMOVED` frame back to the
+//! dialer, then closes it, as etcd answers 410 Gone; the dialer's member then stops (etcd's `errMemberRemoved`).
+//! A build from before this frame never reads from a connection it dialed: it sees the
+//! connection close and redials with backoff, lingering as before, and each refused dial is
+//! logged on the refusing member.
+//!
 //! TLS (`https://` peer URLs): an https listener runs the server side of a handshake (bounded
 //! by [`PEER_HANDSHAKE_TIMEOUT`]) before reading the hello; a sender dialing an https URL runs
 //! the client side, presenting this member's peer certificate, and verifies the peer's (see
@@ -20,7 +29,7 @@
 //! dialed in plaintext, as etcd does.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -75,6 +84,19 @@ pub const MEMBERS_QUERY: Hello = Hello {
     from: 0,
     to: 0,
 };
+/// Sent back to the dialer of a connection, with an empty body: "you were removed from the
+/// cluster" (etcd's 410 Gone on its peer handlers).
+const FRAME_MEMBER_REMOVED: u8 = 7;
+/// The largest frame a dialer reads back from the member it dialed (only the removed notice
+/// travels that way; larger ones are refused as damage).
+const ANSWER_FRAME_BYTES_MAX: usize = 64;
+/// How long a member that told a removed peer so keeps reading (and discarding) what that peer
+/// had already sent, before closing: closing with unread bytes resets the connection, and a
+/// reset may discard the notice before the peer reads it.
+const REMOVED_NOTICE_LINGER: Duration = Duration::from_secs(2);
+/// How often an incoming connection checks whether its sender was removed meanwhile, while the
+/// sender is silent (a removed learner sends nothing of its own accord).
+const REMOVED_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// Proposal-refused body: refusal code u8, proposal kind u8, proposal id u64.
 const PROPOSAL_REFUSED_BYTES: usize = 1 + 1 + 8;
 /// HashKV request body: request id u64, revision i64.
@@ -239,7 +261,12 @@ pub struct Hello {
 pub enum Incoming {
     Raft(Message),
     Control(Control),
-    HashKvReply { request_id: u64, reply: PeerHash },
+    HashKvReply {
+        request_id: u64,
+        reply: PeerHash,
+    },
+    /// The member this connection was dialed to says the dialer was removed from the cluster.
+    MemberRemoved,
 }
 
 /// A frame's length from its 4-byte prefix, refused above `max_bytes`.
@@ -263,6 +290,14 @@ pub fn encode_hello(hello: Hello) -> Vec<u8> {
     buf.extend_from_slice(&hello.from.to_be_bytes());
     buf.extend_from_slice(&hello.to.to_be_bytes());
     assert_eq!(buf.len(), 4 + HANDSHAKE_BYTES);
+    buf
+}
+
+/// The frame a member writes back to a removed member that dialed it (length prefix included).
+pub fn encode_member_removed() -> Vec<u8> {
+    let mut buf = Vec::with_capacity(5);
+    buf.extend_from_slice(&1u32.to_be_bytes());
+    buf.push(FRAME_MEMBER_REMOVED);
     buf
 }
 
@@ -324,6 +359,7 @@ pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
                 id: u64_at(2),
             })
         }
+        FRAME_MEMBER_REMOVED if body.is_empty() => Incoming::MemberRemoved,
         FRAME_HASHKV_REPLY => {
             let (request_id, reply) = PeerHash::decode(body)
                 .ok_or_else(|| std::io::Error::other("malformed HashKV reply"))?;
@@ -428,6 +464,13 @@ pub struct Transport {
     peer_stats: Arc<PeerTable>,
     /// Heartbeat send failures for /metrics.
     raft_stats: Arc<RaftStats>,
+    /// Ids of members removed from the cluster, as the member last published them: their
+    /// connections are answered with `FRAME_MEMBER_REMOVED` and closed.
+    removed: RefCell<BTreeSet<u64>>,
+    /// The peer that told this member it was removed, until the raft loop takes it.
+    told_removed_by: Cell<Option<u64>>,
+    /// Set once a peer told this member it was removed: the senders stop dialing.
+    told_removed: Cell<bool>,
     /// When the last heartbeat to each peer was queued, until its response arrives: the
     /// round trip etcd's `etcd_network_peer_round_trip_time_seconds` reports. etcd probes each
     /// peer on a side channel; Keel times the raft heartbeats the leader already sends, so the
@@ -464,6 +507,9 @@ impl Transport {
             next_hash_request: Cell::new(1),
             peer_stats,
             raft_stats,
+            removed: RefCell::new(BTreeSet::new()),
+            told_removed_by: Cell::new(None),
+            told_removed: Cell::new(false),
             heartbeat_sent_at: RefCell::new(HashMap::new()),
         })
     }
@@ -536,6 +582,24 @@ impl Transport {
             }
             stay
         });
+    }
+
+    /// The ids of members removed from the cluster (the member's `removed_members`).
+    pub fn set_removed(&self, removed: &BTreeSet<u64>) {
+        // It may hold this member's own id: the member applied its own removal and is
+        // stopping. Nobody dials itself, so that id is never looked up.
+        assert!(
+            !removed.contains(&0),
+            "member id 0 means none, never a member"
+        );
+        if *self.removed.borrow() != *removed {
+            *self.removed.borrow_mut() = removed.clone();
+        }
+    }
+
+    /// The peer that told this member it was removed from the cluster, once.
+    pub fn told_removed(&self) -> Option<u64> {
+        self.told_removed_by.take()
     }
 
     /// Queues a message for its recipient; drops it when the peer is unknown or its queue is
@@ -690,7 +754,9 @@ impl Transport {
     }
 
     pub fn has_inbox(&self) -> bool {
-        !self.inbox.borrow().is_empty() || !self.control.borrow().is_empty()
+        !self.inbox.borrow().is_empty()
+            || !self.control.borrow().is_empty()
+            || self.told_removed_by.get().is_some()
     }
 
     /// Resolves when a message arrived (or a report is waiting).
@@ -717,7 +783,7 @@ impl Transport {
 
     async fn send_loop(self: Rc<Self>, peer: Rc<Peer>) {
         let mut backoff = BACKOFF_MIN;
-        while !peer.removed.get() {
+        while !peer.removed.get() && !self.told_removed.get() {
             let stream = match self.connect(&peer).await {
                 Some(s) => s,
                 None => {
@@ -816,8 +882,50 @@ impl Transport {
 
     async fn write_dialed(&self, peer: &Peer, dialed: Dialed) -> std::io::Result<()> {
         match dialed {
-            Dialed::Plain(s) => self.write_loop(peer, s).await,
-            Dialed::Tls(s) => self.write_loop(peer, *s).await,
+            Dialed::Plain(s) => self.run_dialed(peer, s).await,
+            Dialed::Tls(s) => self.run_dialed(peer, *s).await,
+        }
+    }
+
+    /// Writes the queued frames to a dialed connection while listening on it for the one
+    /// answer a peer may send back: that this member was removed from the cluster.
+    async fn run_dialed<S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin>(
+        &self,
+        peer: &Peer,
+        stream: S,
+    ) -> std::io::Result<()> {
+        let (reader, writer) = futures_lite::io::split(stream);
+        futures_lite::future::or(
+            self.write_loop(peer, writer),
+            self.read_answers(peer, reader),
+        )
+        .await
+    }
+
+    /// Resolves only when the peer says this member was removed; anything else it may send is
+    /// skipped, and a connection that ends is the writer's to notice (it fails its next write),
+    /// so the writer is never cut short mid-frame for that.
+    async fn read_answers<R: futures_lite::AsyncRead + Unpin>(
+        &self,
+        peer: &Peer,
+        mut reader: R,
+    ) -> std::io::Result<()> {
+        loop {
+            let Ok(frame) = read_frame(&mut reader, ANSWER_FRAME_BYTES_MAX).await else {
+                return futures_lite::future::pending().await;
+            };
+            if let Ok(Incoming::MemberRemoved) = parse_frame(&frame, peer.id) {
+                tracing::warn!(
+                    local_member_id = format!("{:x}", self.me),
+                    remote_peer_id = format!("{:x}", peer.id),
+                    error = crate::member::MEMBER_REMOVED,
+                    "peer refused this member's connection: removed from the cluster"
+                );
+                self.told_removed.set(true);
+                self.told_removed_by.set(Some(peer.id));
+                self.inbox_signal.wake();
+                return Err(std::io::Error::other(crate::member::MEMBER_REMOVED));
+            }
         }
     }
 
@@ -925,11 +1033,58 @@ impl Transport {
         }
     }
 
+    /// Answers a connection from a removed member: etcd's words on this side, the removed
+    /// notice to the dialer, then what it already sent is read and dropped until it hangs up
+    /// (or `REMOVED_NOTICE_LINGER` passes), so the close does not reset the connection under
+    /// the notice.
+    async fn refuse_removed<R, W>(
+        &self,
+        mut reader: R,
+        mut writer: W,
+        from: u64,
+    ) -> std::io::Result<()>
+    where
+        R: futures_lite::AsyncRead + Unpin,
+        W: futures_lite::AsyncWrite + Unpin,
+    {
+        tracing::warn!(
+            local_member_id = format!("{:x}", self.me),
+            remote_peer_id_from = format!("{from:x}"),
+            "rejected stream from remote peer because it was removed"
+        );
+        writer.write_all(&encode_member_removed()).await?;
+        writer.flush().await?;
+        let drain = async {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = reader.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        futures_lite::future::or(drain, rt::sleep(REMOVED_NOTICE_LINGER)).await;
+        Err(std::io::Error::other(
+            "the peer was removed from the cluster",
+        ))
+    }
+
+    /// Resolves once this member applied `from`'s removal: checked every
+    /// `REMOVED_CHECK_INTERVAL`, so a removed member that sends nothing (a learner, or one
+    /// frozen) is told too, without its next frame.
+    async fn removed_now(&self, from: u64) {
+        while !self.removed.borrow().contains(&from) {
+            rt::sleep(REMOVED_CHECK_INTERVAL).await;
+        }
+    }
+
     async fn read_peer<S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin>(
         &self,
-        mut stream: S,
+        stream: S,
     ) -> std::io::Result<()> {
-        let hello = parse_hello(&read_frame(&mut stream, HANDSHAKE_BYTES).await?)?;
+        // The write half only ever carries an answer back: the members reply, or the removed
+        // notice.
+        let (mut reader, mut writer) = futures_lite::io::split(stream);
+        let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES).await?)?;
         if hello == MEMBERS_QUERY {
             // A member joining with --initial-cluster-state existing asks who it is (its id
             // was made by MemberAdd, with the time in it). Only a member that knows the
@@ -941,8 +1096,8 @@ impl Transport {
                 ));
             }
             let reply = encode_members_reply(cluster_id, &self.members.borrow());
-            stream.write_all(&reply).await?;
-            stream.flush().await?;
+            writer.write_all(&reply).await?;
+            writer.flush().await?;
             return Ok(());
         }
         let Hello {
@@ -956,6 +1111,12 @@ impl Transport {
             self.cluster_id.set(cluster_id);
             self.learned_cluster_id.set(Some(cluster_id));
             self.inbox_signal.wake();
+        }
+        if self.removed.borrow().contains(&from)
+            && (cluster_id == self.cluster_id.get() || cluster_id == 0)
+            && to == self.me
+        {
+            return self.refuse_removed(reader, writer, from).await;
         }
         // A joining member does not know the id yet and sends 0; it must be a member we know.
         let joining_peer = cluster_id == 0 && self.peers.borrow().contains_key(&from);
@@ -975,10 +1136,30 @@ impl Transport {
                 "peer connection meant for another member",
             ));
         }
+        // Frames until the connection ends (an error), or until this member applies the
+        // sender's removal (found at its next frame, or by the check beside the reads).
+        let removed = async {
+            self.removed_now(from).await;
+            Ok(())
+        };
+        futures_lite::future::or(self.take_frames(&mut reader, from), removed).await?;
+        self.refuse_removed(reader, writer, from).await
+    }
+
+    /// Takes `from`'s frames into the inbox and control queues; returns Ok once `from` is
+    /// removed (its frames are not ours to take any more), an error when the connection ends.
+    async fn take_frames<R: futures_lite::AsyncRead + Unpin>(
+        &self,
+        reader: &mut R,
+        from: u64,
+    ) -> std::io::Result<()> {
         let stats = self.peer_stats.peer(from);
         loop {
-            let frame = read_frame(&mut stream, self.frame_bytes_max).await?;
+            let frame = read_frame(reader, self.frame_bytes_max).await?;
             RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
+            if self.removed.borrow().contains(&from) {
+                return Ok(());
+            }
             match parse_frame(&frame, from)? {
                 Incoming::Raft(m) => {
                     if m.msg_type == MessageType::HeartbeatResponse {
@@ -1002,6 +1183,13 @@ impl Transport {
                         let _ = tx.send(reply);
                     }
                 }
+                // Only ever sent back to a dialer; a dialer sending it is confused, and a
+                // member is told it was removed only by the member it dialed.
+                Incoming::MemberRemoved => {
+                    return Err(std::io::Error::other(
+                        "a removed notice on an incoming connection",
+                    ))
+                }
             }
             self.inbox_signal.wake();
         }
@@ -1023,6 +1211,24 @@ async fn read_frame<S: futures_lite::AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_removed_notice_parses_only_as_itself() {
+        let frame = encode_member_removed();
+        let len = frame_len(
+            frame[..4].try_into().expect("4 bytes"),
+            ANSWER_FRAME_BYTES_MAX,
+        )
+        .expect("within the answer bound");
+        assert_eq!(len, frame.len() - 4);
+        assert!(matches!(
+            parse_frame(&frame[4..], 7),
+            Ok(Incoming::MemberRemoved)
+        ));
+        // With a body it is no notice: a newer build's frame of that kind is refused as
+        // damage, never taken as "you were removed".
+        assert!(parse_frame(&[FRAME_MEMBER_REMOVED, 0], 7).is_err());
+    }
 
     #[test]
     fn a_members_reply_round_trips_and_damage_is_refused() {

@@ -88,6 +88,7 @@ pub struct RaftCoreParts {
     members: Vec<MemberInfo>,
     alarms: Alarms,
     auth: crate::auth::AuthImage,
+    removed: Vec<u64>,
     last_checkpoint_index: u64,
 }
 
@@ -151,6 +152,7 @@ pub async fn open(
         members,
         alarms,
         auth,
+        removed,
         checkpoint_index,
     } = recovered;
     if let Ok(key) = std::env::var(TEST_FLIP_VALUE_ENV) {
@@ -169,6 +171,7 @@ pub async fn open(
             members,
             alarms,
             auth,
+            removed,
             last_checkpoint_index: checkpoint_index,
         },
         reader,
@@ -187,6 +190,7 @@ impl RaftCore {
             members,
             alarms,
             auth,
+            removed,
             last_checkpoint_index,
         } = parts;
         let transport = Transport::new(
@@ -224,6 +228,7 @@ impl RaftCore {
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.restore_auth(&auth);
+        member.restore_removed(&removed);
         let clock_origin = shared.started_at;
         // Started from this executor's thread, so it runs beside the raft CPU.
         let checkpoints = CheckpointWriter::start(snap_dir.clone())?;
@@ -415,6 +420,9 @@ impl RaftCore {
                     _ => tracing::debug!(refusal_code, kind_code, "unknown proposal refusal"),
                 },
             }
+        }
+        if let Some(by) = self.transport.told_removed() {
+            self.member.told_removed(by);
         }
         let (unreachable, snapshots) = self.transport.take_reports();
         for id in unreachable {
@@ -633,7 +641,10 @@ impl RaftCore {
                 } => self
                     .transport
                     .send_proposal_refused(to, refusal.code(), kind.code(), id),
-                Effect::Removed => self.shared.stopping.store(true, Ordering::Release),
+                Effect::Removed => {
+                    self.shared.removed.store(true, Ordering::Release);
+                    self.shared.stopping.store(true, Ordering::Release);
+                }
             }
         }
         self.shared
@@ -653,6 +664,7 @@ impl RaftCore {
             .map(|m| (m.id, m.peer_urls.clone()))
             .collect();
         self.transport.set_peers(&peers);
+        self.transport.set_removed(self.member.removed_members());
         let me = self.member.id();
         self.shared.is_learner.store(
             members.iter().any(|m| m.id == me && m.is_learner),

@@ -106,6 +106,8 @@ pub struct SnapshotSource {
     pub term: u64,
     pub conf_state: keel_raft::ConfState,
     pub members: Vec<Member>,
+    /// Ids of members removed from the cluster (etcd's `members_removed` bucket).
+    pub removed: Vec<u64>,
     pub alarms: Vec<AlarmMember>,
     pub auth: AuthImage,
 }
@@ -196,6 +198,9 @@ pub struct Shared {
     /// stopping on its own, which ends the process with an error).
     pub signalled: AtomicBool,
     pub stopping: AtomicBool,
+    /// Set when the raft core stops because this member was removed from the cluster: the
+    /// process then exits 0, as etcd's does (see `node::stop_process`).
+    pub removed: AtomicBool,
     pub started_at: Instant,
     /// The raft facts and disk timings /metrics reports, counted where they happen.
     pub raft_stats: Arc<RaftStats>,
@@ -247,6 +252,7 @@ impl Shared {
             raft_loop_at_ms: AtomicU64::new(0),
             signalled: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
             started_at: Instant::now(),
             raft_stats: Arc::default(),
             peer_stats: Arc::default(),

@@ -256,9 +256,13 @@ pub fn restore_into(path: &Path, config: &Config, skip_hash_check: bool) -> Resu
         RESTORED_INDEX,
         RESTORED_TERM,
         &conf_state,
-        &identity.members,
-        &[],
-        &auth,
+        checkpoint::ClusterState {
+            members: &identity.members,
+            alarms: &[],
+            auth: &auth,
+            // A restored member starts a new cluster: no member of it was ever removed.
+            removed: &[],
+        },
         &image,
     );
     let snap_dir = config.data_dir.join("snap");

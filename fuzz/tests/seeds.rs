@@ -325,9 +325,12 @@ fn checkpoint_file() -> Vec<u8> {
             voters: vec![0x8e9e05c52164694d],
             learners: vec![3],
         },
-        &members,
-        &[],
-        &keel_core::auth::AuthImage::default(),
+        keel_core::checkpoint::ClusterState {
+            members: &members,
+            alarms: &[],
+            auth: &keel_core::auth::AuthImage::default(),
+            removed: &[0x1234],
+        },
         &kv_image(),
     )
 }
@@ -588,6 +591,14 @@ fn seeds() -> Seeds {
         ),
     );
     add("peer_frames", "stream", peer_stream());
+    // The removed notice a member writes back to a removed member that dialed it.
+    let mut removed = keel_core::peer::encode_hello(keel_core::peer::Hello {
+        cluster_id: 0xcdf818194e3a8c32,
+        from: 1,
+        to: 2,
+    });
+    removed.extend(keel_core::peer::encode_member_removed());
+    add("peer_frames", "removed_notice", removed);
     add(
         "peer_frames",
         "hello_only",

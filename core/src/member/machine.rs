@@ -15,7 +15,7 @@
 //!    returns, or remove the file of a checkpoint that was overtaken) or `checkpoint_abandoned`;
 //! 4. carry out `take_effects()` after each call.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -56,6 +56,9 @@ const LEASE_GUARD_PERCENT: u64 = 80;
 const TOKEN_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
+/// Why a removed member stops: etcd's `errMemberRemoved`, word for word, which operators and
+/// tools grep for.
+pub const MEMBER_REMOVED: &str = "the member has been permanently removed from the cluster";
 
 type MemberReply = futures_channel::oneshot::Sender<Result<(u64, Vec<MemberInfo>), EtcdError>>;
 type TransferReply = futures_channel::oneshot::Sender<Result<(), EtcdError>>;
@@ -183,7 +186,8 @@ pub enum Effect {
         kind: ProposalKind,
         id: u64,
     },
-    /// This member was removed from the cluster: stop.
+    /// This member was removed from the cluster (it applied its own removal, or a peer told
+    /// it): stop. The process exits 0, as etcd's does (see `node.rs`).
     Removed,
 }
 
@@ -209,6 +213,8 @@ pub struct CheckpointRequest {
     pub term: u64,
     pub conf_state: ConfState,
     pub members: Vec<MemberInfo>,
+    /// Ids of members removed from the cluster, ascending.
+    pub removed: Vec<u64>,
     pub alarms: Vec<AlarmMember>,
     pub auth: AuthImage,
     pub source: kv::CheckpointSource,
@@ -222,9 +228,12 @@ impl CheckpointRequest {
             self.index,
             self.term,
             &self.conf_state,
-            &self.members,
-            &self.alarms,
-            &self.auth,
+            checkpoint::ClusterState {
+                members: &self.members,
+                alarms: &self.alarms,
+                auth: &self.auth,
+                removed: &self.removed,
+            },
             kv_image,
         )
     }
@@ -275,6 +284,14 @@ pub struct Member {
     /// leader's snapshot replaced.
     segments_from: u32,
     members: Vec<MemberInfo>,
+    /// Ids of members removed from the cluster (etcd's `members_removed`), changed only by
+    /// applied configuration changes and checkpoints (replicated, checkpointed). Their raft
+    /// messages are dropped, and the driver's transport tells them they were removed. It grows
+    /// by one id per removal, as etcd's does: an id is a few bytes, and removals are an
+    /// operator's.
+    removed: BTreeSet<u64>,
+    /// Set once this member learned it was removed and asked its driver to stop.
+    stopping_removed: bool,
     /// The raised alarms, changed only by applied alarm entries (replicated, checkpointed).
     alarms: Alarms,
     /// The auth store, changed only by applied auth entries (replicated, checkpointed); shared
@@ -348,6 +365,8 @@ impl Member {
             node,
             writer,
             members: Vec::new(),
+            removed: BTreeSet::new(),
+            stopping_removed: false,
             alarms,
             auth: Arc::new(AuthState::default()),
             auth_tokens: Arc::new(TokenTable::default()),
@@ -393,6 +412,17 @@ impl Member {
         self.effects.push(Effect::AuthChanged);
     }
 
+    /// Replaces the removed members' ids with a checkpoint's (start). The WAL replayed after it
+    /// adds the removals applied since.
+    pub fn restore_removed(&mut self, removed: &[u64]) {
+        assert!(
+            !removed.contains(&0),
+            "member id 0 means none in raft, never a removed member"
+        );
+        self.removed = removed.iter().copied().collect();
+        self.effects.push(Effect::MembersChanged);
+    }
+
     /// Starts the clocks at `now_ms`: the first tick is one interval away, every lease gets its
     /// full TTL, and a lone voter campaigns at once (it need not wait an election timeout).
     pub fn start(&mut self, now_ms: u64) {
@@ -410,6 +440,14 @@ impl Member {
     }
     pub fn members(&self) -> &[MemberInfo] {
         &self.members
+    }
+    /// Ids of members removed from the cluster: the transport tells one that dials in (or
+    /// sends) that it was removed. Changes come with `Effect::MembersChanged`.
+    pub fn removed_members(&self) -> &BTreeSet<u64> {
+        &self.removed
+    }
+    pub fn is_removed(&self, id: u64) -> bool {
+        self.removed.contains(&id)
     }
     pub fn alarms(&self) -> &Alarms {
         &self.alarms
@@ -502,6 +540,16 @@ impl Member {
     /// raft refuses is reported back to that follower, so its client hears at once (see
     /// `Refusal`).
     pub fn step(&mut self, m: Message, now_ms: u64) {
+        if self.removed.contains(&m.from) {
+            // etcd's EtcdServer.Process refuses these too: a removed member's votes or terms
+            // must not disturb the cluster it left. The transport tells it it was removed.
+            tracing::debug!(
+                local_member_id = format!("{:x}", self.config.id),
+                removed_member_id = format!("{:x}", m.from),
+                "rejected Raft message from removed member"
+            );
+            return;
+        }
         if matches!(
             m.msg_type,
             MessageType::AppendResponse | MessageType::HeartbeatResponse
@@ -570,6 +618,34 @@ impl Member {
                 }
             }
         }
+    }
+
+    /// Peer `by` refused this member's connection or messages because this member was removed
+    /// from the cluster while it could not hear of it (partitioned away, or stopped): stop, as
+    /// etcd's member does when a peer answers 410 Gone. The member trusts the peer, as etcd
+    /// does: the peer passed the cluster-id handshake, and only a member that applied this
+    /// member's removal says so.
+    pub fn told_removed(&mut self, by: u64) {
+        assert_ne!(by, self.config.id, "a member never dials itself");
+        if self.stopping_removed {
+            return;
+        }
+        tracing::warn!(
+            local_member_id = format!("{:x}", self.config.id),
+            remote_peer_id = format!("{by:x}"),
+            "peer reported this member removed from the cluster"
+        );
+        self.stop_removed();
+    }
+
+    /// Logs etcd's words for a removed member (etcdserver's "server error" with
+    /// `errMemberRemoved`, then the data-dir advice) and asks the driver to stop.
+    fn stop_removed(&mut self) {
+        assert!(!self.stopping_removed, "a member stops once");
+        self.stopping_removed = true;
+        tracing::warn!(error = MEMBER_REMOVED, "server error");
+        tracing::warn!("data-dir used by this member must be removed");
+        self.effects.push(Effect::Removed);
     }
 
     pub fn report_unreachable(&mut self, id: u64) {
@@ -820,6 +896,7 @@ impl Member {
                     term,
                     conf_state: self.node.raft().conf_state(),
                     members: self.members.clone(),
+                    removed: self.removed.iter().copied().collect(),
                     alarms: self.alarms.list(),
                     auth: self.auth.image(),
                 });
@@ -1248,6 +1325,7 @@ impl Member {
         self.segments_from = self.writer.segment_ids()[0];
         self.recount_keys();
         self.effects.push(Effect::StoreReplaced { reader });
+        self.removed = cp.removed.iter().copied().collect();
         self.set_members(cp.members);
         self.alarms = Alarms::from_list(&cp.alarms);
         self.effects.push(Effect::AlarmsChanged);
@@ -1392,6 +1470,7 @@ impl Member {
         };
         let cs = self.node.apply_conf_change(&cc);
         let (members, ctx) = membership::after_conf_change(&self.members, &cc, &cs);
+        self.removed = membership::removed_after_conf_change(&self.removed, &cc);
         tracing::info!(change = ?cc.change_type, node = format!("{:x}", cc.node_id), voters = cs.voters.len(), learners = cs.learners.len(), "membership changed");
         self.set_members(members);
         if let Some(ctx) = ctx {
@@ -1399,9 +1478,12 @@ impl Member {
                 let _ = reply.send(Ok((node, self.members.clone())));
             }
         }
-        if cc.change_type == keel_raft::ConfChangeType::RemoveNode && cc.node_id == self.config.id {
-            tracing::warn!("this member was removed from the cluster; stopping");
-            self.effects.push(Effect::Removed);
+        if cc.change_type == keel_raft::ConfChangeType::RemoveNode
+            && cc.node_id == self.config.id
+            && !self.stopping_removed
+        {
+            tracing::warn!("this member applied its own removal from the cluster");
+            self.stop_removed();
         }
     }
 
@@ -1545,6 +1627,7 @@ impl Member {
             term,
             conf_state: self.node.raft().conf_state(),
             members: self.members.clone(),
+            removed: self.removed.iter().copied().collect(),
             alarms: self.alarms.list(),
             auth: self.auth.image(),
             source,
@@ -2580,6 +2663,71 @@ mod tests {
             .map(|m| m.writer().current_revision())
             .collect();
         assert_eq!(revisions, vec![2, 2, 2], "every member applied the put");
+    }
+
+    #[test]
+    fn a_member_removed_while_cut_off_is_ignored_and_stops_when_told() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let victim = (leader + 1) % 3;
+        let (leader_id, victim_id) = (leader as u64 + 1, victim as u64 + 1);
+        trio.cut = Some(victim_id);
+        let (reply, mut rx) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[leader].query(
+            Query::Member {
+                change: MemberChange::Remove { id: victim_id },
+                reply,
+            },
+            now_ms,
+        );
+        for _ in 0..10 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Ok(_)))),
+            "the removal applied"
+        );
+        for (i, m) in trio.members.iter().enumerate() {
+            assert_eq!(m.is_removed(victim_id), i != victim, "only the others know");
+        }
+        let req = trio.members[leader]
+            .checkpoint_request()
+            .expect("a term for the applied index")
+            .expect("a checkpoint is due");
+        assert_eq!(
+            req.removed,
+            vec![victim_id],
+            "the checkpoint carries the removal"
+        );
+
+        // Its campaign at a higher term, heard again, disturbs no one.
+        let term = trio.members[leader].raft_term();
+        trio.members[leader].step(
+            Message {
+                msg_type: MessageType::RequestVote,
+                from: victim_id,
+                to: leader_id,
+                term: term + 5,
+                ..Default::default()
+            },
+            now_ms,
+        );
+        assert!(trio.members[leader].is_leader());
+        assert_eq!(trio.members[leader].raft_term(), term);
+
+        // Told by a peer, it stops once, in etcd's words.
+        let stops = |m: &mut Member| {
+            m.take_effects()
+                .iter()
+                .filter(|e| matches!(e, Effect::Removed))
+                .count()
+        };
+        let told = &mut trio.members[victim];
+        stops(told);
+        told.told_removed(leader_id);
+        told.told_removed(leader_id);
+        assert_eq!(stops(told), 1, "one stop, however many peers tell it");
     }
 
     #[test]

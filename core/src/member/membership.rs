@@ -5,6 +5,8 @@
 //! Pure functions over member lists: publishing the list (to shards, to the peer transport) is
 //! the driver's business.
 
+use std::collections::BTreeSet;
+
 use bytes::Bytes;
 use keel_grpc::EtcdError;
 use keel_raft::{ConfChange, ConfChangeType, ConfState};
@@ -150,6 +152,24 @@ pub fn after_conf_change(
     // Raft's view decides who is in: drop anyone it no longer lists.
     members.retain(|m| cs.voters.contains(&m.id) || cs.learners.contains(&m.id));
     (members, ctx)
+}
+
+/// The removed member ids after an applied ConfChange: a removal adds its id (etcd's
+/// `members_removed`). An addition takes its id out again, so an id that comes back is let
+/// in: MemberAdd hashes the time into new ids, as etcd does, but members added by earlier
+/// builds have ids derived from their peer URLs alone, and one replaced on the same URLs
+/// comes back under the id it was removed with.
+pub fn removed_after_conf_change(removed: &BTreeSet<u64>, cc: &ConfChange) -> BTreeSet<u64> {
+    let mut removed = removed.clone();
+    match cc.change_type {
+        ConfChangeType::RemoveNode => {
+            removed.insert(cc.node_id);
+        }
+        ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+            removed.remove(&cc.node_id);
+        }
+    }
+    removed
 }
 
 /// The member list after an applied attributes or peer-URL entry, and whether the peer-URL
@@ -315,6 +335,33 @@ mod tests {
         };
         let (after, _) = after_conf_change(&after, &remove, &cs);
         assert_eq!(after.iter().map(|m| m.id).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn removals_are_remembered_until_the_id_is_added_again() {
+        let remove = conf_change(
+            ConfChangeType::RemoveNode,
+            2,
+            member(2, "http://b:2380", false),
+            1,
+        );
+        let removed = removed_after_conf_change(&BTreeSet::new(), &remove);
+        assert_eq!(removed, BTreeSet::from([2]));
+        let promote = conf_change(
+            ConfChangeType::AddNode,
+            1,
+            member(1, "http://a:2380", false),
+            2,
+        );
+        assert_eq!(removed_after_conf_change(&removed, &promote), removed);
+        // Re-added on the same peer URLs, so under the same id: let in again.
+        let again = conf_change(
+            ConfChangeType::AddLearnerNode,
+            2,
+            member(2, "http://b:2380", true),
+            3,
+        );
+        assert!(removed_after_conf_change(&removed, &again).is_empty());
     }
 
     #[test]

@@ -187,6 +187,9 @@ pub struct Recovered {
     pub alarms: Alarms,
     /// The auth store the checkpoint carried (empty without one; the log replays the rest).
     pub auth: AuthImage,
+    /// The removed members' ids the checkpoint carried (none without one; the log replays the
+    /// rest). Give them to `Member::restore_removed`.
+    pub removed: Vec<u64>,
     /// The index the newest checkpoint (or the bootstrap snapshot) covers.
     pub checkpoint_index: u64,
 }
@@ -216,6 +219,7 @@ pub fn recover(
     let mut members = initial_members;
     let mut alarms = Alarms::default();
     let mut auth = AuthImage::default();
+    let mut removed = Vec::new();
     let (writer, reader) = match checkpoint {
         Some(cp) => {
             let (w, r) = kv::Store::restore_with_segments(&cp.kv_image, value_log, segment_files)
@@ -228,6 +232,7 @@ pub fn recover(
             members = cp.members.clone();
             alarms = Alarms::from_list(&cp.alarms);
             auth = cp.auth.clone();
+            removed = cp.removed.clone();
             storage.set_conf_state(cp.meta.conf_state.clone());
             // The checkpoint file is also what a far-behind follower receives as a snapshot.
             let data = Bytes::from(cp.encode_with_image(&cp.kv_image));
@@ -258,6 +263,7 @@ pub fn recover(
         members,
         alarms,
         auth,
+        removed,
         checkpoint_index: applied,
     })
 }

@@ -211,6 +211,16 @@ impl Member {
         }
     }
 
+    /// Sends `signal` to the running process: SIGSTOP freezes it (it hears and says nothing,
+    /// as if cut off, while its connections stay open), SIGCONT lets it run on.
+    pub fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("signal a running member");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) on a child we spawned and have not reaped, so the pid is still ours.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+    }
+
     /// SIGKILL: no chance to flush anything.
     pub fn kill9(&mut self) {
         let mut child = self.child.take().expect("kill a running member");

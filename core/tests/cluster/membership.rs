@@ -45,6 +45,129 @@ fn promote(c: &Cluster, via: usize, hex_id: &str) {
     }
 }
 
+/// How long a removed member may take to stop once it can reach a peer: an election timeout
+/// before it campaigns, a round trip, and a debug build's stop, on a loaded machine.
+const REMOVED_EXIT_WITHIN: Duration = Duration::from_secs(10);
+
+/// Member `i` was removed: it must stop by itself, with etcd's words and exit status 0 (as
+/// etcd 3.4: systemd's Restart=on-failure then leaves it down).
+pub fn assert_exits_removed(c: &mut Cluster, i: usize) {
+    let status = c.members[i]
+        .wait_exit(REMOVED_EXIT_WITHIN)
+        .unwrap_or_else(|| {
+            panic!(
+                "removed member {} still runs after {REMOVED_EXIT_WITHIN:?}:\n{}",
+                c.members[i].name,
+                c.members[i].log_tail()
+            )
+        });
+    let log = c.members[i].log_all();
+    assert!(
+        status.success(),
+        "a removed member exits 0, as etcd does; it exited {status}:\n{}",
+        c.members[i].log_tail()
+    );
+    for words in [
+        "the member has been permanently removed from the cluster",
+        "data-dir used by this member must be removed",
+    ] {
+        assert!(
+            log.contains(words),
+            "the removed member's log lacks {words:?}:\n{}",
+            c.members[i].log_tail()
+        );
+    }
+}
+
+/// A member removed while it could not hear of it, stopped (killed, then started again on its
+/// data directory) or frozen (SIGSTOP, its connections left open), stops by itself, exit
+/// status 0, once it reaches a peer that applied its removal: at its connection's handshake,
+/// or on a connection it already had, even a learner that sends nothing. The cluster goes on.
+#[test]
+fn a_member_removed_while_away_exits_by_itself_when_it_reaches_a_peer() {
+    let mut c = Cluster::start(4, Net::Loopback, &[]);
+    let all: Vec<usize> = (0..4).collect();
+    let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(20));
+    let mut followers = all.iter().copied().filter(|&i| i != leader);
+    let (stopped, frozen) = (
+        followers.next().expect("a follower"),
+        followers.next().expect("another follower"),
+    );
+    put_keys(&c.members[leader].client_url(), "before/", 10);
+
+    // Stopped: killed, removed meanwhile, started again; its dials are refused.
+    let stopped_id = c.member_hex_id(leader, stopped);
+    c.kill9(stopped);
+    c.etcdctl(leader, &["member", "remove", &stopped_id]).ok();
+    c.relaunch(stopped);
+    let started = Instant::now();
+    assert_exits_removed(&mut c, stopped);
+    eprintln!(
+        "the restarted removed member stopped after {:?}",
+        started.elapsed()
+    );
+
+    // Frozen: removed while it hears nothing, then thawed; its open connections answer it.
+    let live: Vec<usize> = all.iter().copied().filter(|&i| i != stopped).collect();
+    let (leader, _, _) = c.wait_leader(&live, Duration::from_secs(20));
+    let frozen_id = c.member_hex_id(leader, frozen);
+    c.members[frozen].signal(libc::SIGSTOP);
+    c.etcdctl(leader, &["member", "remove", &frozen_id]).ok();
+    // Longer than an election timeout: thawed, it has missed its leader's heartbeats.
+    std::thread::sleep(Duration::from_millis(
+        2 * crate::harness::ELECTION_TIMEOUT_MS,
+    ));
+    c.members[frozen].signal(libc::SIGCONT);
+    let thawed = Instant::now();
+    assert_exits_removed(&mut c, frozen);
+    eprintln!(
+        "the thawed removed member stopped after {:?}",
+        thawed.elapsed()
+    );
+
+    // The peers said why, in etcd's words; the two left serve and agree.
+    let left: Vec<usize> = live.iter().copied().filter(|&i| i != frozen).collect();
+    assert!(
+        left.iter().any(|&i| c.members[i]
+            .log_all()
+            .contains("rejected stream from remote peer because it was removed")),
+        "no peer logged refusing a removed member:\n{}",
+        c.log_tails(&left)
+    );
+    let listed = c.member_list(left[0]);
+    assert_eq!(listed.len(), 2, "after both removals: {listed:?}");
+    let (leader, _, _) = c.wait_leader(&left, Duration::from_secs(20));
+    put_keys(&c.members[leader].client_url(), "after/", 10);
+    let (_, kvs) = c.wait_converged(&left, Duration::from_secs(30));
+    for prefix in ["before/", "after/"] {
+        assert_eq!(
+            kvs.iter().filter(|(k, _, _)| k.starts_with(prefix)).count(),
+            10,
+            "keys {prefix}* after the removals"
+        );
+    }
+
+    // A learner never campaigns, so it sends nothing of its own accord: frozen across its
+    // removal, it is told by the notice its peers wrote on its connections meanwhile.
+    let learner = c.add_member(leader, "learner", Voting::Learner, None);
+    let with_learner: Vec<usize> = left.iter().copied().chain([learner]).collect();
+    c.wait_converged(&with_learner, Duration::from_secs(30));
+    let learner_id = c.member_hex_id(leader, learner);
+    c.members[learner].signal(libc::SIGSTOP);
+    c.etcdctl(leader, &["member", "remove", &learner_id]).ok();
+    std::thread::sleep(Duration::from_millis(
+        2 * crate::harness::ELECTION_TIMEOUT_MS,
+    ));
+    c.members[learner].signal(libc::SIGCONT);
+    let thawed = Instant::now();
+    assert_exits_removed(&mut c, learner);
+    eprintln!(
+        "the thawed removed learner stopped after {:?}",
+        thawed.elapsed()
+    );
+    assert_eq!(c.member_list(left[0]).len(), 2, "the learner is gone");
+}
+
 #[test]
 fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced() {
     // Small value-log segments: the leader's checkpoints point into its segment files, so the
@@ -108,7 +231,8 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
         .ok();
     assert_eq!(out.stdout.trim(), "yes");
 
-    // Remove a follower (a removed member does not notice, so the test stops it).
+    // Remove a follower: it stops by itself, on applying its removal or, when the leader
+    // dropped it before it heard the commit, when a peer tells it.
     let all: Vec<usize> = vec![0, 1, 2, learner];
     let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(10));
     let removed = [1, 2, 0]
@@ -117,7 +241,7 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
         .expect("some original member follows");
     let removed_id = c.member_hex_id(leader, removed);
     c.etcdctl(leader, &["member", "remove", &removed_id]).ok();
-    c.kill9(removed);
+    assert_exits_removed(&mut c, removed);
     let listed = c.member_list(leader);
     assert_eq!(listed.len(), 3, "after remove: {listed:?}");
     assert!(

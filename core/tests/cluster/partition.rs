@@ -31,6 +31,44 @@ fn leader_and_follower_cut_from_three_cannot_serve_and_rejoin() {
     partition_round(5, 2, Cut::SeparateBridge);
 }
 
+/// A follower cut off by the network while the others remove it (etcd's case for its 410
+/// Gone): it cannot hear of its removal and keeps running; once the network heals, the notice
+/// its peers sent reaches it, and it exits 0 by itself with etcd's words. The two left serve.
+#[test]
+fn a_member_removed_while_cut_off_exits_by_itself_once_the_network_heals() {
+    let mut c = Cluster::start(3, Net::Namespaces, &[]);
+    let all: Vec<usize> = (0..3).collect();
+    let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(10));
+    let cut = (leader + 1) % 3;
+    let left: Vec<usize> = all.iter().copied().filter(|&i| i != cut).collect();
+    let cut_id = c.member_hex_id(leader, cut);
+    c.netns.as_ref().expect("a namespace cluster").isolate(cut);
+    c.etcdctl(leader, &["member", "remove", &cut_id]).ok();
+    // Several election timeouts: it campaigns, unheard, and must not stop on its own.
+    std::thread::sleep(Duration::from_millis(
+        3 * crate::harness::ELECTION_TIMEOUT_MS,
+    ));
+    assert!(
+        c.members[cut].wait_exit(Duration::ZERO).is_none(),
+        "the cut-off member stopped before it could hear of its removal:\n{}",
+        c.members[cut].log_tail()
+    );
+    c.netns.as_ref().expect("a namespace cluster").heal(cut);
+    let healed = Instant::now();
+    crate::membership::assert_exits_removed(&mut c, cut);
+    eprintln!(
+        "the removed member stopped {:?} after the heal",
+        healed.elapsed()
+    );
+    let (leader, _, _) = c.wait_leader(&left, Duration::from_secs(10));
+    c.etcdctl(leader, &["put", "after-removal", "yes"]).ok();
+    let (_, kvs) = c.wait_converged(&left, Duration::from_secs(20));
+    assert!(kvs
+        .iter()
+        .any(|(k, v, _)| k == "after-removal" && v == "yes"));
+    assert_eq!(c.member_list(left[0]).len(), 2);
+}
+
 /// Cuts the leader plus `minority_size - 1` followers off from the rest of `count` members
 /// while clients on every member run, checks both sides, heals, and checks the aftermath.
 fn partition_round(count: usize, minority_size: usize, cut: Cut) {

@@ -12,7 +12,7 @@
 //! one is being written.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -65,6 +65,9 @@ pub enum Bug {
     SendBeforePersist,
     /// Answers linearizable reads from the local store, without a ReadIndex round.
     LocalLinearizableReads,
+    /// Never tells a removed member that dials in that it was removed (the peer transport of
+    /// builds before the removed notice): such a member lingers.
+    NoRemovedNotice,
 }
 
 /// The knobs one seed draws.
@@ -94,6 +97,21 @@ pub enum NetMsg {
         kind: keel_core::member::ProposalKind,
         id: u64,
     },
+    /// The peer transport's removed notice: the receiver was removed from the cluster (sent by
+    /// a member that applied the removal, to a removed member that reached it, or on the
+    /// connection it had when the removal applied).
+    Removed,
+    /// A connection's handshake, as a process dials each peer it knows when it starts.
+    Hello,
+}
+
+impl NetMsg {
+    /// Whether this travels as TCP carries a handshake or the removed notice: never lost or
+    /// doubled by a degraded network, and held (retransmitted) while a partition lasts, but
+    /// gone with either process.
+    fn is_reliable(&self) -> bool {
+        matches!(self, NetMsg::Removed | NetMsg::Hello)
+    }
 }
 
 struct InFlight {
@@ -182,6 +200,10 @@ pub struct Counts {
     pub dropped: u64,
     pub members_added: u64,
     pub members_removed: u64,
+    /// Removed members that stopped because a peer told them so (they missed their removal).
+    pub removed_told_by_peer: u64,
+    /// Removed members that stopped on applying their own removal.
+    pub removed_applied_own: u64,
     pub promotions: u64,
 }
 
@@ -206,6 +228,9 @@ pub struct World {
     pending_changes: Vec<PendingChange>,
     /// How many times each member's process started (a restart is a new incarnation).
     incarnations: Vec<u64>,
+    /// Per member: the removed member ids its current process has sent the removed notice to
+    /// (on the connection each had to it when the removal applied).
+    notified_removed: Vec<BTreeSet<u64>>,
     /// How many events the trace keeps (`SIM_TRACE_EVENTS`, or `TRACE_EVENTS_KEPT`).
     trace_events_kept: usize,
     /// The watch events of every revision, as the first member to publish it did: every
@@ -296,6 +321,7 @@ impl World {
             counts: Counts::default(),
             pending_changes: Vec::new(),
             incarnations: vec![0; n],
+            notified_removed: vec![BTreeSet::new(); n],
             trace_events_kept: std::env::var("SIM_TRACE_EVENTS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -400,6 +426,7 @@ impl World {
             recovered.checkpoint_index,
         );
         member.restore_auth(&recovered.auth);
+        member.restore_removed(&recovered.removed);
         let now = self.clock_ms(i);
         member.start(now);
         let (applied, term) = (member.applied_index(), member.raft_term());
@@ -414,6 +441,22 @@ impl World {
         });
         node.why_down = None;
         self.incarnations[i] += 1;
+        self.notified_removed[i].clear();
+        // The peer transport dials every peer it knows at start: a handshake each.
+        let peers: Vec<u64> = self.nodes[i]
+            .run
+            .as_ref()
+            .expect("started")
+            .member
+            .members()
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        for id in peers {
+            if let Some(j) = self.index_of(id).filter(|&j| j != i) {
+                self.send_reliable(i, j, NetMsg::Hello);
+            }
+        }
         self.last_published[i] = Some(
             self.nodes[i]
                 .run
@@ -510,6 +553,52 @@ impl World {
         true
     }
 
+    /// Puts a handshake or removed notice on the wire (see `NetMsg::is_reliable`).
+    fn send_reliable(&mut self, from: usize, to: usize, msg: NetMsg) {
+        assert!(
+            msg.is_reliable(),
+            "only handshakes and notices travel reliably"
+        );
+        self.counts.messages += 1;
+        if self.network.len() >= NETWORK_IN_FLIGHT_MAX {
+            self.counts.dropped += 1;
+            return;
+        }
+        self.network.push(InFlight {
+            deliver_at_ms: self.now_ms + 1,
+            from,
+            to,
+            to_incarnation: self.incarnations[to],
+            msg,
+        });
+    }
+
+    /// Sends the removed notice to each member that member `i` newly knows was removed, on
+    /// the connection that member had to `i` (as the peer transport checks its connections
+    /// every `REMOVED_CHECK_INTERVAL`): lost when that member is down.
+    fn notify_removed(&mut self, i: usize) {
+        if self.config.bug == Bug::NoRemovedNotice {
+            return;
+        }
+        let Some(run) = self.nodes[i].run.as_ref() else {
+            return;
+        };
+        let fresh: Vec<u64> = run
+            .member
+            .removed_members()
+            .iter()
+            .copied()
+            .filter(|id| !self.notified_removed[i].contains(id))
+            .collect();
+        for id in fresh {
+            self.notified_removed[i].insert(id);
+            if let Some(j) = self.index_of(id).filter(|&j| j != i && self.is_up(j)) {
+                self.note(|| format!("m{i} tells m{j}, on its connection, it was removed"));
+                self.send_reliable(i, j, NetMsg::Removed);
+            }
+        }
+    }
+
     fn send_raft(&mut self, from: usize, m: Message) {
         let Some(to) = self.index_of(m.to) else {
             return;
@@ -555,10 +644,34 @@ impl World {
         }
     }
 
-    fn deliver_one(&mut self, m: InFlight) {
+    fn deliver_one(&mut self, mut m: InFlight) {
         let (from, to) = (m.from, m.to);
+        if m.msg.is_reliable()
+            && self.blocked[from][to]
+            && self.is_up(to)
+            && m.to_incarnation == self.incarnations[to]
+        {
+            // TCP retransmits until the partition heals.
+            m.deliver_at_ms = self.now_ms + 10;
+            self.network.push(m);
+            return;
+        }
         let lost =
             self.blocked[from][to] || !self.is_up(to) || m.to_incarnation != self.incarnations[to];
+        let from_id = self.nodes[from].id;
+        let from_removed = !lost
+            && self.nodes[to]
+                .run
+                .as_ref()
+                .is_some_and(|r| r.member.is_removed(from_id));
+        if from_removed && self.config.bug != Bug::NoRemovedNotice {
+            // As the peer transport: a connection from a removed member is answered with the
+            // removed notice and closed; nothing it sent is taken.
+            self.counts.dropped += 1;
+            self.note(|| format!("m{to} tells m{from} it was removed"));
+            self.send_reliable(to, from, NetMsg::Removed);
+            return;
+        }
         if let NetMsg::Raft(bytes, _) = &m.msg {
             let msg = Message::decode(bytes).expect("a message we encoded decodes");
             if lost {
@@ -593,8 +706,13 @@ impl World {
             self.counts.dropped += 1;
             return;
         }
+        if matches!(m.msg, NetMsg::Hello) {
+            return;
+        }
         let now = self.clock_ms(to);
-        let from_id = self.nodes[from].id;
+        if matches!(m.msg, NetMsg::Removed) {
+            self.note(|| format!("m{to} was told by m{from} that it was removed"));
+        }
         let member = &mut self.nodes[to].run.as_mut().expect("checked up").member;
         match m.msg {
             NetMsg::Raft(..) => unreachable!("handled above"),
@@ -605,6 +723,8 @@ impl World {
                 member.keepalive_reply(request_id, ttl_s)
             }
             NetMsg::Refused { refusal, kind, id } => member.forwarded_refused(refusal, kind, id),
+            NetMsg::Removed => member.told_removed(from_id),
+            NetMsg::Hello => unreachable!("handled above"),
         }
     }
 
@@ -737,7 +857,7 @@ impl World {
                     self.send_raft(i, m);
                 }
             }
-            Bug::None | Bug::LocalLinearizableReads => {}
+            Bug::None | Bug::LocalLinearizableReads | Bug::NoRemovedNotice => {}
         }
         self.progress_io(i)
     }
@@ -902,6 +1022,7 @@ impl World {
         };
         let effects = run.member.take_effects();
         let (is_leader, term) = (run.member.is_leader(), run.member.raft_term());
+        let mut members_changed = false;
         for effect in effects {
             match effect {
                 Effect::Leader { leader_id } => {
@@ -955,15 +1076,26 @@ impl World {
                     }
                 }
                 Effect::Removed => {
+                    // Exit 0, as production's process: systemd's Restart=on-failure leaves it
+                    // down, so the simulation never restarts it either.
+                    let listed = self.nodes[i].run.as_ref().is_some_and(|r| {
+                        r.member.members().iter().any(|m| m.id == self.nodes[i].id)
+                    });
+                    if listed {
+                        self.counts.removed_told_by_peer += 1;
+                    } else {
+                        self.counts.removed_applied_own += 1;
+                    }
                     self.exit(i, "removed from the cluster".to_string());
                     self.nodes[i].removed = true;
                     return;
                 }
-                Effect::MembersChanged
-                | Effect::AlarmsChanged
-                | Effect::AuthChanged
-                | Effect::HardState { .. } => {}
+                Effect::MembersChanged => members_changed = true,
+                Effect::AlarmsChanged | Effect::AuthChanged | Effect::HardState { .. } => {}
             }
+        }
+        if members_changed {
+            self.notify_removed(i);
         }
     }
 
@@ -1127,23 +1259,15 @@ impl World {
         self.pending_changes.push(PendingChange { rx, kind });
     }
 
-    /// What an operator does after checking `member list`: a member the cluster no longer
-    /// lists (its removal applied though the answer was lost) is stopped for good.
-    pub fn stop_removed_members(&mut self) {
+    /// Members that run although the cluster (its leader's applied membership) no longer lists
+    /// them: removed while they could not hear of it, and not yet told by a peer.
+    pub fn lingering_removed(&self) -> Vec<usize> {
         let Some(members) = self.membership() else {
-            return;
+            return Vec::new();
         };
-        for i in 0..self.nodes.len() {
-            let listed = members.iter().any(|m| m.id == self.nodes[i].id);
-            if !listed && !self.nodes[i].removed {
-                self.note(|| format!("m{i} is no longer listed: stopped"));
-                if self.is_up(i) {
-                    self.crash(i);
-                }
-                self.nodes[i].removed = true;
-                self.counts.members_removed += 1;
-            }
-        }
+        (0..self.nodes.len())
+            .filter(|&i| self.is_up(i) && !members.iter().any(|m| m.id == self.nodes[i].id))
+            .collect()
     }
 
     /// Carries out what an operator does after a membership change is applied.
@@ -1188,15 +1312,15 @@ impl World {
                 }
                 self.blocked.push(vec![false; index + 1]);
                 self.incarnations.push(0);
+                self.notified_removed.push(BTreeSet::new());
                 self.last_published.push(None);
                 self.start(index).expect("a new member starts");
                 self.counts.members_added += 1;
             }
             ChangeKind::Remove { index } => {
-                if self.is_up(index) {
-                    self.crash(index);
-                }
-                self.nodes[index].removed = true;
+                // No operator stops it: the member stops by itself, on applying its removal,
+                // or, when it missed that (partitioned away, down), when a peer tells it.
+                self.note(|| format!("m{index} was removed; it must stop by itself"));
                 self.counts.members_removed += 1;
             }
             ChangeKind::Promote => self.counts.promotions += 1,
@@ -1289,7 +1413,7 @@ enum ChangeKind {
     Add {
         index: usize,
     },
-    /// Stop the removed member's process for good.
+    /// The removed member, which must stop by itself.
     Remove {
         index: usize,
     },
