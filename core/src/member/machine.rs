@@ -929,7 +929,7 @@ impl Member {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let deadline_ms = now_ms + self.config.request_timeout_ms;
-        let plan = membership::plan(&self.members, &change);
+        let plan = membership::plan(&self.members, &self.removed, &change);
         let (change_type, node_id, member) = match plan {
             Err(e) => {
                 let _ = reply.send(Err(e));

@@ -37,8 +37,13 @@ pub enum Plan {
     Update { id: u64, peer_urls: Vec<String> },
 }
 
-/// Checks a membership call against the current members, as etcd does before proposing.
-pub fn plan(members: &[Member], change: &MemberChange) -> Result<Plan, EtcdError> {
+/// Checks a membership call against the current members and the removed ids, as etcd does
+/// before proposing.
+pub fn plan(
+    members: &[Member],
+    removed: &BTreeSet<u64>,
+    change: &MemberChange,
+) -> Result<Plan, EtcdError> {
     let find = |id: u64| members.iter().find(|m| m.id == id).cloned();
     match change {
         MemberChange::Add {
@@ -56,6 +61,12 @@ pub fn plan(members: &[Member], change: &MemberChange) -> Result<Plan, EtcdError
             let id = crate::ids::member_id(peer_urls, "", Some(*added_at_unix_s));
             if find(id).is_some() {
                 return Err(EtcdError::MemberExist);
+            }
+            // The same URLs added again within the second they were removed in hash to the
+            // removed id: etcd refuses with ErrIDRemoved, which its API answers as "member not
+            // found".
+            if removed.contains(&id) {
+                return Err(EtcdError::MemberNotFound);
             }
             Ok(Plan::ConfChange {
                 change_type: if *learner {
@@ -266,20 +277,39 @@ mod tests {
             learner: false,
             added_at_unix_s: 1_700_000_000,
         };
-        assert_eq!(plan(&ms, &add_taken), Err(EtcdError::PeerUrlExist));
         assert_eq!(
-            plan(&ms, &MemberChange::Remove { id: 9 }),
+            plan(&ms, &BTreeSet::new(), &add_taken),
+            Err(EtcdError::PeerUrlExist)
+        );
+        // Re-added within the second of its removal: the same id, refused as etcd refuses it.
+        let again = MemberChange::Add {
+            peer_urls: vec!["http://c:2380".into()],
+            learner: false,
+            added_at_unix_s: 1_700_000_000,
+        };
+        let Ok(Plan::ConfChange { node_id, .. }) = plan(&ms, &BTreeSet::new(), &again) else {
+            panic!("a new URL is planned");
+        };
+        assert_eq!(
+            plan(&ms, &BTreeSet::from([node_id]), &again),
             Err(EtcdError::MemberNotFound)
         );
         assert_eq!(
-            plan(&ms, &MemberChange::Promote { id: 1 }),
+            plan(&ms, &BTreeSet::new(), &MemberChange::Remove { id: 9 }),
+            Err(EtcdError::MemberNotFound)
+        );
+        assert_eq!(
+            plan(&ms, &BTreeSet::new(), &MemberChange::Promote { id: 1 }),
             Err(EtcdError::MemberNotLearner)
         );
         let update = MemberChange::Update {
             id: 9,
             peer_urls: vec![],
         };
-        assert_eq!(plan(&ms, &update), Err(EtcdError::MemberNotFound));
+        assert_eq!(
+            plan(&ms, &BTreeSet::new(), &update),
+            Err(EtcdError::MemberNotFound)
+        );
     }
 
     #[test]
@@ -294,7 +324,7 @@ mod tests {
             change_type,
             node_id,
             member,
-        }) = plan(&ms, &add)
+        }) = plan(&ms, &BTreeSet::new(), &add)
         else {
             panic!("an add of a new URL is planned as a conf change");
         };
@@ -317,7 +347,7 @@ mod tests {
             change_type,
             node_id,
             member,
-        }) = plan(&ms, &MemberChange::Promote { id: 2 })
+        }) = plan(&ms, &BTreeSet::new(), &MemberChange::Promote { id: 2 })
         else {
             panic!("promoting a learner is a conf change");
         };
