@@ -15,6 +15,12 @@ pub async fn serve(shared: &Shared, metrics: &Metrics, request: HttpRequest) -> 
         .path
         .split_once('?')
         .unwrap_or((request.path.as_str(), ""));
+    // Go's mux finds the handler first: an unknown path is 404 whatever the method, and only
+    // etcd's own handlers answer other methods with 405.
+    const PATHS: [&str; 5] = ["/health", "/livez", "/readyz", "/version", "/metrics"];
+    if !PATHS.contains(&path) {
+        return HttpResponse::not_found();
+    }
     if request.method != http::Method::GET && request.method != http::Method::HEAD {
         return HttpResponse::new(
             StatusCode::METHOD_NOT_ALLOWED,

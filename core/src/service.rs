@@ -74,6 +74,11 @@ impl Handler for Api {
     async fn http(self: Rc<Self>, mut request: HttpRequest) -> HttpResponse {
         // The certificate user is ours to set, never the client's (etcd's gateway ignores it).
         request.headers.remove(crate::auth::CERT_USER_HEADER);
+        // etcd 3.4 still answers the 3.3 gateway's /v3beta/ paths, by rewriting them to /v3/
+        // (embed/serve.go); /v3alpha/ is gone there, and here.
+        if let Some(rest) = request.path.strip_prefix("/v3beta/") {
+            request.path = format!("/v3/{rest}");
+        }
         if crate::gateway::is_gateway_path(&request.path) {
             return crate::gateway::serve(&self, request).await;
         }

@@ -741,6 +741,12 @@ fn curl_gets_the_same_json_from_keel_as_from_etcd() {
                 (status, json)
             })
             .collect();
+        // etcd 3.4 still answers 3.3's /v3beta/ prefix; /v3alpha/ is gone.
+        for path in ["/v3beta/kv/range", "/v3alpha/kv/range"] {
+            let (status, text) = curl(&addr, "POST", path, r#"{"key":"Zm9v"}"#, &[]);
+            let json = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+            answers.push((status, normalize(json)));
+        }
         // A watch streamed by curl -N for two seconds, with a put made meanwhile.
         let watch = std::process::Command::new("curl")
             .args(["-s", "-N", "--max-time", "2", "-X", "POST", "-d"])
@@ -771,6 +777,9 @@ fn curl_gets_the_same_json_from_keel_as_from_etcd() {
         transcripts.push(answers);
     }
     let (ours, theirs) = (&transcripts[0], &transcripts[1]);
+    let beta = &ours[CALLS.len()];
+    assert_eq!(beta.0, 200, "/v3beta/ is served: {beta:?}");
+    assert!(beta.1["header"]["revision"].is_string(), "{beta:?}");
     assert!(
         ours.iter()
             .any(|(_, v)| v["result"]["events"][0]["kv"]["value"] == "c2Vlbg=="),
