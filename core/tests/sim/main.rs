@@ -389,6 +389,9 @@ fn flip_checkpoint_bit(world: &mut World, i: usize) {
     damaged[at] ^= 0x20;
     world.nodes[i].checkpoints.insert(index, damaged.into());
     world.note(|| format!("m{i}'s checkpoint {index} rotted at byte {at}"));
+    // Only the checkpoint rotted: an EIO fault left armed by an earlier stop is cleared, as
+    // `heal` clears it before any restart, or that EIO (not the rot) would refuse the start.
+    world.set_disk_faults(i, SimFaults::default());
     match world.start(i) {
         Ok(()) => world.crash(i),
         Err(why) => {
