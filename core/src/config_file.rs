@@ -75,12 +75,7 @@ pub fn to_flags(text: &str, command: &Command) -> Result<FileFlags, String> {
         Some(Yaml::Hash(map)) => map,
         Some(_) => return Err("the file must be a map of settings".into()),
     };
-    let takes_values = |flag: &str| -> Option<bool> {
-        command
-            .get_arguments()
-            .find(|a| a.get_long() == Some(flag))
-            .map(|a| a.get_num_args().is_none_or(|n| n.takes_values()))
-    };
+    let is_flag = |key: &str| command.get_arguments().any(|a| a.get_long() == Some(key));
     for (key, value) in root {
         let Yaml::String(key) = key else {
             return Err(format!("a key that is not text: {key:?}"));
@@ -107,7 +102,7 @@ pub fn to_flags(text: &str, command: &Command) -> Result<FileFlags, String> {
             continue;
         }
         // A file cannot name another file; etcd's file format has no such key.
-        if key == "config-file" || takes_values(&key).is_none() {
+        if key == "config-file" || !is_flag(&key) {
             out.ignored_keys.push(key);
             continue;
         }

@@ -460,23 +460,11 @@ async fn values_live_in_segment_files_that_checkpoints_point_into_across_restart
     let mut c = client(&server).await;
     let read = c.get("z/", Some(GetOptions::new().with_prefix())).await;
     assert!(read.is_err(), "a damaged value was served");
-    let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(10)))
-        .unwrap_or_else(|| {
-            panic!(
-                "the member goes on after reading a damaged value:\n{}",
-                server.log_tail()
-            )
-        });
-    assert!(!status.success());
-    let log = server.log_all();
-    let name = damaged
-        .file_name()
-        .expect("a name")
-        .to_string_lossy()
-        .to_string();
-    assert!(
-        log.contains(&name) && log.contains("fails its crc check"),
-        "the stop does not name the damaged segment {name}:\n{log}"
+    assert_stops_naming(
+        &mut server,
+        &damaged,
+        "fails its crc check",
+        "after reading a damaged value",
     );
     // Put the byte back: the member starts and serves again.
     bytes[28 + 4 + 10] ^= 0x20;
@@ -495,22 +483,23 @@ async fn values_live_in_segment_files_that_checkpoints_point_into_across_restart
     let victim = files.first().expect("segments remain").clone();
     std::fs::remove_file(&victim).expect("removing a segment");
     server.launch_again();
+    assert_stops_naming(
+        &mut server,
+        &victim,
+        "value-log segment",
+        "without a segment",
+    );
+}
+
+/// The member stops with a failure within 10 s, and its log names `file` beside `words`.
+fn assert_stops_naming(server: &mut Server, file: &std::path::Path, words: &str, what: &str) {
     let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(10)))
-        .unwrap_or_else(|| {
-            panic!(
-                "the member started without a segment:\n{}",
-                server.log_tail()
-            )
-        });
-    assert!(!status.success());
+        .unwrap_or_else(|| panic!("the member goes on {what}:\n{}", server.log_tail()));
+    assert!(!status.success(), "the member stops with a failure {what}");
     let log = server.log_all();
-    let name = victim
-        .file_name()
-        .expect("a name")
-        .to_string_lossy()
-        .to_string();
+    let name = file.file_name().expect("a name").to_string_lossy();
     assert!(
-        log.contains("value-log segment") && log.contains(&name),
-        "the refusal does not name the segment {name}:\n{log}"
+        log.contains(name.as_ref()) && log.contains(words),
+        "the stop {what} does not name {name} with {words:?}:\n{log}"
     );
 }
