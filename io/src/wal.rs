@@ -272,7 +272,10 @@ impl<S: SegmentStore> Wal<S> {
         let mut segments: VecDeque<Segment<S>> = VecDeque::new();
         let mut expected_batch_seq: Option<u64> = None;
         // Once the log's end is found, later segments may only be empty ones (a prepared spare).
+        // Where it ended (segment, offset, and why, when a damaged batch ended it) is what a
+        // refusal must name: the damage is there, not in the later segment that shows it.
         let mut log_ended = false;
+        let mut ended_at: Option<(String, usize, Option<String>)> = None;
         let mut spare: Option<Segment<S>> = None;
         // Where the data of the last kept segment ends, with that segment's bytes.
         let mut last_end: Option<(usize, Vec<u8>)> = None;
@@ -295,16 +298,19 @@ impl<S: SegmentStore> Wal<S> {
             if log_ended {
                 // Past the end of the log: a valid batch here is acknowledged data behind the end.
                 if let Some(offset) = find_later_header(&bytes, 0, expected_batch_seq) {
+                    let (file, end, invalid) = ended_at.clone().expect("the log ended somewhere");
+                    let why_ended = invalid.unwrap_or_else(|| "the log ends here".into());
                     return Err(WalError::Corrupt {
-                        file: name,
-                        offset: offset as u64,
-                        reason: "a valid batch follows the end of the log in an earlier segment"
-                            .into(),
+                        file,
+                        offset: end as u64,
+                        reason: format!(
+                            "{why_ended}; a valid batch follows in {name} at offset {offset}"
+                        ),
                     });
                 }
             }
-            let (end, end_is_invalid, index_max) = if log_ended {
-                (0, false, None)
+            let (end, end_invalid, index_max) = if log_ended {
+                (0, None, None)
             } else {
                 scan_segment(&name, &bytes, &mut expected_batch_seq, &mut records)?
             };
@@ -312,6 +318,9 @@ impl<S: SegmentStore> Wal<S> {
                 // An empty segment after data: the prepared spare, or a new segment whose first batch
                 // tore. The log ends in the previous segment. A clean spare is kept, saving its
                 // zero-fill on every restart; anything else goes.
+                if !log_ended {
+                    ended_at = Some((name.clone(), 0, end_invalid));
+                }
                 log_ended = true;
                 let active_seq = segments.back().expect("not empty").seq;
                 let is_clean_spare = seq == active_seq + 1
@@ -341,7 +350,10 @@ impl<S: SegmentStore> Wal<S> {
             });
             // A clean end with room left may still be followed by the next segment: rotation happens
             // whenever the next batch does not fit. An empty first segment means an empty log.
-            log_ended = end_is_invalid || end == 0;
+            log_ended = end_invalid.is_some() || end == 0;
+            if log_ended {
+                ended_at = Some((name, end, end_invalid));
+            }
             last_end = Some((end, bytes));
         }
         let mut stats = WalStats::default();
@@ -789,14 +801,14 @@ impl<S: SegmentStore> Wal<S> {
     }
 }
 
-/// Parses one segment's batches into `records`. Returns where its data ends, whether it ends in an
-/// invalid (torn) batch, and the largest record index in it; errors on corruption.
+/// Parses one segment's batches into `records`. Returns where its data ends, why the batch there is
+/// invalid when one (torn) ends it, and the largest record index in it; errors on corruption.
 fn scan_segment(
     name: &str,
     bytes: &[u8],
     expected_batch_seq: &mut Option<u64>,
     records: &mut Vec<Record>,
-) -> Result<(usize, bool, Option<u64>), WalError> {
+) -> Result<(usize, Option<String>, Option<u64>), WalError> {
     let mut pos = 0usize;
     let mut index_max: Option<u64> = None;
     loop {
@@ -809,7 +821,7 @@ fn scan_segment(
                         reason: format!("zeroed gap before a valid batch at offset {later}"),
                     });
                 }
-                return Ok((pos, false, index_max));
+                return Ok((pos, None, index_max));
             }
             BatchParse::Valid {
                 batch_seq,
@@ -849,7 +861,7 @@ fn scan_segment(
                     reason,
                     "wal: cutting off a torn tail"
                 );
-                return Ok((pos, true, index_max));
+                return Ok((pos, Some(reason), index_max));
             }
         }
     }
@@ -1283,6 +1295,45 @@ mod tests {
         assert!(
             message.contains("sim:0000000000000001.wal")
                 && message.contains(&format!("offset {second_batch}")),
+            "{message}"
+        );
+    }
+
+    /// Found by the whole-cluster soak (seed 4086584): damage to the last batch of a sealed
+    /// segment ends the log there, and the refusal named the next segment at offset 0 (where
+    /// the valid data showed up) instead of the damaged segment and offset.
+    #[test]
+    fn damage_at_the_end_of_a_sealed_segment_is_refused_naming_that_segment() {
+        let store = SimStore::new(4);
+        let config = small_config();
+        let (wal, _) = block_on(Wal::open(store.clone(), config.clone())).expect("fresh log opens");
+        // Append until a batch lands in the second segment; the one before it ended the first.
+        let mut last_batch_of_first = None;
+        let mut index = 1;
+        loop {
+            let before = wal.tail_position();
+            append_one(&wal, index, 1000);
+            index += 1;
+            if wal.tail_position().0 != 1 {
+                break;
+            }
+            last_batch_of_first = Some(before.1);
+        }
+        append_one(&wal, index, 1000);
+        drop(wal);
+        let damaged = last_batch_of_first.expect("the first segment held batches");
+        store.corrupt_byte(
+            1,
+            damaged as usize + BATCH_HEADER_BYTES + FRAME_HEADER_BYTES + 5,
+        );
+        let message = block_on(Wal::open(store, config))
+            .err()
+            .expect("corruption is refused")
+            .to_string();
+        assert!(
+            message.contains("sim:0000000000000001.wal")
+                && message.contains(&format!("offset {damaged}:"))
+                && message.contains("a valid batch follows in sim:0000000000000002.wal"),
             "{message}"
         );
     }

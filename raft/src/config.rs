@@ -25,7 +25,7 @@ pub enum CheckQuorum {
 pub struct Config {
     /// This member's id (non-zero).
     pub id: u64,
-    /// Ticks without hearing from a leader before campaigning (randomized in `[n, 2n)`).
+    /// Ticks without hearing from a leader before campaigning (randomized in `[n, 1.5n)`).
     pub election_tick: usize,
     /// Ticks between leader heartbeats.
     pub heartbeat_tick: usize,

@@ -426,14 +426,19 @@ impl Env {
                     .as_ref()
                     .expect("nodes added first")
                     .election_tick;
-                let n = if cmd == "tick-election" {
-                    2 * election
-                } else {
-                    1
-                };
                 for a in args {
+                    let node = &mut self.node(parse_u64(a)).raw;
+                    let n = if cmd == "tick-heartbeat" {
+                        1
+                    } else if node.status().soft_state.role == Role::Leader {
+                        // Check-quorum looks back one whole timeout, every timeout.
+                        2 * election
+                    } else {
+                        // The longest randomized timeout, and too few ticks to campaign twice.
+                        election + election / 2
+                    };
                     for _ in 0..n {
-                        self.node(parse_u64(a)).raw.tick();
+                        node.tick();
                     }
                 }
             }

@@ -682,10 +682,12 @@ fn availability_after_single_member_faults() {
         seeds.len()
     );
     // Measured before answering calls sent to a dead leader at once: median 180 ms, p90
-    // 1,015 ms, worst 1,051 ms (clients waited out the request timeout). Now the detection
-    // (a randomized election timeout, up to two) bounds it, plus a split vote at worst.
+    // 1,015 ms, worst 1,051 ms (clients waited out the request timeout). Then, with etcd's
+    // randomized timeout of [1, 2) timeouts and split votes left to the timeouts: median
+    // 185 ms, worst 310 ms. Now detection takes at most one and a half timeouts and a split
+    // vote one more tick: writes resume within two timeouts, as the issue asks.
     assert!(
-        median_gap <= 2 * ELECTION_TIMEOUT_MS && worst_gap <= 4 * ELECTION_TIMEOUT_MS,
+        worst_gap <= 2 * ELECTION_TIMEOUT_MS,
         "writes resumed too late after a leader kill: median {median_gap} ms, worst {worst_gap} ms"
     );
     assert_eq!(moved_by_restart, 0, "a follower's restart moved leadership");
