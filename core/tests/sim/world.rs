@@ -1172,7 +1172,7 @@ impl World {
             for e in events {
                 let before = self.model.get(&e.kv.key);
                 assert_eq!(
-                    e.prev_kv.as_ref(),
+                    e.prev_kv.clone().map(kv::PrevKv::checked).as_ref(),
                     before,
                     "prev_kv of {:?} at revision {rev} is not the key's previous version\n{}",
                     e.kv.key,
