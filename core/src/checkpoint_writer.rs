@@ -166,6 +166,7 @@ mod tests {
             snapshot_count: 10_000,
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
+            sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
         };
         let members = vec![crate::ids::Member {
             id: 1,

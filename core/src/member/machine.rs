@@ -140,6 +140,9 @@ pub struct MemberConfig {
     pub stats: Arc<RaftStats>,
     /// How long a simple auth token lives after its last use (`--auth-token-ttl`).
     pub auth_token_ttl_ms: u64,
+    /// Value-log bytes sealed and not yet durable above which the member takes no new
+    /// entries: as leader no new proposals, as follower no new appends (see `values_backlogged`).
+    pub sealed_backlog_bytes_max: u64,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -478,10 +481,16 @@ impl Member {
         self.writer.take_sealed_segments()
     }
 
-    /// Record bytes sealed and not yet durable: the driver takes no new proposals above its
-    /// bound, so memory stays bounded when the disk is slower than the writes.
+    /// Record bytes sealed and not yet durable.
     pub fn sealed_backlog_bytes(&self) -> u64 {
         self.writer.sealed_backlog_bytes()
+    }
+
+    /// More values wait for the disk than `sealed_backlog_bytes_max`: until it catches up,
+    /// the driver takes no new proposals, and `step` takes no new entries from a leader, so
+    /// the memory they hold stays bounded whichever member's disk is the slow one.
+    pub fn values_backlogged(&self) -> bool {
+        self.writer.sealed_backlog_bytes() > self.config.sealed_backlog_bytes_max
     }
 
     /// A sealed segment is durable and mapped as `file`.
@@ -548,6 +557,16 @@ impl Member {
                 removed_member_id = format!("{:x}", m.from),
                 "rejected Raft message from removed member"
             );
+            return;
+        }
+        if m.msg_type == MessageType::Append && !m.entries.is_empty() && self.values_backlogged() {
+            // Entries applied now would seal more segments for a disk already behind. Unheard,
+            // the leader probes again after a heartbeat, which this member still answers, so
+            // it stays a follower and catches up once its disk has.
+            self.config
+                .stats
+                .appends_deferred
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
         if matches!(
@@ -1865,6 +1884,7 @@ mod tests {
             snapshot_count: 10_000,
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
+            sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -2273,10 +2293,18 @@ mod tests {
         now_ms: u64,
         /// A member cut off from the others: messages to and from it are lost.
         cut: Option<u64>,
+        /// A member whose value-log disk writes nothing until this is cleared.
+        disk_stalled: Option<u64>,
     }
 
     impl Trio {
         fn new() -> Trio {
+            Trio::with_value_log(kv::ValueLogOptions::default(), 64 << 20)
+        }
+
+        /// Members whose stores use `value_log`, and take no new writes above
+        /// `sealed_backlog_bytes_max` of values waiting for the disk.
+        fn with_value_log(value_log: kv::ValueLogOptions, sealed_backlog_bytes_max: u64) -> Trio {
             let infos: Vec<MemberInfo> = (1..=3)
                 .map(|id| MemberInfo {
                     id,
@@ -2294,7 +2322,7 @@ mod tests {
                     rc.seed = id;
                     let storage = MemStorage::new_with_voters(&[1, 2, 3]);
                     let node = RawNode::new(&rc, storage).expect("a valid raft configuration");
-                    let (writer, _reader) = kv::Store::new();
+                    let (writer, _reader) = kv::Store::with_value_log(value_log);
                     let config = MemberConfig {
                         id,
                         name: format!("m{id}"),
@@ -2304,6 +2332,7 @@ mod tests {
                         snapshot_count: 10_000,
                         stats: Arc::default(),
                         auth_token_ttl_ms: 300_000,
+                        sealed_backlog_bytes_max,
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
@@ -2315,6 +2344,7 @@ mod tests {
                 members,
                 now_ms: 0,
                 cut: None,
+                disk_stalled: None,
             }
         }
 
@@ -2335,6 +2365,13 @@ mod tests {
                     wire.extend(io.messages);
                     wire.extend(io.persisted_messages);
                     m.persisted(now_ms).expect("no snapshots here");
+                }
+                if self.disk_stalled != Some(m.id()) {
+                    // The value-log driver: every sealed segment written, synced and mapped.
+                    for sealed in m.take_sealed_segments() {
+                        let file: Vec<u8> = sealed.records.concat();
+                        m.segment_durable(sealed.id, sealed.bytes, Bytes::from(file));
+                    }
                 }
                 for effect in m.take_effects() {
                     match effect {
@@ -2394,6 +2431,84 @@ mod tests {
             }
             leader
         }
+    }
+
+    /// A follower whose disk falls behind takes no new entries while more values wait for it
+    /// than its bound, so their memory stays bounded; it stays the leader's follower, the
+    /// other two commit meanwhile, and it catches up once its disk does.
+    #[test]
+    fn a_follower_whose_disk_lags_takes_no_new_entries_until_it_catches_up() {
+        const BACKLOG_MAX_BYTES: u64 = 64 * 1024;
+        let value_log = kv::ValueLogOptions {
+            segment_bytes: 8 * 1024,
+            first_segment_id: 1,
+            on_disk: true,
+        };
+        let mut trio = Trio::with_value_log(value_log, BACKLOG_MAX_BYTES);
+        let leader = trio.elect();
+        let slow = (leader + 1) % 3;
+        trio.disk_stalled = Some(trio.members[slow].id());
+        let term = trio.members[leader].raft_term();
+        let mut answers = Vec::new();
+        let mut backlog_peak_bytes = 0;
+        for round in 0..200u64 {
+            // Ten 1 KiB puts a round: 2 MB in all, thirty times the bound.
+            for i in 0..10 {
+                let id = round * 10 + i + 1;
+                let (p, rx) = proposal(
+                    id,
+                    pb::InternalRaftRequest {
+                        put: Some(pb::PutRequest {
+                            key: Bytes::from(format!("k{id:05}")),
+                            value: Bytes::from(vec![b'v'; 1024]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                );
+                trio.members[leader].propose(p, trio.now_ms);
+                answers.push(rx);
+            }
+            trio.round();
+            backlog_peak_bytes = backlog_peak_bytes.max(trio.members[slow].sealed_backlog_bytes());
+        }
+        // The last writes commit.
+        for _ in 0..5 {
+            trio.round();
+        }
+        // The bound, plus what the follower had already accepted when it crossed it: the
+        // entries of the appends in flight (raft's window), far below what was written.
+        assert!(
+            backlog_peak_bytes <= BACKLOG_MAX_BYTES + 512 * 1024,
+            "the stalled follower's backlog reached {backlog_peak_bytes} bytes"
+        );
+        let stats = trio.members[slow].config.stats.clone();
+        assert!(stats.appends_deferred.load(Ordering::Relaxed) > 0);
+        let (leader_applied, slow_applied) = (
+            trio.members[leader].applied_index(),
+            trio.members[slow].applied_index(),
+        );
+        assert!(
+            slow_applied < leader_applied,
+            "the stalled follower fell behind"
+        );
+        for rx in &mut answers {
+            let outcome = rx.try_recv().expect("answered").expect("an answer");
+            assert!(outcome.is_ok(), "the other two committed every write");
+        }
+        // Its disk catches up; so does it, under the same leader.
+        trio.disk_stalled = None;
+        for _ in 0..100 {
+            trio.round();
+        }
+        assert_eq!(trio.members[slow].applied_index(), leader_applied);
+        assert_eq!(trio.leader(), Some(leader));
+        assert_eq!(
+            trio.members[leader].raft_term(),
+            term,
+            "leadership never moved"
+        );
+        assert_eq!(trio.members[slow].sealed_backlog_bytes(), 0);
     }
 
     #[test]

@@ -406,6 +406,7 @@ impl World {
             snapshot_count: self.config.snapshot_count,
             stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
             auth_token_ttl_ms: 300_000,
+            sealed_backlog_bytes_max: keel_core::limits::SEALED_BACKLOG_BYTES_MAX,
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
