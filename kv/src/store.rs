@@ -339,15 +339,18 @@ impl Writer {
         self.vlog.bytes_live()
     }
 
-    /// Bytes the store holds: every value-log byte (live or awaiting reclaim), the index and
-    /// the leases. Status's dbSize and the quota count this.
+    /// Bytes the store holds: every value-log record (header, key and value; live or awaiting
+    /// reclaim), which is what the segment files hold on disk, plus the index and the leases,
+    /// which the checkpoint holds. Status's dbSize and the quota count this, as etcd counts
+    /// its database file.
     pub fn size_bytes(&self) -> u64 {
-        self.vlog.bytes_total() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
+        self.vlog.record_bytes_total() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
     }
 
-    /// Bytes still in use: live values, the index and the leases (Status's dbSizeInUse).
+    /// Bytes still in use: live values' records, the index and the leases (Status's
+    /// dbSizeInUse).
     pub fn size_bytes_in_use(&self) -> u64 {
-        self.vlog.bytes_live() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
+        self.vlog.record_bytes_live() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
     }
 
     /// Accounts one more version of `key` in the index.
@@ -838,7 +841,7 @@ impl Writer {
                 continue;
             }
             for v in &versions[..keep_from] {
-                self.vlog.release(v.segment, v.value_len());
+                self.vlog.release(v.segment, v.value_len(), v.record.len());
                 let version_bytes = entry.key().len() as u64 + VERSION_INDEX_BYTES;
                 assert!(self.index_bytes >= version_bytes, "index bytes underflow");
                 self.index_bytes -= version_bytes;
@@ -894,7 +897,12 @@ impl Writer {
             }
             // Checked: a damaged record is never copied into a new segment as if it were good.
             let placed = self.vlog.append(key, *rev, &versions[pos].value());
-            self.vlog.release(cursor.segment, placed.value_len as usize);
+            // Same key, same value: the old record was as long as the new one.
+            self.vlog.release(
+                cursor.segment,
+                placed.value_len as usize,
+                placed.record.len(),
+            );
             let mut list = versions.to_vec();
             list[pos].record = placed.record;
             list[pos].value_len = placed.value_len;
