@@ -167,6 +167,7 @@ mod tests {
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            ids_first: 1,
         };
         let members = vec![crate::ids::Member {
             id: 1,

@@ -226,6 +226,8 @@ impl RaftCore {
             stats: shared.raft_stats.clone(),
             auth_token_ttl_ms: shared.config.auth_token_ttl_ms,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            // Unique across restarts: from the clock-based generator of proposal ids.
+            ids_first: shared.next_proposal_id(),
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.restore_auth(&auth);

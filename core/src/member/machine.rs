@@ -143,6 +143,15 @@ pub struct MemberConfig {
     /// Value-log bytes sealed and not yet durable above which the member takes no new
     /// entries: as leader no new proposals, as follower no new appends (see `values_backlogged`).
     pub sealed_backlog_bytes_max: u64,
+    /// The first id this incarnation gives its ReadIndex rounds, forwarded keep-alives and
+    /// membership requests. An answer meant for an earlier incarnation can arrive after a
+    /// restart (a leader answering a read or a keep-alive sent just before the crash, over
+    /// the new connection; a membership change proposed before it, applied after); were ids
+    /// to start over, it would answer a new request: an old read index would serve a stale
+    /// read. So each incarnation starts where no earlier one could have reached: the server
+    /// takes it from the clock-based id generator, as etcd's request ids; the simulation
+    /// from its incarnation count.
+    pub ids_first: u64,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -363,6 +372,7 @@ impl Member {
         assert!(config.tick_ms > 0, "a raft tick takes time");
         assert!(config.id != 0, "member id 0 means none in raft");
         let raft_term = node.store().hard_state().term;
+        let ids_first = config.ids_first;
         let mut member = Member {
             config,
             node,
@@ -389,8 +399,8 @@ impl Member {
             defrag_waiting: Vec::new(),
             heard_from_ms: std::collections::BTreeMap::new(),
             lease_clock: LeaseClock::new(),
-            next_read_ctx: 1,
-            next_request_id: 1,
+            next_read_ctx: ids_first,
+            next_request_id: ids_first,
             last_checkpoint_index,
             checkpoint_in_flight: None,
             dead_segments: Vec::new(),
@@ -1885,6 +1895,7 @@ mod tests {
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            ids_first: 1,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -2295,6 +2306,11 @@ mod tests {
         cut: Option<u64>,
         /// A member whose value-log disk writes nothing until this is cleared.
         disk_stalled: Option<u64>,
+        /// Messages of this type to this member are kept in `held` instead of delivered.
+        hold: Option<(u64, MessageType)>,
+        held: Vec<Message>,
+        /// Every member's WAL records, as written (a restart recovers from them).
+        wal: Vec<Vec<Record>>,
     }
 
     impl Trio {
@@ -2333,6 +2349,7 @@ mod tests {
                         stats: Arc::default(),
                         auth_token_ttl_ms: 300_000,
                         sealed_backlog_bytes_max,
+                        ids_first: 1,
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
@@ -2345,6 +2362,9 @@ mod tests {
                 now_ms: 0,
                 cut: None,
                 disk_stalled: None,
+                hold: None,
+                held: Vec::new(),
+                wal: vec![Vec::new(); 3],
             }
         }
 
@@ -2359,11 +2379,12 @@ mod tests {
             let mut keepalives = Vec::new();
             let mut keepalive_replies = Vec::new();
             let mut refusals = Vec::new();
-            for m in &mut self.members {
+            for (i, m) in self.members.iter_mut().enumerate() {
                 m.tick(now_ms);
                 while let Some(io) = m.ready(now_ms) {
                     wire.extend(io.messages);
                     wire.extend(io.persisted_messages);
+                    self.wal[i].extend(io.wal_records);
                     m.persisted(now_ms).expect("no snapshots here");
                 }
                 if self.disk_stalled != Some(m.id()) {
@@ -2399,6 +2420,10 @@ mod tests {
                 if self.cut.is_some_and(|c| c == msg.to || c == msg.from) {
                     continue;
                 }
+                if self.hold == Some((msg.to, msg.msg_type)) {
+                    self.held.push(msg);
+                    continue;
+                }
                 let to = msg.to as usize;
                 self.members[to - 1].step(msg, now_ms);
             }
@@ -2431,6 +2456,93 @@ mod tests {
             }
             leader
         }
+    }
+
+    /// Found by the soak (seed 8027565): a follower's read sent just before it crashed was
+    /// answered by the leader after the restart, and the answer's context matched the first
+    /// read of the new incarnation, whose ids had started over at 1: that read was served at
+    /// the old read index and missed a delete acknowledged in between. Ids now start where
+    /// the driver says (`ids_first`), which differs for every incarnation.
+    #[test]
+    fn a_read_answer_meant_for_an_earlier_incarnation_answers_no_read_of_a_later_one() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let f = (leader + 1) % 3;
+        let f_id = trio.members[f].id();
+        // A read of the first incarnation; the leader's answer is held back, as if it were
+        // sent just as the follower crashed.
+        trio.hold = Some((f_id, MessageType::ReadIndexResponse));
+        let (reply, _first_rx) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[f].read(vec![ReadWait { reply }], now_ms);
+        for _ in 0..10 {
+            trio.round();
+        }
+        trio.hold = None;
+        let stale = trio.held.pop().expect("the leader answered the read");
+        assert!(trio.held.is_empty());
+        // Writes commit past that read index.
+        let (p, _rx) = proposal(99, put("k"));
+        trio.members[leader].propose(p, trio.now_ms);
+        for _ in 0..3 {
+            trio.round();
+        }
+        assert!(trio.members[leader].applied_index() > stale.index);
+        // The follower restarts (here: a new incarnation over an empty log, which the leader
+        // fills again), catches up, and is cut off, so its next read can only be answered by
+        // the old answer, which then arrives.
+        // The follower restarts from its WAL, catches up, and is cut off, so that its next
+        // read can only be answered by the old answer, which then arrives.
+        let restart = |ids_first: u64, old: &Member, wal: Vec<Record>| {
+            let mut rc = keel_raft::Config::new(f_id);
+            rc.heartbeat_tick = 1;
+            rc.seed = f_id;
+            let r = recovery::recover(
+                rc,
+                recovery::Start::Founding,
+                old.members().to_vec(),
+                None,
+                wal,
+                kv::ValueLogOptions::default(),
+                &mut |id| Err(format!("no segment {id}")),
+            )
+            .expect("a well-formed WAL recovers");
+            let config = MemberConfig {
+                ids_first,
+                ..old.config.clone()
+            };
+            let mut m = Member::new(config, r.node, r.writer, r.members, r.alarms, 1);
+            m.start(0);
+            m
+        };
+        let answered_by_the_old_answer = |trio: &mut Trio, ids_first: u64| {
+            let again = restart(ids_first, &trio.members[f], trio.wal[f].clone());
+            trio.members[f] = again;
+            trio.cut = None;
+            for _ in 0..10 {
+                trio.round();
+            }
+            assert_eq!(
+                trio.members[f].applied_index(),
+                trio.members[leader].applied_index(),
+                "the restarted follower caught up"
+            );
+            trio.cut = Some(f_id);
+            let (reply, mut rx) = oneshot::channel();
+            let now_ms = trio.now_ms;
+            let m = &mut trio.members[f];
+            m.read(vec![ReadWait { reply }], now_ms);
+            m.step(stale.clone(), now_ms);
+            while let Some(_io) = m.ready(now_ms) {
+                m.persisted(now_ms).expect("no snapshots here");
+            }
+            rx.try_recv().expect("not dropped").is_some()
+        };
+        // Were the new incarnation's ids to start where the old one's did, the old answer
+        // would answer its read: the hazard the soak found.
+        assert!(answered_by_the_old_answer(&mut trio, 1));
+        // With ids of its own, the old answer answers nothing; the read waits for its round.
+        assert!(!answered_by_the_old_answer(&mut trio, 1 << 32));
     }
 
     /// A follower whose disk falls behind takes no new entries while more values wait for it
