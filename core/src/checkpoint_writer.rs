@@ -166,6 +166,8 @@ mod tests {
             snapshot_count: 10_000,
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
+            sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            ids_first: 1,
         };
         let members = vec![crate::ids::Member {
             id: 1,

@@ -132,7 +132,7 @@ pub fn event(e: kv::Event, with_prev_kv: bool) -> mvccpb::Event {
         },
         kv: Some(key_value(e.kv)),
         prev_kv: if with_prev_kv {
-            e.prev_kv.map(key_value)
+            e.prev_kv.map(|prev| key_value(prev.checked()))
         } else {
             None
         },

@@ -31,6 +31,10 @@ pub const WAL_BATCH_BYTES_DEFAULT: usize = 1 << 20;
 pub const PEER_SNAPSHOT_FRAME_BYTES_MAX: usize = 1 << 30;
 /// Uncommitted entry bytes a leader holds before it drops proposals ("too many requests").
 pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
+/// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
+/// leader no proposals, a follower no appended entries): bounds the memory that values
+/// waiting for the disk hold.
+pub const SEALED_BACKLOG_BYTES_MAX: u64 = 64 << 20;
 
 /// Test-only: shrinks the WAL's record limit below the entry limit, so a test can make the raft
 /// core fail on an accepted request and watch the member stop loudly. Never set in production:

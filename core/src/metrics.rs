@@ -808,6 +808,12 @@ fn render_keel(out: &mut String, shared: &Shared) {
         "keel_checkpoint_duration_seconds",
         "Time to serialize and durably write one checkpoint.",
     );
+    counter(
+        out,
+        "keel_appends_deferred_total",
+        "Raft appends a follower left for the leader to send again while its values waited for the disk.",
+        stats.appends_deferred.load(Ordering::Relaxed),
+    );
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: u64) {

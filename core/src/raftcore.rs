@@ -225,6 +225,9 @@ impl RaftCore {
             snapshot_count: shared.config.snapshot_count,
             stats: shared.raft_stats.clone(),
             auth_token_ttl_ms: shared.config.auth_token_ttl_ms,
+            sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            // Unique across restarts: from the clock-based generator of proposal ids.
+            ids_first: shared.next_proposal_id(),
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.restore_auth(&auth);
@@ -276,8 +279,7 @@ impl RaftCore {
             self.wal_release.check()?;
             // Values waiting for the disk past their bound: no new writes until it catches up
             // (proposals wait in their bounded mailbox, then clients hear "too many requests").
-            let proposals_held =
-                self.member.sealed_backlog_bytes() > vlog_writer::SEALED_BACKLOG_BYTES_MAX;
+            let proposals_held = self.member.values_backlogged();
             let idle = !self.member.has_work()
                 && (proposals_held || self.shared.proposals.is_empty())
                 && self.shared.reads.is_empty()

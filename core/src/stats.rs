@@ -157,6 +157,9 @@ pub struct RaftStats {
     pub slow_apply: AtomicU64,
     /// Heartbeats the leader could not hand to a peer's connection (queue full or peer down).
     pub heartbeat_send_failures: AtomicU64,
+    /// Appends with entries a follower left unheard while its values waited for the disk
+    /// (`Member::values_backlogged`); the leader sends them again.
+    pub appends_deferred: AtomicU64,
     /// Linearizable reads whose ReadIndex round failed (timed out or refused).
     pub read_indexes_failed: AtomicU64,
     /// Keys put by applied writes (each Put, in a Txn or not).
@@ -198,6 +201,7 @@ impl Default for RaftStats {
             proposals_pending: AtomicU64::new(0),
             slow_apply: AtomicU64::new(0),
             heartbeat_send_failures: AtomicU64::new(0),
+            appends_deferred: AtomicU64::new(0),
             read_indexes_failed: AtomicU64::new(0),
             puts: AtomicU64::new(0),
             deletes: AtomicU64::new(0),

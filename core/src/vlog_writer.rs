@@ -6,9 +6,9 @@
 //!
 //! Segments are written one at a time, oldest first. A segment needs no ordering against the
 //! WAL or against other segments: a checkpoint points only into segments already reported
-//! durable, and WAL replay rebuilds anything newer. The queue is bounded in bytes by the raft
-//! loop, which takes no new proposals while `Member::sealed_backlog_bytes` is above
-//! `SEALED_BACKLOG_BYTES_MAX`; the two mailboxes are sized for the segments that bound allows,
+//! durable, and WAL replay rebuilds anything newer. The queue is bounded in bytes by the member,
+//! which takes no new proposals (as leader) or entries (as follower) while
+//! `Member::values_backlogged` (above `limits::SEALED_BACKLOG_BYTES_MAX`); the two mailboxes are sized for the segments that bound allows,
 //! with an overflow list for the rare burst of small segments past it.
 //!
 //! A write that fails stops the raft core (and the process), as a failed WAL write does; a
@@ -23,10 +23,6 @@ use keel_kv as kv;
 
 use crate::error::CoreError;
 use crate::rt::{self, Mailbox};
-
-/// Record bytes sealed and not yet durable above which the raft loop takes no new proposals:
-/// bounds the memory that values waiting for the disk hold.
-pub const SEALED_BACKLOG_BYTES_MAX: u64 = 64 << 20;
 
 /// Segments queued to the writer task, and completions queued back.
 const SEGMENTS_QUEUED_MAX: usize = 256;

@@ -1,9 +1,11 @@
 //! Watch: change streams, fanned out per shard.
 //!
 //! The raft core encodes each applied batch of events once (`WatchBatch`: every event as
-//! protobuf bytes, with and without prev_kv) and hands the same `Arc` to every shard's hub. A
-//! hub matches events to its watchers and appends pre-encoded events to per-watcher
-//! responses, so a write costs one encoding however many watchers see it.
+//! protobuf bytes without prev_kv) and hands the same `Arc` to every shard's hub. A hub
+//! matches events to its watchers and appends pre-encoded events to per-watcher responses, so
+//! a write costs one encoding however many watchers see it. The encoding with prev_kv is made
+//! on a shard, by the first watcher that asks for it, so the raft core never reads a
+//! previous value for a watcher.
 //!
 //! A watcher is *synced* (fed from live batches) or *unsynced* (catching up from MVCC history
 //! with `Reader::range_events`, in bounded steps). A new watcher whose start revision is in the
@@ -20,7 +22,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -61,8 +63,34 @@ pub struct WireEvent {
     pub mod_revision: i64,
     /// `mvccpb.Event` without prev_kv.
     pub plain: Bytes,
+    /// The key's previous state, its value not yet read (see `kv::PrevKv`).
+    prev: Option<kv::PrevKv>,
+    /// `mvccpb.Event` with prev_kv, encoded by the first shard with a watcher that asks for it.
+    with_prev: OnceLock<Bytes>,
+}
+
+impl WireEvent {
     /// `mvccpb.Event` with prev_kv (equal to `plain` when the key had no previous version).
-    pub with_prev: Bytes,
+    /// The raft core encodes only `plain`: reading the previous value (perhaps faulting it in
+    /// from a segment file) and checking it happen here, on a shard, once for all shards, and
+    /// only when a watcher wants it.
+    pub fn with_prev(&self) -> &Bytes {
+        self.with_prev.get_or_init(|| match &self.prev {
+            None => self.plain.clone(),
+            Some(prev) => {
+                // Protobuf fields may follow one another in any number of pieces, and prost
+                // writes them in field order: `plain` (fields 1 and 2) then field 3 is
+                // exactly the encoding of the whole event.
+                let prev = convert::key_value(prev.clone().checked());
+                let mut bytes = BytesMut::with_capacity(
+                    self.plain.len() + prost::encoding::message::encoded_len(3, &prev),
+                );
+                bytes.extend_from_slice(&self.plain);
+                prost::encoding::message::encode(3, &prev, &mut bytes);
+                bytes.freeze()
+            }
+        })
+    }
 }
 
 /// The events of one applied raft batch, ascending by revision.
@@ -77,26 +105,15 @@ impl WatchBatch {
     pub fn encode(revision: i64, events: Vec<kv::Event>) -> WatchBatch {
         let events = events
             .into_iter()
-            .map(|e| {
-                let key = e.kv.key.clone();
-                let kind = e.kind;
-                let mod_revision = e.kv.mod_revision;
-                let has_prev = e.prev_kv.is_some();
-                let with_prev_msg = convert::event(e, true);
-                let with_prev = Bytes::from(with_prev_msg.encode_to_vec());
-                let plain = if has_prev {
-                    let mut p = with_prev_msg;
-                    p.prev_kv = None;
-                    Bytes::from(p.encode_to_vec())
-                } else {
-                    with_prev.clone()
-                };
+            .map(|mut e| {
+                let prev = e.prev_kv.take();
                 WireEvent {
-                    key,
-                    kind,
-                    mod_revision,
-                    plain,
-                    with_prev,
+                    key: e.kv.key.clone(),
+                    kind: e.kind,
+                    mod_revision: e.kv.mod_revision,
+                    plain: Bytes::from(convert::event(e, false).encode_to_vec()),
+                    prev,
+                    with_prev: OnceLock::new(),
                 }
             })
             .collect();
@@ -512,7 +529,7 @@ impl Hub {
                 .filter(|e| {
                     e.mod_revision >= w.next_rev && w.range.contains(&e.key) && w.wants(e.kind)
                 })
-                .map(|e| if w.prev_kv { &e.with_prev } else { &e.plain })
+                .map(|e| if w.prev_kv { e.with_prev() } else { &e.plain })
                 .collect();
             if events.is_empty() {
                 continue;
@@ -1080,6 +1097,46 @@ mod tests {
             }
             .encode_to_vec(),
         )
+    }
+
+    /// The encoding with prev_kv, made on a shard from `plain`, is byte for byte what prost
+    /// makes of the whole event, for puts and deletes, with and without a previous state.
+    #[test]
+    fn events_with_prev_kv_encode_as_prost_encodes_them() {
+        let kv = |key: &str, value: &str, rev: i64| kv::KeyValue {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            create_revision: 2,
+            mod_revision: rev,
+            version: rev - 1,
+            value: Bytes::copy_from_slice(value.as_bytes()),
+            lease: 7,
+        };
+        let events = vec![
+            kv::Event {
+                kind: kv::EventKind::Put,
+                kv: kv("a", "new", 9),
+                prev_kv: Some(kv::PrevKv::known(kv("a", "old", 8))),
+            },
+            kv::Event {
+                kind: kv::EventKind::Put,
+                kv: kv("b", "first", 9),
+                prev_kv: None,
+            },
+            kv::Event {
+                kind: kv::EventKind::Delete,
+                kv: kv::KeyValue {
+                    key: Bytes::from_static(b"c"),
+                    mod_revision: 9,
+                    ..Default::default()
+                },
+                prev_kv: Some(kv::PrevKv::known(kv("c", "gone", 3))),
+            },
+        ];
+        let batch = WatchBatch::encode(9, events.clone());
+        for (wire, e) in batch.events.iter().zip(events) {
+            assert_eq!(wire.plain, convert::event(e.clone(), false).encode_to_vec());
+            assert_eq!(wire.with_prev(), &convert::event(e, true).encode_to_vec());
+        }
     }
 
     #[test]

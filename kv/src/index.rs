@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use crossbeam_skiplist::SkipMap;
 
-use crate::types::{KeyValue, Revision};
+use crate::types::{KeyValue, PrevKv, Revision};
 use crate::vlog::SEGMENT_NONE;
 
 /// Whether a version is a value or the tombstone that ends a key's life.
@@ -87,6 +87,14 @@ impl Version {
 
     pub(crate) fn to_key_value(&self, key: &Bytes) -> KeyValue {
         self.key_value_with(key, self.value())
+    }
+
+    /// This version as a key's previous state, its value not read (see `PrevKv`).
+    pub(crate) fn to_prev_kv(&self, key: &Bytes) -> PrevKv {
+        PrevKv::unchecked(
+            self.key_value_with(key, self.value_unchecked()),
+            self.clone(),
+        )
     }
 
     /// `to_key_value` for a version the writer has just written (its record is in memory and

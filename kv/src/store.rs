@@ -15,8 +15,8 @@ use crate::types::{
     Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Event, EventBatch, EventKind, KeyValue,
     LeaseGrantRequest, LeaseGrantResponse, LeaseInfo, LeaseRevokeRequest, LeaseRevokeResponse, Op,
-    OpResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseOp,
-    Revision, TxnRequest, TxnResponse,
+    OpResponse, PrevKv, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
+    ResponseOp, Revision, TxnRequest, TxnResponse,
 };
 use crate::validate::LEASE_TTL_MAX_S;
 use crate::vlog::{DeadSegment, Reclaim, SealedSegment, ValueLog, SEGMENT_BYTES};
@@ -339,15 +339,18 @@ impl Writer {
         self.vlog.bytes_live()
     }
 
-    /// Bytes the store holds: every value-log byte (live or awaiting reclaim), the index and
-    /// the leases. Status's dbSize and the quota count this.
+    /// Bytes the store holds: every value-log record (header, key and value; live or awaiting
+    /// reclaim), which is what the segment files hold on disk, plus the index and the leases,
+    /// which the checkpoint holds. Status's dbSize and the quota count this, as etcd counts
+    /// its database file.
     pub fn size_bytes(&self) -> u64 {
-        self.vlog.bytes_total() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
+        self.vlog.record_bytes_total() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
     }
 
-    /// Bytes still in use: live values, the index and the leases (Status's dbSizeInUse).
+    /// Bytes still in use: live values' records, the index and the leases (Status's
+    /// dbSizeInUse).
     pub fn size_bytes_in_use(&self) -> u64 {
-        self.vlog.bytes_live() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
+        self.vlog.record_bytes_live() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
     }
 
     /// Accounts one more version of `key` in the index.
@@ -422,25 +425,32 @@ impl Writer {
         Ok(())
     }
 
-    fn latest(&self, key: &[u8], rev: i64) -> Option<KeyValue> {
+    /// The key's live state at `rev`, its value unread: a write needs only the metadata, and
+    /// reads the value only when its request asks for it.
+    fn latest(&self, key: &[u8], rev: i64) -> Option<PrevKv> {
         let guard = epoch::pin();
         let entry = self.shared.index.get(key)?;
-        live_at(entry.value().load(&guard), rev).map(|v| v.to_key_value(entry.key()))
+        live_at(entry.value().load(&guard), rev).map(|v| v.to_prev_kv(entry.key()))
     }
 
     fn put(&mut self, ctx: &mut TxnCtx, req: &PutRequest) -> PutResponse {
         let prev = self.latest(&req.key, ctx.read_rev());
         let (value, lease) = match (&prev, req.ignore_value, req.ignore_lease) {
-            (Some(p), true, true) => (p.value.clone(), p.lease),
-            (Some(p), true, false) => (p.value.clone(), req.lease),
-            (Some(p), false, true) => (req.value.clone(), p.lease),
+            (Some(p), true, true) => (p.clone().checked().value, p.lease()),
+            (Some(p), true, false) => (p.clone().checked().value, req.lease),
+            (Some(p), false, true) => (req.value.clone(), p.lease()),
             (_, false, false) => (req.value.clone(), req.lease),
             (None, _, _) => panic!("ignore_* on a missing key must be rejected before apply"),
         };
-        self.write_put(ctx, &req.key, &value, lease, prev.clone());
+        let prev_kv = if req.prev_kv {
+            prev.clone().map(PrevKv::checked)
+        } else {
+            None
+        };
+        self.write_put(ctx, &req.key, &value, lease, prev);
         PutResponse {
             revision: ctx.begin_rev + 1,
-            prev_kv: if req.prev_kv { prev } else { None },
+            prev_kv,
         }
     }
 
@@ -450,7 +460,7 @@ impl Writer {
         key: &[u8],
         value: &[u8],
         lease: i64,
-        prev: Option<KeyValue>,
+        prev: Option<PrevKv>,
     ) {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
         let rev = ctx.next_revision();
@@ -467,8 +477,8 @@ impl Writer {
         let version = Version {
             rev,
             kind: VersionKind::Put,
-            create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision),
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision()),
+            version: prev.as_ref().map_or(1, |p| p.version() + 1),
             lease,
             record: placed.record,
             value_len: placed.value_len,
@@ -492,8 +502,8 @@ impl Writer {
             }
         }
         if let Some(p) = &prev {
-            if p.lease != 0 {
-                self.detach(p.lease, &key_bytes);
+            if p.lease() != 0 {
+                self.detach(p.lease(), &key_bytes);
             }
         }
         if lease != 0 {
@@ -524,7 +534,7 @@ impl Writer {
 
     fn delete_range(&mut self, ctx: &mut TxnCtx, req: &DeleteRangeRequest) -> DeleteRangeResponse {
         let read_rev = ctx.read_rev();
-        let mut victims: Vec<KeyValue> = Vec::new();
+        let mut victims: Vec<PrevKv> = Vec::new();
         {
             let guard = epoch::pin();
             for_each_in_range(
@@ -533,7 +543,7 @@ impl Writer {
                 &req.range_end,
                 |key, history| {
                     if let Some(v) = live_at(history.load(&guard), read_rev) {
-                        victims.push(v.to_key_value(key));
+                        victims.push(v.to_prev_kv(key));
                     }
                     true
                 },
@@ -550,17 +560,21 @@ impl Writer {
         DeleteRangeResponse {
             revision,
             deleted: victims.len() as i64,
-            prev_kvs: if req.prev_kv { victims } else { Vec::new() },
+            prev_kvs: if req.prev_kv {
+                victims.into_iter().map(PrevKv::checked).collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
-    fn write_delete(&mut self, ctx: &mut TxnCtx, prev: KeyValue) {
+    fn write_delete(&mut self, ctx: &mut TxnCtx, prev: PrevKv) {
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         let shared = self.shared.clone();
         let entry = shared
             .index
-            .get(prev.key.as_ref())
+            .get(prev.key().as_ref())
             .expect("a live key has an index entry");
         let old = entry.value().load(&guard);
         assert!(
@@ -573,8 +587,8 @@ impl Writer {
         list.push(Version::tombstone(rev));
         entry.value().replace(list, &guard);
         self.index_grew(entry.key().len());
-        if prev.lease != 0 {
-            self.detach(prev.lease, entry.key());
+        if prev.lease() != 0 {
+            self.detach(prev.lease(), entry.key());
         }
         ctx.writes += 1;
         ctx.events.push(Event {
@@ -827,7 +841,7 @@ impl Writer {
                 continue;
             }
             for v in &versions[..keep_from] {
-                self.vlog.release(v.segment, v.value_len());
+                self.vlog.release(v.segment, v.value_len(), v.record.len());
                 let version_bytes = entry.key().len() as u64 + VERSION_INDEX_BYTES;
                 assert!(self.index_bytes >= version_bytes, "index bytes underflow");
                 self.index_bytes -= version_bytes;
@@ -883,7 +897,12 @@ impl Writer {
             }
             // Checked: a damaged record is never copied into a new segment as if it were good.
             let placed = self.vlog.append(key, *rev, &versions[pos].value());
-            self.vlog.release(cursor.segment, placed.value_len as usize);
+            // Same key, same value: the old record was as long as the new one.
+            self.vlog.release(
+                cursor.segment,
+                placed.value_len as usize,
+                placed.record.len(),
+            );
             let mut list = versions.to_vec();
             list[pos].record = placed.record;
             list[pos].value_len = placed.value_len;
@@ -946,7 +965,7 @@ impl Writer {
             let prev = self
                 .latest(&key, ctx.read_rev())
                 .expect("a key attached to a lease is live");
-            assert!(prev.lease == req.id);
+            assert!(prev.lease() == req.id);
             self.write_delete(ctx, prev);
         }
         let entry = self.leases.remove(&req.id).expect("checked above");
@@ -1107,7 +1126,7 @@ impl Reader {
                     .checked_sub(1)
                     .map(|p| &versions[p])
                     .filter(|p| p.kind == VersionKind::Put)
-                    .map(|p| p.to_key_value(key));
+                    .map(|p| p.to_prev_kv(key));
                 let event = match v.kind {
                     VersionKind::Put => Event {
                         kind: EventKind::Put,

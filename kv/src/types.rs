@@ -38,8 +38,79 @@ pub struct Event {
     pub kind: EventKind,
     pub kv: KeyValue,
     /// The key's previous state, when it existed (watchers asking for prev_kv forward it).
-    pub prev_kv: Option<KeyValue>,
+    pub prev_kv: Option<PrevKv>,
 }
+
+/// A key's previous state as a write found it, its value not yet checked. Checking a value
+/// reads all of it, and a value in a mapped segment file may have to be faulted in from disk:
+/// the raft core, which applies writes, must not wait for that only to fill in watch events
+/// few watchers ask for. So a write carries the previous version unread, and whoever hands
+/// the value out (a watcher that asked for prev_kv, on its shard) checks it with `checked`.
+#[derive(Debug, Clone)]
+pub struct PrevKv {
+    /// Everything but the value is in the index; the value here is unchecked.
+    kv: KeyValue,
+    /// The version whose record vouches for the value; `None` once checked or when the
+    /// value never left memory.
+    unchecked: Option<crate::index::Version>,
+}
+
+impl PrevKv {
+    pub(crate) fn unchecked(kv: KeyValue, version: crate::index::Version) -> PrevKv {
+        PrevKv {
+            kv,
+            unchecked: Some(version),
+        }
+    }
+
+    /// A previous state whose value needs no check (built by a test or a model).
+    pub fn known(kv: KeyValue) -> PrevKv {
+        PrevKv {
+            kv,
+            unchecked: None,
+        }
+    }
+
+    /// The key, revisions, version and lease: none of them reads the value.
+    pub fn key(&self) -> &Bytes {
+        &self.kv.key
+    }
+
+    pub fn create_revision(&self) -> i64 {
+        self.kv.create_revision
+    }
+
+    pub fn mod_revision(&self) -> i64 {
+        self.kv.mod_revision
+    }
+
+    pub fn version(&self) -> i64 {
+        self.kv.version
+    }
+
+    pub fn lease(&self) -> i64 {
+        self.kv.lease
+    }
+
+    /// The whole previous state, its value checked against its record's crc first. A value
+    /// that fails the check stops the process, naming the segment file and offset, as every
+    /// read does: a member never hands out a value it cannot vouch for.
+    pub fn checked(self) -> KeyValue {
+        if let Some(version) = self.unchecked {
+            version.value();
+        }
+        self.kv
+    }
+}
+
+/// Equal when the states are, whether or not either value was checked yet.
+impl PartialEq for PrevKv {
+    fn eq(&self, other: &PrevKv) -> bool {
+        self.kv == other.kv
+    }
+}
+
+impl Eq for PrevKv {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SortOrder {

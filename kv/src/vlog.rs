@@ -88,9 +88,12 @@ pub(crate) struct DurableSegment {
 /// Bookkeeping for one segment.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentStats {
-    /// Value bytes written into the segment (quota and metrics count values, as before).
+    /// Value bytes written into the segment, and those still live: what reclaim weighs.
     pub(crate) bytes_total: u64,
     pub(crate) bytes_live: u64,
+    /// Record bytes (header, key, value) still live: with `record_bytes`, what Status and the
+    /// quota count, as etcd counts its database file.
+    pub(crate) record_bytes_live: u64,
     /// Record bytes written: the next record's offset, and the file's length.
     pub(crate) record_bytes: u64,
     /// Every value written into this segment, in write order, so reclaim can find them again.
@@ -121,6 +124,9 @@ pub(crate) struct ValueLog {
     /// would put an O(segments) loop on the apply path.
     all_bytes_total: u64,
     all_bytes_live: u64,
+    /// The same for record bytes: the segments' bytes on disk (or bound for it), and those live.
+    all_record_bytes: u64,
+    all_record_bytes_live: u64,
     /// Whether sealed segments go to disk (see the module's description).
     spill: bool,
     /// The open segment's records, kept for sealing when `spill` is on.
@@ -147,6 +153,8 @@ impl ValueLog {
             segments,
             all_bytes_total: 0,
             all_bytes_live: 0,
+            all_record_bytes: 0,
+            all_record_bytes_live: 0,
             spill,
             open_records: Vec::new(),
             sealed: Vec::new(),
@@ -186,6 +194,7 @@ impl ValueLog {
         );
         assert!(previous.is_none(), "a segment is loaded once");
         self.all_bytes_total += segment.value_bytes;
+        self.all_record_bytes += segment.record_bytes;
     }
 
     /// Counts a loaded value of a durable segment (restore); false when the segment's live
@@ -204,9 +213,12 @@ impl ValueLog {
         if stats.bytes_live + value_bytes > stats.bytes_total {
             return false;
         }
+        let record = record_bytes(key.len(), value_bytes as usize) as u64;
         stats.bytes_live += value_bytes;
+        stats.record_bytes_live += record;
         stats.refs.push((key.clone(), rev));
         self.all_bytes_live += value_bytes;
+        self.all_record_bytes_live += record;
         true
     }
 
@@ -253,8 +265,11 @@ impl ValueLog {
         stats.bytes_total += value.len() as u64;
         stats.bytes_live += value.len() as u64;
         stats.record_bytes += len as u64;
+        stats.record_bytes_live += len as u64;
         self.all_bytes_total += value.len() as u64;
         self.all_bytes_live += value.len() as u64;
+        self.all_record_bytes += len as u64;
+        self.all_record_bytes_live += len as u64;
         stats.refs.push((key.clone(), rev));
         if self.spill {
             self.open_records.push(record.clone());
@@ -352,8 +367,9 @@ impl ValueLog {
             .collect()
     }
 
-    /// Records that a value left the index (compaction dropped its version).
-    pub(crate) fn release(&mut self, segment: u32, value_bytes: usize) {
+    /// Records that a value (of `value_bytes`, in a record of `record_bytes`) left the index
+    /// (compaction dropped its version, or reclaim moved it).
+    pub(crate) fn release(&mut self, segment: u32, value_bytes: usize, record_bytes: usize) {
         if segment == SEGMENT_NONE {
             return;
         }
@@ -365,8 +381,14 @@ impl ValueLog {
             stats.bytes_live >= value_bytes as u64,
             "live bytes underflow"
         );
+        assert!(
+            stats.record_bytes_live >= record_bytes as u64,
+            "live record bytes underflow"
+        );
         stats.bytes_live -= value_bytes as u64;
+        stats.record_bytes_live -= record_bytes as u64;
         self.all_bytes_live -= value_bytes as u64;
+        self.all_record_bytes_live -= record_bytes as u64;
     }
 
     /// Drops a rewritten segment: every live value in it has moved to the open segment.
@@ -377,7 +399,12 @@ impl ValueLog {
             .remove(&segment)
             .expect("a segment under reclaim has stats");
         assert!(stats.bytes_live == 0, "every live value was rewritten");
+        assert!(
+            stats.record_bytes_live == 0,
+            "every live record was rewritten"
+        );
         self.all_bytes_total -= stats.bytes_total;
+        self.all_record_bytes -= stats.record_bytes;
         if self.spill {
             self.dead.push(segment);
         }
@@ -415,5 +442,26 @@ impl ValueLog {
             self.segments.values().map(|s| s.bytes_live).sum::<u64>()
         );
         self.all_bytes_live
+    }
+
+    /// Record bytes held by segments, live or not: their files' contents.
+    pub(crate) fn record_bytes_total(&self) -> u64 {
+        debug_assert_eq!(
+            self.all_record_bytes,
+            self.segments.values().map(|s| s.record_bytes).sum::<u64>()
+        );
+        self.all_record_bytes
+    }
+
+    /// Record bytes of live values.
+    pub(crate) fn record_bytes_live(&self) -> u64 {
+        debug_assert_eq!(
+            self.all_record_bytes_live,
+            self.segments
+                .values()
+                .map(|s| s.record_bytes_live)
+                .sum::<u64>()
+        );
+        self.all_record_bytes_live
     }
 }

@@ -140,6 +140,18 @@ pub struct MemberConfig {
     pub stats: Arc<RaftStats>,
     /// How long a simple auth token lives after its last use (`--auth-token-ttl`).
     pub auth_token_ttl_ms: u64,
+    /// Value-log bytes sealed and not yet durable above which the member takes no new
+    /// entries: as leader no new proposals, as follower no new appends (see `values_backlogged`).
+    pub sealed_backlog_bytes_max: u64,
+    /// The first id this incarnation gives its ReadIndex rounds, forwarded keep-alives and
+    /// membership requests. An answer meant for an earlier incarnation can arrive after a
+    /// restart (a leader answering a read or a keep-alive sent just before the crash, over
+    /// the new connection; a membership change proposed before it, applied after); were ids
+    /// to start over, it would answer a new request: an old read index would serve a stale
+    /// read. So each incarnation starts where no earlier one could have reached: the server
+    /// takes it from the clock-based id generator, as etcd's request ids; the simulation
+    /// from its incarnation count.
+    pub ids_first: u64,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -360,6 +372,7 @@ impl Member {
         assert!(config.tick_ms > 0, "a raft tick takes time");
         assert!(config.id != 0, "member id 0 means none in raft");
         let raft_term = node.store().hard_state().term;
+        let ids_first = config.ids_first;
         let mut member = Member {
             config,
             node,
@@ -386,8 +399,8 @@ impl Member {
             defrag_waiting: Vec::new(),
             heard_from_ms: std::collections::BTreeMap::new(),
             lease_clock: LeaseClock::new(),
-            next_read_ctx: 1,
-            next_request_id: 1,
+            next_read_ctx: ids_first,
+            next_request_id: ids_first,
             last_checkpoint_index,
             checkpoint_in_flight: None,
             dead_segments: Vec::new(),
@@ -478,10 +491,16 @@ impl Member {
         self.writer.take_sealed_segments()
     }
 
-    /// Record bytes sealed and not yet durable: the driver takes no new proposals above its
-    /// bound, so memory stays bounded when the disk is slower than the writes.
+    /// Record bytes sealed and not yet durable.
     pub fn sealed_backlog_bytes(&self) -> u64 {
         self.writer.sealed_backlog_bytes()
+    }
+
+    /// More values wait for the disk than `sealed_backlog_bytes_max`: until it catches up,
+    /// the driver takes no new proposals, and `step` takes no new entries from a leader, so
+    /// the memory they hold stays bounded whichever member's disk is the slow one.
+    pub fn values_backlogged(&self) -> bool {
+        self.writer.sealed_backlog_bytes() > self.config.sealed_backlog_bytes_max
     }
 
     /// A sealed segment is durable and mapped as `file`.
@@ -548,6 +567,16 @@ impl Member {
                 removed_member_id = format!("{:x}", m.from),
                 "rejected Raft message from removed member"
             );
+            return;
+        }
+        if m.msg_type == MessageType::Append && !m.entries.is_empty() && self.values_backlogged() {
+            // Entries applied now would seal more segments for a disk already behind. Unheard,
+            // the leader probes again after a heartbeat, which this member still answers, so
+            // it stays a follower and catches up once its disk has.
+            self.config
+                .stats
+                .appends_deferred
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
         if matches!(
@@ -1865,6 +1894,8 @@ mod tests {
             snapshot_count: 10_000,
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
+            sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            ids_first: 1,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -2273,10 +2304,23 @@ mod tests {
         now_ms: u64,
         /// A member cut off from the others: messages to and from it are lost.
         cut: Option<u64>,
+        /// A member whose value-log disk writes nothing until this is cleared.
+        disk_stalled: Option<u64>,
+        /// Messages of this type to this member are kept in `held` instead of delivered.
+        hold: Option<(u64, MessageType)>,
+        held: Vec<Message>,
+        /// Every member's WAL records, as written (a restart recovers from them).
+        wal: Vec<Vec<Record>>,
     }
 
     impl Trio {
         fn new() -> Trio {
+            Trio::with_value_log(kv::ValueLogOptions::default(), 64 << 20)
+        }
+
+        /// Members whose stores use `value_log`, and take no new writes above
+        /// `sealed_backlog_bytes_max` of values waiting for the disk.
+        fn with_value_log(value_log: kv::ValueLogOptions, sealed_backlog_bytes_max: u64) -> Trio {
             let infos: Vec<MemberInfo> = (1..=3)
                 .map(|id| MemberInfo {
                     id,
@@ -2294,7 +2338,7 @@ mod tests {
                     rc.seed = id;
                     let storage = MemStorage::new_with_voters(&[1, 2, 3]);
                     let node = RawNode::new(&rc, storage).expect("a valid raft configuration");
-                    let (writer, _reader) = kv::Store::new();
+                    let (writer, _reader) = kv::Store::with_value_log(value_log);
                     let config = MemberConfig {
                         id,
                         name: format!("m{id}"),
@@ -2304,6 +2348,8 @@ mod tests {
                         snapshot_count: 10_000,
                         stats: Arc::default(),
                         auth_token_ttl_ms: 300_000,
+                        sealed_backlog_bytes_max,
+                        ids_first: 1,
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
@@ -2315,6 +2361,10 @@ mod tests {
                 members,
                 now_ms: 0,
                 cut: None,
+                disk_stalled: None,
+                hold: None,
+                held: Vec::new(),
+                wal: vec![Vec::new(); 3],
             }
         }
 
@@ -2329,12 +2379,20 @@ mod tests {
             let mut keepalives = Vec::new();
             let mut keepalive_replies = Vec::new();
             let mut refusals = Vec::new();
-            for m in &mut self.members {
+            for (i, m) in self.members.iter_mut().enumerate() {
                 m.tick(now_ms);
                 while let Some(io) = m.ready(now_ms) {
                     wire.extend(io.messages);
                     wire.extend(io.persisted_messages);
+                    self.wal[i].extend(io.wal_records);
                     m.persisted(now_ms).expect("no snapshots here");
+                }
+                if self.disk_stalled != Some(m.id()) {
+                    // The value-log driver: every sealed segment written, synced and mapped.
+                    for sealed in m.take_sealed_segments() {
+                        let file: Vec<u8> = sealed.records.concat();
+                        m.segment_durable(sealed.id, sealed.bytes, Bytes::from(file));
+                    }
                 }
                 for effect in m.take_effects() {
                     match effect {
@@ -2360,6 +2418,10 @@ mod tests {
             }
             for msg in wire {
                 if self.cut.is_some_and(|c| c == msg.to || c == msg.from) {
+                    continue;
+                }
+                if self.hold == Some((msg.to, msg.msg_type)) {
+                    self.held.push(msg);
                     continue;
                 }
                 let to = msg.to as usize;
@@ -2394,6 +2456,171 @@ mod tests {
             }
             leader
         }
+    }
+
+    /// Found by the soak (seed 8027565): a follower's read sent just before it crashed was
+    /// answered by the leader after the restart, and the answer's context matched the first
+    /// read of the new incarnation, whose ids had started over at 1: that read was served at
+    /// the old read index and missed a delete acknowledged in between. Ids now start where
+    /// the driver says (`ids_first`), which differs for every incarnation.
+    #[test]
+    fn a_read_answer_meant_for_an_earlier_incarnation_answers_no_read_of_a_later_one() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let f = (leader + 1) % 3;
+        let f_id = trio.members[f].id();
+        // A read of the first incarnation; the leader's answer is held back, as if it were
+        // sent just as the follower crashed.
+        trio.hold = Some((f_id, MessageType::ReadIndexResponse));
+        let (reply, _first_rx) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[f].read(vec![ReadWait { reply }], now_ms);
+        for _ in 0..10 {
+            trio.round();
+        }
+        trio.hold = None;
+        let stale = trio.held.pop().expect("the leader answered the read");
+        assert!(trio.held.is_empty());
+        // Writes commit past that read index.
+        let (p, _rx) = proposal(99, put("k"));
+        trio.members[leader].propose(p, trio.now_ms);
+        for _ in 0..3 {
+            trio.round();
+        }
+        assert!(trio.members[leader].applied_index() > stale.index);
+        // The follower restarts (here: a new incarnation over an empty log, which the leader
+        // fills again), catches up, and is cut off, so its next read can only be answered by
+        // the old answer, which then arrives.
+        // The follower restarts from its WAL, catches up, and is cut off, so that its next
+        // read can only be answered by the old answer, which then arrives.
+        let restart = |ids_first: u64, old: &Member, wal: Vec<Record>| {
+            let mut rc = keel_raft::Config::new(f_id);
+            rc.heartbeat_tick = 1;
+            rc.seed = f_id;
+            let r = recovery::recover(
+                rc,
+                recovery::Start::Founding,
+                old.members().to_vec(),
+                None,
+                wal,
+                kv::ValueLogOptions::default(),
+                &mut |id| Err(format!("no segment {id}")),
+            )
+            .expect("a well-formed WAL recovers");
+            let config = MemberConfig {
+                ids_first,
+                ..old.config.clone()
+            };
+            let mut m = Member::new(config, r.node, r.writer, r.members, r.alarms, 1);
+            m.start(0);
+            m
+        };
+        let answered_by_the_old_answer = |trio: &mut Trio, ids_first: u64| {
+            let again = restart(ids_first, &trio.members[f], trio.wal[f].clone());
+            trio.members[f] = again;
+            trio.cut = None;
+            for _ in 0..10 {
+                trio.round();
+            }
+            assert_eq!(
+                trio.members[f].applied_index(),
+                trio.members[leader].applied_index(),
+                "the restarted follower caught up"
+            );
+            trio.cut = Some(f_id);
+            let (reply, mut rx) = oneshot::channel();
+            let now_ms = trio.now_ms;
+            let m = &mut trio.members[f];
+            m.read(vec![ReadWait { reply }], now_ms);
+            m.step(stale.clone(), now_ms);
+            while let Some(_io) = m.ready(now_ms) {
+                m.persisted(now_ms).expect("no snapshots here");
+            }
+            rx.try_recv().expect("not dropped").is_some()
+        };
+        // Were the new incarnation's ids to start where the old one's did, the old answer
+        // would answer its read: the hazard the soak found.
+        assert!(answered_by_the_old_answer(&mut trio, 1));
+        // With ids of its own, the old answer answers nothing; the read waits for its round.
+        assert!(!answered_by_the_old_answer(&mut trio, 1 << 32));
+    }
+
+    /// A follower whose disk falls behind takes no new entries while more values wait for it
+    /// than its bound, so their memory stays bounded; it stays the leader's follower, the
+    /// other two commit meanwhile, and it catches up once its disk does.
+    #[test]
+    fn a_follower_whose_disk_lags_takes_no_new_entries_until_it_catches_up() {
+        const BACKLOG_MAX_BYTES: u64 = 64 * 1024;
+        let value_log = kv::ValueLogOptions {
+            segment_bytes: 8 * 1024,
+            first_segment_id: 1,
+            on_disk: true,
+        };
+        let mut trio = Trio::with_value_log(value_log, BACKLOG_MAX_BYTES);
+        let leader = trio.elect();
+        let slow = (leader + 1) % 3;
+        trio.disk_stalled = Some(trio.members[slow].id());
+        let term = trio.members[leader].raft_term();
+        let mut answers = Vec::new();
+        let mut backlog_peak_bytes = 0;
+        for round in 0..200u64 {
+            // Ten 1 KiB puts a round: 2 MB in all, thirty times the bound.
+            for i in 0..10 {
+                let id = round * 10 + i + 1;
+                let (p, rx) = proposal(
+                    id,
+                    pb::InternalRaftRequest {
+                        put: Some(pb::PutRequest {
+                            key: Bytes::from(format!("k{id:05}")),
+                            value: Bytes::from(vec![b'v'; 1024]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                );
+                trio.members[leader].propose(p, trio.now_ms);
+                answers.push(rx);
+            }
+            trio.round();
+            backlog_peak_bytes = backlog_peak_bytes.max(trio.members[slow].sealed_backlog_bytes());
+        }
+        // The last writes commit.
+        for _ in 0..5 {
+            trio.round();
+        }
+        // The bound, plus what the follower had already accepted when it crossed it: the
+        // entries of the appends in flight (raft's window), far below what was written.
+        assert!(
+            backlog_peak_bytes <= BACKLOG_MAX_BYTES + 512 * 1024,
+            "the stalled follower's backlog reached {backlog_peak_bytes} bytes"
+        );
+        let stats = trio.members[slow].config.stats.clone();
+        assert!(stats.appends_deferred.load(Ordering::Relaxed) > 0);
+        let (leader_applied, slow_applied) = (
+            trio.members[leader].applied_index(),
+            trio.members[slow].applied_index(),
+        );
+        assert!(
+            slow_applied < leader_applied,
+            "the stalled follower fell behind"
+        );
+        for rx in &mut answers {
+            let outcome = rx.try_recv().expect("answered").expect("an answer");
+            assert!(outcome.is_ok(), "the other two committed every write");
+        }
+        // Its disk catches up; so does it, under the same leader.
+        trio.disk_stalled = None;
+        for _ in 0..100 {
+            trio.round();
+        }
+        assert_eq!(trio.members[slow].applied_index(), leader_applied);
+        assert_eq!(trio.leader(), Some(leader));
+        assert_eq!(
+            trio.members[leader].raft_term(),
+            term,
+            "leadership never moved"
+        );
+        assert_eq!(trio.members[slow].sealed_backlog_bytes(), 0);
     }
 
     #[test]

@@ -406,6 +406,9 @@ impl World {
             snapshot_count: self.config.snapshot_count,
             stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
             auth_token_ttl_ms: 300_000,
+            sealed_backlog_bytes_max: keel_core::limits::SEALED_BACKLOG_BYTES_MAX,
+            // Each incarnation uses ids no earlier one used.
+            ids_first: (self.incarnations[i] + 1) << 32,
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
@@ -1172,7 +1175,7 @@ impl World {
             for e in events {
                 let before = self.model.get(&e.kv.key);
                 assert_eq!(
-                    e.prev_kv.as_ref(),
+                    e.prev_kv.clone().map(kv::PrevKv::checked).as_ref(),
                     before,
                     "prev_kv of {:?} at revision {rev} is not the key's previous version\n{}",
                     e.kv.key,

@@ -390,7 +390,7 @@ impl Harness {
                 Some(kv) => assert_eq!((e.kind, &e.kv), (EventKind::Put, &kv)),
                 None => assert_eq!(e.kind, EventKind::Delete),
             }
-            assert_eq!(e.prev_kv, prev);
+            assert_eq!(e.prev_kv.clone().map(PrevKv::checked), prev);
         }
         if !self.writer.compaction_pending() && !self.twin.compaction_pending() {
             assert_eq!(

@@ -325,3 +325,95 @@ fn a_bit_flip_in_a_segment_file_is_never_served() {
         "{message}"
     );
 }
+
+/// The store of `a_bit_flip_in_a_segment_file_is_never_served` with two damaged values, k00's
+/// and k01's (the first two records of the first segment), and the damaged segment's id.
+fn store_with_two_damaged_values() -> (Writer, Reader, u32) {
+    let (mut w, r) = Store::with_value_log(on_disk(0));
+    for i in 0..20u32 {
+        w.apply(u64::from(i) + 1, &put(&format!("k{i:02}"), &[i as u8; 100]))
+            .unwrap();
+    }
+    let mut sealed = w.take_sealed_segments();
+    let first = sealed.remove(0);
+    let mut file: Vec<u8> = first
+        .records
+        .iter()
+        .flat_map(|r| r.iter().copied())
+        .collect();
+    let key_len = 3;
+    let second = crate::vlog::record_bytes(key_len, 100);
+    file[RECORD_HEADER_BYTES + key_len] ^= 0x04;
+    file[second + RECORD_HEADER_BYTES + key_len] ^= 0x04;
+    file.resize(file.len().next_multiple_of(4096), 0);
+    w.segment_durable(first.id, first.bytes, Bytes::from(file));
+    for s in sealed {
+        let f: Vec<u8> = s.records.iter().flat_map(|r| r.iter().copied()).collect();
+        w.segment_durable(s.id, s.bytes, Bytes::from(f));
+    }
+    (w, r, first.id)
+}
+
+fn panic_message(run: impl FnOnce()) -> String {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+    let message = outcome.expect_err("a damaged value was handed out");
+    message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Writes over a key read only its metadata on the raft core: its previous value (perhaps in
+/// a segment file not in the page cache) is read, and checked, only by whoever hands it out.
+#[test]
+fn writes_over_a_key_read_its_previous_value_only_for_whoever_hands_it_out() {
+    let (mut w, r, segment) = store_with_two_damaged_values();
+    let names_it =
+        |m: &str| m.contains(&format!("{segment:08x}.seg")) && m.contains("fails its crc check");
+    // A plain put and a plain delete over damaged values apply: they never read them.
+    let applied = w.apply(100, &put("k00", b"new")).expect("applies");
+    let put_rev = applied.events[0].kv.mod_revision;
+    let prev = applied.events[0].prev_kv.clone().expect("k00 existed");
+    assert_eq!((prev.key().as_ref(), prev.version()), (&b"k00"[..], 1));
+    let applied = w
+        .apply(
+            101,
+            &Op::DeleteRange(DeleteRangeRequest {
+                key: Bytes::from_static(b"k01"),
+                ..Default::default()
+            }),
+        )
+        .expect("applies");
+    let deleted_prev = applied.events[0].prev_kv.clone().expect("k01 existed");
+    assert_eq!(value_of(&r, "k00"), Some(Bytes::from_static(b"new")));
+    assert_eq!(value_of(&r, "k01"), None);
+    // A watcher asking for prev_kv checks the value before it goes out, and is stopped.
+    let message = panic_message(|| {
+        prev.checked();
+    });
+    assert!(names_it(&message), "{message}");
+    let message = panic_message(|| {
+        deleted_prev.checked();
+    });
+    assert!(names_it(&message), "{message}");
+    // Catch-up from history hands out the same unread previous states.
+    let batch = r
+        .range_events(put_rev, b"k00", b"k02", 100)
+        .expect("uncompacted");
+    assert_eq!(batch.events.len(), 2);
+    assert!(batch.events.iter().all(|e| e.prev_kv.is_some()));
+    // A request that asks for the previous value reads, and checks, it.
+    let (mut w, _r, _) = store_with_two_damaged_values();
+    let message = panic_message(|| {
+        let _ = w.apply(
+            100,
+            &Op::Put(PutRequest {
+                key: Bytes::from_static(b"k00"),
+                value: Bytes::from_static(b"new"),
+                prev_kv: true,
+                ..Default::default()
+            }),
+        );
+    });
+    assert!(names_it(&message), "{message}");
+}

@@ -262,8 +262,8 @@ fn fmt_events(out: &mut String, events: &[Event]) {
             EventKind::Delete => "DELETE",
         };
         write!(out, "event {kind} {}", fmt_kv(&e.kv)).expect("String");
-        if let Some(p) = &e.prev_kv {
-            write!(out, " prev({})", fmt_kv(p)).expect("String");
+        if let Some(p) = e.prev_kv.clone().map(PrevKv::checked) {
+            write!(out, " prev({})", fmt_kv(&p)).expect("String");
         }
         out.push('\n');
     }

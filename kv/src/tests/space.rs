@@ -22,20 +22,25 @@ fn compact_fully(w: &mut Writer) {
 }
 
 #[test]
-fn size_counts_values_index_and_leases() {
+fn size_counts_value_records_index_and_leases() {
+    // What the segment files hold for a value: its record, header and key included.
+    let record = |value_bytes: usize| record_bytes(1, value_bytes) as u64;
     let (mut w, _r) = Store::with_segment_bytes(4096);
     assert_eq!(w.size_bytes(), 0);
     put(&mut w, 1, "a", 100);
-    assert_eq!(w.size_bytes(), 100 + 1 + VERSION_INDEX_BYTES);
+    assert_eq!(w.size_bytes(), record(100) + 1 + VERSION_INDEX_BYTES);
     put(&mut w, 2, "a", 50);
-    assert_eq!(w.size_bytes(), 150 + 2 * (1 + VERSION_INDEX_BYTES));
+    assert_eq!(
+        w.size_bytes(),
+        record(100) + record(50) + 2 * (1 + VERSION_INDEX_BYTES)
+    );
     w.apply(3, &Op::LeaseGrant(LeaseGrantRequest { id: 9, ttl_s: 60 }))
         .expect("grant");
     assert_eq!(
         w.size_bytes(),
-        150 + 2 * (1 + VERSION_INDEX_BYTES) + LEASE_BYTES
+        record(100) + record(50) + 2 * (1 + VERSION_INDEX_BYTES) + LEASE_BYTES
     );
-    // Compaction drops the old version from the index at once; its value bytes stay until the
+    // Compaction drops the old version from the index at once; its record stays until the
     // segment is rewritten.
     w.apply(
         4,
@@ -48,7 +53,12 @@ fn size_counts_values_index_and_leases() {
     compact_fully(&mut w);
     assert_eq!(
         w.size_bytes_in_use(),
-        50 + 1 + VERSION_INDEX_BYTES + LEASE_BYTES
+        record(50) + 1 + VERSION_INDEX_BYTES + LEASE_BYTES
+    );
+    assert_eq!(
+        w.size_bytes() - w.size_bytes_in_use(),
+        record(100),
+        "the dead record"
     );
 }
 
@@ -82,8 +92,8 @@ fn defragment_rewrites_every_segment_with_dead_bytes_then_stops() {
     let live = w.size_bytes_in_use();
     assert_eq!(
         before - live,
-        5 * 1000,
-        "five dead values remain after compaction"
+        5 * record_bytes(3, 1000) as u64,
+        "five dead records remain after compaction"
     );
     w.defragment();
     assert!(w.compaction_pending());
