@@ -349,7 +349,10 @@ impl Shared {
     }
 
     /// A proposal id for a request the raft core itself proposes (auto-compaction), from the
-    /// same generator as the shards' ids so the two never collide.
+    /// same generator as the shards' ids so the two never collide. The member's own counters
+    /// (`MemberConfig::ids_first`) start from one too; they number read rounds, keep-alives
+    /// and membership requests, which are matched apart from client proposals, so their values
+    /// may meet these without harm.
     pub fn next_proposal_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }

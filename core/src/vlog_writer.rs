@@ -6,10 +6,11 @@
 //!
 //! Segments are written one at a time, oldest first. A segment needs no ordering against the
 //! WAL or against other segments: a checkpoint points only into segments already reported
-//! durable, and WAL replay rebuilds anything newer. The queue is bounded in bytes by the member,
-//! which takes no new proposals (as leader) or entries (as follower) while
-//! `Member::values_backlogged` (above `limits::SEALED_BACKLOG_BYTES_MAX`); the two mailboxes are sized for the segments that bound allows,
-//! with an overflow list for the rare burst of small segments past it.
+//! durable, and WAL replay rebuilds anything newer. The queue is bounded in bytes: while more
+//! than `limits::SEALED_BACKLOG_BYTES_MAX` waits (`Member::values_backlogged`), the member
+//! takes no new proposals (its own or forwarded ones, as leader) and no new entries (as
+//! follower). The two mailboxes are sized for the segments that bound allows, with an
+//! overflow list for the rare burst of small segments past it.
 //!
 //! A write that fails stops the raft core (and the process), as a failed WAL write does; a
 //! failed fdatasync aborts inside keel-io.

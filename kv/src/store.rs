@@ -549,6 +549,13 @@ impl Writer {
                 },
             );
         }
+        // Read and checked before the index changes, as put does: a damaged value stops the
+        // member before this delete half happened.
+        let prev_kvs = if req.prev_kv {
+            victims.iter().cloned().map(PrevKv::checked).collect()
+        } else {
+            Vec::new()
+        };
         for prev in &victims {
             self.write_delete(ctx, prev.clone());
         }
@@ -560,11 +567,7 @@ impl Writer {
         DeleteRangeResponse {
             revision,
             deleted: victims.len() as i64,
-            prev_kvs: if req.prev_kv {
-                victims.into_iter().map(PrevKv::checked).collect()
-            } else {
-                Vec::new()
-            },
+            prev_kvs,
         }
     }
 

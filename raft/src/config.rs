@@ -25,7 +25,8 @@ pub enum CheckQuorum {
 pub struct Config {
     /// This member's id (non-zero).
     pub id: u64,
-    /// Ticks without hearing from a leader before campaigning (randomized in `[n, 1.5n)`).
+    /// Ticks without hearing from a leader before campaigning (randomized in `[n, 1.5n)`; at
+    /// Keel's smallest election timeout of 5 ticks that is 5 or 6).
     pub election_tick: usize,
     /// Ticks between leader heartbeats.
     pub heartbeat_tick: usize,

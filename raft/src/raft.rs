@@ -66,9 +66,23 @@ enum CampaignKind {
 /// Votes carrying this context come from a leadership transfer and bypass leases.
 const CAMPAIGN_TRANSFER: &[u8] = b"transfer";
 
-/// Ticks after which the preferred of two split candidates campaigns again: one tick leaves
-/// time for the votes still in flight to arrive and win this election first.
-const SPLIT_VOTE_RETRY_TICKS: usize = 1;
+/// Ticks after which the preferred of split candidates campaigns again: more than one whole
+/// tick (the next tick may come at once), so that a rival that wins this election meanwhile
+/// has been heard from by then. Its first append makes the retrying candidate a follower,
+/// and the others ignore a pre-vote while they hear from a leader; a retry sooner could reach
+/// voters that had not heard yet, win their pre-votes, and depose the new leader.
+const SPLIT_VOTE_RETRY_TICKS: usize = 2;
+
+/// What a candidate knows of a split vote in its term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SplitVote {
+    /// No rival candidate heard from (or the quick retry is spent).
+    None,
+    /// Rivals heard from, and this member is preferred to each: it retries first.
+    RetryFirst,
+    /// A rival is preferred: this member keeps its whole timeout.
+    Yield,
+}
 
 #[derive(Debug, Clone)]
 struct ReadRequest {
@@ -129,6 +143,8 @@ pub struct Raft<S: Storage> {
     election_timeout: usize,
     heartbeat_timeout: usize,
     randomized_election_timeout: usize,
+    /// This term's split vote, as seen by this candidate (see `settle_split_vote`).
+    split_vote: SplitVote,
     rng: u64,
     pre_vote: PreVote,
     check_quorum: CheckQuorum,
@@ -171,6 +187,7 @@ impl<S: Storage> Raft<S> {
             election_timeout: config.election_tick,
             heartbeat_timeout: config.heartbeat_tick,
             randomized_election_timeout: config.election_tick,
+            split_vote: SplitVote::None,
             rng: config.seed ^ config.id.wrapping_mul(0x2545_f491_4f6c_dd1d),
             pre_vote: config.pre_vote,
             check_quorum: config.check_quorum,
@@ -428,9 +445,8 @@ impl<S: Storage> Raft<S> {
         // one and a half timeouts, so writes resume within two. The narrower window makes
         // split votes likelier; a split is settled within a tick (see `handle_vote_request`)
         // instead of costing another whole timeout.
-        let spread_ticks = (self.election_timeout / 2).max(1) as u64;
-        self.randomized_election_timeout =
-            self.election_timeout + (splitmix64(&mut self.rng) % spread_ticks) as usize;
+        self.randomize_election_timeout();
+        self.split_vote = SplitVote::None;
         self.lead_transferee = None;
         self.votes.clear();
         let next = self.raft_log.last_index() + 1;
@@ -588,6 +604,12 @@ impl<S: Storage> Raft<S> {
         }
     }
 
+    fn randomize_election_timeout(&mut self) {
+        let spread_ticks = (self.election_timeout / 2).max(1) as u64;
+        self.randomized_election_timeout =
+            self.election_timeout + (splitmix64(&mut self.rng) % spread_ticks) as usize;
+    }
+
     // -----------------------------------------------------------------------------------------
     // Inputs.
 
@@ -604,6 +626,12 @@ impl<S: Storage> Raft<S> {
         self.election_elapsed += 1;
         if self.promotable() && self.election_elapsed >= self.randomized_election_timeout {
             self.election_elapsed = 0;
+            if self.split_vote == SplitVote::RetryFirst {
+                // The quick retry is spent: a pre-vote that stays pending now waits a whole
+                // randomized timeout before the next, as any other.
+                self.split_vote = SplitVote::None;
+                self.randomize_election_timeout();
+            }
             self.hup(CampaignKind::Election);
         }
     }
@@ -842,19 +870,33 @@ impl<S: Storage> Raft<S> {
 
     /// Another candidate asked for our vote in our own term: the vote is split between us.
     /// Standard Raft waits out a randomized timeout, which both may pick alike again. Instead
-    /// exactly one of the two retries at once: the one with the more up-to-date log, or the
-    /// lower id on a tie. The other keeps its full timeout, and grants the retry its pre-vote
-    /// and vote (it has no leader, and its log is no newer). Only timing changes, so safety
-    /// does not depend on this; a lost message just falls back to the timeouts.
+    /// exactly one of the candidates retries at once: the one with the most up-to-date log, or
+    /// the lowest id on a tie, among all the rivals it heard from this term (a candidate's log
+    /// is fixed for its term, so every candidate that heard from the same rivals agrees). The
+    /// others keep their full timeouts, and grant the retry their pre-votes and votes (they
+    /// have no leader, and their logs are no newer). The retry survives losing this election
+    /// (`VoteResult::Lost`), which is how a split among three or more candidates ends. Only
+    /// timing changes, so safety does not depend on this; a lost message falls back to the
+    /// timeouts.
     fn settle_split_vote(&mut self, rival: u64, rival_last_index: u64, rival_last_term: u64) {
         let ours = (self.raft_log.last_term(), self.raft_log.last_index());
         let theirs = (rival_last_term, rival_last_index);
         let preferred = ours > theirs || (ours == theirs && self.id < rival);
-        if preferred {
-            // Campaign at the next tick unless this election is won first.
-            self.randomized_election_timeout = self
-                .randomized_election_timeout
-                .min(self.election_elapsed + SPLIT_VOTE_RETRY_TICKS);
+        match (preferred, self.split_vote) {
+            (true, SplitVote::None) => {
+                // Campaign again soon, unless this election is won first.
+                self.split_vote = SplitVote::RetryFirst;
+                self.randomized_election_timeout = self
+                    .randomized_election_timeout
+                    .min(self.election_elapsed + SPLIT_VOTE_RETRY_TICKS);
+            }
+            (false, SplitVote::None) => self.split_vote = SplitVote::Yield,
+            (false, SplitVote::RetryFirst) => {
+                // A better rival after all: it retries, and we wait a whole timeout.
+                self.split_vote = SplitVote::Yield;
+                self.randomize_election_timeout();
+            }
+            (true, SplitVote::RetryFirst) | (_, SplitVote::Yield) => {}
         }
     }
 
@@ -1268,7 +1310,14 @@ impl<S: Storage> Raft<S> {
                             self.bcast_append();
                         }
                     }
-                    VoteResult::Lost => self.become_follower(self.term, 0),
+                    VoteResult::Lost => {
+                        let split_vote = self.split_vote;
+                        self.become_follower(self.term, 0);
+                        if split_vote == SplitVote::RetryFirst {
+                            self.split_vote = split_vote;
+                            self.randomized_election_timeout = SPLIT_VOTE_RETRY_TICKS;
+                        }
+                    }
                     VoteResult::Pending => {}
                 }
                 Ok(())

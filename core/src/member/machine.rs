@@ -497,8 +497,11 @@ impl Member {
     }
 
     /// More values wait for the disk than `sealed_backlog_bytes_max`: until it catches up,
-    /// the driver takes no new proposals, and `step` takes no new entries from a leader, so
-    /// the memory they hold stays bounded whichever member's disk is the slow one.
+    /// the driver takes no new proposals, and `step` refuses forwarded ones (as leader) and
+    /// takes no new entries from a leader (as follower), so the memory they hold stays
+    /// bounded whichever member's disk is the slow one. The price: a follower held back does
+    /// not acknowledge entries either, so in a three-member cluster one member down and one
+    /// with a lagging disk stop writes until the disk catches up.
     pub fn values_backlogged(&self) -> bool {
         self.writer.sealed_backlog_bytes() > self.config.sealed_backlog_bytes_max
     }
@@ -591,6 +594,20 @@ impl Member {
         let forwarded =
             (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
                 .then(|| (m.from, m.entries.clone()));
+        if forwarded.is_some() && self.is_leader && self.values_backlogged() {
+            // The driver holds this member's own proposals back while its values wait for the
+            // disk; proposals forwarded by followers are held back too, refused at once, so
+            // their clients hear "too many requests" and retry, as a client here would.
+            for (kind, id) in m.entries.iter().filter_map(proposal_key) {
+                self.effects.push(Effect::RefuseForwarded {
+                    to: m.from,
+                    refusal: Refusal::Dropped,
+                    kind,
+                    id,
+                });
+            }
+            return;
+        }
         let (to, term) = (m.to, m.term);
         let Err(e) = self.node.step(m) else {
             return;
@@ -2458,6 +2475,62 @@ mod tests {
         }
     }
 
+    /// A leader whose disk lags takes no proposals forwarded by followers either: their
+    /// clients hear "too many requests" at once, as the leader's own would.
+    #[test]
+    fn a_leader_whose_disk_lags_refuses_proposals_forwarded_to_it() {
+        const BACKLOG_MAX_BYTES: u64 = 16 * 1024;
+        let value_log = kv::ValueLogOptions {
+            segment_bytes: 4 * 1024,
+            first_segment_id: 1,
+            on_disk: true,
+        };
+        let mut trio = Trio::with_value_log(value_log, BACKLOG_MAX_BYTES);
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        trio.disk_stalled = Some(trio.members[leader].id());
+        let big_put = |id: u64| {
+            proposal(
+                id,
+                pb::InternalRaftRequest {
+                    put: Some(pb::PutRequest {
+                        key: Bytes::from(format!("k{id}")),
+                        value: Bytes::from(vec![b'v'; 4096]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+        };
+        for id in 1..=8 {
+            let (p, _rx) = big_put(id);
+            trio.members[leader].propose(p, trio.now_ms);
+        }
+        for _ in 0..5 {
+            trio.round();
+        }
+        assert!(trio.members[leader].values_backlogged());
+        let (p, mut rx) = big_put(100);
+        trio.members[follower].propose(p, trio.now_ms);
+        for _ in 0..3 {
+            trio.round();
+        }
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Some(Err(EtcdError::TooManyRequests)))
+        ));
+        // Once the leader's disk catches up, the follower's writes go through again.
+        trio.disk_stalled = None;
+        trio.round();
+        assert!(!trio.members[leader].values_backlogged());
+        let (p, mut rx) = big_put(101);
+        trio.members[follower].propose(p, trio.now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        assert!(matches!(rx.try_recv(), Ok(Some(Ok(_)))));
+    }
+
     /// Found by the soak (seed 8027565): a follower's read sent just before it crashed was
     /// answered by the leader after the restart, and the answer's context matched the first
     /// read of the new incarnation, whose ids had started over at 1: that read was served at
@@ -2488,9 +2561,6 @@ mod tests {
             trio.round();
         }
         assert!(trio.members[leader].applied_index() > stale.index);
-        // The follower restarts (here: a new incarnation over an empty log, which the leader
-        // fills again), catches up, and is cut off, so its next read can only be answered by
-        // the old answer, which then arrives.
         // The follower restarts from its WAL, catches up, and is cut off, so that its next
         // read can only be answered by the old answer, which then arrives.
         let restart = |ids_first: u64, old: &Member, wal: Vec<Record>| {

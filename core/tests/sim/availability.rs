@@ -14,7 +14,11 @@ use crate::world::{Bug, World, WorldConfig, ELECTION_TICKS, TICK_MS};
 pub const ELECTION_TIMEOUT_MS: u64 = ELECTION_TICKS as u64 * TICK_MS;
 
 fn settled(seed: u64) -> (World, Clients) {
-    let mut world = World::new(WorldConfig::new(3, 100, Bug::None), seed);
+    settled_with(3, seed)
+}
+
+fn settled_with(members: usize, seed: u64) -> (World, Clients) {
+    let mut world = World::new(WorldConfig::new(members, 100, Bug::None), seed);
     let mut clients = Clients::new(6);
     while world.now_ms < 600 || world.leader().is_none() {
         world.step_ms();
@@ -40,10 +44,10 @@ fn leader_term(world: &World) -> Option<(usize, u64)> {
     Some((l, world.nodes[l].run.as_ref()?.member.raft_term()))
 }
 
-/// Kills the leader (restarting it 300 ms later); returns the ms until a write is
-/// acknowledged again.
-pub fn leader_kill_gap_ms(seed: u64) -> u64 {
-    let (mut world, mut clients) = settled(seed);
+/// Kills the leader of `members` (restarting it 300 ms later); returns the ms until a write
+/// is acknowledged again.
+pub fn leader_kill_gap_ms(members: usize, seed: u64) -> u64 {
+    let (mut world, mut clients) = settled_with(members, seed);
     let leader = world.leader().expect("settled");
     let killed_at = world.now_ms;
     world.crash(leader);

@@ -650,8 +650,25 @@ fn the_checks_catch_a_removed_member_that_lingers() {
 fn availability_after_single_member_faults() {
     use availability::*;
     let seeds = seeds_from_env(200);
-    let gaps = seeds.iter().map(|&s| leader_kill_gap_ms(s)).collect();
+    let gaps = seeds.iter().map(|&s| leader_kill_gap_ms(3, s)).collect();
     let (median_gap, worst_gap) = describe("writes resume after the leader is killed", gaps);
+    // Five members: three or four survivors may split the vote three ways.
+    let gaps: Vec<u64> = seeds
+        .iter()
+        .map(|&s| {
+            let gap = leader_kill_gap_ms(5, s);
+            if gap > 2 * ELECTION_TIMEOUT_MS {
+                eprintln!("seed {s}: writes resumed {gap} ms after the leader of five was killed");
+            }
+            gap
+        })
+        .collect();
+    let over_two_timeouts_5 = gaps
+        .iter()
+        .filter(|&&gap| gap > 2 * ELECTION_TIMEOUT_MS)
+        .count();
+    let (median_gap_5, worst_gap_5) =
+        describe("writes resume after the leader of five is killed", gaps);
     let moved_by_restart = seeds
         .iter()
         .filter(|&&s| follower_restart_moves_leader(s, 500))
@@ -689,6 +706,14 @@ fn availability_after_single_member_faults() {
     assert!(
         worst_gap <= 2 * ELECTION_TIMEOUT_MS,
         "writes resumed too late after a leader kill: median {median_gap} ms, worst {worst_gap} ms"
+    );
+    // Five members: over 1,000 runs one took longer than two timeouts (seed 916, 256 ms):
+    // a survivor whose log was newer timed out a millisecond after the winner, got pre-votes
+    // from members that had just voted but not yet heard of the winner, and deposed it (see
+    // RELIABILITY.md). So: at most one run in a hundred past two timeouts, none past three.
+    assert!(
+        over_two_timeouts_5 * 100 <= seeds.len() && worst_gap_5 <= 3 * ELECTION_TIMEOUT_MS,
+        "writes resumed too late after the leader of five was killed: median {median_gap_5} ms, worst {worst_gap_5} ms, {over_two_timeouts_5} runs past two timeouts"
     );
     assert_eq!(moved_by_restart, 0, "a follower's restart moved leadership");
     assert_eq!(

@@ -407,8 +407,8 @@ impl World {
             stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: keel_core::limits::SEALED_BACKLOG_BYTES_MAX,
-            // Each incarnation uses ids no earlier one used.
-            ids_first: (self.incarnations[i] + 1) << 32,
+            // Each incarnation of each member uses ids no other one used.
+            ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
