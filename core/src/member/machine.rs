@@ -1955,6 +1955,24 @@ mod tests {
         (p, rx)
     }
 
+    /// A put of `value_bytes` to key `k<id>`, as proposal `id`.
+    fn sized_put(
+        id: u64,
+        value_bytes: usize,
+    ) -> (Proposal, oneshot::Receiver<Result<Outcome, EtcdError>>) {
+        proposal(
+            id,
+            pb::InternalRaftRequest {
+                put: Some(pb::PutRequest {
+                    key: Bytes::from(format!("k{id:05}")),
+                    value: Bytes::from(vec![b'v'; value_bytes]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
     fn put(key: &str) -> pb::InternalRaftRequest {
         pb::InternalRaftRequest {
             put: Some(pb::PutRequest {
@@ -2335,6 +2353,17 @@ mod tests {
             Trio::with_value_log(kv::ValueLogOptions::default(), 64 << 20)
         }
 
+        /// Members whose values go to disk in segments of `segment_bytes`, and that take no
+        /// new writes above `sealed_backlog_bytes_max` of values waiting for the disk.
+        fn with_values_on_disk(segment_bytes: usize, sealed_backlog_bytes_max: u64) -> Trio {
+            let value_log = kv::ValueLogOptions {
+                segment_bytes,
+                first_segment_id: 1,
+                on_disk: true,
+            };
+            Trio::with_value_log(value_log, sealed_backlog_bytes_max)
+        }
+
         /// Members whose stores use `value_log`, and take no new writes above
         /// `sealed_backlog_bytes_max` of values waiting for the disk.
         fn with_value_log(value_log: kv::ValueLogOptions, sealed_backlog_bytes_max: u64) -> Trio {
@@ -2479,29 +2508,11 @@ mod tests {
     /// clients hear "too many requests" at once, as the leader's own would.
     #[test]
     fn a_leader_whose_disk_lags_refuses_proposals_forwarded_to_it() {
-        const BACKLOG_MAX_BYTES: u64 = 16 * 1024;
-        let value_log = kv::ValueLogOptions {
-            segment_bytes: 4 * 1024,
-            first_segment_id: 1,
-            on_disk: true,
-        };
-        let mut trio = Trio::with_value_log(value_log, BACKLOG_MAX_BYTES);
+        let mut trio = Trio::with_values_on_disk(4 * 1024, 16 * 1024);
         let leader = trio.elect();
         let follower = (leader + 1) % 3;
         trio.disk_stalled = Some(trio.members[leader].id());
-        let big_put = |id: u64| {
-            proposal(
-                id,
-                pb::InternalRaftRequest {
-                    put: Some(pb::PutRequest {
-                        key: Bytes::from(format!("k{id}")),
-                        value: Bytes::from(vec![b'v'; 4096]),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            )
-        };
+        let big_put = |id: u64| sized_put(id, 4096);
         for id in 1..=8 {
             let (p, _rx) = big_put(id);
             trio.members[leader].propose(p, trio.now_ms);
@@ -2621,12 +2632,7 @@ mod tests {
     #[test]
     fn a_follower_whose_disk_lags_takes_no_new_entries_until_it_catches_up() {
         const BACKLOG_MAX_BYTES: u64 = 64 * 1024;
-        let value_log = kv::ValueLogOptions {
-            segment_bytes: 8 * 1024,
-            first_segment_id: 1,
-            on_disk: true,
-        };
-        let mut trio = Trio::with_value_log(value_log, BACKLOG_MAX_BYTES);
+        let mut trio = Trio::with_values_on_disk(8 * 1024, BACKLOG_MAX_BYTES);
         let leader = trio.elect();
         let slow = (leader + 1) % 3;
         trio.disk_stalled = Some(trio.members[slow].id());
@@ -2637,17 +2643,7 @@ mod tests {
             // Ten 1 KiB puts a round: 2 MB in all, thirty times the bound.
             for i in 0..10 {
                 let id = round * 10 + i + 1;
-                let (p, rx) = proposal(
-                    id,
-                    pb::InternalRaftRequest {
-                        put: Some(pb::PutRequest {
-                            key: Bytes::from(format!("k{id:05}")),
-                            value: Bytes::from(vec![b'v'; 1024]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    },
-                );
+                let (p, rx) = sized_put(id, 1024);
                 trio.members[leader].propose(p, trio.now_ms);
                 answers.push(rx);
             }

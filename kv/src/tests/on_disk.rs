@@ -284,72 +284,45 @@ fn a_restored_store_still_knows_its_segments_dead_bytes_and_reclaims_them() {
 
 #[test]
 fn a_bit_flip_in_a_segment_file_is_never_served() {
-    let (mut w, r) = Store::with_value_log(on_disk(0));
-    for i in 0..20u32 {
-        w.apply(u64::from(i) + 1, &put(&format!("k{i:02}"), &[i as u8; 100]))
-            .unwrap();
-    }
     // The "disk" returns the first segment with one bit of its first value flipped.
-    let mut disk = BTreeMap::new();
-    let mut sealed = w.take_sealed_segments();
-    assert!(!sealed.is_empty());
-    let first = sealed.remove(0);
-    let mut file: Vec<u8> = first
-        .records
-        .iter()
-        .flat_map(|r| r.iter().copied())
-        .collect();
-    let key_len = u32::from_le_bytes(file[4..8].try_into().unwrap()) as usize;
-    file[RECORD_HEADER_BYTES + key_len] ^= 0x04;
-    file.resize(file.len().next_multiple_of(4096), 0);
-    let file = Bytes::from(file);
-    disk.insert(first.id, file.clone());
-    w.segment_durable(first.id, first.bytes, file);
-    for s in sealed {
-        let f: Vec<u8> = s.records.iter().flat_map(|r| r.iter().copied()).collect();
-        w.segment_durable(s.id, s.bytes, Bytes::from(f));
-    }
+    let (_w, r, segment) = store_with_damaged_values(1);
     // Every other value reads as written.
     assert_eq!(value_of(&r, "k01"), Some(Bytes::from(vec![1u8; 100])));
     // The damaged one stops the reader (the server aborts on a panic) and names the file and
     // the record's offset.
-    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value_of(&r, "k00")));
-    let message = read.expect_err("a damaged value was served");
-    let message = message
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let message = panic_message(|| {
+        value_of(&r, "k00");
+    });
     assert!(
-        message.contains(&format!("{:08x}.seg", first.id))
+        message.contains(&format!("{segment:08x}.seg"))
             && message.contains("record at offset 0 fails its crc check"),
         "{message}"
     );
 }
 
-/// The store of `a_bit_flip_in_a_segment_file_is_never_served` with two damaged values, k00's
-/// and k01's (the first two records of the first segment), and the damaged segment's id.
-fn store_with_two_damaged_values() -> (Writer, Reader, u32) {
+/// Twenty keys k00..k19 of 100 bytes each, their segments made durable, with one bit
+/// flipped in each of the first `damaged` values on "disk" (the first records of the first
+/// segment); the damaged segment's id.
+fn store_with_damaged_values(damaged: usize) -> (Writer, Reader, u32) {
     let (mut w, r) = Store::with_value_log(on_disk(0));
     for i in 0..20u32 {
         w.apply(u64::from(i) + 1, &put(&format!("k{i:02}"), &[i as u8; 100]))
             .unwrap();
     }
     let mut sealed = w.take_sealed_segments();
+    assert!(!sealed.is_empty());
     let first = sealed.remove(0);
-    let mut file: Vec<u8> = first
-        .records
-        .iter()
-        .flat_map(|r| r.iter().copied())
-        .collect();
+    let mut file: Vec<u8> = first.records.concat();
     let key_len = 3;
-    let second = crate::vlog::record_bytes(key_len, 100);
-    file[RECORD_HEADER_BYTES + key_len] ^= 0x04;
-    file[second + RECORD_HEADER_BYTES + key_len] ^= 0x04;
+    let record = crate::vlog::record_bytes(key_len, 100);
+    assert!(first.records.len() >= damaged);
+    for at in (0..damaged).map(|n| n * record) {
+        file[at + RECORD_HEADER_BYTES + key_len] ^= 0x04;
+    }
     file.resize(file.len().next_multiple_of(4096), 0);
     w.segment_durable(first.id, first.bytes, Bytes::from(file));
     for s in sealed {
-        let f: Vec<u8> = s.records.iter().flat_map(|r| r.iter().copied()).collect();
-        w.segment_durable(s.id, s.bytes, Bytes::from(f));
+        w.segment_durable(s.id, s.bytes, Bytes::from(s.records.concat()));
     }
     (w, r, first.id)
 }
@@ -367,7 +340,7 @@ fn panic_message(run: impl FnOnce()) -> String {
 /// a segment file not in the page cache) is read, and checked, only by whoever hands it out.
 #[test]
 fn writes_over_a_key_read_its_previous_value_only_for_whoever_hands_it_out() {
-    let (mut w, r, segment) = store_with_two_damaged_values();
+    let (mut w, r, segment) = store_with_damaged_values(2);
     let names_it =
         |m: &str| m.contains(&format!("{segment:08x}.seg")) && m.contains("fails its crc check");
     // A plain put and a plain delete over damaged values apply: they never read them.
@@ -403,7 +376,7 @@ fn writes_over_a_key_read_its_previous_value_only_for_whoever_hands_it_out() {
     assert_eq!(batch.events.len(), 2);
     assert!(batch.events.iter().all(|e| e.prev_kv.is_some()));
     // A request that asks for the previous value reads, and checks, it.
-    let (mut w, _r, _) = store_with_two_damaged_values();
+    let (mut w, _r, _) = store_with_damaged_values(2);
     let message = panic_message(|| {
         let _ = w.apply(
             100,
