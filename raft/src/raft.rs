@@ -769,8 +769,23 @@ impl<S: Storage> Raft<S> {
                 let in_lease = self.check_quorum == CheckQuorum::Enabled
                     && self.leader_id != 0
                     && self.election_elapsed < self.election_timeout;
-                if !force && in_lease {
-                    // We heard from a leader recently: this candidate is disruptive.
+                // We voted for another candidate of our term less than an election timeout ago:
+                // its election may be succeeding right now, and a pre-vote for the next term
+                // would let a member that timed out just after it depose it as soon as it won
+                // (its higher term reaches the new leader through an append response). Once
+                // the candidate has won we are in its lease; if it failed, we grant after an
+                // election timeout, as we would campaign ourselves. Our own vote, or a vote for
+                // the asker, backs no rival (a split vote's retry needs those).
+                let backing_a_candidate = self.pre_vote == PreVote::Enabled
+                    && m.msg_type == MessageType::RequestPreVote
+                    && self.role == Role::Follower
+                    && self.vote != 0
+                    && self.vote != self.id
+                    && self.vote != m.from
+                    && self.election_elapsed < self.election_timeout;
+                if !force && (in_lease || backing_a_candidate) {
+                    // We heard from a leader recently, or back a candidate that may have won:
+                    // this candidate is disruptive.
                     return Ok(());
                 }
             }
