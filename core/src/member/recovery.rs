@@ -123,9 +123,15 @@ pub fn replay(storage: &mut MemStorage, records: Vec<Record>) -> Result<(), Core
     let tail: Vec<Entry> = entries.into_iter().filter(|e| e.index > applied).collect();
     if let Some(first) = tail.first() {
         if first.index != applied + 1 {
+            // The WAL is released only behind a durable checkpoint, so a gap means the
+            // checkpoint it was released behind is not the one we started from: that file is
+            // missing or damaged (an older one was taken instead), and only it can fill the gap.
             return Err(CoreError::Wal(format!(
-                "WAL entries start at {} but the checkpoint ends at {applied}: a gap",
-                first.index
+                "WAL entries start at {} but the newest valid checkpoint ends at {applied}: a \
+                 gap; the WAL was released behind a newer checkpoint, at index {} or later, \
+                 and that checkpoint file is missing or damaged",
+                first.index,
+                first.index - 1
             )));
         }
         storage.append(&tail);
@@ -335,6 +341,15 @@ mod tests {
         let records = ready_records(None, &[entry(5, 1)], None, Durability::Sync, 4);
         let mut storage = MemStorage::new_with_voters(&[1]);
         let err = replay(&mut storage, records).expect_err("index 2..4 are missing");
-        assert!(err.to_string().contains("a gap"), "{err}");
+        let message = err.to_string();
+        // Found by the soak (seed 8255203): the newest checkpoint, a leader's snapshot behind
+        // which the WAL had been released, rotted; the older one was taken, and the refusal
+        // said only "a gap". It names what is wrong: the checkpoint the WAL needs.
+        assert!(
+            message.contains("a gap")
+                && message.contains("at index 4 or later")
+                && message.contains("checkpoint file is missing or damaged"),
+            "{message}"
+        );
     }
 }

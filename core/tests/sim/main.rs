@@ -374,7 +374,8 @@ fn flip_sealed_wal_bit(world: &mut World, i: usize) {
 
 /// While member `i` is down, its newest checkpoint rots. The restart either skips it and
 /// recovers from the older one plus the WAL kept behind it, or, when the WAL needs the rotten
-/// one (a leader's snapshot is the only checkpoint), refuses to start and says why. The sim
+/// one (the WAL was released behind it: a leader's snapshot, say), refuses to start and says
+/// why. The sim
 /// then restores the file (an operator's repair) and leaves the member down.
 fn flip_checkpoint_bit(world: &mut World, i: usize) {
     if world.is_up(i) || world.nodes[i].removed {
@@ -397,7 +398,8 @@ fn flip_checkpoint_bit(world: &mut World, i: usize) {
         Err(why) => {
             assert!(
                 why.contains("checkpoint file is missing or damaged"),
-                "m{i} refused to start without naming the damaged checkpoint: {why}"
+                "m{i} refused to start without naming the damaged checkpoint: {why}\n{}",
+                world.trace()
             );
             world.counts.corrupt_refusals += 1;
             world.note(|| format!("m{i} refused to start: {why}"));
