@@ -178,6 +178,62 @@ pub fn range_response(
     }
 }
 
+/// A Range answer encoded piece by piece (`keel_grpc::PieceEncode`): the header, then the
+/// key-values a piece at a time, then `more` and `count`, which is byte for byte what prost
+/// encodes whole (fields in tag order, defaults left out). A range of any size is then sent
+/// holding one piece of its encoding, not the whole answer a second time.
+#[derive(Debug)]
+pub struct RangePieces {
+    response: pb::RangeResponse,
+    /// The next key-value to encode; `None` before the header is written.
+    next_kv: Option<usize>,
+}
+
+impl RangePieces {
+    pub fn new(response: pb::RangeResponse) -> RangePieces {
+        RangePieces {
+            response,
+            next_kv: None,
+        }
+    }
+}
+
+impl keel_grpc::PieceEncode for RangePieces {
+    fn encoded_len(&self) -> usize {
+        prost::Message::encoded_len(&self.response)
+    }
+
+    fn encode_piece(&mut self, buf: &mut bytes::BytesMut, target_bytes: usize) -> bool {
+        use prost::encoding;
+        let r = &self.response;
+        let mut next = match self.next_kv {
+            Some(next) => next,
+            None => {
+                if let Some(header) = &r.header {
+                    encoding::message::encode(1, header, buf);
+                }
+                0
+            }
+        };
+        while next < r.kvs.len() {
+            encoding::message::encode(2, &r.kvs[next], buf);
+            next += 1;
+            if buf.len() >= target_bytes {
+                self.next_kv = Some(next);
+                return true;
+            }
+        }
+        if r.more {
+            encoding::bool::encode(3, &r.more, buf);
+        }
+        if r.count != 0 {
+            encoding::int64::encode(4, &r.count, buf);
+        }
+        self.next_kv = Some(next);
+        false
+    }
+}
+
 pub fn put_response(r: kv::PutResponse, header: Option<pb::ResponseHeader>) -> pb::PutResponse {
     pb::PutResponse {
         header,
@@ -280,5 +336,66 @@ mod tests {
                 ..Default::default()
             })
         );
+    }
+
+    #[test]
+    fn a_range_answer_in_pieces_is_byte_for_byte_what_prost_encodes() {
+        use keel_grpc::PieceEncode;
+        let kv = |i: usize, value_bytes: usize| mvccpb::KeyValue {
+            key: format!("key-{i:05}").into(),
+            create_revision: i as i64 + 1,
+            mod_revision: i as i64 + 2,
+            version: (i % 3) as i64,
+            value: vec![i as u8; value_bytes].into(),
+            lease: (i % 2) as i64 * 77,
+        };
+        let header = Some(pb::ResponseHeader {
+            cluster_id: 1,
+            member_id: 2,
+            revision: 300,
+            raft_term: 4,
+        });
+        let answers = [
+            pb::RangeResponse::default(),
+            pb::RangeResponse {
+                header,
+                count: 5,
+                ..Default::default()
+            },
+            pb::RangeResponse {
+                header,
+                kvs: (0..300).map(|i| kv(i, i * 7)).collect(),
+                more: true,
+                count: 1000,
+            },
+            pb::RangeResponse {
+                header: None,
+                kvs: (0..40).map(|i| kv(i, 0)).collect(),
+                more: false,
+                count: 40,
+            },
+        ];
+        for answer in answers {
+            let whole = prost::Message::encode_to_vec(&answer);
+            for target_bytes in [1, 100, 4096, 1 << 20] {
+                let mut pieces = RangePieces::new(answer.clone());
+                assert_eq!(pieces.encoded_len(), whole.len());
+                let (mut out, mut calls) = (Vec::new(), 0);
+                loop {
+                    let mut buf = bytes::BytesMut::new();
+                    let more = pieces.encode_piece(&mut buf, target_bytes);
+                    calls += 1;
+                    out.extend_from_slice(&buf);
+                    if !more {
+                        break;
+                    }
+                }
+                assert_eq!(out, whole, "target {target_bytes}");
+                if target_bytes == 1 {
+                    // One key-value per piece, then the tail.
+                    assert_eq!(calls, answer.kvs.len() + 1);
+                }
+            }
+        }
     }
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use http::StatusCode;
 use keel_grpc::{
-    unary, Call, CallHead, EtcdError, Handler, HttpRequest, HttpResponse, ResponseSink,
-    ServiceKnown, Status,
+    unary, unary_pieces, Call, CallHead, EtcdError, Handler, HttpRequest, HttpResponse,
+    ResponseSink, ServiceKnown, Status,
 };
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
@@ -125,9 +125,10 @@ impl Api {
         let this = self.clone();
         match path {
             "/etcdserverpb.KV/Range" => {
-                unary(call, sink, |r, h| async move {
+                // A range may answer hundreds of MB: it goes out piece by piece.
+                unary_pieces(call, sink, |r, h| async move {
                     let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.range(r, &who).await
+                    this.range(r, &who).await.map(convert::RangePieces::new)
                 })
                 .await
             }

@@ -23,6 +23,22 @@ pub const DEFAULT_MAX_RECV_MESSAGE_BYTES: usize = 1_572_864 + 512 * 1024;
 /// Fails with grpc-go's ResourceExhausted text when the encoded message is over `max_bytes`.
 pub fn encode_message<M: prost::Message>(message: &M, max_bytes: usize) -> Result<Bytes, Status> {
     let length_bytes = message.encoded_len();
+    let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
+    put_prefix(&mut frame, length_bytes, max_bytes)?;
+    message
+        .encode(&mut frame)
+        .expect("capacity was reserved from encoded_len");
+    assert_eq!(frame.len(), PREFIX_BYTES + length_bytes);
+    Ok(frame.freeze())
+}
+
+/// Writes the 5-byte prefix of a message of `length_bytes`, or fails with grpc-go's
+/// ResourceExhausted text when that is over `max_bytes`.
+pub fn put_prefix(
+    frame: &mut BytesMut,
+    length_bytes: usize,
+    max_bytes: usize,
+) -> Result<(), Status> {
     if length_bytes > max_bytes || length_bytes > u32::MAX as usize {
         return Err(Status::new(
             Code::ResourceExhausted,
@@ -31,14 +47,41 @@ pub fn encode_message<M: prost::Message>(message: &M, max_bytes: usize) -> Resul
             ),
         ));
     }
-    let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
     frame.put_u8(0);
     frame.put_u32(u32::try_from(length_bytes).expect("checked against u32::MAX above"));
-    message
-        .encode(&mut frame)
-        .expect("capacity was reserved from encoded_len");
-    assert_eq!(frame.len(), PREFIX_BYTES + length_bytes);
-    Ok(frame.freeze())
+    Ok(())
+}
+
+/// The size a piece of a message encoded piece by piece aims at (see [`PieceEncode`]): large
+/// enough that the per-piece work (a flow-control check, one DATA frame hand-off) is noise,
+/// small enough that a stream holds little while the client reads.
+pub const PIECE_BYTES_TARGET: usize = 128 * 1024;
+
+/// A message whose encoding is produced piece by piece, so that an answer of any size is sent
+/// with memory for one piece: its length comes first (the gRPC prefix carries it), then each
+/// call appends the next part. The pieces together are exactly the message's encoding.
+pub trait PieceEncode {
+    /// The length of the whole encoding: exactly what the pieces add up to.
+    fn encoded_len(&self) -> usize;
+    /// Appends the next part of the encoding to `buf`, stopping once `buf` holds at least
+    /// `target_bytes` (a part is never split, so it may hold more) or the message is done.
+    /// Returns true while more remains.
+    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> bool;
+}
+
+/// Any prost message, encoded as one piece.
+#[derive(Debug)]
+pub struct Whole<M>(pub M);
+
+impl<M: prost::Message> PieceEncode for Whole<M> {
+    fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    fn encode_piece(&mut self, buf: &mut BytesMut, _target_bytes: usize) -> bool {
+        self.0.encode_raw(buf);
+        false
+    }
 }
 
 /// Frames an already encoded message body (one allocation, one copy).

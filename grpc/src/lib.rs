@@ -50,11 +50,11 @@ pub mod http1;
 pub mod server;
 pub mod status;
 
-pub use codec::{frame_bytes, parse_grpc_timeout};
+pub use codec::{frame_bytes, parse_grpc_timeout, PieceEncode, Whole};
 pub use error::GrpcError;
 pub use http1::{BodyStream, Http1Limits, HttpRequest, HttpResponse};
 pub use server::{
-    serve_connection, unary, Call, CallCounts, CallHead, Handler, RequestStream, ResponseSink,
-    Runtime, ServerConfig, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_PREFACE_TIMEOUT,
+    serve_connection, unary, unary_pieces, Call, CallCounts, CallHead, Handler, RequestStream,
+    ResponseSink, Runtime, ServerConfig, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_PREFACE_TIMEOUT,
 };
 pub use status::{split_method_path, Code, EtcdError, ServiceKnown, Status};

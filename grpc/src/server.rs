@@ -19,7 +19,8 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use crate::codec::{
-    encode_message, MessageDecoder, DEFAULT_MAX_RECV_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES,
+    encode_message, put_prefix, MessageDecoder, PieceEncode, Whole, DEFAULT_MAX_RECV_MESSAGE_BYTES,
+    DEFAULT_MAX_SEND_MESSAGE_BYTES, PIECE_BYTES_TARGET, PREFIX_BYTES,
 };
 use crate::error::GrpcError;
 use crate::http1::{serve_http1, Http1Limits, HttpRequest, HttpResponse};
@@ -425,6 +426,73 @@ impl ResponseSink {
         self.start()?;
         self.frame_torn = true;
         let body_bytes = (frame.len() - crate::codec::PREFIX_BYTES) as u64;
+        self.send_under_flow_control(frame).await?;
+        self.frame_torn = false;
+        add(&self.counts.messages_sent, 1);
+        add(&self.counts.bytes_sent, body_bytes);
+        Ok(())
+    }
+
+    /// Encodes and sends one response message piece by piece ([`PieceEncode`]): each piece is
+    /// encoded only once the previous one went to h2 within the peer's flow-control window, so
+    /// the call holds about one piece ([`PIECE_BYTES_TARGET`]) whatever the message's size. A
+    /// message no larger than one piece goes as [`ResponseSink::send`] sends it.
+    ///
+    /// Not cancel-safe, as [`ResponseSink::send_frame`].
+    pub async fn send_pieces<P: PieceEncode>(&mut self, mut message: P) -> Result<(), Status> {
+        let length_bytes = message.encoded_len();
+        let local = matches!(*self.wire.borrow(), Wire::Local(_));
+        if length_bytes <= PIECE_BYTES_TARGET || local {
+            // The in-process gateway takes whole messages.
+            let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
+            put_prefix(&mut frame, length_bytes, self.max_send_message_bytes)?;
+            while message.encode_piece(&mut frame, usize::MAX) {}
+            assert_eq!(
+                frame.len(),
+                PREFIX_BYTES + length_bytes,
+                "a message's pieces add up to its encoded length"
+            );
+            return self.send_frame(frame.freeze()).await;
+        }
+        if self.frame_torn {
+            return Err(Status::new(Code::Canceled, "context canceled"));
+        }
+        let mut piece = BytesMut::with_capacity(PIECE_BYTES_TARGET + PREFIX_BYTES);
+        put_prefix(&mut piece, length_bytes, self.max_send_message_bytes)?;
+        self.start()?;
+        self.frame_torn = true;
+        let mut sent_bytes = 0;
+        loop {
+            let more = message.encode_piece(&mut piece, PIECE_BYTES_TARGET);
+            let full = std::mem::replace(
+                &mut piece,
+                BytesMut::with_capacity(if more { PIECE_BYTES_TARGET } else { 0 }),
+            );
+            sent_bytes += full.len();
+            // A mismatch would tear the stream for every message after this one.
+            assert!(
+                sent_bytes <= PREFIX_BYTES + length_bytes,
+                "a message's pieces outgrew its encoded length"
+            );
+            self.send_under_flow_control(full.freeze()).await?;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(
+            sent_bytes,
+            PREFIX_BYTES + length_bytes,
+            "a message's pieces add up to its encoded length"
+        );
+        self.frame_torn = false;
+        add(&self.counts.messages_sent, 1);
+        add(&self.counts.bytes_sent, length_bytes as u64);
+        Ok(())
+    }
+
+    /// Hands `frame` to h2 as the peer's flow-control window allows, waiting for capacity, so
+    /// h2 never buffers more than the window grants.
+    async fn send_under_flow_control(&mut self, mut frame: Bytes) -> Result<(), Status> {
         while !frame.is_empty() {
             let mut capacity_bytes = self.with_stream(|stream| {
                 let capacity_bytes = stream.capacity();
@@ -445,9 +513,6 @@ impl ResponseSink {
             self.with_stream(|stream| stream.send_data(chunk, false))
                 .map_err(|error| status_from_h2(&error))?;
         }
-        self.frame_torn = false;
-        add(&self.counts.messages_sent, 1);
-        add(&self.counts.bytes_sent, body_bytes);
         Ok(())
     }
 
@@ -578,6 +643,25 @@ where
     F: FnOnce(Req, CallHead) -> Fut,
     Fut: Future<Output = Result<Resp, Status>>,
 {
+    unary_pieces(call, sink, |request, head| async move {
+        method(request, head).await.map(Whole)
+    })
+    .await
+}
+
+/// [`unary`] for a method whose answer may be large: it is sent piece by piece
+/// ([`ResponseSink::send_pieces`]).
+pub async fn unary_pieces<Req, Resp, F, Fut>(
+    call: Call,
+    sink: &mut ResponseSink,
+    method: F,
+) -> Status
+where
+    Req: prost::Message + Default,
+    Resp: PieceEncode,
+    F: FnOnce(Req, CallHead) -> Fut,
+    Fut: Future<Output = Result<Resp, Status>>,
+{
     let Call { head, mut requests } = call;
     let request = match requests.decode_one::<Req>().await {
         Ok(request) => request,
@@ -587,7 +671,7 @@ where
         Ok(response) => response,
         Err(status) => return status,
     };
-    match sink.send(&response).await {
+    match sink.send_pieces(response).await {
         Ok(()) => Status::ok(),
         Err(status) => status,
     }

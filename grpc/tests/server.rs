@@ -19,8 +19,8 @@ use h2::RecvStream;
 use http::{HeaderMap, StatusCode};
 use keel_grpc::codec::{encode_message, MessageDecoder};
 use keel_grpc::{
-    serve_connection, unary, Call, CallHead, Code, EtcdError, Handler, HttpRequest, HttpResponse,
-    ResponseSink, Runtime, ServerConfig, ServiceKnown, Status,
+    serve_connection, unary, unary_pieces, Call, CallHead, Code, EtcdError, Handler, HttpRequest,
+    HttpResponse, PieceEncode, ResponseSink, Runtime, ServerConfig, ServiceKnown, Status,
 };
 use keel_proto::etcdserverpb::{
     RangeRequest, RangeResponse, ResponseHeader, WatchRequest, WatchResponse,
@@ -30,6 +30,10 @@ use prost::Message;
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 static HOLD_DROPPED: AtomicUsize = AtomicUsize::new(0);
+/// Bytes `/test.Big/Pieces` has encoded so far.
+static PIECES_ENCODED_BYTES: AtomicUsize = AtomicUsize::new(0);
+const PIECES_KV_COUNT: usize = 1024;
+const PIECES_VALUE_BYTES: usize = 8 * 1024;
 
 const PREFACE_TIMEOUT: Duration = Duration::from_millis(500);
 const MAX_RECV_MESSAGE_BYTES: usize = 256 * 1024;
@@ -165,12 +169,60 @@ async fn download(mut call: Call, sink: &mut ResponseSink) -> Status {
     Status::ok()
 }
 
+/// A Range answer of `PIECES_KV_COUNT` values, encoded a piece at a time and counted.
+struct CountedPieces {
+    answer: RangeResponse,
+    next: usize,
+}
+
+impl PieceEncode for CountedPieces {
+    fn encoded_len(&self) -> usize {
+        self.answer.encoded_len()
+    }
+
+    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> bool {
+        let before = buf.len();
+        while self.next < self.answer.kvs.len() && buf.len() - before < target_bytes {
+            prost::encoding::message::encode(2, &self.answer.kvs[self.next], buf);
+            self.next += 1;
+        }
+        if self.next == self.answer.kvs.len() {
+            prost::encoding::int64::encode(4, &self.answer.count, buf);
+        }
+        PIECES_ENCODED_BYTES.fetch_add(buf.len() - before, Ordering::SeqCst);
+        self.next < self.answer.kvs.len()
+    }
+}
+
+fn pieces_answer() -> RangeResponse {
+    RangeResponse {
+        kvs: (0..PIECES_KV_COUNT)
+            .map(|index| KeyValue {
+                key: Bytes::from(format!("k{index:04}")),
+                value: Bytes::from(vec![index as u8; PIECES_VALUE_BYTES]),
+                ..Default::default()
+            })
+            .collect(),
+        count: PIECES_KV_COUNT as i64,
+        ..Default::default()
+    }
+}
+
 impl Handler for TestHandler {
     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
         match call.head.path.as_str() {
             "/etcdserverpb.KV/Range" => unary(call, sink, range).await,
             "/etcdserverpb.Watch/Watch" => watch(call, sink).await,
             "/test.Big/Download" => download(call, sink).await,
+            "/test.Big/Pieces" => {
+                unary_pieces(call, sink, |_: RangeRequest, _| async {
+                    Ok(CountedPieces {
+                        answer: pieces_answer(),
+                        next: 0,
+                    })
+                })
+                .await
+            }
             "/test.Slow/Hold" => {
                 // Counts the handler futures dropped by a client reset.
                 struct Dropped;
@@ -872,6 +924,51 @@ fn large_response_streams_under_flow_control() {
         }
         let tail = RangeResponse::decode(reply.messages[1].clone()).expect("decode");
         assert_eq!(tail.kvs[0].key, Bytes::from_static(b"tail"));
+    });
+}
+
+#[test]
+fn a_large_answer_is_encoded_only_as_fast_as_the_client_reads_it() {
+    run_client(|| async {
+        let mut client = connect().await;
+        let (response, mut stream) = client
+            .send_request(grpc_request("/test.Big/Pieces", &[]), false)
+            .expect("send");
+        stream
+            .send_data(range_request(b"a"), true)
+            .expect("send data");
+        let response = response.await.expect("response head");
+        // The client reads nothing: the stream's 64 KiB window fills and the server must stop
+        // encoding, holding about one piece, not the 8 MiB answer.
+        let started = Instant::now();
+        while PIECES_ENCODED_BYTES.load(Ordering::SeqCst) == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "nothing encoded"
+            );
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        glommio::timer::sleep(Duration::from_millis(300)).await;
+        let encoded_while_stalled = PIECES_ENCODED_BYTES.load(Ordering::SeqCst);
+        let whole_bytes = pieces_answer().encoded_len();
+        assert!(whole_bytes > 8 << 20);
+        let bound_bytes = 64 * 1024 + 2 * keel_grpc::codec::PIECE_BYTES_TARGET + PIECES_VALUE_BYTES;
+        assert!(
+            encoded_while_stalled <= bound_bytes,
+            "encoded {encoded_while_stalled} bytes of {whole_bytes} while the client read nothing \
+             (bound {bound_bytes})"
+        );
+        let mut body = response.into_body();
+        let messages = read_messages(&mut body).await;
+        let trailers = body.trailers().await.expect("trailers").expect("present");
+        assert_eq!(trailers.get("grpc-status").expect("status"), "0");
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].len(), whole_bytes);
+        assert_eq!(
+            RangeResponse::decode(messages[0].clone()).expect("decodes"),
+            pieces_answer()
+        );
+        assert_eq!(PIECES_ENCODED_BYTES.load(Ordering::SeqCst), whole_bytes);
     });
 }
 

@@ -482,3 +482,69 @@ async fn streams_are_counted_under_their_own_method_type_and_code() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A range of many megabytes (far more than one piece of `keel_grpc::PieceEncode`), most of
+/// its values in sealed value-log segments, reaches etcdctl and the etcd-client crate whole and
+/// in order; a limit, keys-only and a count over it still answer as etcd does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_of_many_megabytes_reaches_both_clients_whole() {
+    const KEYS: usize = 600;
+    const VALUE_BYTES: usize = 16 * 1024;
+    let server = Server::under_test(&["--value-log-segment-bytes", "1048576"]);
+    let mut c = client(&server).await;
+    let value_of = |i: usize| {
+        let mut v = format!("value-{i:04}-").into_bytes();
+        v.resize(VALUE_BYTES, b'a' + (i % 26) as u8);
+        v
+    };
+    for i in 0..KEYS {
+        c.put(format!("big/{i:04}"), value_of(i), None)
+            .await
+            .expect("put");
+    }
+    // The etcd-client crate (tonic) takes answers of at most 4 MiB: it reads 200 values
+    // (3.2 MiB, many pieces); etcdctl below reads all 9.6 MiB.
+    let r = c
+        .get(
+            "big/",
+            Some(GetOptions::new().with_prefix().with_limit(200)),
+        )
+        .await
+        .expect("range with a limit");
+    assert_eq!(
+        (r.kvs().len(), r.more(), r.count()),
+        (200, true, KEYS as i64)
+    );
+    for (i, kv) in r.kvs().iter().enumerate() {
+        assert_eq!(kv.key(), format!("big/{i:04}").as_bytes());
+        assert!(kv.value() == value_of(i).as_slice(), "value {i}");
+        assert_eq!(kv.mod_revision(), i as i64 + 2);
+    }
+    let r = c
+        .get(
+            "big/",
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .expect("keys only");
+    assert_eq!(r.kvs().len(), KEYS);
+    assert!(r.kvs().iter().all(|kv| kv.value().is_empty()));
+
+    let out = server
+        .etcdctl(&["get", "--prefix", "big/", "--print-value-only"])
+        .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), KEYS);
+    for (i, line) in lines.iter().enumerate() {
+        assert!(
+            line.as_bytes() == value_of(i).as_slice(),
+            "etcdctl value {i}"
+        );
+    }
+    let out = server
+        .etcdctl(&["get", "--prefix", "big/", "-w", "json"])
+        .ok();
+    let json = out.json();
+    assert_eq!(json["count"], KEYS);
+    assert_eq!(json["kvs"].as_array().map(Vec::len), Some(KEYS));
+}
