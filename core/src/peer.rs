@@ -32,9 +32,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::poll_fn;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -894,7 +895,7 @@ impl Transport {
         peer: &Peer,
         stream: S,
     ) -> std::io::Result<()> {
-        let (reader, writer) = futures_lite::io::split(stream);
+        let (reader, writer) = split_local(stream);
         futures_lite::future::or(
             self.write_loop(peer, writer),
             self.read_answers(peer, reader),
@@ -1083,7 +1084,7 @@ impl Transport {
     ) -> std::io::Result<()> {
         // The write half only ever carries an answer back: the members reply, or the removed
         // notice.
-        let (mut reader, mut writer) = futures_lite::io::split(stream);
+        let (mut reader, mut writer) = split_local(stream);
         let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES).await?)?;
         if hello == MEMBERS_QUERY {
             // A member joining with --initial-cluster-state existing asks who it is (its id
@@ -1196,6 +1197,53 @@ impl Transport {
     }
 }
 
+/// One half of a connection whose reader and writer the same task polls, one at a time (the
+/// futures of `run_dialed` and `read_peer` are joined with `or`, never spawned apart): a
+/// `RefCell` borrowed for the length of one poll shares the stream on this single-threaded
+/// executor, where `futures_lite::io::split` would lock a mutex around every read and write.
+struct Half<S>(Rc<RefCell<S>>);
+
+fn split_local<S>(stream: S) -> (Half<S>, Half<S>) {
+    let shared = Rc::new(RefCell::new(stream));
+    (Half(shared.clone()), Half(shared))
+}
+
+impl<S: futures_lite::AsyncRead + Unpin> futures_lite::AsyncRead for Half<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+    }
+}
+
+impl<S: futures_lite::AsyncWrite + Unpin> futures_lite::AsyncWrite for Half<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write_vectored(cx, bufs)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
+    }
+}
+
 async fn read_frame<S: futures_lite::AsyncRead + Unpin>(
     stream: &mut S,
     max_bytes: usize,
@@ -1211,6 +1259,26 @@ async fn read_frame<S: futures_lite::AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_halves_read_and_write_one_stream() {
+        futures_lite::future::block_on(async {
+            let (mut reader, mut writer) =
+                split_local(futures_lite::io::Cursor::new(b"hello".to_vec()));
+            let mut two = [0u8; 2];
+            reader.read_exact(&mut two).await.expect("read");
+            assert_eq!(&two, b"he");
+            // The writer continues where the reader stopped: one stream, one position.
+            writer.write_all(b"LL").await.expect("write");
+            writer.flush().await.expect("flush");
+            let mut rest = Vec::new();
+            reader.read_to_end(&mut rest).await.expect("read the rest");
+            assert_eq!(rest, b"o");
+            drop(writer);
+            let stream = Rc::try_unwrap(reader.0).expect("the last half");
+            assert_eq!(stream.into_inner().into_inner(), b"heLLo");
+        });
+    }
 
     #[test]
     fn the_removed_notice_parses_only_as_itself() {
