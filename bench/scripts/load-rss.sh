@@ -18,46 +18,8 @@ bench=$3
 total=${TOTAL:-1000000}
 clients=${CLIENTS:-100}
 conns=${CONNS:-10}
-port=${PORT:-24379}
-peer=$((port + 1))
-root=${DATA_ROOT:-$(mktemp -d)}
-data="$root/$kind.data"
-log="$root/$kind.log"
-rm -rf "$data"
-url="http://127.0.0.1:$port"
-
-args=(--name default --data-dir "$data"
-  --listen-client-urls "$url" --advertise-client-urls "$url"
-  --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer"
-  --initial-cluster "default=http://127.0.0.1:$peer")
-if [ "$kind" = etcd ]; then
-  # etcd's default 2 GiB quota would refuse a multi-GiB load.
-  args+=(--quota-backend-bytes 8589934592)
-else
-  args+=(--quota-backend-bytes 8589934592)
-fi
-
-if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<<"$EXTRA_ARGS"; args+=("${extra[@]}"); fi
-
-pid=
-start() {
-  "$server" "${args[@]}" >>"$log" 2>&1 &
-  pid=$!
-}
-# Milliseconds until a linearizable get answers.
-wait_ready_ms() {
-  local t0 t1
-  t0=$(date +%s%N)
-  until ETCDCTL_API=3 etcdctl --endpoints "$url" --command-timeout=1s get probe >/dev/null 2>&1; do
-    sleep 0.05
-  done
-  t1=$(date +%s%N)
-  echo $(((t1 - t0) / 1000000))
-}
-rss() {
-  awk '/^(VmHWM|VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2/1024}' "/proc/$pid/status"
-  echo
-}
+# shellcheck source=member.sh
+source "$(dirname "$0")/member.sh"
 
 start
 wait_ready_ms >/dev/null

@@ -7,45 +7,29 @@
 #   bench/scripts/range-rss.sh keel path/to/keel path/to/keel-bench
 #   bench/scripts/range-rss.sh etcd etcd path/to/keel-bench
 #
-# KEYS (default 200000), PORT (24379), DATA_ROOT (a temp dir), REPEATS (3: ranges in a row).
+# KEYS (default 200000), REPEATS (3: ranges in a row), and member.sh's PORT, DATA_ROOT and
+# EXTRA_ARGS.
 set -euo pipefail
 
 kind=$1
 server=$2
 bench=$3
 keys=${KEYS:-200000}
-port=${PORT:-24379}
-peer=$((port + 1))
-root=${DATA_ROOT:-$(mktemp -d)}
-data="$root/$kind.data"
-log="$root/$kind.log"
-rm -rf "$data"
-url="http://127.0.0.1:$port"
-
-"$server" --name default --data-dir "$data" \
-  --listen-client-urls "$url" --advertise-client-urls "$url" \
-  --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-  --initial-cluster "default=http://127.0.0.1:$peer" --quota-backend-bytes 8589934592 \
-  >>"$log" 2>&1 &
-pid=$!
+# shellcheck source=member.sh
+source "$(dirname "$0")/member.sh"
+start
 trap 'kill $pid 2>/dev/null || true' EXIT
-until ETCDCTL_API=3 etcdctl --endpoints "$url" --command-timeout=1s get probe >/dev/null 2>&1; do
-  sleep 0.05
-done
-mem() {
-  awk '/^(VmHWM|VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2/1024}' "/proc/$pid/status"
-  echo
-}
+wait_ready_ms >/dev/null
 echo "== $kind: loading $keys keys of 1 KiB"
 "$bench" --endpoints "$url" --conns 10 --clients 100 \
   put --key-size 16 --val-size 1024 --key-space-size "$keys" --sequential-keys --total "$keys" \
   | grep -Ei "requests/sec|throughput|total" | head -3 || true
 sleep 5
-echo "before the range: $(mem)"
+echo "before the range: $(rss)"
 for i in $(seq 1 "${REPEATS:-3}"); do
   t0=$(date +%s%N)
   bytes=$(ETCDCTL_API=3 etcdctl --endpoints "$url" --command-timeout=120s \
     get "" --from-key -w protobuf | wc -c)
   t1=$(date +%s%N)
-  echo "range $i: $bytes bytes in $(((t1 - t0) / 1000000)) ms; after: $(mem)"
+  echo "range $i: $bytes bytes in $(((t1 - t0) / 1000000)) ms; after: $(rss)"
 done

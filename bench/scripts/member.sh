@@ -1,0 +1,40 @@
+# Sourced by the single-member benchmark scripts (load-rss.sh, range-rss.sh): one fresh member
+# of `$server` (Keel or etcd, the same flags for both) on 127.0.0.1, with an 8 GiB quota
+# (etcd's default 2 GiB would refuse a multi-GiB load).
+#
+# Reads: kind, server; PORT (24379), DATA_ROOT (a temp dir), EXTRA_ARGS (more server flags,
+# space separated). Defines: url, data, log, pid, and start (launches it in the background),
+# wait_ready_ms (prints the milliseconds until a linearizable get answers) and rss (prints
+# VmHWM, VmRSS, RssAnon and RssFile from /proc/PID/status).
+port=${PORT:-24379}
+peer=$((port + 1))
+root=${DATA_ROOT:-$(mktemp -d)}
+data="$root/$kind.data"
+log="$root/$kind.log"
+rm -rf "$data"
+url="http://127.0.0.1:$port"
+
+args=(--name default --data-dir "$data"
+  --listen-client-urls "$url" --advertise-client-urls "$url"
+  --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer"
+  --initial-cluster "default=http://127.0.0.1:$peer" --quota-backend-bytes 8589934592)
+if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<<"$EXTRA_ARGS"; args+=("${extra[@]}"); fi
+
+pid=
+start() {
+  "$server" "${args[@]}" >>"$log" 2>&1 &
+  pid=$!
+}
+wait_ready_ms() {
+  local t0 t1
+  t0=$(date +%s%N)
+  until ETCDCTL_API=3 etcdctl --endpoints "$url" --command-timeout=1s get probe >/dev/null 2>&1; do
+    sleep 0.05
+  done
+  t1=$(date +%s%N)
+  echo $(((t1 - t0) / 1000000))
+}
+rss() {
+  awk '/^(VmHWM|VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2/1024}' "/proc/$pid/status"
+  echo
+}
