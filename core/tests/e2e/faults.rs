@@ -207,7 +207,12 @@ async fn a_full_disk_stops_the_member_and_a_restart_keeps_every_acknowledged_wri
         .prefix("keel-enospc-")
         .tempdir()
         .expect("a temp dir");
-    let disk = SmallDisk::new(scratch.path(), 256);
+    // Big enough that freeing the ballast leaves room for the restart, which needs more than
+    // the failed run held: WAL replay writes every value after the newest checkpoint into the
+    // value log again (the unreferenced segment files are deleted first, but the run that
+    // failed had not yet written all of its), and the WAL prepares a fresh 64 MiB spare. A
+    // 256 MiB disk left about 100 MiB for that and failed one restart in three.
+    let disk = SmallDisk::new(scratch.path(), 512);
     let data_dir = disk.mount.join("data");
     let mut server = Server::start_in(Kind::Keel, &[], &[], Some(data_dir));
     // Leave less room than the next 64 MiB WAL segment needs: the WAL fills its active
