@@ -1,5 +1,6 @@
-//! keel-kv micro-benchmark: apply throughput (puts of 256-byte values, one raft entry each) and
-//! single-key and 100-key range throughput from 1, 2 and 4 reader threads at once.
+//! keel-kv micro-benchmark: apply throughput (puts of 256-byte values, one raft entry each, over
+//! many keys and to one key with a long history) and single-key and 100-key range throughput
+//! from 1, 2 and 4 reader threads at once.
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-kv cargo bench -p keel-kv --bench mvcc`
 
@@ -15,6 +16,8 @@ const PUTS: u64 = 400_000;
 const VALUE_BYTES: usize = 256;
 const COMPACT_STEP_KEYS: usize = 1000;
 const READ_DURATION: Duration = Duration::from_secs(2);
+const HOT_PUTS: u64 = 20_000;
+const HOT_BLOCK_PUTS: u64 = 1000;
 
 fn key(i: u64) -> Bytes {
     Bytes::from(format!("/registry/pods/default/pod-{i:08}"))
@@ -122,6 +125,31 @@ fn main() {
         step_max.as_secs_f64() * 1e3,
         writer.value_log_bytes(),
         writer.value_log_bytes_live()
+    );
+    // One hot key with a long history (no compaction): a put must cost the same at the
+    // 20,000th version as at the first.
+    let (mut hot_writer, _hot_reader) = Store::new();
+    let hot = Op::Put(PutRequest {
+        key: key(0),
+        value: value.clone(),
+        ..Default::default()
+    });
+    let mut last_block = Duration::ZERO;
+    let start = Instant::now();
+    for block in 0..HOT_PUTS / HOT_BLOCK_PUTS {
+        let block_start = Instant::now();
+        for i in 0..HOT_BLOCK_PUTS {
+            hot_writer
+                .apply(block * HOT_BLOCK_PUTS + i + 1, &hot)
+                .expect("put");
+        }
+        last_block = block_start.elapsed();
+    }
+    println!(
+        "apply: {HOT_PUTS} puts to one key in {:.3} s; the last {HOT_BLOCK_PUTS} (history {}+ long) at {:.0} puts/s",
+        start.elapsed().as_secs_f64(),
+        HOT_PUTS - HOT_BLOCK_PUTS,
+        HOT_BLOCK_PUTS as f64 / last_block.as_secs_f64()
     );
     for span_keys in [1u64, 100] {
         for threads in [1usize, 2, 4] {

@@ -1,12 +1,17 @@
 //! The in-memory ordered index: key -> immutable version list, readable without locks.
 //!
 //! The map is a crossbeam `SkipMap` keyed by key. Each entry holds an epoch-managed atomic pointer to
-//! an immutable `Vec<Version>` sorted by revision. The single writer replaces the whole list
-//! copy-on-write (new list, `swap`, `defer_destroy` the old one), so a reader sees either the old or
-//! the new list, never a half-written one. Readers filter versions by revision, which is what hides
-//! a txn that is still being applied.
+//! a [`KeyHistory`] chunk: a buffer of versions sorted by revision and the count of them that are
+//! published. The single writer appends a new version in place (it writes the slot past the
+//! published ones, then publishes the count), so a put costs the same however long the key's
+//! history is; when the buffer is full it moves the list to one twice as large. Any other change
+//! (compaction dropping old versions, a segment's records moving to their file) replaces the whole
+//! list copy-on-write (new chunk, `swap`, `defer_destroy` the old one). Either way a reader sees a
+//! whole list, never a half-written version. Readers filter versions by revision, which is what
+//! hides a txn that is still being applied.
 
-use std::sync::atomic::Ordering;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
@@ -133,32 +138,101 @@ impl Version {
     }
 }
 
+/// One buffer of a key's versions: `cap` slots at `ptr` (a `Vec`'s allocation), of which the
+/// first `len` are written and visible to readers.
+struct Chunk {
+    ptr: *mut Version,
+    cap: usize,
+    /// Slots below this are written and never change again while this chunk is published;
+    /// the writer alone raises it (Release), after writing the slot.
+    len: AtomicUsize,
+}
+
+// SAFETY: a chunk owns its versions (as a Vec would). Readers on other threads only read the
+// published prefix, which no one writes; the single writer only writes the slot past it.
+unsafe impl Send for Chunk {}
+// SAFETY: as above; `&Chunk` gives readers the published prefix only.
+unsafe impl Sync for Chunk {}
+
+impl Chunk {
+    fn new(versions: Vec<Version>) -> Chunk {
+        let mut versions = ManuallyDrop::new(versions);
+        Chunk {
+            ptr: versions.as_mut_ptr(),
+            cap: versions.capacity(),
+            len: AtomicUsize::new(versions.len()),
+        }
+    }
+
+    fn published(&self) -> &[Version] {
+        let len = self.len.load(Ordering::Acquire);
+        // SAFETY: the first `len` slots were written before `len` was published (Release,
+        // paired with the Acquire above) and are never written again while the chunk lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, len) }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        let len = *self.len.get_mut();
+        // SAFETY: `ptr`, `len` and `cap` describe the Vec this chunk was made from, grown only
+        // by in-place writes within its capacity.
+        drop(unsafe { Vec::from_raw_parts(self.ptr, len, self.cap) });
+    }
+}
+
 /// The published history of one key.
 pub(crate) struct KeyHistory {
-    versions: Atomic<Vec<Version>>,
+    chunk: Atomic<Chunk>,
 }
 
 impl KeyHistory {
     pub(crate) fn new(versions: Vec<Version>) -> Self {
         KeyHistory {
-            versions: Atomic::new(versions),
+            chunk: Atomic::new(Chunk::new(versions)),
         }
     }
 
     /// The current list; valid while `guard` is pinned.
     pub(crate) fn load<'g>(&self, guard: &'g Guard) -> &'g [Version] {
-        let shared = self.versions.load(Ordering::Acquire, guard);
+        let shared = self.chunk.load(Ordering::Acquire, guard);
         // SAFETY: the pointer is never null (set at construction, only ever swapped for another
-        // non-null list) and the list it points to is destroyed only through `defer_destroy`, which
-        // waits for every guard pinned before the swap, including `guard`.
-        unsafe { shared.deref() }
+        // non-null chunk) and the chunk it points to is destroyed only through `defer_destroy`,
+        // which waits for every guard pinned before the swap, including `guard`.
+        unsafe { shared.deref() }.published()
+    }
+
+    /// Appends `version`, newer than every version in the list. Only the single writer calls
+    /// this. In place while the buffer has room; otherwise the list moves to a buffer twice as
+    /// large, so appends cost O(1) amortized whatever the history's length.
+    pub(crate) fn push(&self, version: Version, guard: &Guard) {
+        let shared = self.chunk.load(Ordering::Acquire, guard);
+        // SAFETY: as in `load`.
+        let chunk = unsafe { shared.deref() };
+        // Relaxed: this thread is the only one that changes `len`.
+        let len = chunk.len.load(Ordering::Relaxed);
+        assert!(
+            chunk.published().last().is_none_or(|v| v.rev < version.rev),
+            "revisions ascend"
+        );
+        if len < chunk.cap {
+            // SAFETY: slot `len` is within the allocation, unwritten (above the published
+            // prefix), and no reader looks at it until the store below publishes it.
+            unsafe { chunk.ptr.add(len).write(version) };
+            chunk.len.store(len + 1, Ordering::Release);
+            return;
+        }
+        let mut grown = Vec::with_capacity((len * 2).max(2));
+        grown.extend_from_slice(chunk.published());
+        grown.push(version);
+        self.replace(grown, guard);
     }
 
     /// Publishes a new list. Only the single writer calls this.
     pub(crate) fn replace(&self, versions: Vec<Version>, guard: &Guard) {
         let old = self
-            .versions
-            .swap(Owned::new(versions), Ordering::AcqRel, guard);
+            .chunk
+            .swap(Owned::new(Chunk::new(versions)), Ordering::AcqRel, guard);
         assert!(!old.is_null(), "a key history always holds a list");
         // SAFETY: `old` is unreachable from the map now; readers that loaded it are pinned and the
         // epoch scheme frees it only after they unpin.
@@ -170,7 +244,7 @@ impl Drop for KeyHistory {
     fn drop(&mut self) {
         let guard = epoch::pin();
         let old = self
-            .versions
+            .chunk
             .swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
         if !old.is_null() {
             // SAFETY: the entry is being dropped, so no new reader can reach `old`; deferring keeps it
@@ -237,5 +311,106 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(main: i64, record: Bytes) -> Version {
+        Version {
+            rev: Revision { main, sub: 0 },
+            kind: VersionKind::Put,
+            create_revision: 1,
+            version: main,
+            lease: 0,
+            value_len: record.len() as u32,
+            record,
+            segment: SEGMENT_NONE,
+            offset: 0,
+        }
+    }
+
+    /// Appends land in place while the buffer has room, move to a larger buffer when it is
+    /// full, and the list reads back whole and in order either way.
+    #[test]
+    fn appends_in_place_and_grow() {
+        let history = KeyHistory::new(vec![put(1, Bytes::new())]);
+        let guard = epoch::pin();
+        for main in 2..=1000 {
+            let before = history.load(&guard).as_ptr();
+            let had_room = {
+                let shared = history.chunk.load(Ordering::Acquire, &guard);
+                // SAFETY: non-null, pinned.
+                let chunk = unsafe { shared.deref() };
+                chunk.len.load(Ordering::Relaxed) < chunk.cap
+            };
+            history.push(put(main, Bytes::new()), &guard);
+            let list = history.load(&guard);
+            assert_eq!(
+                had_room,
+                list.as_ptr() == before,
+                "in place exactly when it fits"
+            );
+            assert_eq!(list.len(), main as usize);
+            assert!(list
+                .iter()
+                .enumerate()
+                .all(|(i, v)| v.rev.main == i as i64 + 1));
+        }
+    }
+
+    /// Every version the history held is dropped with it, in place-appended ones included
+    /// (their records are released).
+    #[test]
+    fn dropping_a_history_drops_every_version() {
+        let record = Bytes::from(vec![7u8; 64]);
+        {
+            let history = KeyHistory::new(Vec::with_capacity(8));
+            let guard = epoch::pin();
+            for main in 1..=20 {
+                history.push(put(main, record.clone()), &guard);
+            }
+            history.replace(history.load(&guard)[10..].to_vec(), &guard);
+            history.push(put(21, record.clone()), &guard);
+        }
+        // Deferred destruction runs once every guard is gone and the epoch moves on.
+        for _ in 0..64 {
+            epoch::pin().flush();
+        }
+        assert!(record.is_unique(), "a version's record was leaked");
+    }
+
+    /// A reader on another thread, while the writer appends, always sees a whole prefix of the
+    /// list: ascending revisions, each version fully written, never shrinking.
+    #[test]
+    fn a_concurrent_reader_sees_whole_prefixes() {
+        let history = std::sync::Arc::new(KeyHistory::new(vec![put(1, Bytes::from_static(b"1"))]));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (history, done) = (history.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0;
+                while !done.load(Ordering::Acquire) {
+                    let guard = epoch::pin();
+                    let list = history.load(&guard);
+                    assert!(list.len() >= seen, "the list shrank");
+                    seen = list.len();
+                    for (i, v) in list.iter().enumerate() {
+                        assert_eq!(v.rev.main, i as i64 + 1);
+                        assert_eq!(v.record, Bytes::from((i + 1).to_string()));
+                    }
+                }
+                seen
+            })
+        };
+        for main in 2..=3000i64 {
+            let guard = epoch::pin();
+            history.push(put(main, Bytes::from(main.to_string())), &guard);
+        }
+        done.store(true, Ordering::Release);
+        let seen = reader.join().expect("the reader saw only whole lists");
+        assert!(seen <= 3000);
     }
 }

@@ -434,7 +434,13 @@ impl Writer {
     }
 
     fn put(&mut self, ctx: &mut TxnCtx, req: &PutRequest) -> PutResponse {
-        let prev = self.latest(&req.key, ctx.read_rev());
+        // One index lookup per put: the entry found here is the one `write_put` appends to.
+        let shared = self.shared.clone();
+        let entry = shared.index.get(req.key.as_ref());
+        let prev = entry.as_ref().and_then(|e| {
+            let guard = epoch::pin();
+            live_at(e.value().load(&guard), ctx.read_rev()).map(|v| v.to_prev_kv(e.key()))
+        });
         let (value, lease) = match (&prev, req.ignore_value, req.ignore_lease) {
             (Some(p), true, true) => (p.clone().checked().value, p.lease()),
             (Some(p), true, false) => (p.clone().checked().value, req.lease),
@@ -447,17 +453,19 @@ impl Writer {
         } else {
             None
         };
-        self.write_put(ctx, &req.key, &value, lease, prev);
+        self.write_put(ctx, &req.key, entry, &value, lease, prev);
         PutResponse {
             revision: ctx.begin_rev + 1,
             prev_kv,
         }
     }
 
+    /// Writes a put of `key`, whose index entry (if it has one) is `entry`.
     fn write_put(
         &mut self,
         ctx: &mut TxnCtx,
         key: &[u8],
+        entry: Option<crossbeam_skiplist::map::Entry<'_, Bytes, KeyHistory>>,
         value: &[u8],
         lease: i64,
         prev: Option<PrevKv>,
@@ -465,8 +473,6 @@ impl Writer {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
         let rev = ctx.next_revision();
         let guard = epoch::pin();
-        let shared = self.shared.clone();
-        let entry = shared.index.get(key);
         let key_bytes = match &entry {
             Some(e) => e.key().clone(),
             // Copy the key: a slice of the request would pin the whole request buffer.
@@ -487,16 +493,9 @@ impl Writer {
         };
         let kv = version.fresh_key_value(&key_bytes);
         match &entry {
-            Some(e) => {
-                let old = e.value().load(&guard);
-                assert!(old.last().is_none_or(|v| v.rev < rev), "revisions ascend");
-                let mut list = Vec::with_capacity(old.len() + 1);
-                list.extend_from_slice(old);
-                list.push(version);
-                e.value().replace(list, &guard);
-            }
+            Some(e) => e.value().push(version, &guard),
             None => {
-                shared
+                self.shared
                     .index
                     .insert(key_bytes.clone(), KeyHistory::new(vec![version]));
             }
@@ -585,10 +584,7 @@ impl Writer {
                 .is_some_and(|v| v.kind == VersionKind::Put && v.rev < rev),
             "only a live key is deleted"
         );
-        let mut list = Vec::with_capacity(old.len() + 1);
-        list.extend_from_slice(old);
-        list.push(Version::tombstone(rev));
-        entry.value().replace(list, &guard);
+        entry.value().push(Version::tombstone(rev), &guard);
         self.index_grew(entry.key().len());
         if prev.lease() != 0 {
             self.detach(prev.lease(), entry.key());
