@@ -234,6 +234,177 @@ impl keel_grpc::PieceEncode for RangePieces {
     }
 }
 
+/// A Txn answer encoded piece by piece (`keel_grpc::PieceEncode`), byte for byte as prost
+/// encodes it whole: a txn's reads can answer as much as a Range, and this keeps a call from
+/// holding their whole encoding at once. An answer of at most one piece
+/// (`keel_grpc::PIECE_BYTES_TARGET`, every txn that only writes) is encoded whole, as before.
+/// A larger one is laid out once as encoded bytes (headers, keys and lengths of the nested
+/// messages, small answers) between lists of key-values, which are encoded a few at a time.
+#[derive(Debug)]
+pub struct TxnPieces {
+    encoded_len: usize,
+    whole: Option<pb::TxnResponse>,
+    parts: std::collections::VecDeque<TxnPart>,
+}
+
+#[derive(Debug)]
+enum TxnPart {
+    /// Bytes already encoded.
+    Encoded(Vec<u8>),
+    /// Key-values still to encode, each as field `tag` of the message around them.
+    Kvs {
+        tag: u32,
+        kvs: std::vec::IntoIter<mvccpb::KeyValue>,
+    },
+}
+
+/// Builds [`TxnPieces`]' layout: encoded bytes accumulate in `open` until a list of
+/// key-values interrupts them.
+#[derive(Default)]
+struct TxnLayout {
+    parts: std::collections::VecDeque<TxnPart>,
+    open: Vec<u8>,
+}
+
+impl TxnLayout {
+    fn kvs(&mut self, tag: u32, kvs: Vec<mvccpb::KeyValue>) {
+        if kvs.is_empty() {
+            return;
+        }
+        if !self.open.is_empty() {
+            self.parts
+                .push_back(TxnPart::Encoded(std::mem::take(&mut self.open)));
+        }
+        self.parts.push_back(TxnPart::Kvs {
+            tag,
+            kvs: kvs.into_iter(),
+        });
+    }
+
+    /// The key and length of a nested message (field `tag`) whose body follows.
+    fn nested(&mut self, tag: u32, body_bytes: usize) {
+        use prost::encoding;
+        encoding::encode_key(tag, encoding::WireType::LengthDelimited, &mut self.open);
+        encoding::encode_varint(body_bytes as u64, &mut self.open);
+    }
+
+    /// A TxnResponse's fields in tag order, as prost writes them.
+    fn txn(&mut self, r: pb::TxnResponse) {
+        use pb::response_op::Response as R;
+        use prost::encoding;
+        use prost::Message;
+        if let Some(header) = &r.header {
+            encoding::message::encode(1, header, &mut self.open);
+        }
+        if r.succeeded {
+            encoding::bool::encode(2, &r.succeeded, &mut self.open);
+        }
+        for op in r.responses {
+            self.nested(3, op.encoded_len());
+            // A oneof's message is written even when empty: it says which one was set.
+            match op.response {
+                None => {}
+                Some(R::ResponseRange(x)) => {
+                    self.nested(1, x.encoded_len());
+                    self.range(x);
+                }
+                Some(R::ResponsePut(x)) => encoding::message::encode(2, &x, &mut self.open),
+                Some(R::ResponseDeleteRange(x)) => {
+                    self.nested(3, x.encoded_len());
+                    self.delete_range(x);
+                }
+                Some(R::ResponseTxn(x)) => {
+                    self.nested(4, x.encoded_len());
+                    self.txn(x);
+                }
+            }
+        }
+    }
+
+    fn range(&mut self, r: pb::RangeResponse) {
+        use prost::encoding;
+        if let Some(header) = &r.header {
+            encoding::message::encode(1, header, &mut self.open);
+        }
+        self.kvs(2, r.kvs);
+        if r.more {
+            encoding::bool::encode(3, &r.more, &mut self.open);
+        }
+        if r.count != 0 {
+            encoding::int64::encode(4, &r.count, &mut self.open);
+        }
+    }
+
+    fn delete_range(&mut self, r: pb::DeleteRangeResponse) {
+        use prost::encoding;
+        if let Some(header) = &r.header {
+            encoding::message::encode(1, header, &mut self.open);
+        }
+        if r.deleted != 0 {
+            encoding::int64::encode(2, &r.deleted, &mut self.open);
+        }
+        self.kvs(3, r.prev_kvs);
+    }
+}
+
+impl TxnPieces {
+    pub fn new(response: pb::TxnResponse) -> TxnPieces {
+        let encoded_len = prost::Message::encoded_len(&response);
+        if encoded_len <= keel_grpc::PIECE_BYTES_TARGET {
+            return TxnPieces {
+                encoded_len,
+                whole: Some(response),
+                parts: Default::default(),
+            };
+        }
+        let mut layout = TxnLayout::default();
+        layout.txn(response);
+        if !layout.open.is_empty() {
+            layout.parts.push_back(TxnPart::Encoded(layout.open));
+        }
+        TxnPieces {
+            encoded_len,
+            whole: None,
+            parts: layout.parts,
+        }
+    }
+}
+
+impl keel_grpc::PieceEncode for TxnPieces {
+    fn encoded_len(&self) -> usize {
+        self.encoded_len
+    }
+
+    fn encode_piece(&mut self, buf: &mut bytes::BytesMut, target_bytes: usize) -> bool {
+        if let Some(whole) = self.whole.take() {
+            prost::Message::encode_raw(&whole, buf);
+            return false;
+        }
+        while let Some(part) = self.parts.front_mut() {
+            match part {
+                TxnPart::Encoded(bytes) => buf.extend_from_slice(bytes),
+                TxnPart::Kvs { tag, kvs } => {
+                    let tag = *tag;
+                    for kv in kvs.by_ref() {
+                        prost::encoding::message::encode(tag, &kv, buf);
+                        if buf.len() >= target_bytes {
+                            break;
+                        }
+                    }
+                    if kvs.len() > 0 {
+                        return true;
+                    }
+                }
+            }
+            self.parts.pop_front();
+            if buf.len() >= target_bytes {
+                return !self.parts.is_empty();
+            }
+        }
+        false
+    }
+}
+
 pub fn put_response(r: kv::PutResponse, header: Option<pb::ResponseHeader>) -> pb::PutResponse {
     pb::PutResponse {
         header,
@@ -397,5 +568,110 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Txn answers, small (sent whole) and large (laid out in parts), nested txns, empty
+    /// ops, deletes with previous key-values and puts with one: piece by piece, each is
+    /// byte for byte what prost encodes, and a large one's pieces stay near the target.
+    #[test]
+    fn a_txn_answer_in_pieces_is_byte_for_byte_what_prost_encodes() {
+        use keel_grpc::{PieceEncode, PIECE_BYTES_TARGET};
+        use pb::response_op::Response as R;
+        let kv = |i: usize, value_bytes: usize| mvccpb::KeyValue {
+            key: format!("key-{i:05}").into(),
+            create_revision: i as i64 + 1,
+            mod_revision: i as i64 + 2,
+            version: (i % 3) as i64,
+            value: vec![i as u8; value_bytes].into(),
+            lease: (i % 2) as i64 * 77,
+        };
+        let header = |revision| {
+            Some(pb::ResponseHeader {
+                cluster_id: 1,
+                member_id: 2,
+                revision,
+                raft_term: 4,
+            })
+        };
+        let op = |response| pb::ResponseOp {
+            response: Some(response),
+        };
+        let range = |n: usize, value_bytes: usize| {
+            op(R::ResponseRange(pb::RangeResponse {
+                header: header(9),
+                kvs: (0..n).map(|i| kv(i, value_bytes)).collect(),
+                more: n % 2 == 1,
+                count: n as i64 * 3,
+            }))
+        };
+        let ops = |value_bytes: usize| {
+            vec![
+                range(200, value_bytes),
+                op(R::ResponsePut(pb::PutResponse {
+                    header: header(10),
+                    prev_kv: Some(kv(7, value_bytes)),
+                })),
+                pb::ResponseOp { response: None },
+                op(R::ResponseRange(pb::RangeResponse::default())),
+                op(R::ResponseDeleteRange(pb::DeleteRangeResponse {
+                    header: header(11),
+                    deleted: 30,
+                    prev_kvs: (0..30).map(|i| kv(i, value_bytes)).collect(),
+                })),
+                op(R::ResponseTxn(pb::TxnResponse {
+                    header: header(12),
+                    succeeded: false,
+                    responses: vec![range(50, value_bytes), range(0, 0)],
+                })),
+                range(3, 0),
+            ]
+        };
+        let answers = [
+            pb::TxnResponse::default(),
+            pb::TxnResponse {
+                header: header(5),
+                succeeded: true,
+                responses: ops(3),
+            },
+            pb::TxnResponse {
+                header: header(6),
+                succeeded: true,
+                responses: ops(2000),
+            },
+            pb::TxnResponse {
+                header: None,
+                succeeded: false,
+                responses: ops(700),
+            },
+        ];
+        let mut laid_out = 0;
+        for answer in answers {
+            let whole = prost::Message::encode_to_vec(&answer);
+            let large = whole.len() > PIECE_BYTES_TARGET;
+            laid_out += usize::from(large);
+            for target_bytes in [1, 100, 4096, PIECE_BYTES_TARGET, 1 << 20] {
+                let mut pieces = TxnPieces::new(answer.clone());
+                assert_eq!(pieces.encoded_len(), whole.len());
+                let (mut out, mut calls) = (Vec::new(), 0);
+                loop {
+                    let mut buf = bytes::BytesMut::new();
+                    let more = pieces.encode_piece(&mut buf, target_bytes);
+                    calls += 1;
+                    if large && more {
+                        // A piece ends at the first key-value that reaches the target.
+                        assert!(buf.len() <= target_bytes.max(1) + 2100, "{}", buf.len());
+                    }
+                    out.extend_from_slice(&buf);
+                    if !more {
+                        break;
+                    }
+                }
+                assert_eq!(out, whole, "target {target_bytes}");
+                if large && target_bytes <= 4096 {
+                    assert!(calls > whole.len() / 4096 / 2, "{calls} pieces");
+                }
+            }
+        }
+        assert_eq!(laid_out, 2, "both large answers take the laid-out path");
     }
 }

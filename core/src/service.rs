@@ -4,6 +4,7 @@
 //! Architecture invariant: every answer that is an error goes through keel-grpc's one
 //! `EtcdError` mapping, so codes and messages match etcd byte for byte.
 
+use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,8 +68,14 @@ fn etcd(e: EtcdError) -> Status {
 }
 
 impl Handler for Api {
-    async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
-        self.grpc_from(call, sink, None).await
+    // Not an `async fn`: a forwarding layer would keep its own copy of `call` in the future
+    // that every request's task holds.
+    fn grpc<'a>(
+        self: Rc<Self>,
+        call: Call,
+        sink: &'a mut ResponseSink,
+    ) -> impl Future<Output = Status> + 'a {
+        self.grpc_from(call, sink, None)
     }
 
     async fn http(self: Rc<Self>, mut request: HttpRequest) -> HttpResponse {
@@ -147,9 +154,10 @@ impl Api {
                 .await
             }
             "/etcdserverpb.KV/Txn" => {
-                unary(call, sink, |r, h| async move {
+                // A txn's reads may answer as much as a Range: piece by piece too.
+                unary_pieces(call, sink, |r, h| async move {
                     let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.txn(r, &who).await
+                    this.txn(r, &who).await.map(convert::TxnPieces::new)
                 })
                 .await
             }
@@ -168,6 +176,22 @@ impl Api {
             }
             "/etcdserverpb.Watch/Watch" => self.hub.serve(call, sink).await,
             "/etcdserverpb.Lease/LeaseKeepAlive" => self.lease_keep_alive(call, sink).await,
+            // Every call's task holds this future, copied into a fresh allocation per request:
+            // the rarer calls are boxed so that their larger futures (locks, elections, auth,
+            // membership) do not set its size.
+            _ => Box::pin(self.dispatch_rare(path, call, sink)).await,
+        }
+    }
+
+    /// [`Api::dispatch`] for the calls that are not on a hot path.
+    async fn dispatch_rare(
+        self: &Rc<Self>,
+        path: &str,
+        call: Call,
+        sink: &mut ResponseSink,
+    ) -> Status {
+        let this = self.clone();
+        match path {
             "/etcdserverpb.Lease/LeaseTimeToLive" => {
                 unary(call, sink, |r, _| async move {
                     this.lease_time_to_live(r).await
@@ -329,17 +353,16 @@ impl Api {
             .check_quota(alarms::put_cost_bytes(&req))
             .await
             .map_err(etcd)?;
-        let out = self
-            .shared
-            .propose_as(
-                pb::InternalRaftRequest {
-                    put: Some(r),
-                    ..Default::default()
-                },
-                who,
-            )
-            .await
-            .map_err(etcd)?;
+        // Bound before awaiting: a request built in the awaited expression would stay in
+        // this future (1.2 KB) until the answer comes.
+        let proposed = self.shared.propose_as(
+            pb::InternalRaftRequest {
+                put: Some(r),
+                ..Default::default()
+            },
+            who,
+        );
+        let out = proposed.await.map_err(etcd)?;
         match out.response {
             Answer::Op(kv::OpResponse::Put(p)) => {
                 let h = self.header_at(p.revision, out.raft_term);
@@ -356,17 +379,14 @@ impl Api {
     ) -> R<pb::DeleteRangeResponse> {
         kv::validate_delete_range(&convert::delete_request(r.clone()))
             .map_err(|e| etcd(kv_error(e)))?;
-        let out = self
-            .shared
-            .propose_as(
-                pb::InternalRaftRequest {
-                    delete_range: Some(r),
-                    ..Default::default()
-                },
-                who,
-            )
-            .await
-            .map_err(etcd)?;
+        let proposed = self.shared.propose_as(
+            pb::InternalRaftRequest {
+                delete_range: Some(r),
+                ..Default::default()
+            },
+            who,
+        );
+        let out = proposed.await.map_err(etcd)?;
         match out.response {
             Answer::Op(kv::OpResponse::DeleteRange(d)) => {
                 let h = self.header_at(d.revision, out.raft_term);
@@ -384,17 +404,14 @@ impl Api {
             .check_quota(alarms::txn_cost_bytes(&req))
             .await
             .map_err(etcd)?;
-        let out = self
-            .shared
-            .propose_as(
-                pb::InternalRaftRequest {
-                    txn: Some(r),
-                    ..Default::default()
-                },
-                who,
-            )
-            .await
-            .map_err(etcd)?;
+        let proposed = self.shared.propose_as(
+            pb::InternalRaftRequest {
+                txn: Some(r),
+                ..Default::default()
+            },
+            who,
+        );
+        let out = proposed.await.map_err(etcd)?;
         match out.response {
             Answer::Op(kv::OpResponse::Txn(t)) => {
                 let h = self.header_at(t.revision, out.raft_term);
@@ -541,17 +558,14 @@ impl Api {
         r: pb::LeaseRevokeRequest,
         who: &AuthInfo,
     ) -> R<pb::LeaseRevokeResponse> {
-        let out = self
-            .shared
-            .propose_as(
-                pb::InternalRaftRequest {
-                    lease_revoke: Some(r),
-                    ..Default::default()
-                },
-                who,
-            )
-            .await
-            .map_err(etcd)?;
+        let proposed = self.shared.propose_as(
+            pb::InternalRaftRequest {
+                lease_revoke: Some(r),
+                ..Default::default()
+            },
+            who,
+        );
+        let out = proposed.await.map_err(etcd)?;
         match out.response {
             Answer::Op(kv::OpResponse::LeaseRevoke(v)) => Ok(pb::LeaseRevokeResponse {
                 header: self.header_at(v.revision, out.raft_term),

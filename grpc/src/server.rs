@@ -636,17 +636,23 @@ fn is_grpc_content_type(value: &str) -> bool {
 
 /// Serves a unary method: decodes exactly one request, runs `method`, sends its response.
 /// Returns the status to hand back from [`Handler::grpc`].
-pub async fn unary<Req, Resp, F, Fut>(call: Call, sink: &mut ResponseSink, method: F) -> Status
+///
+/// Not an `async fn`: a forwarding layer would keep its own copy of `call` in the future
+/// that every request's task holds.
+pub fn unary<'a, Req, Resp, F, Fut>(
+    call: Call,
+    sink: &'a mut ResponseSink,
+    method: F,
+) -> impl Future<Output = Status> + 'a
 where
-    Req: prost::Message + Default,
-    Resp: prost::Message,
-    F: FnOnce(Req, CallHead) -> Fut,
-    Fut: Future<Output = Result<Resp, Status>>,
+    Req: prost::Message + Default + 'a,
+    Resp: prost::Message + 'a,
+    F: FnOnce(Req, CallHead) -> Fut + 'a,
+    Fut: Future<Output = Result<Resp, Status>> + 'a,
 {
     unary_pieces(call, sink, |request, head| async move {
         method(request, head).await.map(Whole)
     })
-    .await
 }
 
 /// [`unary`] for a method whose answer may be large: it is sent piece by piece
@@ -787,7 +793,16 @@ async fn serve_stream<H: Handler, R: Runtime>(
     let plain_http =
         parts.method == Method::GET || parts.method == Method::HEAD || config.all_http_over_h2;
     if plain_http && !is_grpc_content_type(&content_type) {
-        serve_http_over_h2(parts, body, respond, handler, config.http1.body_bytes_max).await;
+        // Boxed: every gRPC call's task holds this function's future, and the HTTP path's is
+        // the largest part of it.
+        Box::pin(serve_http_over_h2(
+            parts,
+            body,
+            respond,
+            handler,
+            config.http1.body_bytes_max,
+        ))
+        .await;
         return;
     }
     // grpc-go answers a non-gRPC content type with HTTP 415 and a gRPC status, so both gRPC

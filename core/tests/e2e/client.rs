@@ -547,4 +547,52 @@ async fn a_range_of_many_megabytes_reaches_both_clients_whole() {
     let json = out.json();
     assert_eq!(json["count"], KEYS);
     assert_eq!(json["kvs"].as_array().map(Vec::len), Some(KEYS));
+
+    // The same reads inside a txn: its answer goes out piece by piece too. etcdctl reads all
+    // 9.6 MiB twice over (a whole get and a limited one) beside a write.
+    let out = server
+        .etcdctl_stdin(
+            &["txn", "-i", "-w", "json"],
+            "\nget big/ --prefix\nput after-txn yes\nget big/ --prefix --limit 5\n\n\n",
+        )
+        .ok();
+    let json = out.json();
+    assert_eq!(json["succeeded"], true);
+    let responses = json["responses"].as_array().expect("responses");
+    assert_eq!(responses.len(), 3);
+    let range = &responses[0]["Response"]["ResponseRange"];
+    assert_eq!(range["count"], KEYS);
+    let kvs = range["kvs"].as_array().expect("kvs");
+    assert_eq!(kvs.len(), KEYS);
+    let limited = &responses[2]["Response"]["ResponseRange"];
+    assert_eq!(limited["more"], true);
+    assert_eq!(limited["kvs"].as_array().map(Vec::len), Some(5));
+    // Through the etcd-client crate, under its 4 MiB limit: 200 values and the keys of all.
+    let r = c
+        .txn(Txn::new().and_then([
+            TxnOp::get(
+                "big/",
+                Some(GetOptions::new().with_prefix().with_limit(200)),
+            ),
+            TxnOp::get(
+                "big/",
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
+        ]))
+        .await
+        .expect("a txn of two ranges");
+    assert!(r.succeeded());
+    let ranges: Vec<_> = r
+        .op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(g) => g,
+            other => panic!("a get answered {other:?}"),
+        })
+        .collect();
+    assert_eq!(ranges[0].kvs().len(), 200);
+    for (i, kv) in ranges[0].kvs().iter().enumerate() {
+        assert!(kv.value() == value_of(i).as_slice(), "txn value {i}");
+    }
+    assert_eq!(ranges[1].kvs().len(), KEYS);
 }
