@@ -109,16 +109,21 @@ pub async fn open(
     })?;
 
     let limits = Limits::new(config);
+    // Each phase is timed: a restart's length is what operators wait for.
+    let started = Instant::now();
     let (wal, records) = Wal::open(DmaStore::new(&config.wal_dir), limits.wal.clone())
         .await
         .map_err(|e| CoreError::Wal(e.to_string()))?;
+    let wal_ms = started.elapsed().as_millis() as u64;
     checkpoint::remove_unfinished(&snap_dir);
     let checkpoint = checkpoint::load_newest(&snap_dir)?;
+    let checkpoint_ms = started.elapsed().as_millis() as u64 - wal_ms;
     // Value-log segments: keep those a kept checkpoint points into, delete the rest, and map
     // the kept ones for the restore (values are read from the files, never copied in).
     let vlog_dir = config.data_dir.join("vlog");
     let kept = segments_of_checkpoints(&snap_dir);
     let first_segment_id = vlog_writer::remove_unreferenced(&vlog_dir, &kept)?;
+    let segments_ms = started.elapsed().as_millis() as u64 - wal_ms - checkpoint_ms;
     let value_log = kv::ValueLogOptions {
         segment_bytes: config.value_log_segment_bytes,
         first_segment_id,
@@ -136,6 +141,7 @@ pub async fn open(
         limits.raft_msg_bytes_max,
         limits.raft_uncommitted_bytes_max,
     );
+    let records_count = records.len();
     let recovered = recovery::recover(
         rc,
         start,
@@ -145,6 +151,15 @@ pub async fn open(
         value_log,
         &mut segment_files,
     )?;
+    tracing::info!(
+        wal_ms,
+        checkpoint_ms,
+        segments_ms,
+        restore_and_replay_ms =
+            started.elapsed().as_millis() as u64 - wal_ms - checkpoint_ms - segments_ms,
+        wal_records = records_count,
+        "opened the data directory"
+    );
     let recovery::Recovered {
         node,
         mut writer,
