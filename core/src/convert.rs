@@ -509,17 +509,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_range_answer_in_pieces_is_byte_for_byte_what_prost_encodes() {
-        use keel_grpc::PieceEncode;
-        let kv = |i: usize, value_bytes: usize| mvccpb::KeyValue {
+    /// Key-value `i` of the piece tests, with a value of `value_bytes`.
+    fn piece_test_kv(i: usize, value_bytes: usize) -> mvccpb::KeyValue {
+        mvccpb::KeyValue {
             key: format!("key-{i:05}").into(),
             create_revision: i as i64 + 1,
             mod_revision: i as i64 + 2,
             version: (i % 3) as i64,
             value: vec![i as u8; value_bytes].into(),
             lease: (i % 2) as i64 * 77,
-        };
+        }
+    }
+
+    #[test]
+    fn a_range_answer_in_pieces_is_byte_for_byte_what_prost_encodes() {
+        use keel_grpc::PieceEncode;
+        let kv = piece_test_kv;
         let header = Some(pb::ResponseHeader {
             cluster_id: 1,
             member_id: 2,
@@ -577,14 +582,7 @@ mod tests {
     fn a_txn_answer_in_pieces_is_byte_for_byte_what_prost_encodes() {
         use keel_grpc::{PieceEncode, PIECE_BYTES_TARGET};
         use pb::response_op::Response as R;
-        let kv = |i: usize, value_bytes: usize| mvccpb::KeyValue {
-            key: format!("key-{i:05}").into(),
-            create_revision: i as i64 + 1,
-            mod_revision: i as i64 + 2,
-            version: (i % 3) as i64,
-            value: vec![i as u8; value_bytes].into(),
-            lease: (i % 2) as i64 * 77,
-        };
+        let kv = piece_test_kv;
         let header = |revision| {
             Some(pb::ResponseHeader {
                 cluster_id: 1,

@@ -152,6 +152,21 @@ fn segment_file(sealed: &SealedSegment) -> Vec<u8> {
     file
 }
 
+/// Restores `image`, its segment files read from `files`, new segments numbered from
+/// `first_free`.
+fn restore_from(
+    image: &[u8],
+    first_free: u32,
+    files: &BTreeMap<u32, Bytes>,
+) -> keel_kv::Result<(Writer, keel_kv::Reader)> {
+    Store::restore_with_segments(image, value_log(first_free), &mut |id| {
+        files
+            .get(&id)
+            .cloned()
+            .ok_or(format!("segment {id} missing"))
+    })
+}
+
 /// The server's start (`vlog_writer::remove_unreferenced` and `raftcore::open`): delete every
 /// segment file the checkpoint does not name, then restore from the checkpoint with the rest
 /// mapped, new segments numbered above every kept one.
@@ -176,16 +191,8 @@ fn recover_on_disk(seed: u64, durable: &mut Durable) -> (Writer, keel_kv::Reader
     }
     let first_free = kept.iter().map(|id| id + 1).max().unwrap_or(0);
     match &durable.checkpoint {
-        Some(image) => {
-            let files = &durable.segments;
-            Store::restore_with_segments(image, value_log(first_free), &mut |id| {
-                files
-                    .get(&id)
-                    .cloned()
-                    .ok_or(format!("segment {id} missing"))
-            })
-            .expect("a checkpoint we made restores from its segments")
-        }
+        Some(image) => restore_from(image, first_free, &durable.segments)
+            .expect("a checkpoint we made restores from its segments"),
         None => Store::with_value_log(value_log(first_free)),
     }
 }
@@ -199,13 +206,7 @@ fn a_flipped_value_is_refused(seed: u64, durable: &Durable, rng: &mut StdRng) {
     };
     let files = &durable.segments;
     let first_free = files.keys().max().map_or(0, |id| id + 1);
-    let (_w, reader) = Store::restore_with_segments(image, value_log(first_free), &mut |id| {
-        files
-            .get(&id)
-            .cloned()
-            .ok_or(format!("segment {id} missing"))
-    })
-    .expect("restores");
+    let (_w, reader) = restore_from(image, first_free, files).expect("restores");
     let everything = reader
         .range(&RangeRequest {
             key: Bytes::from_static(b"\0"),
@@ -235,13 +236,8 @@ fn a_flipped_value_is_refused(seed: u64, durable: &Durable, rng: &mut StdRng) {
     let mut file = damaged[&id].to_vec();
     file[at] ^= 1 << rng.gen_range(0..8);
     damaged.insert(id, Bytes::from(file));
-    let (_w, reader) = Store::restore_with_segments(image, value_log(first_free), &mut |id| {
-        damaged
-            .get(&id)
-            .cloned()
-            .ok_or(format!("segment {id} missing"))
-    })
-    .expect("a damaged value does not stop the restore, only its read");
+    let (_w, reader) = restore_from(image, first_free, &damaged)
+        .expect("a damaged value does not stop the restore, only its read");
     let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         reader.range(&RangeRequest {
             key: key.clone(),
