@@ -509,6 +509,19 @@ mod tests {
         );
     }
 
+    /// Every piece `message` encodes at `target_bytes`, in order.
+    fn all_pieces(message: &mut impl keel_grpc::PieceEncode, target_bytes: usize) -> Vec<Vec<u8>> {
+        let mut pieces = Vec::new();
+        loop {
+            let mut buf = bytes::BytesMut::new();
+            let more = message.encode_piece(&mut buf, target_bytes);
+            pieces.push(buf.to_vec());
+            if !more {
+                return pieces;
+            }
+        }
+    }
+
     /// Key-value `i` of the piece tests, with a value of `value_bytes`.
     fn piece_test_kv(i: usize, value_bytes: usize) -> mvccpb::KeyValue {
         mvccpb::KeyValue {
@@ -556,20 +569,11 @@ mod tests {
             for target_bytes in [1, 100, 4096, 1 << 20] {
                 let mut pieces = RangePieces::new(answer.clone());
                 assert_eq!(pieces.encoded_len(), whole.len());
-                let (mut out, mut calls) = (Vec::new(), 0);
-                loop {
-                    let mut buf = bytes::BytesMut::new();
-                    let more = pieces.encode_piece(&mut buf, target_bytes);
-                    calls += 1;
-                    out.extend_from_slice(&buf);
-                    if !more {
-                        break;
-                    }
-                }
-                assert_eq!(out, whole, "target {target_bytes}");
+                let pieces = all_pieces(&mut pieces, target_bytes);
+                assert_eq!(pieces.concat(), whole, "target {target_bytes}");
                 if target_bytes == 1 {
                     // One key-value per piece, then the tail.
-                    assert_eq!(calls, answer.kvs.len() + 1);
+                    assert_eq!(pieces.len(), answer.kvs.len() + 1);
                 }
             }
         }
@@ -650,23 +654,18 @@ mod tests {
             for target_bytes in [1, 100, 4096, PIECE_BYTES_TARGET, 1 << 20] {
                 let mut pieces = TxnPieces::new(answer.clone());
                 assert_eq!(pieces.encoded_len(), whole.len());
-                let (mut out, mut calls) = (Vec::new(), 0);
-                loop {
-                    let mut buf = bytes::BytesMut::new();
-                    let more = pieces.encode_piece(&mut buf, target_bytes);
-                    calls += 1;
-                    if large && more {
-                        // A piece ends at the first key-value that reaches the target.
-                        assert!(buf.len() <= target_bytes.max(1) + 2100, "{}", buf.len());
+                let pieces = all_pieces(&mut pieces, target_bytes);
+                assert_eq!(pieces.concat(), whole, "target {target_bytes}");
+                if large {
+                    // A piece ends at the first key-value that reaches the target.
+                    let (last, rest) = pieces.split_last().expect("a piece");
+                    assert!(!last.is_empty() || rest.is_empty());
+                    for piece in rest {
+                        assert!(piece.len() <= target_bytes + 2100, "{}", piece.len());
                     }
-                    out.extend_from_slice(&buf);
-                    if !more {
-                        break;
+                    if target_bytes <= 4096 {
+                        assert!(pieces.len() > whole.len() / 4096 / 2, "{}", pieces.len());
                     }
-                }
-                assert_eq!(out, whole, "target {target_bytes}");
-                if large && target_bytes <= 4096 {
-                    assert!(calls > whole.len() / 4096 / 2, "{calls} pieces");
                 }
             }
         }
