@@ -190,6 +190,39 @@ fn watch_simple_output_and_txn_events_in_one_response() {
     );
 }
 
+/// Whether `lines` is `a` and `b` merged, each keeping its own order.
+fn is_interleaving(lines: &[String], a: &[&str], b: &[&str]) -> bool {
+    if lines.len() != a.len() + b.len() {
+        return false;
+    }
+    // merged[j] after row i: whether the first i + j lines merge a[..i] and b[..j].
+    let mut merged = vec![false; b.len() + 1];
+    for i in 0..=a.len() {
+        for j in 0..=b.len() {
+            merged[j] = if i == 0 && j == 0 {
+                true
+            } else {
+                let line = lines[i + j - 1].as_str();
+                (i > 0 && merged[j] && a[i - 1] == line)
+                    || (j > 0 && merged[j - 1] && b[j - 1] == line)
+            };
+        }
+    }
+    merged[b.len()]
+}
+
+#[test]
+fn interleavings_keep_each_watchers_order() {
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (a, b) = (["PUT", "foo", "v2"], ["PUT", "foo", "v1", "foo", "v2"]);
+    let seen = owned(&["PUT", "PUT", "foo", "v2", "foo", "v1", "foo", "v2"]);
+    assert!(is_interleaving(&seen, &a, &b));
+    assert!(is_interleaving(&owned(&[&a[..], &b[..]].concat()), &a, &b));
+    let reordered = owned(&["PUT", "PUT", "foo", "v1", "v2", "foo", "foo", "v2"]);
+    assert!(!is_interleaving(&reordered, &a, &b));
+    assert!(!is_interleaving(&seen[..7], &a, &b));
+}
+
 #[test]
 fn watch_interactive_progress_and_several_watchers() {
     let server = Server::under_test(&[]);
@@ -213,10 +246,15 @@ fn watch_interactive_progress_and_several_watchers() {
     let lines: Vec<String> = (0..8)
         .map(|_| watch.line_where("of an event", |l| !l.starts_with("Invalid command")))
         .collect();
-    let text = lines.join("\n");
+    // etcdctl prints each watcher from its own goroutine, one line per write, so the two
+    // watchers' lines may interleave in any order (CI once saw "PUT PUT foo v2 foo v1 foo v2").
     assert!(
-        text.contains("PUT\nfoo\nv2") && text.contains("PUT\nfoo\nv1\nfoo\nv2"),
-        "unexpected interactive output: {text:?}"
+        is_interleaving(
+            &lines,
+            &["PUT", "foo", "v2"],
+            &["PUT", "foo", "v1", "foo", "v2"]
+        ),
+        "unexpected interactive output: {lines:?}"
     );
     watch.send_line("progress");
     assert_eq!(
