@@ -25,6 +25,7 @@ pub mod member;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod peer_snapshot;
 pub mod peer_tls;
 pub mod probes;
 pub mod procstat;

@@ -8,7 +8,8 @@
 //! messages (at least one entry each, otherwise at most `raft_msg_bytes_max` of entries) inside
 //! one peer frame (at most `peer_frame_bytes_max`). `Limits::assert_nested` checks at startup
 //! that each fits in the next, so nothing a shard accepted can be refused further down: a
-//! refusal there would stop the raft core with a write half done.
+//! refusal there would stop the raft core with a write half done. A raft snapshot, whatever
+//! its size, goes as chunks of `SNAPSHOT_CHUNK_BYTES`, each in one peer frame.
 
 use keel_io::WalConfig;
 
@@ -26,9 +27,10 @@ pub const PEER_MSG_ENVELOPE_BYTES: usize = 64 * 1024;
 pub const RAFT_MSG_BYTES_TARGET: u64 = 1 << 20;
 /// The WAL batch size when no request needs more: one aligned write of up to 1 MiB.
 pub const WAL_BATCH_BYTES_DEFAULT: usize = 1 << 20;
-/// A peer frame carries a whole raft snapshot (the checkpoint) until snapshots are chunked, so
-/// its ceiling is the checkpoint's, not a request's.
-pub const PEER_SNAPSHOT_FRAME_BYTES_MAX: usize = 1 << 30;
+/// The bytes of one chunk of a raft snapshot (`peer_snapshot.rs`): a snapshot of any size
+/// travels as frames of at most this plus its header, so a peer frame's limit is a message's,
+/// never a snapshot's.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Uncommitted entry bytes a leader holds before it drops proposals ("too many requests").
 pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
 /// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
@@ -103,8 +105,7 @@ impl Limits {
             raft_msg_bytes_max,
             raft_uncommitted_bytes_max: RAFT_UNCOMMITTED_BYTES_MAX.max(4 * entry_bytes_max as u64),
             wal,
-            peer_frame_bytes_max: PEER_SNAPSHOT_FRAME_BYTES_MAX
-                .max(largest_msg_bytes + PEER_MSG_ENVELOPE_BYTES),
+            peer_frame_bytes_max: largest_msg_bytes + PEER_MSG_ENVELOPE_BYTES,
             forced_disagreement,
         }
     }
@@ -147,6 +148,11 @@ impl Limits {
         assert!(
             self.peer_frame_bytes_max >= largest_msg_bytes + PEER_MSG_ENVELOPE_BYTES,
             "a peer frame must hold the largest raft append message"
+        );
+        assert!(
+            self.peer_frame_bytes_max
+                >= SNAPSHOT_CHUNK_BYTES + 1 + crate::peer_snapshot::CHUNK_HEADER_BYTES,
+            "a peer frame must hold one snapshot chunk"
         );
         assert!(
             self.peer_frame_bytes_max < u32::MAX as usize,

@@ -9,9 +9,10 @@
 //! raft loop drains.
 //!
 //! Frame: u32 big-endian length, then the payload (a handshake, then one `keel_raft::Message`
-//! in its own binary encoding per frame). A snapshot travels as one large frame, which TCP
-//! streams in chunks; both sides bound its size. Parsing a handshake and a frame are pure
-//! functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
+//! in its own binary encoding per frame). A snapshot travels on a connection of its own, in
+//! chunks of bounded size, with the segment files its checkpoint points into
+//! (`peer_snapshot.rs`), so no frame is larger than a raft append message. Parsing a handshake
+//! and a frame are pure functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
 //!
 //! A connection carries frames one way, from the dialer, with one exception: a member that
 //! applied another's removal answers a connection from the removed member (at its handshake,
@@ -43,14 +44,18 @@ use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
 use keel_raft::{Message, MessageType, SnapshotStatus};
 
 use crate::config::{url_scheme_host_port, Scheme};
+use crate::peer_snapshot::{self, ChunkHeader, IncomingSnapshot, StagedSnapshot};
 use crate::rt::{self, TcpStream};
 use crate::stats::{PeerStats, PeerTable, RaftStats};
 use crate::tls::{Acceptor, Connector};
 
 /// Messages queued for one peer before new ones are dropped.
 pub const PEER_QUEUE_MSGS_MAX: usize = 16 * 1024;
-/// Bytes queued for one peer before new messages are dropped (a snapshot may exceed it alone).
+/// Bytes queued for one peer before new messages are dropped.
 pub const PEER_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Snapshots received and waiting for raft to install them (or pass them over): older ones
+/// are deleted past this.
+const STAGED_SNAPSHOTS_MAX: usize = 4;
 /// Messages received but not yet stepped.
 pub const INBOX_MSGS_MAX: usize = 64 * 1024;
 /// Bytes written per syscall batch.
@@ -268,7 +273,18 @@ pub enum Incoming {
     },
     /// The member this connection was dialed to says the dialer was removed from the cluster.
     MemberRemoved,
+    /// A snapshot stream starts on this connection (`peer_snapshot.rs`).
+    SnapshotBegin {
+        index: u64,
+        checkpoint_bytes: u64,
+    },
+    /// A piece of the snapshot being streamed: its bytes are the frame's from
+    /// [`SNAPSHOT_CHUNK_BODY_AT`] on.
+    SnapshotChunk(ChunkHeader),
 }
+
+/// Where a snapshot chunk's bytes start in its frame (after the kind byte and the header).
+pub const SNAPSHOT_CHUNK_BODY_AT: usize = 1 + peer_snapshot::CHUNK_HEADER_BYTES;
 
 /// A frame's length from its 4-byte prefix, refused above `max_bytes`.
 pub fn frame_len(prefix: [u8; 4], max_bytes: usize) -> std::io::Result<usize> {
@@ -361,6 +377,16 @@ pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
             })
         }
         FRAME_MEMBER_REMOVED if body.is_empty() => Incoming::MemberRemoved,
+        peer_snapshot::FRAME_SNAPSHOT_BEGIN => {
+            let (index, checkpoint_bytes) = peer_snapshot::parse_begin(body)?;
+            Incoming::SnapshotBegin {
+                index,
+                checkpoint_bytes,
+            }
+        }
+        peer_snapshot::FRAME_SNAPSHOT_CHUNK => {
+            Incoming::SnapshotChunk(peer_snapshot::parse_chunk_header(body)?)
+        }
         FRAME_HASHKV_REPLY => {
             let (request_id, reply) = PeerHash::decode(body)
                 .ok_or_else(|| std::io::Error::other("malformed HashKV reply"))?;
@@ -458,6 +484,12 @@ pub struct Transport {
     reports: RefCell<Reports>,
     /// The largest frame sent or accepted (`Limits::peer_frame_bytes_max`).
     frame_bytes_max: usize,
+    /// Where incoming snapshots are staged (`<data-dir>/snap/incoming`).
+    staging_dir: std::path::PathBuf,
+    /// Incoming snapshot streams so far: each stages into a directory of its own.
+    snapshot_streams: Cell<u64>,
+    /// Snapshots received whole, until the raft core takes the one raft installs.
+    staged: RefCell<VecDeque<StagedSnapshot>>,
     /// HashKV requests this member sent, by request id, waiting for the peer's answer.
     hash_waiting: RefCell<HashMap<u64, futures_channel::oneshot::Sender<PeerHash>>>,
     next_hash_request: Cell<u64>,
@@ -484,6 +516,7 @@ impl Transport {
         me: u64,
         cluster_id: u64,
         frame_bytes_max: usize,
+        staging_dir: std::path::PathBuf,
         peer_stats: Arc<PeerTable>,
         raft_stats: Arc<RaftStats>,
         tls: Option<PeerTls>,
@@ -504,6 +537,9 @@ impl Transport {
             inbox_signal: Signal::default(),
             reports: RefCell::new(Reports::default()),
             frame_bytes_max,
+            staging_dir,
+            snapshot_streams: Cell::new(0),
+            staged: RefCell::new(VecDeque::new()),
             hash_waiting: RefCell::new(HashMap::new()),
             next_hash_request: Cell::new(1),
             peer_stats,
@@ -603,6 +639,108 @@ impl Transport {
         self.told_removed_by.take()
     }
 
+    /// Streams a raft snapshot whose data is our checkpoint file (pointing into the segment
+    /// files of `vlog_dir`) to its recipient on a connection of its own, and reports the
+    /// outcome to raft when the stream ends (see `peer_snapshot.rs`).
+    pub fn send_snapshot(self: &Rc<Self>, m: Message, vlog_dir: std::path::PathBuf) {
+        assert_eq!(
+            m.msg_type,
+            MessageType::Snapshot,
+            "only snapshots are streamed"
+        );
+        let to = m.to;
+        let Some(peer) = self.peers.borrow().get(&to).cloned() else {
+            tracing::debug!(to, "snapshot for an unknown peer dropped");
+            self.snapshot_not_sent(Some(to));
+            return;
+        };
+        let this = self.clone();
+        rt::spawn_local(async move {
+            let started = Instant::now();
+            let index = m.snapshot.as_ref().map_or(0, |s| s.metadata.index);
+            match this.stream_snapshot(&peer, m, &vlog_dir).await {
+                Ok(bytes) => tracing::info!(
+                    to = format!("{to:x}"),
+                    index,
+                    bytes,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "sent a snapshot"
+                ),
+                Err(e) => tracing::warn!(
+                    to = format!("{to:x}"),
+                    index,
+                    error = %e,
+                    "cannot send a snapshot; raft sends it again later"
+                ),
+            }
+            this.inbox_signal.wake();
+        });
+    }
+
+    /// Dials `peer` for one snapshot and streams it; reports the outcome to raft.
+    async fn stream_snapshot(
+        &self,
+        peer: &Peer,
+        mut m: Message,
+        vlog_dir: &std::path::Path,
+    ) -> std::io::Result<u64> {
+        let result = async {
+            let snap = m
+                .snapshot
+                .as_mut()
+                .expect("a snapshot message has a snapshot");
+            let (index, data) = (snap.metadata.index, std::mem::take(&mut snap.data));
+            let dialed = self
+                .connect(peer)
+                .await
+                .ok_or_else(|| std::io::Error::other("cannot connect"))?;
+            match dialed {
+                Dialed::Plain(s) => self.stream_to(peer, s, &m, &data, index, vlog_dir).await,
+                Dialed::Tls(s) => self.stream_to(peer, *s, &m, &data, index, vlog_dir).await,
+            }
+        }
+        .await;
+        self.report_snapshots(&[m.to], result.is_ok());
+        result
+    }
+
+    /// The whole stream on a dialed connection: the snapshot, then its message.
+    async fn stream_to<S: futures_lite::AsyncWrite + Unpin>(
+        &self,
+        peer: &Peer,
+        mut stream: S,
+        m: &Message,
+        data: &Bytes,
+        index: u64,
+        vlog_dir: &std::path::Path,
+    ) -> std::io::Result<u64> {
+        let chunk_bytes = crate::limits::SNAPSHOT_CHUNK_BYTES;
+        let sent =
+            peer_snapshot::write_snapshot(&mut stream, data, index, vlog_dir, chunk_bytes).await?;
+        // Last, the message itself, its data left behind: the receiver fills in the file.
+        let mut buf = vec![0; 4];
+        buf.push(FRAME_RAFT);
+        m.encode(&mut buf);
+        let len = u32::try_from(buf.len() - 4).expect("a snapshot message without data is small");
+        buf[..4].copy_from_slice(&len.to_be_bytes());
+        stream.write_all(&buf).await?;
+        stream.flush().await?;
+        stream.close().await?;
+        let sent = sent + buf.len() as u64;
+        RaftStats::count(&peer.stats.sent_bytes, sent);
+        Ok(sent)
+    }
+
+    /// The staged snapshot whose checkpoint file is `data` (the same buffer raft carried on
+    /// from the message), taken for the raft core to place.
+    pub fn take_staged(&self, data: &Bytes) -> Option<StagedSnapshot> {
+        let mut staged = self.staged.borrow_mut();
+        let at = staged
+            .iter()
+            .position(|s| s.data.as_ptr() == data.as_ptr() && s.data.len() == data.len())?;
+        staged.remove(at)
+    }
+
     /// Queues a message for its recipient; drops it when the peer is unknown or its queue is
     /// full (raft retries).
     pub fn send(&self, m: Message) {
@@ -695,12 +833,6 @@ impl Transport {
         self.control.borrow_mut().drain(..).collect()
     }
 
-    /// Tells raft the snapshot for `to` could not be sent (e.g. it could not be prepared), so
-    /// it retries later.
-    pub fn snapshot_failed(&self, to: u64) {
-        self.snapshot_not_sent(Some(to));
-    }
-
     /// Tells raft a snapshot frame for `snapshot_to` was not sent, so it retries later.
     fn snapshot_not_sent(&self, snapshot_to: Option<u64>) {
         if let Some(to) = snapshot_to {
@@ -720,8 +852,9 @@ impl Transport {
             return false;
         };
         if buf.len() - 4 > self.frame_bytes_max {
-            // Only a snapshot can outgrow a frame (requests are bounded below it by Limits):
-            // the receiver would refuse it, so do not send it, and tell raft it failed.
+            // Nothing should outgrow a frame (requests are bounded below it by Limits, and
+            // snapshots are streamed in chunks): the receiver would refuse it, so do not send
+            // it, and tell raft when it was a snapshot.
             tracing::error!(
                 to = format!("{to:x}"),
                 frame_bytes = buf.len() - 4,
@@ -1155,6 +1288,8 @@ impl Transport {
         from: u64,
     ) -> std::io::Result<()> {
         let stats = self.peer_stats.peer(from);
+        // The snapshot this connection streams, once its begin frame came.
+        let mut incoming: Option<IncomingSnapshot> = None;
         loop {
             let frame = read_frame(reader, self.frame_bytes_max).await?;
             RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
@@ -1162,6 +1297,61 @@ impl Transport {
                 return Ok(());
             }
             match parse_frame(&frame, from)? {
+                Incoming::SnapshotBegin {
+                    index,
+                    checkpoint_bytes,
+                } => {
+                    if incoming.is_some() {
+                        return Err(std::io::Error::other("a second snapshot on one stream"));
+                    }
+                    let stream = self.snapshot_streams.get() + 1;
+                    self.snapshot_streams.set(stream);
+                    incoming = Some(
+                        IncomingSnapshot::begin(
+                            &self.staging_dir,
+                            stream,
+                            from,
+                            index,
+                            checkpoint_bytes,
+                        )
+                        .await?,
+                    );
+                    continue;
+                }
+                Incoming::SnapshotChunk(header) => {
+                    let Some(snapshot) = incoming.as_mut() else {
+                        return Err(std::io::Error::other("a snapshot chunk without its begin"));
+                    };
+                    snapshot
+                        .chunk(header, frame, SNAPSHOT_CHUNK_BODY_AT)
+                        .await?;
+                    continue;
+                }
+                Incoming::Raft(mut m) if incoming.is_some() => {
+                    let snapshot = incoming.take().expect("checked by the guard");
+                    let index = m.snapshot.as_ref().map(|s| s.metadata.index);
+                    if m.msg_type != MessageType::Snapshot || index.is_none() {
+                        return Err(std::io::Error::other(
+                            "a snapshot stream ends with another message",
+                        ));
+                    }
+                    let staged = snapshot.finish(index.expect("checked above")).await?;
+                    tracing::info!(
+                        from = format!("{from:x}"),
+                        index = staged.index,
+                        checkpoint_bytes = staged.data.len(),
+                        segments = staged.segments.len(),
+                        "received a snapshot"
+                    );
+                    if let Some(snap) = m.snapshot.as_mut() {
+                        snap.data = staged.data.clone();
+                    }
+                    self.stage(staged);
+                    let mut inbox = self.inbox.borrow_mut();
+                    if inbox.len() < INBOX_MSGS_MAX {
+                        inbox.push_back(m);
+                    }
+                }
                 Incoming::Raft(m) => {
                     if m.msg_type == MessageType::HeartbeatResponse {
                         if let Some(sent) = self.heartbeat_sent_at.borrow_mut().remove(&from) {
@@ -1194,6 +1384,27 @@ impl Transport {
             }
             self.inbox_signal.wake();
         }
+    }
+}
+
+impl Transport {
+    /// Keeps a received snapshot for the raft core; older ones (raft never installs a
+    /// snapshot older than one it was offered since) and those past the bound are deleted.
+    fn stage(&self, staged: StagedSnapshot) {
+        let mut list = self.staged.borrow_mut();
+        let mut gone = Vec::new();
+        list.retain(|s| {
+            let keep = s.index >= staged.index;
+            if !keep {
+                gone.push(s.dir.clone());
+            }
+            keep
+        });
+        list.push_back(staged);
+        while list.len() > STAGED_SNAPSHOTS_MAX {
+            gone.push(list.pop_front().expect("longer than the bound").dir);
+        }
+        peer_snapshot::remove_staged(gone);
     }
 }
 

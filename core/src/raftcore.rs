@@ -43,6 +43,7 @@ use crate::member::{
     recovery, CheckpointCompletion, Effect, Member, MemberConfig, ProposalKind, ReadyIo, Refusal,
 };
 use crate::peer::{Control, Transport};
+use crate::peer_snapshot;
 use crate::rt;
 use crate::shared::Shared;
 use crate::stats::RaftStats;
@@ -116,6 +117,7 @@ pub async fn open(
         .map_err(|e| CoreError::Wal(e.to_string()))?;
     let wal_ms = started.elapsed().as_millis() as u64;
     checkpoint::remove_unfinished(&snap_dir);
+    peer_snapshot::remove_all_staged(&snap_dir.join(peer_snapshot::STAGING_DIR))?;
     let checkpoint = checkpoint::load_newest(&snap_dir)?;
     let checkpoint_ms = started.elapsed().as_millis() as u64 - wal_ms;
     // Value-log segments: keep those a kept checkpoint points into, delete the rest, and map
@@ -212,6 +214,7 @@ impl RaftCore {
             shared.member_id(),
             shared.cluster_id(),
             shared.limits.peer_frame_bytes_max,
+            snap_dir.join(peer_snapshot::STAGING_DIR),
             shared.peer_stats.clone(),
             shared.raft_stats.clone(),
             crate::peer_tls::load(&shared.config)?,
@@ -544,38 +547,18 @@ impl RaftCore {
     }
 
     /// Sends a raft message. A snapshot is our checkpoint file, whose store image points into
-    /// this member's value-log segments: it goes out with every value inline, prepared on a
-    /// thread beside the raft CPU (it reads every value), while the loop goes on.
-    fn send(&self, mut m: keel_raft::Message) {
-        let data = match &m.snapshot {
-            Some(snap)
-                if m.msg_type == keel_raft::MessageType::Snapshot && !snap.data.is_empty() =>
-            {
-                snap.data.clone()
-            }
-            _ => {
-                self.transport.send(m);
-                return;
-            }
-        };
-        let transport = self.transport.clone();
-        let dir = self.vlog.dir().to_path_buf();
-        rt::spawn_local(async move {
-            let inlined =
-                rt::on_thread("keel-snapshot-out", move || inline_checkpoint(&dir, &data)).await;
-            match inlined {
-                Ok(data) => {
-                    if let Some(snap) = m.snapshot.as_mut() {
-                        snap.data = data;
-                    }
-                    transport.send(m);
-                }
-                Err(why) => {
-                    tracing::error!(to = m.to, %why, "cannot prepare a snapshot for a follower");
-                    transport.snapshot_failed(m.to);
-                }
-            }
-        });
+    /// this member's value-log segments: it is streamed with those segments' files on a
+    /// connection of its own (`peer_snapshot.rs`) while the loop goes on. Only the bootstrap
+    /// snapshot, which has no data, goes as an ordinary message.
+    fn send(&self, m: keel_raft::Message) {
+        let streamed = m.msg_type == keel_raft::MessageType::Snapshot
+            && m.snapshot.as_ref().is_some_and(|s| !s.data.is_empty());
+        if streamed {
+            self.transport
+                .send_snapshot(m, self.vlog.dir().to_path_buf());
+        } else {
+            self.transport.send(m);
+        }
     }
 
     /// Times a step of the member that may have applied entries (see
@@ -598,14 +581,36 @@ impl RaftCore {
         }
     }
 
-    /// Writes a leader's snapshot as our newest checkpoint (durably). Raft waits for it (the
+    /// Writes a leader's snapshot as our newest checkpoint (durably), with the segment files
+    /// the transport staged beside it stored under this member's ids. Raft waits for it (the
     /// snapshot is installed only once durable, before the WAL records it), so this loop does
-    /// too; the write itself runs on a thread beside the raft CPU, not on glommio's blocking
+    /// too; the work itself runs on a thread beside the raft CPU, not on glommio's blocking
     /// pool, which is pinned to it.
     async fn persist_snapshot(&mut self, index: u64, data: Bytes) -> Result<(), CoreError> {
         let dir = self.snap_dir.clone();
-        let path = dir.join(checkpoint::file_name(index));
-        rt::on_thread("keel-snapshot", move || write_durably(&dir, &path, &data)).await
+        let Some(staged) = self.transport.take_staged(&data) else {
+            // Not streamed (a leader of a build before streaming sent it whole, every value
+            // inline): the file as it came.
+            let path = dir.join(checkpoint::file_name(index));
+            return rt::on_thread("keel-snapshot", move || write_durably(&dir, &path, &data)).await;
+        };
+        assert_eq!(
+            staged.index, index,
+            "a staged snapshot is found by its own data"
+        );
+        // The leader's segment ids go above every id this member's stores used.
+        let base = self.member.segment_id_base();
+        let shift = staged
+            .segments
+            .first()
+            .map_or(0, |lowest| base.saturating_sub(*lowest));
+        let vlog_dir = self.vlog.dir().to_path_buf();
+        let placed = rt::on_thread("keel-snapshot", move || {
+            peer_snapshot::place(staged, shift, &dir, &vlog_dir)
+        })
+        .await?;
+        self.member.snapshot_placed(placed);
+        Ok(())
     }
 
     /// Carries out the member's effects and publishes its state to the shards: the member owns
@@ -916,25 +921,4 @@ fn segments_of_checkpoints(snap_dir: &std::path::Path) -> Vec<u32> {
     kept.sort_unstable();
     kept.dedup();
     kept
-}
-
-/// Our checkpoint file `data` with every value inline, for a follower (see `RaftCore::send`);
-/// a file that points into no segment is sent as it is.
-fn inline_checkpoint(vlog_dir: &std::path::Path, data: &Bytes) -> Result<Bytes, String> {
-    let cp = checkpoint::decode(data)?;
-    let listed = kv::checkpoint_segments(&cp.kv_image).map_err(|e| e.to_string())?;
-    if listed.is_empty() {
-        return Ok(data.clone());
-    }
-    let image = kv::inline_image(&cp.kv_image, &mut |id| {
-        vlog_writer::map_segment(vlog_dir, id)
-    })
-    .map_err(|e| e.to_string())?;
-    tracing::info!(
-        index = cp.meta.index,
-        segments = listed.len(),
-        bytes = image.len(),
-        "snapshot for a follower: values copied inline from the value-log segments"
-    );
-    Ok(Bytes::from(cp.encode_with_image(&image)))
 }

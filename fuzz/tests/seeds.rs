@@ -591,6 +591,31 @@ fn seeds() -> Seeds {
         ),
     );
     add("peer_frames", "stream", peer_stream());
+    // A snapshot stream: begin, a checkpoint chunk, a segment chunk, then the raft message.
+    let mut snapshot = keel_core::peer::encode_hello(keel_core::peer::Hello {
+        cluster_id: 0xcdf818194e3a8c32,
+        from: 1,
+        to: 2,
+    });
+    {
+        use keel_core::peer_snapshot::{encode_begin, encode_chunk_header, ChunkHeader, Part};
+        snapshot.extend(encode_begin(7, 3));
+        let chunks: [(Part, &[u8]); 2] = [(Part::Checkpoint, b"abc"), (Part::Segment(5), b"data")];
+        for (part, body) in chunks {
+            let header = ChunkHeader {
+                part,
+                offset: 0,
+                file_bytes: body.len() as u64,
+            };
+            snapshot.extend(encode_chunk_header(header, body.len()));
+            snapshot.extend_from_slice(body);
+        }
+        let mut raft = vec![0u8];
+        raft_message_from(1).encode(&mut raft);
+        snapshot.extend((raft.len() as u32).to_be_bytes());
+        snapshot.extend(raft);
+    }
+    add("peer_frames", "snapshot_stream", snapshot);
     // The removed notice a member writes back to a removed member that dialed it.
     let mut removed = keel_core::peer::encode_hello(keel_core::peer::Hello {
         cluster_id: 0xcdf818194e3a8c32,

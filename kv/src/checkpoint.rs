@@ -518,15 +518,57 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload> {
     })
 }
 
-/// The same checkpoint with every value inline: what another member can restore without this
-/// member's segment files (a leader's snapshot). Holds every value in memory while it runs.
-pub fn inline_image(image: &[u8], files: &mut SegmentFiles<'_>) -> Result<Vec<u8>> {
-    let (writer, _reader) = restore(image, ValueLogOptions::default(), files)?;
-    let mut source = writer.checkpoint_source();
-    source.durable_segments.clear();
-    Ok(source
-        .serialize()
-        .expect("no compaction runs on a store nobody applies to"))
+/// The same checkpoint with every value-log segment id raised by `shift`: a follower that took
+/// a leader's snapshot together with the segment files it points into stores those files under
+/// ids above its own (`<id + shift>.seg`), and keeps this image, which names them so. Work is
+/// one pass over the archive, in place: no key and no value is restored. An image that points
+/// into no segment comes back unchanged.
+pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
+    use rkyv::munge::munge;
+    use rkyv::vec::ArchivedVec;
+    let Payload {
+        format,
+        key_count,
+        mut aligned,
+    } = validated_payload(image)?;
+    if format == FORMAT_VERSION_INLINE || shift == 0 {
+        return Ok(image.to_vec());
+    }
+    let data = rkyv::access_mut::<ArchivedCheckpointData, rancor::Error>(&mut aligned)
+        .map_err(|_| damaged("archive failed validation"))?;
+    if data.keys.len() as u64 != key_count {
+        return Err(damaged("key count does not match the header"));
+    }
+    // Ids at or above this would reach the two ids no segment may have (see `build`).
+    let id_end = (SEGMENT_NONE - 1)
+        .checked_sub(shift)
+        .ok_or(damaged("a segment id out of range or listed twice"))?;
+    let raised = |id: u32| -> Result<u32> {
+        if id >= id_end {
+            return Err(damaged("a segment id out of range or listed twice"));
+        }
+        Ok(id + shift)
+    };
+    munge!(let ArchivedCheckpointData { keys, segments, .. } = data);
+    let mut segments = ArchivedVec::as_slice_seal(segments);
+    for i in 0..segments.len() {
+        munge!(let ArchivedSegmentRecord { id, .. } = segments.as_mut().index(i));
+        let mut id = id;
+        *id = raised(id.to_native())?.into();
+    }
+    let mut keys = ArchivedVec::as_slice_seal(keys);
+    for k in 0..keys.len() {
+        munge!(let ArchivedKeyRecord { versions, .. } = keys.as_mut().index(k));
+        let mut versions = ArchivedVec::as_slice_seal(versions);
+        for v in 0..versions.len() {
+            munge!(let ArchivedVersionRecord { segment, .. } = versions.as_mut().index(v));
+            let mut segment = segment;
+            if segment.to_native() != SEGMENT_NONE {
+                *segment = raised(segment.to_native())?.into();
+            }
+        }
+    }
+    Ok(frame_payload(FORMAT_VERSION, key_count, &aligned))
 }
 
 /// One version as either format stores it.

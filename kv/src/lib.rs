@@ -19,9 +19,10 @@
 //! driver to delete once no kept checkpoint points into them. [`Writer::checkpoint`] /
 //! [`Store::restore_with_segments`] serialize the index as a framed, crc-checked rkyv archive
 //! whose versions point into durable segments (other values inline), and map those segments
-//! back at restore; [`inline_image`] turns such a checkpoint into one with every value inline,
-//! for another member. [`Writer::checkpoint_source`] lets another thread do the serializing
-//! while the writer keeps applying.
+//! back at restore; a leader sends a follower that image together with the segment files it
+//! names, and [`renumber_segments`] gives those files ids above the follower's own.
+//! [`Writer::checkpoint_source`] lets another thread do the serializing while the writer keeps
+//! applying.
 //!
 //! Architecture invariant: keel-kv does no I/O, reads no clock and spawns no thread; it only turns
 //! requests into state, responses and events, and bytes into bytes. Segment files reach it as
@@ -48,7 +49,7 @@ pub mod validate;
 mod vlog;
 
 pub use checkpoint::{
-    checkpoint_segments, image_from_versions, inline_image, CheckpointSource, ExportVersion,
+    checkpoint_segments, image_from_versions, renumber_segments, CheckpointSource, ExportVersion,
     SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
 };
 pub use error::{KvError, Result};

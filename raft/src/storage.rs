@@ -125,6 +125,17 @@ impl MemStorage {
         Ok(())
     }
 
+    /// Replaces the data of the snapshot at `index` with another encoding of the same state
+    /// (a follower renames the files a leader's snapshot points into and keeps the data that
+    /// names them so). The metadata stays.
+    pub fn replace_snapshot_data(&mut self, index: u64, data: Bytes) {
+        assert_eq!(
+            self.snapshot.metadata.index, index,
+            "only the snapshot storage holds can be re-encoded"
+        );
+        self.snapshot.data = data;
+    }
+
     /// Drops every entry up to and including `index`, which must be covered by the snapshot.
     pub fn compact(&mut self, index: u64) -> Result<()> {
         let snap_index = self.snapshot.metadata.index;

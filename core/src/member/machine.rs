@@ -7,15 +7,16 @@
 //!
 //! The driver's loop (see `raftcore.rs`; a simulator does the same with simulated disks):
 //! 1. feed inputs: `step`, `propose`, `read`, `query`, `tick(now_ms)`;
-//! 2. `ready(now_ms)` -> send `messages`; write `checkpoint_to_persist` durably; append and
-//!    fdatasync `wal_records`; send `persisted_messages`; then `persisted(now_ms)`;
+//! 2. `ready(now_ms)` -> send `messages`; write `checkpoint_to_persist` durably (with the
+//!    segments a leader streamed beside it, then `snapshot_placed`); append and fdatasync
+//!    `wal_records`; send `persisted_messages`; then `persisted(now_ms)`;
 //! 3. `checkpoint_due()` -> `checkpoint_request()` (the checkpoint is now in flight), hand it to
 //!    a writer that does not hold up this loop, and keep going; when the writer reports back,
 //!    between Readies, `checkpoint_written(..)` (then release the WAL before the index it
 //!    returns, or remove the file of a checkpoint that was overtaken) or `checkpoint_abandoned`;
 //! 4. carry out `take_effects()` after each call.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -211,6 +212,9 @@ pub struct ReadyIo {
     pub messages: Vec<Message>,
     /// A leader's snapshot to make durable as a checkpoint file, `(index, file bytes)`, BEFORE
     /// `wal_records` are written: a restart that finds the snapshot record finds its state.
+    /// When the file points into value-log segments (the leader's, streamed beside it), the
+    /// driver stores them under ids from `Member::segment_id_base` up, writes the file renamed
+    /// to match (`kv::renumber_segments`), and hands both over with `snapshot_placed`.
     pub checkpoint_to_persist: Option<(u64, Bytes)>,
     /// Append as one batch and fdatasync; empty when nothing needs a sync.
     pub wal_records: Vec<Record>,
@@ -277,6 +281,15 @@ pub enum CheckpointCompletion {
     Overtaken { stale_file_index: Option<u64> },
 }
 
+/// A leader's snapshot as the driver made it durable (see `ReadyIo::checkpoint_to_persist`).
+pub struct PlacedSnapshot {
+    pub index: u64,
+    /// The checkpoint file as written: its store image names the segments by their ids here.
+    pub data: Bytes,
+    /// Each segment the image points into, durable and mapped, by its id here.
+    pub files: BTreeMap<u32, Bytes>,
+}
+
 /// The part of a Ready that waits for its I/O (`ready` -> `persisted`).
 struct PendingReady {
     snapshot: Option<Snapshot>,
@@ -341,7 +354,7 @@ pub struct Member {
     defrag_waiting: Vec<(DefragReply, u64)>,
     /// When each peer last answered this member's appends or heartbeats in the current term
     /// (the leader's evidence that no other leader can exist; see `quorum_heard_recently`).
-    heard_from_ms: std::collections::BTreeMap<u64, u64>,
+    heard_from_ms: BTreeMap<u64, u64>,
     /// When each lease expires, by the leader's clock. Only a leader expires leases.
     lease_clock: LeaseClock,
     next_read_ctx: u64,
@@ -352,6 +365,8 @@ pub struct Member {
     /// yet: at most one is in flight, and none is due meanwhile.
     checkpoint_in_flight: Option<u64>,
     pending: Option<PendingReady>,
+    /// The pending snapshot as the driver placed it, until `persisted` installs it.
+    placed: Option<PlacedSnapshot>,
     effects: Vec<Effect>,
     /// The leader last logged (see `log_lifecycle`).
     leader_id_logged: u64,
@@ -397,7 +412,7 @@ impl Member {
             reads_to_apply: VecDeque::new(),
             physical_waiting: Vec::new(),
             defrag_waiting: Vec::new(),
-            heard_from_ms: std::collections::BTreeMap::new(),
+            heard_from_ms: BTreeMap::new(),
             lease_clock: LeaseClock::new(),
             next_read_ctx: ids_first,
             next_request_id: ids_first,
@@ -406,6 +421,7 @@ impl Member {
             dead_segments: Vec::new(),
             segments_from: 0,
             pending: None,
+            placed: None,
             effects: Vec::new(),
             leader_id_logged: 0,
             role_logged: None,
@@ -1280,6 +1296,33 @@ impl Member {
         })
     }
 
+    /// The lowest value-log segment id no store of this member used: a leader's snapshot's
+    /// segments are stored from here up (see `ReadyIo::checkpoint_to_persist`).
+    pub fn segment_id_base(&self) -> u32 {
+        self.writer.successor_value_log().first_segment_id
+    }
+
+    /// The pending Ready's snapshot is durable as `placed` says (its segments stored under
+    /// this member's ids, its file naming them so): `persisted` installs that form, and raft
+    /// keeps it as the snapshot this member sends on.
+    pub fn snapshot_placed(&mut self, placed: PlacedSnapshot) {
+        let pending_index = self
+            .pending
+            .as_ref()
+            .and_then(|p| p.snapshot.as_ref())
+            .map(|s| s.metadata.index);
+        assert_eq!(
+            pending_index,
+            Some(placed.index),
+            "a snapshot is placed between the ready() that returned it and persisted()"
+        );
+        assert!(
+            placed.files.keys().all(|id| *id >= self.segment_id_base()),
+            "a leader's segments are stored above every id of this member's stores"
+        );
+        self.placed = Some(placed);
+    }
+
     /// The last Ready's checkpoint and WAL records are durable and its persisted messages sent:
     /// advance raft, install the snapshot, apply what committed.
     pub fn persisted(&mut self, now_ms: u64) -> Result<(), CoreError> {
@@ -1288,8 +1331,17 @@ impl Member {
             .take()
             .expect("persisted() follows a ready() that returned I/O");
         self.node.advance();
-        if let Some(snap) = pending.snapshot {
-            self.install_snapshot(snap, now_ms)?;
+        if let Some(mut snap) = pending.snapshot {
+            let mut files = BTreeMap::new();
+            if let Some(placed) = self.placed.take() {
+                // Raft keeps the placed form: the file this member wrote, naming its own ids.
+                self.node
+                    .store_mut()
+                    .replace_snapshot_data(placed.index, placed.data.clone());
+                snap.data = placed.data;
+                files = placed.files;
+            }
+            self.install_snapshot(snap, files, now_ms)?;
         }
         if let Some(entries) = pending.committed {
             self.apply(entries, now_ms);
@@ -1328,8 +1380,14 @@ impl Member {
         }
     }
 
-    /// Replaces the store with a leader's snapshot (already durable as a checkpoint).
-    fn install_snapshot(&mut self, snap: Snapshot, now_ms: u64) -> Result<(), CoreError> {
+    /// Replaces the store with a leader's snapshot (already durable as a checkpoint), whose
+    /// image points into `files` (the leader's segments, stored here) or holds its values.
+    fn install_snapshot(
+        &mut self,
+        snap: Snapshot,
+        files: BTreeMap<u32, Bytes>,
+        now_ms: u64,
+    ) -> Result<(), CoreError> {
         let index = snap.metadata.index;
         if snap.data.is_empty() {
             // The bootstrap snapshot: an empty store whose membership is in the metadata.
@@ -1339,15 +1397,17 @@ impl Member {
         }
         let cp = checkpoint::decode(&snap.data)
             .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
-        // A leader's snapshot carries every value inline (the leader expands its own
-        // checkpoint before sending); the new store's segments start above the old one's.
+        // The image points into the leader's segments, which the driver stored under ids
+        // above every one of the old store's; the new store's own segments start above those.
         let (writer, reader) = kv::Store::restore_with_segments(
             &cp.kv_image,
             self.writer.successor_value_log(),
             &mut |id| {
-                Err(format!(
-                    "a leader's snapshot refers to its own segment {id}"
-                ))
+                files.get(&id).cloned().ok_or_else(|| {
+                    format!(
+                        "a leader's snapshot refers to segment {id}, which did not come with it"
+                    )
+                })
             },
         )
         .map_err(|e| CoreError::Store(e.to_string()))?;

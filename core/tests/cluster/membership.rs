@@ -16,17 +16,67 @@ const SNAPSHOT_COUNT: &str = "50";
 
 /// Puts `count` keys `prefix{i}` through `url`, one after another.
 fn put_keys(url: &str, prefix: &str, count: usize) {
+    put_sized_keys(url, prefix, count, 0);
+}
+
+/// Puts `count` keys `prefix{i}` through `url`, one after another, each value `value-{i}`
+/// padded with `pad_bytes` more bytes.
+fn put_sized_keys(url: &str, prefix: &str, count: usize, pad_bytes: usize) {
     block_on(async {
         let mut client = Client::connect([url], None)
             .await
             .expect("etcd-client connects");
         for i in 0..count {
+            let value = format!("value-{i}{}", "v".repeat(pad_bytes));
             client
-                .put(format!("{prefix}{i:04}"), format!("value-{i}"), None)
+                .put(format!("{prefix}{i:04}"), value, None)
                 .await
                 .unwrap_or_else(|e| panic!("put {prefix}{i} through {url}: {e}"));
         }
     });
+}
+
+/// The number a member logged as field `field` on its first line containing `line`, if any
+/// (members log JSON lines: `"field":N`).
+fn logged_number(log: &str, line: &str, field: &str) -> Option<u64> {
+    let found = log.lines().find(|l| l.contains(line))?;
+    let key = format!("\"{field}\":");
+    let at = found.find(&key)? + key.len();
+    let digits: String = found[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Asserts that `learner` caught up through a snapshot streamed with the leader's segment
+/// files (at least `segments_min` of them), and returns the bytes its sender streamed.
+fn assert_caught_up_by_streamed_snapshot(c: &Cluster, learner: usize, segments_min: u64) -> u64 {
+    let learner_log = c.members[learner].log_all();
+    assert!(
+        learner_log.contains("installed the leader's snapshot"),
+        "the learner caught up without a snapshot; its log:\n{}",
+        c.members[learner].log_tail()
+    );
+    let segments = logged_number(&learner_log, "received a snapshot", "segments")
+        .unwrap_or_else(|| panic!("the learner logs no snapshot received:\n{learner_log}"));
+    assert!(
+        segments >= segments_min,
+        "the snapshot came with {segments} segment files, expected {segments_min} or more"
+    );
+    // They are the learner's own value log now.
+    let files = std::fs::read_dir(c.members[learner].data_dir.join("vlog"))
+        .expect("the learner's value-log directory")
+        .count() as u64;
+    assert!(
+        files >= segments,
+        "{files} segment files after receiving {segments}"
+    );
+    (0..c.members.len())
+        .filter(|&i| i != learner)
+        .filter_map(|i| logged_number(&c.members[i].log_all(), "sent a snapshot", "bytes"))
+        .max()
+        .expect("a member logged the snapshot it sent")
 }
 
 /// Retries `member promote` until the learner is in sync (etcd refuses to promote before).
@@ -169,9 +219,76 @@ fn a_member_removed_while_away_exits_by_itself_when_it_reaches_a_peer() {
 }
 
 #[test]
+fn a_learner_joining_a_store_far_larger_than_a_peer_frame_catches_up_by_a_streamed_snapshot() {
+    // 32 MB of values in 1 MiB segments (the default size): the snapshot is thirty times the
+    // largest peer frame (a raft message, about 1 MiB), so only its stream can carry it.
+    const KEYS: usize = 4000;
+    let mut c = Cluster::start(3, Net::Loopback, &["--snapshot-count", "200"]);
+    put_sized_keys(&c.members[0].client_url(), "big/", KEYS, 8 * 1024);
+    let learner = c.add_member(0, "n3", Voting::Learner, None);
+    // Killed while the stream is half staged, it starts over: the start deletes the staging,
+    // and the leader, whose stream broke, sends the snapshot again.
+    let staging = c.members[learner].data_dir.join("snap").join("incoming");
+    let half_staged = || {
+        std::fs::read_dir(&staging)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|d| std::fs::read_dir(d.path()).is_ok_and(|mut files| files.next().is_some()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !half_staged() {
+        assert!(
+            Instant::now() < deadline,
+            "the learner never staged a snapshot:\n{}",
+            c.members[learner].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    c.kill9(learner);
+    c.relaunch(learner);
+    let (_, kvs) = c.wait_converged(&[0, 1, 2, learner], Duration::from_secs(60));
+    assert_eq!(
+        kvs.iter().filter(|(k, _, _)| k.starts_with("big/")).count(),
+        KEYS
+    );
+    let sent_bytes = assert_caught_up_by_streamed_snapshot(&c, learner, 25);
+    assert!(
+        sent_bytes > 31 << 20,
+        "the snapshot streamed {sent_bytes} bytes; the values alone are 32 MB"
+    );
+    // Its store reads the values from the segment files it was sent, after a restart too.
+    c.kill9(learner);
+    c.relaunch(learner);
+    let expected = format!("value-{}{}", KEYS - 1, "v".repeat(8 * 1024));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // A learner serves serializable reads only, from its own store.
+        let out = c.etcdctl(
+            learner,
+            &[
+                "get",
+                &format!("big/{}", KEYS - 1),
+                "--print-value-only",
+                "--consistency=s",
+            ],
+        );
+        if out.code == 0 && out.stdout.trim() == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted learner does not serve its snapshot's values: {out:?}\n{}",
+            c.members[learner].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
 fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced() {
     // Small value-log segments: the leader's checkpoints point into its segment files, so the
-    // snapshot it sends must carry the values themselves (what a large store does).
+    // snapshot it sends must carry those files with it (what a large store does).
     let mut c = Cluster::start(
         3,
         Net::Loopback,
@@ -197,18 +314,7 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
             .count(),
         KEYS_BEFORE_JOIN
     );
-    assert!(
-        (0..3).any(|i| c.members[i]
-            .log_all()
-            .contains("values copied inline from the value-log segments")),
-        "no member sent a snapshot built from its segment files"
-    );
-    let learner_log = c.members[learner].log_all();
-    assert!(
-        learner_log.contains("installed the leader's snapshot"),
-        "the learner caught up without a snapshot; its log:\n{}",
-        c.members[learner].log_tail()
-    );
+    assert_caught_up_by_streamed_snapshot(&c, learner, 2);
     let listed = c.member_list(0);
     assert_eq!(listed.len(), 4);
     assert_eq!(

@@ -201,11 +201,41 @@ fn a_checkpoint_points_into_durable_segments_and_restores_from_them() {
     // The list a restart keeps, read without restoring.
     let listed = checkpoint_segments(&image).unwrap();
     assert_eq!(listed, disk.keys().copied().collect::<Vec<_>>());
-    // The inline image restores anywhere, to the same store.
-    let inline = inline_image(&image, &mut |id| Ok(disk[&id].clone())).unwrap();
-    assert!(checkpoint_segments(&inline).unwrap().is_empty());
-    let (_, r4) = Store::restore(&inline).expect("an inline image needs no files");
+    // Renumbered (a follower stores a leader's files under its own higher ids), the image names
+    // the raised ids and restores from the same files under them, to the same store.
+    let shift = 1000;
+    let renumbered = renumber_segments(&image, shift).unwrap();
+    assert_eq!(
+        renumbered.len(),
+        image.len(),
+        "renumbering rewrites ids in place"
+    );
+    let raised: Vec<u32> = listed.iter().map(|id| id + shift).collect();
+    assert_eq!(checkpoint_segments(&renumbered).unwrap(), raised);
+    let (w4, r4) = Store::restore_with_segments(&renumbered, on_disk(0), &mut |id| {
+        id.checked_sub(shift)
+            .and_then(|own| disk.get(&own).cloned())
+            .ok_or(format!("no file {id}"))
+    })
+    .expect("restores from the files under their new ids");
     assert_eq!(r4.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+    for i in 0..150 {
+        let key = format!("k{i:03}");
+        assert_eq!(value_of(&r4, &key), value_of(&r, &key), "{key}");
+    }
+    // Its own segments start above the raised ones, and its next checkpoint names them as is.
+    assert!(w4.segment_ids().last().unwrap() > raised.last().unwrap());
+    let again = w4.checkpoint();
+    assert_eq!(checkpoint_segments(&again).unwrap(), raised);
+    // No shift, or no segment, leaves an image as it is; a shift past the id space is refused.
+    assert_eq!(renumber_segments(&image, 0).unwrap(), image);
+    assert!(matches!(
+        renumber_segments(&image, u32::MAX - 2),
+        Err(KvError::CheckpointDamaged(_))
+    ));
+    let mut damaged = image.clone();
+    *damaged.last_mut().unwrap() ^= 1;
+    assert!(renumber_segments(&damaged, shift).is_err());
 }
 
 #[test]

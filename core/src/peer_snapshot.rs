@@ -1,0 +1,878 @@
+//! Raft snapshots between members, streamed in chunks over a connection of their own.
+//!
+//! A leader's snapshot is its newest checkpoint file, whose store image points into the
+//! leader's value-log segments. The leader sends both as they lie on disk: the file, then every
+//! segment file it names, each cut into chunks of at most `limits::SNAPSHOT_CHUNK_BYTES`, and
+//! last the raft message itself with its data left empty. The stream runs on its own
+//! connection (dialed like any other, handshake and TLS included), so heartbeats and appends
+//! never queue behind gigabytes, and nothing in it has a size limit: memory on each side is a
+//! few chunks, plus the checkpoint file on the receiver (the index's size, which a restart
+//! holds too). Segment files are read on a thread beside the raft CPU.
+//!
+//! The receiver writes the segments into `<data-dir>/snap/incoming/<index>-<from>/` as they
+//! come, syncing each, and collects the checkpoint file in memory. Only when the raft message
+//! arrives, with every part complete, is the staging directory synced and the message handed to
+//! raft with the file as its data. The driver then stores the segments under this member's own
+//! ids ([`place`]: above every id of its stores, `kv::renumber_segments` renames them in the
+//! image) and writes the renamed file as its newest checkpoint.
+//!
+//! A dropped connection, a chunk out of order or a file that cannot be read fails the stream:
+//! the leader reports the snapshot failed, raft sends a new one later from the start, and the
+//! receiver deletes what it staged. A start deletes every staging directory.
+//!
+//! Frames (after the usual length prefix and kind byte; integers big-endian):
+//! begin: raft index u64, checkpoint file bytes u64;
+//! chunk: part u8 (0: the checkpoint file, 1: a segment file), segment id u32, offset u64,
+//! the whole file's bytes u64, then the chunk's bytes.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_lite::io::AsyncWriteExt;
+use futures_lite::StreamExt;
+use keel_kv as kv;
+
+use crate::checkpoint;
+use crate::error::CoreError;
+use crate::member::PlacedSnapshot;
+use crate::rt;
+use crate::vlog_writer;
+
+pub const FRAME_SNAPSHOT_BEGIN: u8 = 8;
+pub const FRAME_SNAPSHOT_CHUNK: u8 = 9;
+/// A begin frame's body.
+pub const BEGIN_BYTES: usize = 8 + 8;
+/// A chunk frame's header, after its kind byte.
+pub const CHUNK_HEADER_BYTES: usize = 1 + 4 + 8 + 8;
+/// The staging directory's name under `<data-dir>/snap`.
+pub const STAGING_DIR: &str = "incoming";
+/// How long one chunk may take to go out before the stream is given up: a peer that stopped
+/// reading must not keep raft waiting for the snapshot's outcome forever.
+const CHUNK_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Chunks read ahead of the socket on the sender.
+const READ_AHEAD_CHUNKS: usize = 2;
+
+const PART_CHECKPOINT: u8 = 0;
+const PART_SEGMENT: u8 = 1;
+
+/// Which file a chunk belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Checkpoint,
+    Segment(u32),
+}
+
+/// A chunk's place in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub part: Part,
+    pub offset: u64,
+    pub file_bytes: u64,
+}
+
+/// The begin frame, length prefix included.
+pub fn encode_begin(index: u64, checkpoint_bytes: u64) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(4 + 1 + BEGIN_BYTES);
+    buf.extend_from_slice(&(1 + BEGIN_BYTES as u32).to_be_bytes());
+    buf.push(FRAME_SNAPSHOT_BEGIN);
+    buf.extend_from_slice(&index.to_be_bytes());
+    buf.extend_from_slice(&checkpoint_bytes.to_be_bytes());
+    buf
+}
+
+/// A chunk frame's length prefix, kind and header, for `body_bytes` of chunk after it.
+pub fn encode_chunk_header(h: ChunkHeader, body_bytes: usize) -> Vec<u8> {
+    let frame_bytes = 1 + CHUNK_HEADER_BYTES + body_bytes;
+    let mut buf = Vec::with_capacity(4 + 1 + CHUNK_HEADER_BYTES);
+    buf.extend_from_slice(
+        &u32::try_from(frame_bytes)
+            .expect("chunks are far below 4 GiB")
+            .to_be_bytes(),
+    );
+    buf.push(FRAME_SNAPSHOT_CHUNK);
+    let (part, segment) = match h.part {
+        Part::Checkpoint => (PART_CHECKPOINT, 0),
+        Part::Segment(id) => (PART_SEGMENT, id),
+    };
+    buf.push(part);
+    buf.extend_from_slice(&segment.to_be_bytes());
+    buf.extend_from_slice(&h.offset.to_be_bytes());
+    buf.extend_from_slice(&h.file_bytes.to_be_bytes());
+    buf
+}
+
+/// A begin frame's body: `(raft index, checkpoint file bytes)`.
+pub fn parse_begin(body: &[u8]) -> io::Result<(u64, u64)> {
+    if body.len() != BEGIN_BYTES {
+        return Err(io::Error::other("malformed snapshot begin frame"));
+    }
+    let u64_at = |o: usize| u64::from_be_bytes(body[o..o + 8].try_into().expect("8 bytes"));
+    Ok((u64_at(0), u64_at(8)))
+}
+
+/// A chunk frame's header (its body after the kind byte; the chunk's bytes follow it).
+pub fn parse_chunk_header(body: &[u8]) -> io::Result<ChunkHeader> {
+    let bad = |why: &str| io::Error::other(format!("malformed snapshot chunk: {why}"));
+    if body.len() < CHUNK_HEADER_BYTES {
+        return Err(bad("shorter than its header"));
+    }
+    let segment = u32::from_be_bytes(body[1..5].try_into().expect("4 bytes"));
+    let part = match body[0] {
+        PART_CHECKPOINT if segment == 0 => Part::Checkpoint,
+        PART_SEGMENT if segment < kv::SEGMENT_NONE - 1 => Part::Segment(segment),
+        _ => return Err(bad("unknown part")),
+    };
+    let offset = u64::from_be_bytes(body[5..13].try_into().expect("8 bytes"));
+    let file_bytes = u64::from_be_bytes(body[13..21].try_into().expect("8 bytes"));
+    let len = (body.len() - CHUNK_HEADER_BYTES) as u64;
+    if offset.checked_add(len).is_none_or(|end| end > file_bytes) {
+        return Err(bad("past the end of its file"));
+    }
+    Ok(ChunkHeader {
+        part,
+        offset,
+        file_bytes,
+    })
+}
+
+/// The segments a checkpoint file points into (what goes out beside it).
+fn segments_of(data: &[u8]) -> io::Result<Vec<u32>> {
+    let cp = checkpoint::decode(data).map_err(io::Error::other)?;
+    kv::checkpoint_segments(&cp.kv_image).map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// Writes `w` after at most `CHUNK_WRITE_TIMEOUT`, or fails.
+async fn write_timed<W: futures_lite::AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let write = async { Some(w.write_all(bytes).await) };
+    let expired = async {
+        rt::sleep(CHUNK_WRITE_TIMEOUT).await;
+        None
+    };
+    futures_lite::future::or(write, expired)
+        .await
+        .unwrap_or_else(|| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the peer took no snapshot chunk for too long",
+            ))
+        })
+}
+
+/// Streams the snapshot at `index` whose checkpoint file is `data` (the leader's, pointing
+/// into `vlog_dir`): the begin frame, the file's chunks, then each segment's. Returns the
+/// bytes written. The caller sends the raft message after it.
+pub async fn write_snapshot<W: futures_lite::AsyncWrite + Unpin>(
+    w: &mut W,
+    data: &Bytes,
+    index: u64,
+    vlog_dir: &Path,
+    chunk_bytes: usize,
+) -> io::Result<u64> {
+    assert!(chunk_bytes > 0, "a chunk carries bytes");
+    let listed = {
+        let data = data.clone();
+        rt::on_thread("keel-snapshot-out", move || segments_of(&data)).await?
+    };
+    let mut sent = 0u64;
+    let begin = encode_begin(index, data.len() as u64);
+    write_timed(w, &begin).await?;
+    sent += begin.len() as u64;
+    let file_bytes = data.len() as u64;
+    for offset in (0..data.len()).step_by(chunk_bytes) {
+        let body = data.slice(offset..(offset + chunk_bytes).min(data.len()));
+        let header = ChunkHeader {
+            part: Part::Checkpoint,
+            offset: offset as u64,
+            file_bytes,
+        };
+        let head = encode_chunk_header(header, body.len());
+        write_timed(w, &head).await?;
+        write_timed(w, &body).await?;
+        sent += (head.len() + body.len()) as u64;
+    }
+    // Segment files are read on a thread (a read may wait for the disk; the raft CPU must
+    // not), a few chunks ahead of the socket.
+    let (tx, mut rx) = futures_channel::mpsc::channel(READ_AHEAD_CHUNKS);
+    let dir = vlog_dir.to_path_buf();
+    rt::spawn_beside("keel-snapshot-read", move || {
+        read_segments(&dir, &listed, chunk_bytes, tx)
+    })?;
+    while let Some(chunk) = rx.next().await {
+        let (header, body) = chunk?;
+        let head = encode_chunk_header(header, body.len());
+        write_timed(w, &head).await?;
+        write_timed(w, &body).await?;
+        sent += (head.len() + body.len()) as u64;
+    }
+    Ok(sent)
+}
+
+type ChunkSender = futures_channel::mpsc::Sender<io::Result<(ChunkHeader, Vec<u8>)>>;
+
+/// The sender's reading thread: every chunk of every listed segment file, in order, or the
+/// first error. Stops when the stream is dropped.
+fn read_segments(dir: &Path, listed: &[u32], chunk_bytes: usize, mut tx: ChunkSender) {
+    use std::os::unix::fs::FileExt;
+    let mut send = |item| futures_lite::future::block_on(send_chunk(&mut tx, item));
+    for &id in listed {
+        let path = keel_io::vlog::segment_path(dir, id);
+        // A file deleted since the checkpoint was taken (its segment died, and a newer
+        // checkpoint let it go) fails this stream; raft sends the newer snapshot next.
+        let opened = std::fs::File::open(&path).and_then(|f| Ok((f.metadata()?.len(), f)));
+        let (file_bytes, file) = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = send(Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", path.display()),
+                )));
+                return;
+            }
+        };
+        let mut offset = 0u64;
+        // At least one chunk per file, so an empty file arrives too.
+        while offset < file_bytes || offset == 0 {
+            let len = (file_bytes - offset).min(chunk_bytes as u64) as usize;
+            let mut buf = vec![0u8; len];
+            if let Err(e) = file.read_exact_at(&mut buf, offset) {
+                let _ = send(Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", path.display()),
+                )));
+                return;
+            }
+            let header = ChunkHeader {
+                part: Part::Segment(id),
+                offset,
+                file_bytes,
+            };
+            if !send(Ok((header, buf))) {
+                return;
+            }
+            offset += len as u64;
+            if file_bytes == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// Sends one item; false once the stream is gone.
+async fn send_chunk<T>(tx: &mut futures_channel::mpsc::Sender<T>, item: T) -> bool {
+    std::future::poll_fn(|cx| tx.poll_ready(cx)).await.is_ok() && tx.start_send(item).is_ok()
+}
+
+/// A snapshot fully received and durable in its staging directory.
+#[derive(Debug)]
+pub struct StagedSnapshot {
+    pub from: u64,
+    pub index: u64,
+    pub dir: PathBuf,
+    /// The segment files in `dir`, by the leader's ids, ascending: exactly those `data` names.
+    pub segments: Vec<u32>,
+    /// The checkpoint file, which the raft message carries on as its data (the same buffer:
+    /// the driver finds this staging by it).
+    pub data: Bytes,
+}
+
+/// The segment file being received.
+struct OpenSegment {
+    id: u32,
+    file: std::fs::File,
+    written: u64,
+    file_bytes: u64,
+}
+
+/// A snapshot being received on one connection.
+pub struct IncomingSnapshot {
+    from: u64,
+    index: u64,
+    dir: PathBuf,
+    checkpoint: Vec<u8>,
+    checkpoint_bytes: u64,
+    open: Option<OpenSegment>,
+    segments: Vec<u32>,
+    /// Set once handed on: the staging directory is then the driver's.
+    finished: bool,
+}
+
+fn protocol(why: &str) -> io::Error {
+    io::Error::other(format!("snapshot stream: {why}"))
+}
+
+impl IncomingSnapshot {
+    /// Starts receiving the snapshot at `index` from `from` into a fresh staging directory
+    /// under `staging_root`, named by `stream` (unique among this process's streams: a
+    /// snapshot sent again never touches the staging of an earlier copy).
+    pub async fn begin(
+        staging_root: &Path,
+        stream: u64,
+        from: u64,
+        index: u64,
+        checkpoint_bytes: u64,
+    ) -> io::Result<IncomingSnapshot> {
+        let dir = staging_root.join(format!("{index:016x}-{from:016x}-{stream}"));
+        let mut checkpoint = Vec::new();
+        // The peer is a member of this cluster; still, an absurd length fails the stream
+        // rather than the process.
+        checkpoint
+            .try_reserve_exact(
+                usize::try_from(checkpoint_bytes).map_err(|_| protocol("checkpoint too large"))?,
+            )
+            .map_err(|_| protocol("no memory for the checkpoint file"))?;
+        let fresh = dir.clone();
+        rt::on_thread("keel-snapshot-in", move || {
+            match std::fs::remove_dir_all(&fresh) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            std::fs::create_dir_all(&fresh)
+        })
+        .await?;
+        Ok(IncomingSnapshot {
+            from,
+            index,
+            dir,
+            checkpoint,
+            checkpoint_bytes,
+            open: None,
+            segments: Vec::new(),
+            finished: false,
+        })
+    }
+
+    /// Takes one chunk: `frame[body_at..]` is its bytes. Chunks of a file come in order, files
+    /// one after another, segments ascending.
+    pub async fn chunk(
+        &mut self,
+        h: ChunkHeader,
+        frame: Vec<u8>,
+        body_at: usize,
+    ) -> io::Result<()> {
+        let len = (frame.len() - body_at) as u64;
+        match h.part {
+            Part::Checkpoint => {
+                if h.file_bytes != self.checkpoint_bytes
+                    || h.offset != self.checkpoint.len() as u64
+                    || self.open.is_some()
+                    || !self.segments.is_empty()
+                {
+                    return Err(protocol("checkpoint chunk out of order"));
+                }
+                self.checkpoint.extend_from_slice(&frame[body_at..]);
+                Ok(())
+            }
+            Part::Segment(id) => {
+                if (self.checkpoint.len() as u64) < self.checkpoint_bytes {
+                    return Err(protocol("segment chunk before the whole checkpoint"));
+                }
+                let mut open = match self.open.take() {
+                    Some(open) if open.id == id => open,
+                    Some(_) => return Err(protocol("segment chunk out of order")),
+                    None => {
+                        if self.segments.last().is_some_and(|last| *last >= id) || h.offset != 0 {
+                            return Err(protocol("segment out of order"));
+                        }
+                        let path = keel_io::vlog::segment_path(&self.dir, id);
+                        let file =
+                            rt::on_thread("keel-snapshot-in", move || std::fs::File::create(path))
+                                .await?;
+                        OpenSegment {
+                            id,
+                            file,
+                            written: 0,
+                            file_bytes: h.file_bytes,
+                        }
+                    }
+                };
+                if h.offset != open.written || h.file_bytes != open.file_bytes {
+                    return Err(protocol("segment chunk out of order"));
+                }
+                let complete = open.written + len == open.file_bytes;
+                let dir = self.dir.clone();
+                let mut file = open.file;
+                open.file = rt::on_thread("keel-snapshot-in", move || {
+                    use std::io::Write;
+                    file.write_all(&frame[body_at..])?;
+                    if complete {
+                        sync_or_abort(&file, &keel_io::vlog::segment_path(&dir, id));
+                    }
+                    Ok::<_, io::Error>(file)
+                })
+                .await?;
+                open.written += len;
+                if complete {
+                    self.segments.push(id);
+                } else {
+                    self.open = Some(open);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The raft message for snapshot `index` arrived: every part must be complete, and the
+    /// segments received exactly those the checkpoint file names. Makes the staging directory
+    /// durable and returns it with the checkpoint file, the message's data.
+    pub async fn finish(mut self, index: u64) -> io::Result<StagedSnapshot> {
+        if index != self.index
+            || self.open.is_some()
+            || (self.checkpoint.len() as u64) != self.checkpoint_bytes
+        {
+            return Err(protocol("the raft message came before the whole snapshot"));
+        }
+        let data = Bytes::from(std::mem::take(&mut self.checkpoint));
+        let (dir, checked, received) = (self.dir.clone(), data.clone(), self.segments.clone());
+        rt::on_thread("keel-snapshot-in", move || {
+            // Checked here, off the raft CPU, so that a snapshot raft installs is whole.
+            if segments_of(&checked)? != received {
+                return Err(protocol(
+                    "the segments sent are not those its checkpoint names",
+                ));
+            }
+            let d = std::fs::File::open(&dir)?;
+            sync_or_abort(&d, &dir);
+            Ok(())
+        })
+        .await?;
+        self.finished = true;
+        Ok(StagedSnapshot {
+            from: self.from,
+            index: self.index,
+            dir: self.dir.clone(),
+            segments: std::mem::take(&mut self.segments),
+            data,
+        })
+    }
+}
+
+impl Drop for IncomingSnapshot {
+    fn drop(&mut self) {
+        if !self.finished {
+            remove_staged(vec![self.dir.clone()]);
+        }
+    }
+}
+
+/// fsync, and stop the process if it fails: after a failed fsync the kernel may have dropped
+/// the pages, and no retry could tell (as the WAL and the value log do).
+fn sync_or_abort(file: &std::fs::File, path: &Path) {
+    if let Err(error) = file.sync_all() {
+        tracing::error!(file = %path.display(), %error, "fsync of a received snapshot failed; aborting");
+        std::process::abort();
+    }
+}
+
+/// Deletes staging directories on a thread beside the raft CPU (thousands of files).
+pub fn remove_staged(dirs: Vec<PathBuf>) {
+    if dirs.is_empty() {
+        return;
+    }
+    let removal = move || {
+        for dir in dirs {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot delete a staged snapshot");
+                }
+            }
+        }
+    };
+    if let Err(e) = rt::spawn_beside("keel-snapshot-gc", removal) {
+        tracing::warn!(error = %e, "cannot start a thread to delete staged snapshots");
+    }
+}
+
+/// At start: every staging directory is left from a snapshot that never completed, or that
+/// completed but was not installed before the stop (its leader sends it again).
+pub fn remove_all_staged(staging_root: &Path) -> Result<(), CoreError> {
+    match std::fs::remove_dir_all(staging_root) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CoreError::DataDir {
+            path: staging_root.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Makes a received snapshot this member's newest checkpoint (on a thread: renames, a sync
+/// and a file as large as the index): its segments move into `vlog_dir` under ids raised by
+/// `shift` (above every id this member's stores used), the checkpoint file is rewritten to
+/// name them so and written durably into `snap_dir`, and the segments are mapped for the
+/// store that replaces the member's. A crash midway leaves the previous checkpoint newest;
+/// the moved files are then named by no checkpoint and deleted at the next start.
+pub fn place(
+    staged: StagedSnapshot,
+    shift: u32,
+    snap_dir: &Path,
+    vlog_dir: &Path,
+) -> Result<PlacedSnapshot, CoreError> {
+    let bad =
+        |why: String| CoreError::Snapshot(format!("leader's snapshot {}: {why}", staged.index));
+    let data_dir_error = |path: &Path, source| CoreError::DataDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut cp = checkpoint::decode(&staged.data).map_err(bad)?;
+    let listed = staged.segments.clone();
+    std::fs::create_dir_all(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
+    for &id in &listed {
+        let local = id
+            .checked_add(shift)
+            .ok_or_else(|| bad("segment ids run out".into()))?;
+        let to = keel_io::vlog::segment_path(vlog_dir, local);
+        std::fs::rename(keel_io::vlog::segment_path(&staged.dir, id), &to)
+            .map_err(|e| data_dir_error(&to, e))?;
+    }
+    if !listed.is_empty() {
+        let d = std::fs::File::open(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
+        sync_or_abort(&d, vlog_dir);
+    }
+    // Renamed only when the ids move (a member that had segments of its own); a new member
+    // keeps the leader's ids and the file as it came. Each copy is the index's size: the
+    // one before it goes first.
+    let file = if shift == 0 || listed.is_empty() {
+        staged.data.clone()
+    } else {
+        let renamed = {
+            let leaders = std::mem::take(&mut cp.kv_image);
+            kv::renumber_segments(&leaders, shift).map_err(|e| bad(e.to_string()))?
+        };
+        Bytes::from(cp.encode_with_image(&renamed))
+    };
+    drop(cp);
+    let path = snap_dir.join(checkpoint::file_name(staged.index));
+    crate::ids::write_durably(snap_dir, &path, &file)?;
+    let mut files = std::collections::BTreeMap::new();
+    for id in listed {
+        let local = id + shift;
+        files.insert(
+            local,
+            vlog_writer::map_segment(vlog_dir, local).map_err(CoreError::Snapshot)?,
+        );
+    }
+    if let Err(e) = std::fs::remove_dir_all(&staged.dir) {
+        tracing::warn!(dir = %staged.dir.display(), error = %e, "cannot delete a placed snapshot's staging directory");
+    }
+    Ok(PlacedSnapshot {
+        index: staged.index,
+        data: file,
+        files,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::peer::{parse_frame, Incoming, SNAPSHOT_CHUNK_BODY_AT};
+
+    /// A leader's store with its values in segment files under `vlog_dir` (written as the
+    /// value-log writer leaves them: records, then zeros to a whole block), and its
+    /// checkpoint file at raft index 7.
+    fn leader(vlog_dir: &Path) -> (Bytes, kv::Reader) {
+        let (mut w, r) = kv::Store::with_value_log(kv::ValueLogOptions {
+            segment_bytes: 8192,
+            first_segment_id: 3,
+            on_disk: true,
+        });
+        std::fs::create_dir_all(vlog_dir).unwrap();
+        for i in 0..60u64 {
+            let put = kv::Op::Put(kv::PutRequest {
+                key: Bytes::from(format!("key-{i:03}")),
+                value: Bytes::from(vec![i as u8; 1000]),
+                ..Default::default()
+            });
+            w.apply(i + 1, &put).unwrap();
+            for sealed in w.take_sealed_segments() {
+                let mut file: Vec<u8> = sealed.records.iter().flat_map(|r| r.to_vec()).collect();
+                file.resize(file.len().next_multiple_of(4096), 0);
+                let path = keel_io::vlog::segment_path(vlog_dir, sealed.id);
+                std::fs::write(&path, &file).unwrap();
+                let mapped = vlog_writer::map_segment(vlog_dir, sealed.id).unwrap();
+                w.segment_durable(sealed.id, sealed.bytes, mapped);
+            }
+        }
+        let file = checkpoint::encode(
+            7,
+            2,
+            &keel_raft::ConfState::default(),
+            checkpoint::ClusterState {
+                members: &[],
+                alarms: &[],
+                auth: &Default::default(),
+                removed: &[],
+            },
+            &w.checkpoint(),
+        );
+        (Bytes::from(file), r)
+    }
+
+    /// The frames a stream wrote, without their length prefixes.
+    fn frames(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
+            out.push(bytes[4..4 + len].to_vec());
+            bytes = &bytes[4 + len..];
+        }
+        out
+    }
+
+    /// Feeds a stream's frames to a receiver, as `Transport::take_frames` does (each stream
+    /// with its own number, as the transport gives them).
+    async fn receive(staging: &Path, frames: Vec<Vec<u8>>) -> io::Result<IncomingSnapshot> {
+        static STREAMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let stream = STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut incoming = None;
+        for frame in frames {
+            match parse_frame(&frame, 1)? {
+                Incoming::SnapshotBegin {
+                    index,
+                    checkpoint_bytes,
+                } => {
+                    incoming = Some(
+                        IncomingSnapshot::begin(staging, stream, 1, index, checkpoint_bytes)
+                            .await?,
+                    )
+                }
+                Incoming::SnapshotChunk(h) => {
+                    let s = incoming.as_mut().expect("begin came first");
+                    s.chunk(h, frame, SNAPSHOT_CHUNK_BODY_AT).await?;
+                }
+                other => panic!("a stream holds only snapshot frames: {other:?}"),
+            }
+        }
+        Ok(incoming.expect("a stream begins"))
+    }
+
+    fn run(test: impl FnOnce() -> futures_lite::future::BoxedLocal<()> + Send + 'static) {
+        crate::rt::spawn_pinned("snapshot-test", 0, test)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_snapshot_streams_in_chunks_and_the_follower_stores_its_segments_under_its_own_ids() {
+        run(|| {
+            Box::pin(async {
+                let leader_dir = tempfile::tempdir().unwrap();
+                let follower_dir = tempfile::tempdir().unwrap();
+                let (vlog, snap) = (
+                    leader_dir.path().join("vlog"),
+                    follower_dir.path().join("snap"),
+                );
+                let (data, leader_reader) = leader(&vlog);
+                let listed = segments_of(&data).unwrap();
+                assert!(listed.len() > 3, "the values span segments: {listed:?}");
+                // Chunks far smaller than the files, so each file takes several.
+                let mut out = futures_lite::io::Cursor::new(Vec::new());
+                let sent = write_snapshot(&mut out, &data, 7, &vlog, 1000)
+                    .await
+                    .unwrap();
+                let stream = out.into_inner();
+                assert_eq!(sent, stream.len() as u64);
+                let segment_bytes: u64 = listed
+                    .iter()
+                    .map(|id| {
+                        std::fs::metadata(keel_io::vlog::segment_path(&vlog, *id))
+                            .unwrap()
+                            .len()
+                    })
+                    .sum();
+                let frames = frames(&stream);
+                let chunk_frames = frames
+                    .iter()
+                    .filter(|f| f[0] == FRAME_SNAPSHOT_CHUNK)
+                    .count() as u64;
+                assert!(chunk_frames >= (data.len() as u64 + segment_bytes) / 1000);
+                assert!(frames
+                    .iter()
+                    .all(|f| f.len() <= 1000 + SNAPSHOT_CHUNK_BODY_AT));
+
+                let staging = snap.join(STAGING_DIR);
+                let incoming = receive(&staging, frames).await.unwrap();
+                // The raft message must name the snapshot the stream carried.
+                let staged = incoming.finish(7).await.unwrap();
+                assert_eq!(staged.segments, listed);
+                assert_eq!(staged.data, data);
+
+                // The follower's own stores used ids below 50: the leader's go from 50 up.
+                let shift = 50 - listed[0];
+                let follower_vlog = follower_dir.path().join("vlog");
+                let staged_dir = staged.dir.clone();
+                let placed = place(staged, shift, &snap, &follower_vlog).unwrap();
+                assert!(
+                    !staged_dir.exists(),
+                    "the staging directory goes once placed"
+                );
+                let raised: Vec<u32> = listed.iter().map(|id| id + shift).collect();
+                assert_eq!(placed.files.keys().copied().collect::<Vec<_>>(), raised);
+                assert_eq!(
+                    keel_io::vlog::list_segments(&follower_vlog).unwrap(),
+                    raised
+                );
+                // The checkpoint file written is the placed one, and names the raised ids.
+                let written = std::fs::read(snap.join(checkpoint::file_name(7))).unwrap();
+                assert_eq!(written, placed.data);
+                let cp = checkpoint::decode(&written).unwrap();
+                assert_eq!(kv::checkpoint_segments(&cp.kv_image).unwrap(), raised);
+                // Restored from the placed files, the store is the leader's.
+                let (_, reader) = kv::Store::restore_with_segments(
+                    &cp.kv_image,
+                    kv::ValueLogOptions {
+                        on_disk: true,
+                        ..Default::default()
+                    },
+                    &mut |id| {
+                        placed
+                            .files
+                            .get(&id)
+                            .cloned()
+                            .ok_or(format!("no segment {id}"))
+                    },
+                )
+                .unwrap();
+                let rev = leader_reader.current_revision();
+                assert_eq!(
+                    reader.hash_kv(rev).unwrap(),
+                    leader_reader.hash_kv(rev).unwrap()
+                );
+            })
+        });
+    }
+
+    #[test]
+    fn a_broken_or_disordered_stream_is_refused_and_its_staging_deleted() {
+        run(|| {
+            Box::pin(async {
+                let leader_dir = tempfile::tempdir().unwrap();
+                let follower_dir = tempfile::tempdir().unwrap();
+                let vlog = leader_dir.path().join("vlog");
+                let (data, _) = leader(&vlog);
+                let mut out = futures_lite::io::Cursor::new(Vec::new());
+                write_snapshot(&mut out, &data, 7, &vlog, 4096)
+                    .await
+                    .unwrap();
+                let all = frames(&out.into_inner());
+                let staging = follower_dir.path().join(STAGING_DIR);
+                let staged_dirs = || std::fs::read_dir(&staging).map_or(0, |d| d.count());
+
+                // Cut short: the raft message finds parts missing; the staging goes.
+                let cut = receive(&staging, all[..all.len() - 2].to_vec())
+                    .await
+                    .unwrap();
+                assert_eq!(staged_dirs(), 1);
+                assert!(cut.finish(7).await.is_err());
+                // A message for another index than the stream's is refused too.
+                let whole = receive(&staging, all.clone()).await.unwrap();
+                assert!(whole.finish(8).await.is_err());
+                // Deletion runs on a thread beside the caller.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while staged_dirs() > 0 && std::time::Instant::now() < deadline {
+                    rt::sleep(Duration::from_millis(10)).await;
+                }
+                assert_eq!(staged_dirs(), 0, "refused streams leave nothing staged");
+
+                // Chunks out of order: a segment before the whole checkpoint, a chunk skipped,
+                // a segment sent twice.
+                let first_segment = all
+                    .iter()
+                    .position(|f| f[0] == FRAME_SNAPSHOT_CHUNK && f[1] == PART_SEGMENT)
+                    .unwrap();
+                let mut early = all.clone();
+                early.swap(1, first_segment);
+                assert!(receive(&staging, early).await.is_err());
+                let mut skipped = all.clone();
+                skipped.remove(first_segment + 1);
+                assert!(receive(&staging, skipped).await.is_err());
+                let mut twice = all.clone();
+                twice.push(all[first_segment].clone());
+                assert!(receive(&staging, twice).await.is_err());
+
+                // Segments the checkpoint does not name are refused at the end.
+                let mut extra = all.clone();
+                let mut stray = encode_chunk_header(
+                    ChunkHeader {
+                        part: Part::Segment(u32::MAX - 3),
+                        offset: 0,
+                        file_bytes: 4,
+                    },
+                    4,
+                );
+                stray.extend_from_slice(b"abcd");
+                extra.push(stray[4..].to_vec());
+                let extra = receive(&staging, extra).await.unwrap();
+                assert!(extra.finish(7).await.is_err());
+
+                // A leader whose segment file is gone fails its stream (raft sends it again).
+                let listed = segments_of(&data).unwrap();
+                std::fs::remove_file(keel_io::vlog::segment_path(&vlog, listed[1])).unwrap();
+                let mut out = futures_lite::io::Cursor::new(Vec::new());
+                let gone = write_snapshot(&mut out, &data, 7, &vlog, 4096)
+                    .await
+                    .unwrap_err();
+                assert_eq!(gone.kind(), io::ErrorKind::NotFound, "{gone}");
+            })
+        });
+    }
+
+    #[test]
+    fn begin_and_chunk_headers_round_trip_and_damage_is_refused() {
+        let begin = encode_begin(42, 1 << 33);
+        assert_eq!(
+            u32::from_be_bytes(begin[..4].try_into().unwrap()) as usize,
+            begin.len() - 4
+        );
+        assert_eq!(begin[4], FRAME_SNAPSHOT_BEGIN);
+        assert_eq!(parse_begin(&begin[5..]).unwrap(), (42, 1 << 33));
+        assert!(parse_begin(&begin[5..begin.len() - 1]).is_err());
+        for part in [Part::Checkpoint, Part::Segment(7)] {
+            let h = ChunkHeader {
+                part,
+                offset: 4096,
+                file_bytes: 4096 + 3,
+            };
+            let mut frame = encode_chunk_header(h, 3);
+            frame.extend_from_slice(b"abc");
+            assert_eq!(
+                u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize,
+                frame.len() - 4
+            );
+            assert_eq!(frame[4], FRAME_SNAPSHOT_CHUNK);
+            assert_eq!(parse_chunk_header(&frame[5..]).unwrap(), h);
+            // A chunk that runs past the length its file was announced with is refused.
+            frame.push(b'd');
+            assert!(parse_chunk_header(&frame[5..]).is_err());
+        }
+        let mut bad_part = encode_chunk_header(
+            ChunkHeader {
+                part: Part::Segment(1),
+                offset: 0,
+                file_bytes: 0,
+            },
+            0,
+        );
+        bad_part[5] = 9;
+        assert!(parse_chunk_header(&bad_part[5..]).is_err());
+        assert!(parse_chunk_header(&[PART_SEGMENT, 0, 0]).is_err());
+        let overflow = encode_chunk_header(
+            ChunkHeader {
+                part: Part::Checkpoint,
+                offset: u64::MAX,
+                file_bytes: u64::MAX,
+            },
+            0,
+        );
+        let mut overflow = overflow;
+        overflow.push(0);
+        assert!(parse_chunk_header(&overflow[5..]).is_err());
+    }
+}
