@@ -2,7 +2,7 @@
 # A member added to a loaded 3-member cluster (Keel or etcd, the same flags for both) on
 # 127.0.0.1: loads TOTAL keys of 16 bytes with 1 KiB values, adds a fourth member with
 # `etcdctl member add`, starts it on an empty data directory and reports the seconds until it
-# holds every key (a serializable count on it), its peak RSS while catching up, the leader's
+# holds every key (a serializable range's count on it), its peak RSS while catching up, the leader's
 # peak RSS before and after, and the data directories' sizes. The log behind the leader is
 # compacted long before, so the new member can only catch up from a snapshot.
 #
@@ -53,10 +53,11 @@ start() {
   pids+=("$!")
 }
 hwm_mib() { awk '/^VmHWM:/ {printf "%d", $2 / 1024}' "/proc/$1/status"; }
-rss_mib() { awk '/^VmRSS:/ {printf "%d", $2 / 1024}' "/proc/$1/status"; }
+# VmHWM, VmRSS and its anonymous and file-backed parts, in MiB.
+rss() { awk '/^(VmHWM|VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2 / 1024}' "/proc/$1/status"; }
 count_on() {
   ETCDCTL_API=3 etcdctl --endpoints "$(client_url "$1")" --command-timeout=30s \
-    get "" --prefix --count-only --consistency=s -w json 2>/dev/null |
+    get "" --prefix --limit=1 --consistency=s -w json 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin).get("count", 0))' 2>/dev/null || echo 0
 }
 
@@ -68,11 +69,12 @@ echo "== $kind: loading $total keys of 1 KiB into 3 members"
 "$bench" --endpoints "$eps" --conns "$conns" --clients "$clients" \
   put --key-size 16 --val-size 1024 --key-space-size "$total" --sequential-keys --total "$total"
 expected=$(count_on 0)
+[ "$expected" -gt "$total" ] || { echo "cannot count the keys on n0 ($expected)"; exit 1; }
 leader=$(ETCDCTL_API=3 etcdctl --endpoints "$eps" endpoint status -w json |
   python3 -c 'import json,sys; s=json.load(sys.stdin); print([i for i,e in enumerate(s) if e["Status"]["leader"]==e["Status"]["header"]["member_id"]][0])')
 leader_pid=${pids[$leader]}
 sleep 20
-echo "keys: $expected; leader n$leader: VmHWM $(hwm_mib "$leader_pid") MiB, VmRSS $(rss_mib "$leader_pid") MiB after the load"
+echo "keys: $expected; leader n$leader after the load: $(rss "$leader_pid")"
 echo "data dir of n$leader: $(du -sh "$root/$kind-n$leader" | cut -f1)"
 
 ETCDCTL_API=3 etcdctl --endpoints "$(client_url "$leader")" member add n3 --peer-urls "$(peer_url 3)" >/dev/null
@@ -90,5 +92,7 @@ while :; do
 done
 t1=$(date +%s%N)
 echo "new member holds all $expected keys after $(((t1 - t0) / 1000000)) ms"
-echo "new member: VmHWM $(hwm_mib "$new_pid") MiB, VmRSS $(rss_mib "$new_pid") MiB; data dir $(du -sh "$root/$kind-n3" | cut -f1)"
-echo "leader n$leader: VmHWM $(hwm_mib "$leader_pid") MiB, VmRSS $(rss_mib "$leader_pid") MiB after sending"
+echo "new member: $(rss "$new_pid"); data dir $(du -sh "$root/$kind-n3" | cut -f1)"
+echo "leader n$leader after sending: $(rss "$leader_pid")"
+sleep 20
+echo "new member 20 s later: $(rss "$new_pid")"

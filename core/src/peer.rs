@@ -14,7 +14,8 @@
 //! (`peer_snapshot.rs`), so no frame is larger than a raft append message. Parsing a handshake
 //! and a frame are pure functions ([`parse_hello`], [`parse_frame`]), fuzzed by `core/tests/fuzz`.
 //!
-//! A connection carries frames one way, from the dialer, with one exception: a member that
+//! A connection carries frames one way, from the dialer, with two exceptions: the receiver of
+//! a snapshot stream answers it with one ack frame (`peer_snapshot.rs`), and a member that
 //! applied another's removal answers a connection from the removed member (at its handshake,
 //! at its next frame, or within `REMOVED_CHECK_INTERVAL` of applying the removal, so a removed
 //! member that sends nothing hears it too) with one `FRAME_MEMBER_REMOVED` frame back to the
@@ -281,6 +282,11 @@ pub enum Incoming {
     /// A piece of the snapshot being streamed: its bytes are the frame's from
     /// [`SNAPSHOT_CHUNK_BODY_AT`] on.
     SnapshotChunk(ChunkHeader),
+    /// The receiver of a snapshot stream took the snapshot at this index (sent back to the
+    /// dialer only).
+    SnapshotAck {
+        index: u64,
+    },
 }
 
 /// Where a snapshot chunk's bytes start in its frame (after the kind byte and the header).
@@ -387,6 +393,9 @@ pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
         peer_snapshot::FRAME_SNAPSHOT_CHUNK => {
             Incoming::SnapshotChunk(peer_snapshot::parse_chunk_header(body)?)
         }
+        peer_snapshot::FRAME_SNAPSHOT_ACK => Incoming::SnapshotAck {
+            index: peer_snapshot::parse_ack(body)?,
+        },
         FRAME_HASHKV_REPLY => {
             let (request_id, reply) = PeerHash::decode(body)
                 .ok_or_else(|| std::io::Error::other("malformed HashKV reply"))?;
@@ -704,8 +713,9 @@ impl Transport {
         result
     }
 
-    /// The whole stream on a dialed connection: the snapshot, then its message.
-    async fn stream_to<S: futures_lite::AsyncWrite + Unpin>(
+    /// The whole stream on a dialed connection: the snapshot, then its message, then the
+    /// receiver's answer.
+    async fn stream_to<S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin>(
         &self,
         peer: &Peer,
         mut stream: S,
@@ -725,6 +735,27 @@ impl Transport {
         buf[..4].copy_from_slice(&len.to_be_bytes());
         stream.write_all(&buf).await?;
         stream.flush().await?;
+        // Reported sent only once the receiver has the message in raft's inbox (see
+        // `peer_snapshot.rs`).
+        let answer = async { Some(read_frame(&mut stream, ANSWER_FRAME_BYTES_MAX).await) };
+        let expired = async {
+            rt::sleep(peer_snapshot::ACK_TIMEOUT).await;
+            None
+        };
+        let answer = futures_lite::future::or(answer, expired)
+            .await
+            .ok_or_else(|| std::io::Error::other("the peer did not answer the snapshot"))??;
+        match parse_frame(&answer, m.to)? {
+            Incoming::SnapshotAck { index: acked } if acked == index => {}
+            Incoming::MemberRemoved => {
+                return Err(std::io::Error::other(crate::member::MEMBER_REMOVED))
+            }
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "the peer answered the snapshot with {other:?}"
+                )))
+            }
+        }
         stream.close().await?;
         let sent = sent + buf.len() as u64;
         RaftStats::count(&peer.stats.sent_bytes, sent);
@@ -1215,8 +1246,8 @@ impl Transport {
         &self,
         stream: S,
     ) -> std::io::Result<()> {
-        // The write half only ever carries an answer back: the members reply, or the removed
-        // notice.
+        // The write half only ever carries an answer back: the members reply, a snapshot's
+        // ack, or the removed notice.
         let (mut reader, mut writer) = split_local(stream);
         let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES).await?)?;
         if hello == MEMBERS_QUERY {
@@ -1276,17 +1307,22 @@ impl Transport {
             self.removed_now(from).await;
             Ok(())
         };
-        futures_lite::future::or(self.take_frames(&mut reader, from), removed).await?;
+        futures_lite::future::or(self.take_frames(&mut reader, &mut writer, from), removed).await?;
         self.refuse_removed(reader, writer, from).await
     }
 
     /// Takes `from`'s frames into the inbox and control queues; returns Ok once `from` is
     /// removed (its frames are not ours to take any more), an error when the connection ends.
-    async fn take_frames<R: futures_lite::AsyncRead + Unpin>(
+    async fn take_frames<R, W>(
         &self,
         reader: &mut R,
+        writer: &mut W,
         from: u64,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<()>
+    where
+        R: futures_lite::AsyncRead + Unpin,
+        W: futures_lite::AsyncWrite + Unpin,
+    {
         let stats = self.peer_stats.peer(from);
         // The snapshot this connection streams, once its begin frame came.
         let mut incoming: Option<IncomingSnapshot> = None;
@@ -1346,11 +1382,19 @@ impl Transport {
                     if let Some(snap) = m.snapshot.as_mut() {
                         snap.data = staged.data.clone();
                     }
+                    let index = staged.index;
                     self.stage(staged);
-                    let mut inbox = self.inbox.borrow_mut();
-                    if inbox.len() < INBOX_MSGS_MAX {
+                    {
+                        let mut inbox = self.inbox.borrow_mut();
+                        if inbox.len() >= INBOX_MSGS_MAX {
+                            return Err(std::io::Error::other("inbox full; snapshot dropped"));
+                        }
                         inbox.push_back(m);
                     }
+                    self.inbox_signal.wake();
+                    writer.write_all(&peer_snapshot::encode_ack(index)).await?;
+                    writer.flush().await?;
+                    continue;
                 }
                 Incoming::Raft(m) => {
                     if m.msg_type == MessageType::HeartbeatResponse {
@@ -1376,7 +1420,7 @@ impl Transport {
                 }
                 // Only ever sent back to a dialer; a dialer sending it is confused, and a
                 // member is told it was removed only by the member it dialed.
-                Incoming::MemberRemoved => {
+                Incoming::MemberRemoved | Incoming::SnapshotAck { .. } => {
                     return Err(std::io::Error::other(
                         "a removed notice on an incoming connection",
                     ))

@@ -219,15 +219,50 @@ fn a_member_removed_while_away_exits_by_itself_when_it_reaches_a_peer() {
 }
 
 #[test]
-fn a_learner_joining_a_store_far_larger_than_a_peer_frame_catches_up_by_a_streamed_snapshot() {
+fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_snapshot() {
     // 32 MB of values in 1 MiB segments (the default size): the snapshot is thirty times the
     // largest peer frame (a raft message, about 1 MiB), so only its stream can carry it.
     const KEYS: usize = 4000;
-    let mut c = Cluster::start(3, Net::Loopback, &["--snapshot-count", "200"]);
+    // Heartbeats every 10 ms: a leader that counted a snapshot sent before the receiver had
+    // it would probe the learner inside that window and send it all again (see below).
+    let mut c = Cluster::start(
+        3,
+        Net::Loopback,
+        &[
+            "--snapshot-count",
+            "200",
+            "--heartbeat-interval",
+            "10",
+            "--election-timeout",
+            "300",
+        ],
+    );
     put_sized_keys(&c.members[0].client_url(), "big/", KEYS, 8 * 1024);
-    let learner = c.add_member(0, "n3", Voting::Learner, None);
-    // Killed while the stream is half staged, it starts over: the start deletes the staging,
-    // and the leader, whose stream broke, sends the snapshot again.
+    // Undisturbed, the learner is sent the snapshot once: the leader counts it sent only once
+    // the learner answered that the message is in its raft's inbox (counted when written, it
+    // was sent twice, the second time while the first was being installed).
+    let first = c.add_member(0, "n3", Voting::Learner, None);
+    c.wait_converged(&[0, 1, 2, first], Duration::from_secs(60));
+    let sent_bytes = assert_caught_up_by_streamed_snapshot(&c, first, 25);
+    assert!(
+        sent_bytes > 31 << 20,
+        "the snapshot streamed {sent_bytes} bytes; the values alone are 32 MB"
+    );
+    let to_first = format!("\"to\":\"{}\"", c.member_hex_id(0, first));
+    let sends: usize = (0..3)
+        .map(|i| {
+            c.members[i]
+                .log_all()
+                .lines()
+                .filter(|l| l.contains("sent a snapshot") && l.contains(&to_first))
+                .count()
+        })
+        .sum();
+    assert_eq!(sends, 1, "the snapshot went to the learner {sends} times");
+
+    // A voter killed while its stream is half staged starts over: its start deletes the
+    // staging, and the leader, whose stream broke, sends the snapshot again.
+    let learner = c.add_member(0, "n4", Voting::Voter, None);
     let staging = c.members[learner].data_dir.join("snap").join("incoming");
     let half_staged = || {
         std::fs::read_dir(&staging)
@@ -240,32 +275,28 @@ fn a_learner_joining_a_store_far_larger_than_a_peer_frame_catches_up_by_a_stream
     while !half_staged() {
         assert!(
             Instant::now() < deadline,
-            "the learner never staged a snapshot:\n{}",
+            "the new member never staged a snapshot:\n{}",
             c.members[learner].log_tail()
         );
         std::thread::sleep(Duration::from_millis(2));
     }
     c.kill9(learner);
     c.relaunch(learner);
-    let (_, kvs) = c.wait_converged(&[0, 1, 2, learner], Duration::from_secs(60));
+    let (_, kvs) = c.wait_converged(&[0, 1, 2, first, learner], Duration::from_secs(60));
     assert_eq!(
         kvs.iter().filter(|(k, _, _)| k.starts_with("big/")).count(),
         KEYS
     );
-    let sent_bytes = assert_caught_up_by_streamed_snapshot(&c, learner, 25);
-    assert!(
-        sent_bytes > 31 << 20,
-        "the snapshot streamed {sent_bytes} bytes; the values alone are 32 MB"
-    );
+    assert_caught_up_by_streamed_snapshot(&c, learner, 25);
     // Its store reads the values from the segment files it was sent, after a restart too.
-    c.kill9(learner);
-    c.relaunch(learner);
+    c.kill9(first);
+    c.relaunch(first);
     let expected = format!("value-{}{}", KEYS - 1, "v".repeat(8 * 1024));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // A learner serves serializable reads only, from its own store.
         let out = c.etcdctl(
-            learner,
+            first,
             &[
                 "get",
                 &format!("big/{}", KEYS - 1),
@@ -279,7 +310,7 @@ fn a_learner_joining_a_store_far_larger_than_a_peer_frame_catches_up_by_a_stream
         assert!(
             Instant::now() < deadline,
             "the restarted learner does not serve its snapshot's values: {out:?}\n{}",
-            c.members[learner].log_tail()
+            c.members[first].log_tail()
         );
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Space given back by compaction and defragment, and what a defragment costs the writes beside
+# it, on one fresh member (Keel or etcd, the same flags for both):
+#   1. load TOTAL keys of 16 bytes with 1 KiB values;
+#   2. delete about half of them (keel-bench's keys are Go varints, so the range
+#      [0x80, 0xc0) holds every key i >= 64 with i mod 64 < 32), compact physically;
+#   3. puts at a fixed rate (RATE/s for PUT_S seconds) alone: the "normal" latency;
+#   4. the same puts while `etcdctl defrag` runs: the latency beside a defragment;
+#   5. small writes until Keel's checkpoints let the dead segment files go, then the sizes.
+# Reports the data directory's size (du) and Status's dbSize after each step.
+#
+#   bench/scripts/defrag.sh keel target/release/keel target/release/keel-bench
+#   bench/scripts/defrag.sh etcd etcd target/release/keel-bench
+#
+# TOTAL (1000000), RATE (1000), PUT_S (30), PORT (24379), DATA_ROOT (a temp dir), EXTRA_ARGS
+# (more server flags; both servers get --snapshot-count 20000 first, so that Keel takes
+# checkpoints during the run).
+set -euo pipefail
+
+kind=$1
+server=$2
+bench=$3
+total=${TOTAL:-1000000}
+rate=${RATE:-1000}
+put_s=${PUT_S:-30}
+EXTRA_ARGS="--snapshot-count 20000 ${EXTRA_ARGS:-}"
+# shellcheck source=member.sh
+source "$(dirname "$0")/member.sh"
+ctl() { ETCDCTL_API=3 etcdctl --endpoints "$url" --command-timeout=600s "$@"; }
+sizes() {
+  local db
+  db=$(ctl endpoint status -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["dbSize"])')
+  echo "data dir $(du -sm "$data" | cut -f1) MiB, dbSize $((db / 1048576)) MiB"
+}
+# fixed_rate_puts LABEL: RATE puts/s for PUT_S s over the first keys; prints p50/p99/max.
+fixed_rate_puts() {
+  "$bench" --endpoints "$url" --conns 5 --clients 50 --json \
+    put --key-size 16 --val-size 1024 --key-space-size "$total" --sequential-keys \
+    --rate "$rate" --total $((rate * put_s)) |
+    python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+c = [c for c in s["classes"] if c["name"] == "put"][0]
+l = c["latency_us"]
+print("%s: %d puts, %d errors, p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms" % (
+    sys.argv[1], c["total"], c["errors"], l["p50"] / 1e3, l["p99"] / 1e3, l["p999"] / 1e3, l["max"] / 1e3))' "$1"
+}
+
+start
+wait_ready_ms >/dev/null
+echo "== $kind: loading $total keys of 1 KiB"
+"$bench" --endpoints "$url" --conns 10 --clients 100 \
+  put --key-size 16 --val-size 1024 --key-space-size "$total" --sequential-keys --total "$total" >/dev/null
+echo "after the load: $(sizes)"
+deleted=$(ctl del $'\x80' $'\xc0' | tail -n 1)
+rev=$(ctl endpoint status -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])')
+ctl compact "$rev" --physical >/dev/null
+echo "deleted $deleted keys, compacted at $rev: $(sizes)"
+fixed_rate_puts "puts alone"
+t0=$(date +%s%N)
+ctl defrag >/dev/null &
+defrag=$!
+fixed_rate_puts "puts beside the defragment"
+wait "$defrag"
+t1=$(date +%s%N)
+echo "defragment returned after $(((t1 - t0) / 1000000)) ms: $(sizes)"
+# Keel deletes a dead segment file once the oldest checkpoint it keeps was taken after the
+# segment died: two checkpoints later (--snapshot-count 20000 entries each).
+"$bench" --endpoints "$url" --conns 5 --clients 50 \
+  put --key-size 8 --val-size 8 --key-space-size 1 --total 50000 >/dev/null
+sleep 10
+echo "after 50000 more small puts: $(sizes)"
+kill "$pid"
+wait "$pid" 2>/dev/null || true
