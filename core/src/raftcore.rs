@@ -358,8 +358,10 @@ impl RaftCore {
             self.publish();
             if self.member.has_ready() {
                 self.handle_ready().await?;
-            } else if self.member.writer().compaction_pending() {
-                // Compaction runs in bounded steps between batches, never as one long pause.
+            } else if self.member.compaction_runnable() {
+                // Compaction runs in bounded steps between batches, never as one long pause,
+                // and waits while its rewrites are queued for the disk (the loop then idles
+                // until the value-log writer reports).
                 self.member.compact_step();
                 self.publish();
                 futures_lite::future::yield_now().await;

@@ -790,7 +790,7 @@ impl World {
         if run.member.has_ready() {
             let io = run.member.ready(now).expect("has_ready");
             self.carry_out(i, io)?;
-        } else if run.member.writer().compaction_pending() {
+        } else if run.member.compaction_runnable() {
             run.member.compact_step();
         }
         let Some(run) = self.nodes[i].run.as_mut() else {
