@@ -39,3 +39,4 @@ pub mod stats;
 pub mod tls;
 pub mod vlog_writer;
 pub mod watch;
+pub mod watchdog;

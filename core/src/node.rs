@@ -12,6 +12,7 @@ use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::raftcore::{self, RaftCore};
 use crate::shared::Shared;
+use crate::watchdog::LoopPhase;
 use crate::{corrupt, rt, shard};
 
 /// How long a clean shutdown waits for the raft core to finish its batch and checkpoint.
@@ -69,6 +70,18 @@ pub fn run(config: Config) -> Result<(), CoreError> {
                 let _ = check_tx.send(corrupt::initial_check(shared, transport, timeout).await);
             });
         }
+        if let Ok(after) = std::env::var(TEST_HANG_RAFT_EXECUTOR_ENV) {
+            // Test-only: block the raft core's thread for good after this many milliseconds,
+            // as a task that never yields would, so tests can watch the watchdog stop us.
+            let after_ms: u64 = after.parse().unwrap_or(0);
+            tracing::warn!(after_ms, "TEST ONLY: the raft executor will hang");
+            rt::spawn_local(async move {
+                rt::sleep(Duration::from_millis(after_ms)).await;
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            });
+        }
         let _ = ready_tx.send(Ok(shared.clone()));
         let result = core.run().await;
         if !shared.signalled.load(Ordering::Acquire) {
@@ -98,6 +111,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
             Err(_) => return Err(CoreError::Executor("the raft core exited".into())),
         }
     }
+    crate::watchdog::start(shared.clone()).map_err(|e| CoreError::Executor(e.to_string()))?;
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
     if let Some(path) = &config.config_file {
@@ -190,8 +204,33 @@ fn stop_process(shared: &Shared, error: Option<&CoreError>) -> ! {
     }
 }
 
+/// Ends the process because the raft loop hangs for good (see `watchdog`): logs why, with
+/// the raft position and what the loop was waiting on, and exits non-zero at once.
+pub fn stop_stuck(shared: &Shared, phase: LoopPhase, stalled_ms: u64, why: &str) -> ! {
+    let member = format!("{:x}", shared.member_id());
+    let term = shared.raft_term.load(Ordering::Acquire);
+    let commit_index = shared.commit_index.load(Ordering::Acquire);
+    let applied_index = shared.applied_index.load(Ordering::Acquire);
+    tracing::error!(
+        member,
+        term,
+        commit_index,
+        applied_index,
+        phase = phase.name(),
+        stalled_ms,
+        reason = why,
+        "the raft loop is stuck; this member cannot go on and stops"
+    );
+    eprintln!("keel: member {member} stopped at term {term}, index {applied_index}: {why}");
+    std::process::exit(EXIT_RAFT_LOOP_STUCK);
+}
+
 /// The exit status when the raft core stops without being asked (1 is a startup error).
 pub const EXIT_RAFT_CORE_STOPPED: i32 = 3;
+/// The exit status when the watchdog finds the raft loop stuck.
+pub const EXIT_RAFT_LOOP_STUCK: i32 = 4;
+/// Test-only: milliseconds after which the raft core's thread blocks for good.
+pub const TEST_HANG_RAFT_EXECUTOR_ENV: &str = "KEEL_TEST_HANG_RAFT_EXECUTOR_AFTER_MS";
 /// The exit status of a member that stopped because it was removed from the cluster.
 pub const EXIT_REMOVED: i32 = 0;
 

@@ -49,6 +49,7 @@ use crate::shared::Shared;
 use crate::stats::RaftStats;
 use crate::vlog_writer::{self, VlogWriter};
 use crate::watch::WatchBatch;
+use crate::watchdog::LoopPhase;
 
 /// Test-only: the key whose stored value a member damages at start (see `open`).
 pub const TEST_FLIP_VALUE_ENV: &str = "KEEL_TEST_FLIP_VALUE_OF";
@@ -291,6 +292,7 @@ impl RaftCore {
             self.shared
                 .raft_loop_at_ms
                 .store(self.shared.uptime_ms(), Ordering::Release);
+            self.shared.enter_raft_phase(LoopPhase::Working);
             if self.shared.stopping.load(Ordering::Acquire) {
                 break;
             }
@@ -320,6 +322,8 @@ impl RaftCore {
                         proposals.ready().await
                     }
                 };
+                self.shared
+                    .enter_raft_idle(self.shared.uptime_ms() + wait_ms);
                 futures_lite::future::or(
                     futures_lite::future::or(proposals_ready, reads.ready()),
                     futures_lite::future::or(
@@ -331,10 +335,13 @@ impl RaftCore {
                     ),
                 )
                 .await;
+                self.shared.enter_raft_phase(LoopPhase::Working);
             }
             // Between Readies, as the member asks: a written checkpoint lets the WAL go.
             if let Some(outcome) = self.checkpoints.try_take() {
+                self.shared.enter_raft_phase(LoopPhase::FinishCheckpoint);
                 self.finish_checkpoint(outcome).await?;
+                self.shared.enter_raft_phase(LoopPhase::Working);
             }
             while let Some(outcome) = self.vlog.try_take() {
                 let durable = outcome?;
@@ -523,7 +530,9 @@ impl RaftCore {
             self.send(m);
         }
         if let Some((index, data)) = checkpoint_to_persist {
+            self.shared.enter_raft_phase(LoopPhase::PersistSnapshot);
             self.persist_snapshot(index, data).await?;
+            self.shared.enter_raft_phase(LoopPhase::Working);
         }
         let stats = self.shared.raft_stats.clone();
         if !wal_records.is_empty() {
@@ -531,10 +540,12 @@ impl RaftCore {
             let started = Instant::now();
             // Returns only after the write and its fdatasync completed; a failed fsync aborts
             // the process inside keel-io, so an error here is an I/O error before the sync.
+            self.shared.enter_raft_phase(LoopPhase::WalAppend);
             self.wal
                 .append(wal_records)
                 .await
                 .map_err(|e| CoreError::Wal(e.to_string()))?;
+            self.shared.enter_raft_phase(LoopPhase::Working);
             stats.wal_fsync.observe_duration(started.elapsed());
         }
         for m in persisted_messages {

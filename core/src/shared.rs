@@ -6,7 +6,7 @@
 //! one-shot replies.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -26,6 +26,7 @@ use crate::limits::Limits;
 use crate::rt::Mailbox;
 use crate::stats::{PeerTable, RaftStats};
 use crate::watch::WatchBatch;
+use crate::watchdog::LoopPhase;
 
 /// Proposals waiting for the raft core. Beyond this the server answers "too many requests",
 /// as etcd does when its proposals outrun apply.
@@ -195,6 +196,11 @@ pub struct Shared {
     /// Milliseconds since `started_at` when the raft core last went round its loop: health
     /// reports a raft core that stopped turning.
     pub raft_loop_at_ms: AtomicU64,
+    /// What the raft loop is doing (a `watchdog::LoopPhase`), since when (uptime ms), and,
+    /// while idle, by when its own timer wakes it: the watchdog judges a stall by these.
+    raft_loop_phase: AtomicU8,
+    raft_loop_phase_at_ms: AtomicU64,
+    raft_loop_wake_by_ms: AtomicU64,
     /// Set once SIGINT or SIGTERM asked the member to stop (as opposed to the raft core
     /// stopping on its own, which ends the process with an error).
     pub signalled: AtomicBool,
@@ -251,6 +257,9 @@ impl Shared {
             auth: ArcSwap::from_pointee(AuthState::default()),
             auth_tokens: ArcSwap::from_pointee(TokenTable::default()),
             raft_loop_at_ms: AtomicU64::new(0),
+            raft_loop_phase: AtomicU8::new(LoopPhase::Starting as u8),
+            raft_loop_phase_at_ms: AtomicU64::new(0),
+            raft_loop_wake_by_ms: AtomicU64::new(0),
             signalled: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -303,6 +312,33 @@ impl Shared {
     /// member's own clock: token deadlines are on it).
     pub fn uptime_ms(&self) -> u64 {
         self.started_at.elapsed().as_millis() as u64
+    }
+
+    /// The raft loop says what it does next (see `watchdog`).
+    pub fn enter_raft_phase(&self, phase: LoopPhase) {
+        self.raft_loop_phase_at_ms
+            .store(self.uptime_ms(), Ordering::Release);
+        self.raft_loop_phase.store(phase as u8, Ordering::Release);
+    }
+
+    /// The raft loop waits for work, or at the latest until `wake_by_ms` (uptime).
+    pub fn enter_raft_idle(&self, wake_by_ms: u64) {
+        self.raft_loop_wake_by_ms
+            .store(wake_by_ms, Ordering::Release);
+        self.enter_raft_phase(LoopPhase::Idle);
+    }
+
+    /// The loop's phase, how long it has been in it, and how far past its wake-up time an
+    /// idle loop is (0 when not idle or not yet due), all at `now_ms` (uptime).
+    pub fn raft_loop_phase(&self, now_ms: u64) -> (LoopPhase, u64, u64) {
+        let phase = LoopPhase::from_u8(self.raft_loop_phase.load(Ordering::Acquire));
+        let since_ms = self.raft_loop_phase_at_ms.load(Ordering::Acquire);
+        let overdue_ms = if phase == LoopPhase::Idle {
+            now_ms.saturating_sub(self.raft_loop_wake_by_ms.load(Ordering::Acquire))
+        } else {
+            0
+        };
+        (phase, now_ms.saturating_sub(since_ms), overdue_ms)
     }
 
     /// How long ago the raft core last went round its loop.

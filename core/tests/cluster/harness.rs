@@ -47,6 +47,10 @@ pub enum Voting {
     Voter,
 }
 
+/// Set (to anything) to keep the members of a cluster that did not converge running for 15
+/// minutes before the test fails, printing their pids, namespaces and logs.
+pub const HOLD_ON_FAILURE_ENV: &str = "KEEL_TEST_HOLD";
+
 /// One member process.
 pub struct Member {
     pub name: String,
@@ -654,6 +658,21 @@ impl Cluster {
                 .iter()
                 .map(|d| d.as_ref().map(|(rev, kvs)| (*rev, kvs.len())))
                 .collect();
+            if start.elapsed() >= timeout && std::env::var_os(HOLD_ON_FAILURE_ENV).is_some() {
+                // Debugging aid: keep the members running so a person can look at them
+                // (gdb, /metrics, their logs) before the test tears them down.
+                for &i in among {
+                    let m = &self.members[i];
+                    let pid = m.child.as_ref().map(|c| c.id());
+                    eprintln!(
+                        "HOLD n{i} pid={pid:?} netns={:?} url={} log={:?} (revision, keys) = {last:?}",
+                        m.netns,
+                        m.client_url(),
+                        m.log_path(m.launches)
+                    );
+                }
+                std::thread::sleep(Duration::from_secs(900));
+            }
             assert!(
                 start.elapsed() < timeout,
                 "members {among:?} did not converge within {timeout:?}: (revision, keys) = {last:?}\n{}",

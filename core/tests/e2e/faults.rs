@@ -135,6 +135,84 @@ async fn a_raft_core_failure_stops_the_member_loudly_and_loses_nothing_acknowled
         .expect("writes work again");
 }
 
+/// A raft core whose thread hangs for good (a test-only knob blocks it, as a task that never
+/// yields would) must not leave a member that holds its ports and serves nothing: the
+/// watchdog sees the loop's timer long overdue, logs why with the raft position, and ends
+/// the process non-zero. Restarted without the knob, it has every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_loop_that_hangs_stops_the_member_loudly_and_loses_nothing_acknowledged() {
+    let hang_after_ms = 5_000u64;
+    let mut server = Server::start_in(
+        Kind::Keel,
+        &[],
+        &[("KEEL_TEST_HANG_RAFT_EXECUTOR_AFTER_MS", "5000")],
+        None,
+    );
+    let started = Instant::now();
+    let mut c = client(&server).await;
+    for i in 0..20 {
+        c.put(format!("before/{i}"), format!("v{i}"), None)
+            .await
+            .expect("puts commit before the hang");
+    }
+    // The hang, then the idle loop's overdue bound (10 s), then a look of the watchdog.
+    let bound = Duration::from_millis(hang_after_ms + 10_000 + 5_000);
+    let status =
+        tokio::task::block_in_place(|| server.wait_exit(bound.saturating_sub(started.elapsed())))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the member still runs {:?} after its raft core hung:\n{}",
+                    started.elapsed(),
+                    server.log_tail()
+                )
+            });
+    assert_eq!(status.code(), Some(4), "the member exited with {status}");
+    let log = server.log_all();
+    for phrase in [
+        "the raft loop has not turned for longer than an election timeout",
+        "the raft loop is stuck; this member cannot go on and stops",
+        "overdue",
+        "\"applied_index\"",
+    ] {
+        assert!(log.contains(phrase), "the log lacks {phrase:?}:\n{log}");
+    }
+    server.env.clear();
+    server.restart();
+    let mut c = client(&server).await;
+    let got = c
+        .get("before/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("a linearizable get after restart");
+    assert_eq!(got.kvs().len(), 20);
+}
+
+/// The other side of the watchdog: a whole process paused (SIGSTOP, as a frozen VM would be)
+/// for longer than the watchdog's bound is not a hung raft loop, and must go on serving once
+/// resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_paused_longer_than_the_watchdog_bound_serves_on_after_it_resumes() {
+    let mut server = Server::keel(&[]);
+    let mut c = client(&server).await;
+    c.put("before", "pause", None).await.expect("a put");
+    let pid = server.pid() as libc::pid_t;
+    // SAFETY: kill has no memory preconditions; pid is our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    std::thread::sleep(Duration::from_secs(12));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        tokio::task::block_in_place(|| server.wait_exit(Duration::ZERO)).is_none(),
+        "the member stopped after a pause:\n{}",
+        server.log_tail()
+    );
+    let mut c = client(&server).await;
+    c.put("after", "pause", None)
+        .await
+        .expect("a put after the pause");
+    assert!(!server.log_all().contains("the raft loop is stuck"));
+}
+
 /// A small ext4 filesystem on a loop device, unmounted on drop.
 struct SmallDisk {
     image: PathBuf,
