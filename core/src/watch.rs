@@ -39,6 +39,10 @@ use crate::shared::Shared;
 
 /// Encoded responses a stream may have queued before its watchers fall back to history.
 pub const STREAM_QUEUE_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Most bytes of queued responses one h2 write of a watch stream joins (a single larger
+/// response still goes whole): big enough that a revision seen by a stream's hundreds of
+/// watchers is one write, small enough that the copy stays in cache.
+pub const SEND_BATCH_BYTES_MAX: usize = 256 * 1024;
 /// Events read from history per catch-up step, so one slow watcher cannot hog the shard.
 pub const CATCHUP_EVENTS_PER_STEP: usize = 1000;
 /// Soft size of one catch-up response: history is cut into responses of about this size,
@@ -194,16 +198,42 @@ struct Stream {
 }
 
 impl Stream {
+    fn new(id: u64, who: Result<crate::auth::AuthInfo, keel_grpc::EtcdError>) -> Stream {
+        Stream {
+            id,
+            who,
+            watchers: RefCell::new(BTreeMap::new()),
+            next_watch_id: Cell::new(0),
+            queue: RefCell::new(VecDeque::new()),
+            queue_bytes: Cell::new(0),
+            unsynced: Cell::new(0),
+            progress_requested: Cell::new(false),
+            waker: RefCell::new(None),
+            woken: Cell::new(false),
+        }
+    }
+
     fn push(&self, frame: Bytes) {
         self.queue_bytes.set(self.queue_bytes.get() + frame.len());
         self.queue.borrow_mut().push_back(frame);
         self.wake();
     }
 
-    fn pop(&self) -> Option<Bytes> {
-        let f = self.queue.borrow_mut().pop_front()?;
-        self.queue_bytes.set(self.queue_bytes.get() - f.len());
-        Some(f)
+    /// Moves queued frames into `batch` (empty on entry), in order, while they total at most
+    /// `bytes_max`; the first frame always goes, whatever its size.
+    fn pop_batch(&self, batch: &mut Vec<Bytes>, bytes_max: usize) {
+        debug_assert!(batch.is_empty());
+        let mut queue = self.queue.borrow_mut();
+        let mut taken_bytes = 0;
+        while let Some(front) = queue.front() {
+            if !batch.is_empty() && taken_bytes + front.len() > bytes_max {
+                break;
+            }
+            let f = queue.pop_front().expect("front exists");
+            taken_bytes += f.len();
+            batch.push(f);
+        }
+        self.queue_bytes.set(self.queue_bytes.get() - taken_bytes);
     }
 
     fn wake(&self) {
@@ -355,6 +385,9 @@ pub struct Hub {
     waiters: RefCell<Vec<ChangeWaiter>>,
     next_stream_id: Cell<u64>,
     delivered_rev: Cell<i64>,
+    /// `dispatch`'s (stream, watch id, event index) list, kept between batches so its
+    /// memory is reused.
+    matched: Cell<Vec<(u64, i64, usize)>>,
 }
 
 impl Hub {
@@ -369,6 +402,7 @@ impl Hub {
             waiters: RefCell::new(Vec::new()),
             next_stream_id: Cell::new(1),
             delivered_rev: Cell::new(rev),
+            matched: Cell::new(Vec::new()),
         })
     }
 
@@ -495,26 +529,57 @@ impl Hub {
                 }
             }
         }
-        // Match: (stream, watch id) -> indexes of its events in this batch.
-        let mut matched: HashMap<(u64, i64), Vec<usize>> = HashMap::new();
+        // Match: one (stream, watch id, event index) per watcher an event reaches. In a
+        // vector reused from batch to batch, not a map: a revision seen by 10,000 watchers
+        // would otherwise grow (and rehash) a 10,000-entry map per batch.
+        let mut matched = self.matched.take();
+        matched.clear();
         {
             let single = self.single.borrow();
             let ranges = self.ranges.borrow();
             for (i, e) in batch.events.iter().enumerate() {
                 if let Some(ws) = single.get(&e.key) {
-                    for w in ws {
-                        matched.entry(*w).or_default().push(i);
-                    }
+                    matched.extend(ws.iter().map(|&(sid, wid)| (sid, wid, i)));
                 }
-                for w in ranges.covering(&e.key) {
-                    matched.entry(*w).or_default().push(i);
-                }
+                matched.extend(
+                    ranges
+                        .covering(&e.key)
+                        .iter()
+                        .map(|&(sid, wid)| (sid, wid, i)),
+                );
             }
         }
+        if batch.events.len() > 1 {
+            // Each watcher's events together, in batch order (one event reaches a watcher
+            // once: the two indexes hold disjoint kinds of range, each watcher has one).
+            matched.sort_unstable();
+        }
+        // Everything but the watch id is the same in every watcher's response: the header's
+        // encoding is made once per batch.
+        let header_field = encoded_header_field(self.shared.header(batch.revision));
+        let limit_bytes = self.shared.config.max_request_bytes as usize;
         let streams = self.streams.borrow();
-        for ((sid, wid), idxs) in matched {
-            let Some(stream) = streams.get(&sid) else {
-                continue;
+        let mut current: Option<(u64, &Rc<Stream>)> = None;
+        let mut events: Vec<&Bytes> = Vec::new();
+        let mut run_start = 0;
+        while run_start < matched.len() {
+            let (sid, wid, _) = matched[run_start];
+            let mut run_end = run_start + 1;
+            while run_end < matched.len() && (matched[run_end].0, matched[run_end].1) == (sid, wid)
+            {
+                run_end += 1;
+            }
+            let run = &matched[run_start..run_end];
+            run_start = run_end;
+            let stream = match current {
+                Some((id, stream)) if id == sid => stream,
+                _ => {
+                    let Some(stream) = streams.get(&sid) else {
+                        continue;
+                    };
+                    current = Some((sid, stream));
+                    stream
+                }
             };
             let mut watchers = stream.watchers.borrow_mut();
             let Some(w) = watchers.get_mut(&wid) else {
@@ -523,14 +588,19 @@ impl Hub {
             if !w.synced {
                 continue;
             }
-            let events: Vec<&Bytes> = idxs
-                .iter()
-                .map(|&i| &batch.events[i])
-                .filter(|e| {
-                    e.mod_revision >= w.next_rev && w.range.contains(&e.key) && w.wants(e.kind)
-                })
-                .map(|e| if w.prev_kv { e.with_prev() } else { &e.plain })
-                .collect();
+            events.clear();
+            for &(_, _, i) in run {
+                let e = &batch.events[i];
+                // The index holds each watcher under its own range only (index_add and
+                // index_remove pair up), so the key need not be compared again here.
+                debug_assert!(
+                    w.range.contains(&e.key),
+                    "the index matched a key out of range"
+                );
+                if e.mod_revision >= w.next_rev && w.wants(e.kind) {
+                    events.push(if w.prev_kv { e.with_prev() } else { &e.plain });
+                }
+            }
             if events.is_empty() {
                 continue;
             }
@@ -540,18 +610,20 @@ impl Hub {
                 stream.wake();
                 continue;
             }
-            let header = self.shared.header(batch.revision);
-            for frame in responses(
-                header,
-                wid,
-                &events,
-                w.fragment,
-                self.shared.config.max_request_bytes as usize,
-            ) {
-                stream.push(frame);
+            let total_bytes: usize = events.iter().map(|e| e.len()).sum();
+            if !w.fragment || events.len() < 2 || total_bytes < limit_bytes {
+                stream.push(encode_response(&header_field, wid, false, &events));
+            } else {
+                let header = self.shared.header(batch.revision);
+                for frame in responses(header, wid, &events, true, limit_bytes) {
+                    stream.push(frame);
+                }
             }
             w.sent_since_progress = true;
         }
+        drop(events);
+        drop(streams);
+        self.matched.set(matched);
         // Synced watchers need no bookkeeping here: later batches only carry later revisions,
         // and a watcher that falls out of sync resumes after `delivered_rev`.
         self.delivered_rev
@@ -590,18 +662,7 @@ impl Hub {
         let id = self.next_stream_id.get();
         self.next_stream_id.set(id + 1);
         let who = crate::auth::who(&self.shared, &call.head.metadata).await;
-        let stream = Rc::new(Stream {
-            id,
-            who,
-            watchers: RefCell::new(BTreeMap::new()),
-            next_watch_id: Cell::new(0),
-            queue: RefCell::new(VecDeque::new()),
-            queue_bytes: Cell::new(0),
-            unsynced: Cell::new(0),
-            progress_requested: Cell::new(false),
-            waker: RefCell::new(None),
-            woken: Cell::new(false),
-        });
+        let stream = Rc::new(Stream::new(id, who));
         self.streams.borrow_mut().insert(id, stream.clone());
         // Closes the stream however this future ends: returning, or dropped mid-way (a reset
         // or deadline on gRPC, a JSON gateway client that hung up), so its watchers never leak.
@@ -642,9 +703,16 @@ impl Hub {
         let interval = PROGRESS_NOTIFY_INTERVAL;
         let mut next_progress = Instant::now() + interval;
         let mut client_done = false;
+        let mut batch = Vec::new();
         loop {
-            while let Some(frame) = stream.pop() {
-                if let Err(status) = sink.send_frame(frame).await {
+            // What queued since the last send goes out as one h2 write (up to a bound): a
+            // put seen by many watchers of this stream is one DATA chunk, not one per watcher.
+            loop {
+                stream.pop_batch(&mut batch, SEND_BATCH_BYTES_MAX);
+                if batch.is_empty() {
+                    break;
+                }
+                if let Err(status) = sink.send_frames(&mut batch).await {
                     return status;
                 }
             }
@@ -994,6 +1062,59 @@ fn response_with_events(
     )
 }
 
+/// The header as `WatchResponse` encodes it (field 1), or nothing when there is none.
+fn encoded_header_field(header: Option<pb::ResponseHeader>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if let Some(h) = header {
+        prost::encoding::message::encode(1, &h, &mut buf);
+    }
+    buf
+}
+
+/// A framed `WatchResponse` with a pre-encoded header field, byte for byte what prost makes
+/// of `{header, watch_id, fragment, events}` (fields in tag order; zero and false omitted).
+fn encode_response(header_field: &[u8], watch_id: i64, fragment: bool, events: &[&Bytes]) -> Bytes {
+    const WATCH_ID_TAG: u8 = 2 << 3;
+    const FRAGMENT_TAG: u8 = 7 << 3;
+    const EVENTS_TAG: u8 = (11 << 3) | 2;
+    const PREFIX_BYTES: usize = 5;
+    let watch_id_bytes = if watch_id != 0 {
+        1 + prost::encoding::encoded_len_varint(watch_id as u64)
+    } else {
+        0
+    };
+    let body_bytes = header_field.len()
+        + watch_id_bytes
+        + if fragment { 2 } else { 0 }
+        + events
+            .iter()
+            .map(|e| e.len() + 1 + prost::length_delimiter_len(e.len()))
+            .sum::<usize>();
+    let mut buf = BytesMut::with_capacity(PREFIX_BYTES + body_bytes);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(body_bytes).expect("watch responses stay far below 4 GiB"));
+    buf.put_slice(header_field);
+    if watch_id != 0 {
+        buf.put_u8(WATCH_ID_TAG);
+        prost::encoding::encode_varint(watch_id as u64, &mut buf);
+    }
+    if fragment {
+        buf.put_u8(FRAGMENT_TAG);
+        buf.put_u8(1);
+    }
+    for e in events {
+        buf.put_u8(EVENTS_TAG);
+        prost::encoding::encode_varint(e.len() as u64, &mut buf);
+        buf.put_slice(e);
+    }
+    assert_eq!(
+        buf.len(),
+        PREFIX_BYTES + body_bytes,
+        "the computed length and the encoding agree"
+    );
+    buf.freeze()
+}
+
 fn response_with_events_of(head: &pb::WatchResponse, events: &[&Bytes]) -> Bytes {
     const EVENTS_TAG: u8 = (11 << 3) | 2;
     const PREFIX_BYTES: usize = 5;
@@ -1097,6 +1218,63 @@ mod tests {
             }
             .encode_to_vec(),
         )
+    }
+
+    /// The per-batch encoding with its header made once is prost's, byte for byte, for any
+    /// watch id (zero, large, negative), with and without the fragment flag and a header.
+    #[test]
+    fn responses_with_a_shared_header_encode_as_prost_encodes_them() {
+        let events = [event("a", 7), event("bb", 8)];
+        let refs: Vec<&Bytes> = events.iter().collect();
+        let header = Some(pb::ResponseHeader {
+            cluster_id: 0xdead_beef_0102,
+            member_id: 42,
+            revision: 8,
+            raft_term: 3,
+        });
+        for header in [header, None] {
+            for watch_id in [0, 1, 300, i64::MAX, -1] {
+                for fragment in [false, true] {
+                    for n in [0, 1, 2] {
+                        let ours = encode_response(
+                            &encoded_header_field(header),
+                            watch_id,
+                            fragment,
+                            &refs[..n],
+                        );
+                        let theirs = response_with_events(header, watch_id, fragment, &refs[..n]);
+                        assert_eq!(
+                            ours, theirs,
+                            "watch id {watch_id}, fragment {fragment}, {n} events"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stream sends what queued in order, joined up to the bound; a response larger than
+    /// the bound still goes, alone; the queue's byte count follows.
+    #[test]
+    fn queued_responses_leave_in_order_in_batches_up_to_the_bound() {
+        let stream = Stream::new(0, Err(keel_grpc::EtcdError::Stopped));
+        let frame = |tag: u8, len: usize| Bytes::from(vec![tag; len]);
+        for (tag, len) in [(1, 40), (2, 40), (3, 40), (4, 200), (5, 10)] {
+            stream.push(frame(tag, len));
+        }
+        assert_eq!(stream.queue_bytes.get(), 330);
+        let mut batch = Vec::new();
+        let mut sent = Vec::new();
+        loop {
+            stream.pop_batch(&mut batch, 100);
+            if batch.is_empty() {
+                break;
+            }
+            sent.push(batch.iter().map(|f| f[0]).collect::<Vec<u8>>());
+            batch.clear();
+        }
+        assert_eq!(sent, vec![vec![1, 2], vec![3], vec![4], vec![5]]);
+        assert_eq!(stream.queue_bytes.get(), 0);
     }
 
     /// The encoding with prev_kv, made on a shard from `plain`, is byte for byte what prost

@@ -133,11 +133,15 @@ async fn watch(mut call: Call, sink: &mut ResponseSink) -> Status {
                     ..Default::default()
                 };
                 watch_id += 1;
-                for response in [created, event] {
-                    if let Err(status) = sink.send(&response).await {
-                        return status;
-                    }
+                // Both in one write, as Keel's watch streams send what queued together.
+                let mut frames = [created, event]
+                    .iter()
+                    .map(|response| encode_message(response, usize::MAX).expect("encode"))
+                    .collect::<Vec<_>>();
+                if let Err(status) = sink.send_frames(&mut frames).await {
+                    return status;
                 }
+                assert!(frames.is_empty(), "send_frames takes every frame");
             }
             Ok(None) => return Status::ok(),
             Err(status) => return status,
@@ -580,17 +584,24 @@ fn bidi_stream_echoes_many_messages_in_order() {
             let body = body.as_mut().expect("headers arrived");
             // Each answer arrives before the next request is sent: a true interleaved stream.
             let mut responses = Vec::new();
+            let mut chunks = 0;
             while responses.len() < 2 {
                 if let Some(message) = decoder.next_message().expect("frame") {
                     responses.push(WatchResponse::decode(message).expect("decode"));
                     continue;
                 }
+                chunks += 1;
                 let chunk = body.data().await.expect("open").expect("data");
                 body.flow_control()
                     .release_capacity(chunk.len())
                     .expect("release");
                 decoder.push(&chunk);
             }
+            // The two messages sent together came in one DATA frame.
+            assert_eq!(
+                chunks, 1,
+                "two messages sent together came in {chunks} DATA frames"
+            );
             assert_eq!(responses[0].watch_id, index);
             assert!(responses[0].created);
             assert_eq!(responses[1].watch_id, index);
