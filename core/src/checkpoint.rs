@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use keel_raft::{ConfState, SnapshotMetadata};
 
 use serde::{Deserialize, Serialize};
@@ -209,14 +210,26 @@ pub fn files(dir: &Path) -> Vec<(u64, PathBuf)> {
 /// The newest checkpoint that validates. A damaged newer one is skipped (it was being written
 /// when the process died) in favour of an older valid one; the WAL still covers the gap because
 /// segments are released only after a checkpoint is durable.
-pub fn load_newest(dir: &Path) -> Result<Option<Checkpoint>, CoreError> {
+///
+/// Returns it with its file mapped read-only, untouched: raft keeps that as the snapshot it
+/// sends a follower. The decoding reads a copy of its own, which goes once the store is
+/// restored, so the mapping's pages stay out of memory until a snapshot is sent.
+pub fn load_newest(dir: &Path) -> Result<Option<(Checkpoint, Bytes)>, CoreError> {
     for (index, path) in files(dir) {
-        let bytes = std::fs::read(&path).map_err(|source| CoreError::DataDir {
+        let data_dir_error = |source| CoreError::DataDir {
             path: path.clone(),
             source,
-        })?;
+        };
+        let bytes = std::fs::read(&path).map_err(data_dir_error)?;
         if let Some(cp) = accept(index, &path.display().to_string(), &bytes) {
-            return Ok(Some(cp));
+            let file = keel_io::vlog::map_file(&path).map_err(data_dir_error)?;
+            if file.len() != bytes.len() {
+                return Err(CoreError::Snapshot(format!(
+                    "checkpoint {} changed while it was loaded",
+                    path.display()
+                )));
+            }
+            return Ok(Some((cp, file)));
         }
     }
     Ok(None)

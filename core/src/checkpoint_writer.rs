@@ -17,6 +17,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use keel_raft::ConfState;
 
 use crate::checkpoint;
@@ -34,7 +35,10 @@ pub enum Written {
     Durable {
         index: u64,
         conf_state: ConfState,
-        file: Vec<u8>,
+        /// The durable file, mapped read-only: raft keeps it as the snapshot it sends a
+        /// follower, and its pages take memory only while something reads them (a snapshot
+        /// being sent), never for the time between checkpoints as a heap copy would.
+        file: Bytes,
         /// Serializing the image and encoding the file.
         serialize_elapsed: Duration,
         /// The whole job: serializing, encoding and the durable write.
@@ -133,6 +137,18 @@ fn write(snap_dir: &std::path::Path, req: CheckpointRequest) -> Result<Written, 
     let path = snap_dir.join(checkpoint::file_name(index));
     // A failed write or fsync is returned, and the raft core stops on it: never retry an fsync.
     write_durably(snap_dir, &path, &file)?;
+    // The heap copy goes here, on this thread, not on the raft core.
+    let file_bytes = file.len();
+    drop(file);
+    let file = keel_io::vlog::map_file(&path).map_err(|source| CoreError::DataDir {
+        path: path.clone(),
+        source,
+    })?;
+    assert_eq!(
+        file.len(),
+        file_bytes,
+        "the mapping is the whole durable file"
+    );
     Ok(Written::Durable {
         index,
         conf_state: req.conf_state,
@@ -208,8 +224,13 @@ mod tests {
         let loaded = checkpoint::load_newest(dir.path())
             .expect("the directory reads")
             .expect("the file is there");
-        assert_eq!(loaded.meta.index, index);
+        assert_eq!(loaded.0.meta.index, index);
+        assert_eq!(loaded.1, file, "the loaded mapping is the same file");
         let on_disk = std::fs::read(dir.path().join(checkpoint::file_name(index))).expect("read");
-        assert_eq!(on_disk, file, "the reported bytes are the durable file");
+        assert_eq!(
+            on_disk,
+            &file[..],
+            "the reported bytes are the durable file"
+        );
     }
 }

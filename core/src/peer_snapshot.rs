@@ -579,6 +579,9 @@ pub fn place(
     drop(cp);
     let path = snap_dir.join(checkpoint::file_name(staged.index));
     crate::ids::write_durably(snap_dir, &path, &file)?;
+    // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy.
+    drop(file);
+    let file = keel_io::vlog::map_file(&path).map_err(|e| data_dir_error(&path, e))?;
     let mut files = std::collections::BTreeMap::new();
     for id in listed {
         let local = id + shift;

@@ -797,10 +797,7 @@ impl RaftCore {
                 (index, conf_state, file)
             }
         };
-        match self
-            .member
-            .checkpoint_written(index, conf_state, Bytes::from(file))?
-        {
+        match self.member.checkpoint_written(index, conf_state, file)? {
             CheckpointCompletion::Taken {
                 done,
                 previous_image,

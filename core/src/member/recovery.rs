@@ -201,7 +201,7 @@ pub struct Recovered {
 }
 
 /// Rebuilds a member from what its driver read from disk: the newest valid checkpoint (if
-/// any) and the WAL's records, oldest first. `raft` is the raft configuration without its
+/// any, with its file as it lies on disk, which raft keeps as its snapshot) and the WAL's records, oldest first. `raft` is the raft configuration without its
 /// applied index, which recovery sets; `initial_members` is the identity's membership, used
 /// when there is no checkpoint. `value_log` says how the store keeps values (its first segment
 /// id above every segment file on disk), and `segment_files` maps the durable value-log
@@ -210,7 +210,7 @@ pub fn recover(
     mut raft: keel_raft::Config,
     start: Start,
     initial_members: Vec<MemberInfo>,
-    checkpoint: Option<Checkpoint>,
+    checkpoint: Option<(Checkpoint, Bytes)>,
     records: Vec<Record>,
     value_log: kv::ValueLogOptions,
     segment_files: &mut kv::SegmentFiles<'_>,
@@ -227,7 +227,7 @@ pub fn recover(
     let mut auth = AuthImage::default();
     let mut removed = Vec::new();
     let (writer, reader) = match checkpoint {
-        Some(cp) => {
+        Some((cp, file)) => {
             let (w, r) = kv::Store::restore_with_segments(&cp.kv_image, value_log, segment_files)
                 .map_err(|e| CoreError::Store(e.to_string()))?;
             assert_eq!(
@@ -240,11 +240,12 @@ pub fn recover(
             auth = cp.auth.clone();
             removed = cp.removed.clone();
             storage.set_conf_state(cp.meta.conf_state.clone());
-            // The checkpoint file is also what a far-behind follower receives as a snapshot.
-            let data = Bytes::from(cp.encode_with_image(&cp.kv_image));
+            // The checkpoint file, as it lies on disk, is also what a far-behind follower
+            // receives as a snapshot.
+            drop(cp.kv_image);
             storage.apply_snapshot(Snapshot {
                 metadata: cp.meta,
-                data,
+                data: file,
             });
             (w, r)
         }

@@ -383,6 +383,7 @@ impl World {
         // The newest checkpoint that validates, exactly as `checkpoint::load_newest` chooses.
         let cp = node.checkpoints.iter().rev().find_map(|(index, bytes)| {
             checkpoint::accept(*index, &checkpoint::file_name(*index), bytes)
+                .map(|cp| (cp, bytes.clone()))
         });
         let records_len = records.len();
         let rc = recovery::raft_config(node.id, ELECTION_TICKS, 1 << 20, 1 << 30);
