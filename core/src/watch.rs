@@ -1076,20 +1076,14 @@ fn encoded_header_field(header: Option<pb::ResponseHeader>) -> Vec<u8> {
 fn encode_response(header_field: &[u8], watch_id: i64, fragment: bool, events: &[&Bytes]) -> Bytes {
     const WATCH_ID_TAG: u8 = 2 << 3;
     const FRAGMENT_TAG: u8 = 7 << 3;
-    const EVENTS_TAG: u8 = (11 << 3) | 2;
     const PREFIX_BYTES: usize = 5;
     let watch_id_bytes = if watch_id != 0 {
         1 + prost::encoding::encoded_len_varint(watch_id as u64)
     } else {
         0
     };
-    let body_bytes = header_field.len()
-        + watch_id_bytes
-        + if fragment { 2 } else { 0 }
-        + events
-            .iter()
-            .map(|e| e.len() + 1 + prost::length_delimiter_len(e.len()))
-            .sum::<usize>();
+    let body_bytes =
+        header_field.len() + watch_id_bytes + if fragment { 2 } else { 0 } + events_bytes(events);
     let mut buf = BytesMut::with_capacity(PREFIX_BYTES + body_bytes);
     buf.put_u8(0);
     buf.put_u32(u32::try_from(body_bytes).expect("watch responses stay far below 4 GiB"));
@@ -1102,11 +1096,7 @@ fn encode_response(header_field: &[u8], watch_id: i64, fragment: bool, events: &
         buf.put_u8(FRAGMENT_TAG);
         buf.put_u8(1);
     }
-    for e in events {
-        buf.put_u8(EVENTS_TAG);
-        prost::encoding::encode_varint(e.len() as u64, &mut buf);
-        buf.put_slice(e);
-    }
+    put_events(&mut buf, events);
     assert_eq!(
         buf.len(),
         PREFIX_BYTES + body_bytes,
@@ -1115,24 +1105,33 @@ fn encode_response(header_field: &[u8], watch_id: i64, fragment: bool, events: &
     buf.freeze()
 }
 
-fn response_with_events_of(head: &pb::WatchResponse, events: &[&Bytes]) -> Bytes {
+/// The bytes `put_events` writes: each pre-encoded event as field 11 of a `WatchResponse`.
+fn events_bytes(events: &[&Bytes]) -> usize {
+    events
+        .iter()
+        .map(|e| e.len() + 1 + prost::length_delimiter_len(e.len()))
+        .sum()
+}
+
+/// Appends each pre-encoded event as field 11 (`events`) of a `WatchResponse`.
+fn put_events(buf: &mut BytesMut, events: &[&Bytes]) {
     const EVENTS_TAG: u8 = (11 << 3) | 2;
+    for e in events {
+        buf.put_u8(EVENTS_TAG);
+        prost::encoding::encode_varint(e.len() as u64, buf);
+        buf.put_slice(e);
+    }
+}
+
+fn response_with_events_of(head: &pb::WatchResponse, events: &[&Bytes]) -> Bytes {
     const PREFIX_BYTES: usize = 5;
-    let body_bytes = head.encoded_len()
-        + events
-            .iter()
-            .map(|e| e.len() + 1 + prost::length_delimiter_len(e.len()))
-            .sum::<usize>();
+    let body_bytes = head.encoded_len() + events_bytes(events);
     let mut buf = BytesMut::with_capacity(PREFIX_BYTES + body_bytes);
     // Uncompressed flag, then the big-endian body length.
     buf.put_u8(0);
     buf.put_u32(u32::try_from(body_bytes).expect("watch responses stay far below 4 GiB"));
     head.encode(&mut buf).expect("BytesMut grows as needed");
-    for e in events {
-        buf.put_u8(EVENTS_TAG);
-        prost::encoding::encode_varint(e.len() as u64, &mut buf);
-        buf.put_slice(e);
-    }
+    put_events(&mut buf, events);
     assert_eq!(
         buf.len(),
         PREFIX_BYTES + body_bytes,

@@ -121,14 +121,7 @@ async fn a_raft_core_failure_stops_the_member_loudly_and_loses_nothing_acknowled
         "the failure line names no raft position:\n{log}"
     );
     // Without the knob the member starts again with every acknowledged write.
-    server.env.clear();
-    server.restart();
-    let mut c = client(&server).await;
-    let got = c
-        .get("before/", Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("a linearizable get after restart");
-    assert_eq!(got.kvs().len(), 20);
+    let mut c = restart_without_knobs(&mut server, 20).await;
     assert!(c.get("big", None).await.expect("get").kvs().is_empty());
     c.put("after", "restart", None)
         .await
@@ -176,14 +169,21 @@ async fn a_raft_loop_that_hangs_stops_the_member_loudly_and_loses_nothing_acknow
     ] {
         assert!(log.contains(phrase), "the log lacks {phrase:?}:\n{log}");
     }
+    restart_without_knobs(&mut server, 20).await;
+}
+
+/// Restarts `server` without its test-only knobs and checks that the `before/` keys it
+/// acknowledged (`acknowledged` of them) are all there; returns a client of the new process.
+async fn restart_without_knobs(server: &mut Server, acknowledged: usize) -> etcd_client::Client {
     server.env.clear();
     server.restart();
-    let mut c = client(&server).await;
+    let mut c = client(server).await;
     let got = c
         .get("before/", Some(GetOptions::new().with_prefix()))
         .await
         .expect("a linearizable get after restart");
-    assert_eq!(got.kvs().len(), 20);
+    assert_eq!(got.kvs().len(), acknowledged);
+    c
 }
 
 /// The other side of the watchdog: a whole process paused (SIGSTOP, as a frozen VM would be)
