@@ -154,6 +154,8 @@ pub async fn open(
         value_log,
         &mut segment_files,
     )?;
+    // The restore read the checkpoint and copied its image: give those pages back.
+    rt::release_freed_memory();
     tracing::info!(
         wal_ms,
         checkpoint_ms,
