@@ -177,18 +177,14 @@ pub async fn sleep(d: Duration) {
     glommio::timer::sleep(d).await;
 }
 
-extern "C" {
-    /// mimalloc's own: collects this thread's heap, returning freed pages to the OS when
-    /// `force` (linked in by the `mimalloc` crate; harmless where it is not the allocator).
-    fn mi_collect(force: bool);
-}
-
 /// Returns the memory this thread freed to the OS now, rather than keep it for reuse: for
 /// the rare steps that free copies of the index's size (a checkpoint, a restore), after
 /// which a member at rest would otherwise hold them.
 pub fn release_freed_memory() {
-    // SAFETY: mi_collect takes no pointers and may be called from any thread at any time.
-    unsafe { mi_collect(true) };
+    // SAFETY: mi_collect takes no pointers and may be called from any thread at any time;
+    // where mimalloc is not the global allocator (the library's tests) it collects an empty
+    // heap.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// Spawns a task on the current executor and lets it run detached.
