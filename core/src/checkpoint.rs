@@ -7,7 +7,8 @@
 //! the members; version 2: `{"members": [...], "alarms": [...], "auth": {...}, "removed": [...]}`,
 //! where the auth store is absent in files written before auth existed, and the removed member
 //! ids in files written before they were kept: such a file loads with none, as older builds load
-//! a newer file and ignore them),
+//! a newer file and ignore them; spaces after it put the store image's archive at a 16-byte
+//! aligned offset, so a restart reads it from the mapped file in place),
 //! store-image length u64 + bytes (keel-kv's own framed checkpoint), crc32 of all before it.
 //! Any damage is an error, never a guess.
 
@@ -22,6 +23,7 @@ use crate::alarms::AlarmMember;
 use crate::auth::AuthImage;
 use crate::error::CoreError;
 use crate::ids::Member;
+use keel_io::vlog::MappedFile;
 
 const MAGIC: &[u8; 8] = b"KEELCKPT";
 const VERSION: u32 = 2;
@@ -59,7 +61,8 @@ pub struct Checkpoint {
     pub alarms: Vec<AlarmMember>,
     pub auth: AuthImage,
     pub removed: Vec<u64>,
-    pub kv_image: Vec<u8>,
+    /// The store image: a slice of the file's bytes when decoded with [`decode_shared`].
+    pub kv_image: Bytes,
 }
 
 impl Checkpoint {
@@ -88,23 +91,68 @@ pub fn encode(
     cluster: ClusterState<'_>,
     kv_image: &[u8],
 ) -> Vec<u8> {
+    let framing = encode_around(index, term, conf_state, cluster, &[kv_image]);
+    let mut out = Vec::with_capacity(framing.prefix.len() + kv_image.len() + framing.crc.len());
+    out.extend_from_slice(&framing.prefix);
+    out.extend_from_slice(kv_image);
+    out.extend_from_slice(&framing.crc);
+    out
+}
+
+/// What a checkpoint file holds around its store image: the file is `prefix`, then the image's
+/// parts in order, then `crc`.
+pub struct Framing {
+    pub prefix: Vec<u8>,
+    pub crc: [u8; 4],
+}
+
+/// The file around a store image given in `image_parts` (see [`Framing`]), so a writer can put
+/// a multi-GiB image on disk from where it lies, without a copy of it in one buffer.
+pub fn encode_around(
+    index: u64,
+    term: u64,
+    conf_state: &ConfState,
+    cluster: ClusterState<'_>,
+    image_parts: &[&[u8]],
+) -> Framing {
     let mut conf = Vec::new();
     conf_state.encode(&mut conf);
-    let members = serde_json::to_vec(&cluster).expect("cluster state serializes");
-    let mut out = Vec::with_capacity(kv_image.len() + conf.len() + members.len() + 64);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(&term.to_le_bytes());
-    out.extend_from_slice(&(conf.len() as u32).to_le_bytes());
-    out.extend_from_slice(&conf);
-    out.extend_from_slice(&(members.len() as u32).to_le_bytes());
-    out.extend_from_slice(&members);
-    out.extend_from_slice(&(kv_image.len() as u64).to_le_bytes());
-    out.extend_from_slice(kv_image);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
+    let mut members = serde_json::to_vec(&cluster).expect("cluster state serializes");
+    // Spaces after the JSON (which any JSON reader skips) put the store image's archive on an
+    // aligned offset, so a restart reads it straight from the mapped file rather than from a
+    // copy as large as the image.
+    let payload_at = MAGIC.len()
+        + 4
+        + 8
+        + 8
+        + 4
+        + conf.len()
+        + 4
+        + members.len()
+        + 8
+        + keel_kv::CHECKPOINT_HEADER_BYTES;
+    let align = keel_kv::CHECKPOINT_PAYLOAD_ALIGN_BYTES;
+    members.resize(members.len() + (align - payload_at % align) % align, b' ');
+    let image_bytes: usize = image_parts.iter().map(|p| p.len()).sum();
+    let mut prefix = Vec::with_capacity(conf.len() + members.len() + 64);
+    prefix.extend_from_slice(MAGIC);
+    prefix.extend_from_slice(&VERSION.to_le_bytes());
+    prefix.extend_from_slice(&index.to_le_bytes());
+    prefix.extend_from_slice(&term.to_le_bytes());
+    prefix.extend_from_slice(&(conf.len() as u32).to_le_bytes());
+    prefix.extend_from_slice(&conf);
+    prefix.extend_from_slice(&(members.len() as u32).to_le_bytes());
+    prefix.extend_from_slice(&members);
+    prefix.extend_from_slice(&(image_bytes as u64).to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&prefix);
+    for part in image_parts {
+        crc.update(part);
+    }
+    Framing {
+        prefix,
+        crc: crc.finalize().to_le_bytes(),
+    }
 }
 
 /// A cursor that refuses to read past the end.
@@ -136,7 +184,20 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Decodes a checkpoint, copying its store image out of `bytes`.
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
+    decode_with(bytes, |range| Bytes::copy_from_slice(&bytes[range]))
+}
+
+/// Decodes a checkpoint whose store image stays a slice of `bytes` (a mapped file: no copy).
+pub fn decode_shared(bytes: &Bytes) -> Result<Checkpoint, String> {
+    decode_with(bytes, |range| bytes.slice(range))
+}
+
+fn decode_with(
+    bytes: &[u8],
+    image: impl FnOnce(std::ops::Range<usize>) -> Bytes,
+) -> Result<Checkpoint, String> {
     if bytes.len() < MAGIC.len() + 4 + 4 {
         return Err("too short".into());
     }
@@ -169,7 +230,9 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
         serde_json::from_slice(cluster_json).map_err(|e| e.to_string())?
     };
     let kv_len = usize::try_from(c.u64()?).map_err(|_| "store image too large")?;
-    let kv_image = c.take(kv_len)?.to_vec();
+    let kv_at = c.at;
+    c.take(kv_len)?;
+    let kv_image = image(kv_at..kv_at + kv_len);
     if c.at != body.len() {
         return Err("trailing bytes after the store image".into());
     }
@@ -211,24 +274,18 @@ pub fn files(dir: &Path) -> Vec<(u64, PathBuf)> {
 /// when the process died) in favour of an older valid one; the WAL still covers the gap because
 /// segments are released only after a checkpoint is durable.
 ///
-/// Returns it with its file mapped read-only, untouched: raft keeps that as the snapshot it
-/// sends a follower. The decoding reads a copy of its own, which goes once the store is
-/// restored, so the mapping's pages stay out of memory until a snapshot is sent.
-pub fn load_newest(dir: &Path) -> Result<Option<(Checkpoint, Bytes)>, CoreError> {
+/// Returns it with its file mapped read-only: raft keeps that as the snapshot it sends a
+/// follower, and the decoded store image is a slice of it, read in place (no copy of the
+/// file is made). Once the store is restored, `MappedFile::forget_resident_pages` takes the
+/// pages the restore read out of this process's memory again.
+pub fn load_newest(dir: &Path) -> Result<Option<(Checkpoint, MappedFile)>, CoreError> {
     for (index, path) in files(dir) {
-        let data_dir_error = |source| CoreError::DataDir {
+        let file = keel_io::vlog::map_file_to_read(&path).map_err(|source| CoreError::DataDir {
             path: path.clone(),
             source,
-        };
-        let bytes = std::fs::read(&path).map_err(data_dir_error)?;
-        if let Some(cp) = accept(index, &path.display().to_string(), &bytes) {
-            let file = keel_io::vlog::map_file(&path).map_err(data_dir_error)?;
-            if file.len() != bytes.len() {
-                return Err(CoreError::Snapshot(format!(
-                    "checkpoint {} changed while it was loaded",
-                    path.display()
-                )));
-            }
+        })?;
+        let name = path.display().to_string();
+        if let Some(cp) = accepted(index, &name, decode_shared(file.bytes())) {
             return Ok(Some((cp, file)));
         }
     }
@@ -238,7 +295,11 @@ pub fn load_newest(dir: &Path) -> Result<Option<(Checkpoint, Bytes)>, CoreError>
 /// The checkpoint in file `name` (named for `index`), or None, logged, when it is damaged or
 /// its contents belong to another index. Pure, so the simulator chooses as a restart does.
 pub fn accept(index: u64, name: &str, bytes: &[u8]) -> Option<Checkpoint> {
-    match decode(bytes) {
+    accepted(index, name, decode(bytes))
+}
+
+fn accepted(index: u64, name: &str, decoded: Result<Checkpoint, String>) -> Option<Checkpoint> {
+    match decoded {
         Ok(cp) if cp.meta.index == index => Some(cp),
         Ok(_) => {
             tracing::warn!(
@@ -347,7 +408,7 @@ mod tests {
             (42, 3, conf)
         );
         assert_eq!(cp.members, members);
-        assert_eq!(cp.kv_image, b"store image");
+        assert_eq!(&cp.kv_image[..], b"store image");
         for i in [0, 9, 13, 30, file.len() - 5] {
             let mut flipped = file.clone();
             flipped[i] ^= 1;
@@ -357,6 +418,83 @@ mod tests {
         let mut padded = file.clone();
         padded.extend_from_slice(&[0; 16]);
         assert!(decode(&padded).is_err());
+    }
+
+    #[test]
+    fn a_file_framed_around_an_images_parts_is_the_file_encoded_around_the_whole() {
+        let (mut writer, _reader) = keel_kv::Store::new();
+        writer.apply_empty(1);
+        let parts = writer
+            .checkpoint_source()
+            .serialize_parts()
+            .expect("no compaction");
+        let whole = parts.to_vec();
+        let cluster = ClusterState {
+            members: &[],
+            alarms: &[],
+            auth: &AuthImage::default(),
+            removed: &[7],
+        };
+        let conf = ConfState {
+            voters: vec![1],
+            learners: vec![],
+        };
+        let framing = encode_around(1, 2, &conf, cluster, &parts.parts());
+        let [header, archive] = parts.parts();
+        let from_parts = [&framing.prefix[..], header, archive, &framing.crc].concat();
+        assert_eq!(from_parts, encode(1, 2, &conf, cluster, &whole));
+        assert_eq!(
+            &decode(&from_parts).expect("valid").kv_image[..],
+            &whole[..]
+        );
+    }
+
+    #[test]
+    fn the_store_image_is_aligned_in_the_file_and_loads_in_place_from_its_mapping() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (mut writer, _reader) = keel_kv::Store::new();
+        writer.apply_empty(1);
+        let image = writer.checkpoint();
+        // Cluster states of every JSON length modulo the alignment.
+        for name_len in 0..keel_kv::CHECKPOINT_PAYLOAD_ALIGN_BYTES {
+            let members = vec![Member {
+                id: 1,
+                name: "n".repeat(name_len),
+                peer_urls: vec!["http://127.0.0.1:2380".into()],
+                client_urls: vec![],
+                is_learner: false,
+            }];
+            let cluster = ClusterState {
+                members: &members,
+                alarms: &[],
+                auth: &AuthImage::default(),
+                removed: &[],
+            };
+            let file = encode(1, 1, &ConfState::default(), cluster, &image);
+            let path = dir.path().join(file_name(1));
+            std::fs::write(&path, &file).expect("write");
+            let (cp, mapped) = load_newest(dir.path()).expect("loads").expect("one file");
+            assert_eq!(cp.members, members);
+            let base = mapped.bytes().as_ptr() as usize;
+            let at = cp.kv_image.as_ptr() as usize;
+            assert!(
+                (base..base + mapped.bytes().len()).contains(&at),
+                "the image is the mapping's own bytes, not a copy"
+            );
+            assert_eq!(
+                (at + keel_kv::CHECKPOINT_HEADER_BYTES) % keel_kv::CHECKPOINT_PAYLOAD_ALIGN_BYTES,
+                0,
+                "the archive is aligned (name of {name_len} bytes)"
+            );
+            let (restored, _) = keel_kv::Store::restore(&cp.kv_image).expect("restores");
+            assert_eq!(restored.applied_index(), 1);
+            mapped.forget_resident_pages();
+            assert_eq!(
+                &cp.kv_image[..],
+                &image[..],
+                "read back after the pages were dropped"
+            );
+        }
     }
 
     #[test]

@@ -183,6 +183,11 @@ pub enum Bootstrap {
 /// Writes `bytes` to `path` through a temporary file, fsyncs it, renames it into place and
 /// fsyncs the directory, so a crash leaves either the old file or the whole new one.
 pub fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), CoreError> {
+    write_durably_parts(dir, path, &[bytes])
+}
+
+/// As `write_durably`, for a file given as `parts` written one after the other.
+pub fn write_durably_parts(dir: &Path, path: &Path, parts: &[&[u8]]) -> Result<(), CoreError> {
     use std::io::Write;
     let err = |source| CoreError::DataDir {
         path: path.to_path_buf(),
@@ -191,7 +196,9 @@ pub fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), CoreEr
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(bytes).map_err(err)?;
+    for part in parts {
+        f.write_all(part).map_err(err)?;
+    }
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)?;
     std::fs::File::open(dir)

@@ -167,9 +167,10 @@ pub fn parse_chunk_header(body: &[u8]) -> io::Result<ChunkHeader> {
     })
 }
 
-/// The segments a checkpoint file points into (what goes out beside it).
-fn segments_of(data: &[u8]) -> io::Result<Vec<u32>> {
-    let cp = checkpoint::decode(data).map_err(io::Error::other)?;
+/// The segments a checkpoint file points into (what goes out beside it). Read in place: a
+/// leader's file is mapped and a received one is in memory, and a copy would double either.
+fn segments_of(data: &Bytes) -> io::Result<Vec<u32>> {
+    let cp = checkpoint::decode_shared(data).map_err(io::Error::other)?;
     kv::checkpoint_segments(&cp.kv_image).map_err(|e| io::Error::other(e.to_string()))
 }
 
@@ -549,7 +550,7 @@ pub fn place(
         path: path.to_path_buf(),
         source,
     };
-    let mut cp = checkpoint::decode(&staged.data).map_err(bad)?;
+    let mut cp = checkpoint::decode_shared(&staged.data).map_err(bad)?;
     let listed = staged.segments.clone();
     std::fs::create_dir_all(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
     for &id in &listed {

@@ -119,12 +119,12 @@ pub async fn open(
     let wal_ms = started.elapsed().as_millis() as u64;
     checkpoint::remove_unfinished(&snap_dir);
     peer_snapshot::remove_all_staged(&snap_dir.join(peer_snapshot::STAGING_DIR))?;
-    let checkpoint = checkpoint::load_newest(&snap_dir)?;
+    let newest = checkpoint::load_newest(&snap_dir)?;
     let checkpoint_ms = started.elapsed().as_millis() as u64 - wal_ms;
     // Value-log segments: keep those a kept checkpoint points into, delete the rest, and map
     // the kept ones for the restore (values are read from the files, never copied in).
     let vlog_dir = config.data_dir.join("vlog");
-    let kept = segments_of_checkpoints(&snap_dir);
+    let kept = segments_of_checkpoints(&snap_dir, newest.as_ref().map(|(cp, _)| cp));
     let first_segment_id = vlog_writer::remove_unreferenced(&vlog_dir, &kept)?;
     let segments_ms = started.elapsed().as_millis() as u64 - wal_ms - checkpoint_ms;
     let value_log = kv::ValueLogOptions {
@@ -145,6 +145,10 @@ pub async fn open(
         limits.raft_uncommitted_bytes_max,
     );
     let records_count = records.len();
+    let (checkpoint, mapped) = match newest {
+        Some((cp, file)) => (Some((cp, file.bytes().clone())), Some(file)),
+        None => (None, None),
+    };
     let recovered = recovery::recover(
         rc,
         start,
@@ -154,7 +158,12 @@ pub async fn open(
         value_log,
         &mut segment_files,
     )?;
-    // The restore read the checkpoint and copied its image: give those pages back.
+    // The restore read the whole mapped checkpoint: those pages leave this process's memory
+    // (raft keeps the mapping, to send a follower), and the allocator gives back what the
+    // restore freed.
+    if let Some(file) = mapped {
+        file.forget_resident_pages();
+    }
     rt::release_freed_memory();
     tracing::info!(
         wal_ms,
@@ -917,18 +926,31 @@ fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
 
 /// The segments the checkpoint files in `snap_dir` point into: what a start must keep. A file
 /// that does not decode points nowhere (loading skips it too).
-fn segments_of_checkpoints(snap_dir: &std::path::Path) -> Vec<u32> {
+fn segments_of_checkpoints(
+    snap_dir: &std::path::Path,
+    newest: Option<&checkpoint::Checkpoint>,
+) -> Vec<u32> {
     let mut kept = Vec::new();
-    for (_, path) in checkpoint::files(snap_dir) {
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let Ok(cp) = checkpoint::decode(&bytes) else {
-            continue;
-        };
+    let mut add = |cp: &checkpoint::Checkpoint| {
         if let Ok(ids) = kv::checkpoint_segments(&cp.kv_image) {
             kept.extend(ids);
         }
+    };
+    if let Some(cp) = newest {
+        add(cp);
+    }
+    for (index, path) in checkpoint::files(snap_dir) {
+        if newest.is_some_and(|cp| cp.meta.index == index) {
+            continue;
+        }
+        // Mapped and read in place, then unmapped: no copy of the file is made.
+        let Ok(file) = keel_io::vlog::map_file_to_read(&path) else {
+            continue;
+        };
+        let Ok(cp) = checkpoint::decode_shared(file.bytes()) else {
+            continue;
+        };
+        add(&cp);
     }
     kept.sort_unstable();
     kept.dedup();

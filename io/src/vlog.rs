@@ -172,6 +172,54 @@ pub fn map_file(path: &Path) -> io::Result<Bytes> {
     }))
 }
 
+/// A whole file mapped read-only for reading through once (a checkpoint at a restart): read
+/// ahead sequentially, and able to give back the pages that reading made resident.
+pub struct MappedFile {
+    bytes: Bytes,
+    /// The mapping `bytes` owns (a copy of its address, for `madvise`; valid while `bytes`
+    /// lives). Zero for an empty file, which has no mapping.
+    addr: usize,
+    len: usize,
+}
+
+impl MappedFile {
+    /// The file's bytes (clones share the mapping).
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// Takes the pages read so far out of this process's memory (`MADV_DONTNEED`): they stay
+    /// in the page cache, reclaimable, and a later read faults them back in. Without it a
+    /// restart's pass over a multi-GiB checkpoint stays in the member's RSS for good, though
+    /// the file is read again only to send a follower a snapshot.
+    pub fn forget_resident_pages(&self) {
+        if self.len == 0 {
+            return;
+        }
+        // SAFETY: a read-only shared mapping of a file, alive while `self.bytes` is: dropping
+        // its pages loses nothing (they are the file's, clean) and readers fault them back.
+        unsafe {
+            libc::madvise(
+                self.addr as *mut libc::c_void,
+                self.len,
+                libc::MADV_DONTNEED,
+            )
+        };
+    }
+}
+
+/// Maps the whole file at `path` read-only for one pass from start to end (see `MappedFile`).
+pub fn map_file_to_read(path: &Path) -> io::Result<MappedFile> {
+    let bytes = map_file(path)?;
+    let (addr, len) = (bytes.as_ptr() as usize, bytes.len());
+    if len > 0 {
+        // One pass in order: read ahead, and fault in whole runs of pages at a time.
+        // SAFETY: advice on the mapping just made (`bytes` is all of it); failure is harmless.
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_SEQUENTIAL) };
+    }
+    Ok(MappedFile { bytes, addr, len })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -200,6 +200,11 @@ impl CheckpointSource {
     /// one started meanwhile (its trimming would make the archive disagree with `applied_index`);
     /// take a new source and retry.
     pub fn serialize(&self) -> Result<Vec<u8>> {
+        self.serialize_parts().map(|parts| parts.to_vec())
+    }
+
+    /// As `serialize`, with the image in its two parts (see [`ImageParts`]).
+    pub fn serialize_parts(&self) -> Result<ImageParts> {
         let guard = epoch::pin();
         let mut keys = Vec::new();
         let mut values = Vec::new();
@@ -413,29 +418,69 @@ pub fn image_from_versions(
     let image = frame(&data);
     // The archive holds a copy of every value: free the first before the check restores a third.
     drop(data);
+    let image = image.to_vec();
     restore(&image, ValueLogOptions::default(), &mut no_segment_files)?;
     Ok(image)
 }
 
 /// The framed archive of `data` (see the module's description).
-fn frame(data: &CheckpointData) -> Vec<u8> {
+fn frame(data: &CheckpointData) -> ImageParts {
     let payload = rkyv::to_bytes::<rancor::Error>(data)
         .expect("serializing plain data into memory cannot fail");
-    frame_payload(FORMAT_VERSION, data.keys.len() as u64, &payload)
+    ImageParts {
+        header: frame_header(FORMAT_VERSION, data.keys.len() as u64, &payload),
+        payload,
+    }
+}
+
+/// A framed checkpoint as its two parts, the header and the archive, which make the image when
+/// written one after the other: a multi-GiB image is written from where rkyv put it, never
+/// copied into one buffer first.
+pub struct ImageParts {
+    header: [u8; HEADER_BYTES],
+    payload: rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES>,
+}
+
+impl ImageParts {
+    /// The parts, in file order.
+    pub fn parts(&self) -> [&[u8]; 2] {
+        [&self.header, &self.payload]
+    }
+
+    /// The image's length in bytes.
+    pub fn len(&self) -> usize {
+        HEADER_BYTES + self.payload.len()
+    }
+
+    /// Never: an image holds at least its header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The image as one buffer (tests, tools, and images small enough not to matter).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.parts().concat()
+    }
+}
+
+/// The header for an archive `payload` of `format`.
+fn frame_header(format: u32, key_count: u64, payload: &[u8]) -> [u8; HEADER_BYTES] {
+    let mut out = [0u8; HEADER_BYTES];
+    out[..8].copy_from_slice(&MAGIC);
+    out[8..12].copy_from_slice(&format.to_le_bytes());
+    out[12..16].copy_from_slice(&0u32.to_le_bytes());
+    out[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    out[24..32].copy_from_slice(&key_count.to_le_bytes());
+    out[32..36].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    let header_crc = crc32fast::hash(&out[..36]);
+    out[36..40].copy_from_slice(&header_crc.to_le_bytes());
+    out
 }
 
 /// The header for an archive `payload` of `format`, then the payload.
 fn frame_payload(format: u32, key_count: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&format.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&key_count.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    let header_crc = crc32fast::hash(&out);
-    out.extend_from_slice(&header_crc.to_le_bytes());
-    assert!(out.len() == HEADER_BYTES);
+    out.extend_from_slice(&frame_header(format, key_count, payload));
     out.extend_from_slice(payload);
     out
 }
@@ -478,14 +523,52 @@ pub fn checkpoint_segments(image: &[u8]) -> Result<Vec<u32>> {
     Ok(data.segments.iter().map(|s| s.id.to_native()).collect())
 }
 
-/// A checkpoint's payload after its frame checked out, copied where rkyv can read it.
-struct Payload {
+/// rkyv's archive needs this alignment: the archived types hold u64s, and the copy a
+/// misaligned payload gets is aligned to it.
+pub const PAYLOAD_ALIGN_BYTES: usize = 16;
+
+/// A checkpoint's payload after its frame checked out, where rkyv can read it: the caller's
+/// own bytes when they are aligned (a checkpoint file lays its payload out so, and a mapping
+/// starts on a page), else an aligned copy.
+struct Payload<'a> {
     format: u32,
     key_count: u64,
-    aligned: rkyv::util::AlignedVec<16>,
+    aligned: AlignedPayload<'a>,
 }
 
-fn validated_payload(bytes: &[u8]) -> Result<Payload> {
+enum AlignedPayload<'a> {
+    /// The caller's bytes, aligned already: a restart reads a mapped file with no copy of it.
+    Borrowed(&'a [u8]),
+    Copied(rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES>),
+}
+
+impl std::ops::Deref for AlignedPayload<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            AlignedPayload::Borrowed(bytes) => bytes,
+            AlignedPayload::Copied(copy) => copy,
+        }
+    }
+}
+
+impl AlignedPayload<'_> {
+    /// An aligned copy the caller may change.
+    fn into_owned(self) -> rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES> {
+        match self {
+            AlignedPayload::Borrowed(bytes) => aligned_copy(bytes),
+            AlignedPayload::Copied(copy) => copy,
+        }
+    }
+}
+
+fn aligned_copy(bytes: &[u8]) -> rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES> {
+    let mut aligned = rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    aligned
+}
+
+fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
     if bytes.len() < HEADER_BYTES {
         return Err(damaged("shorter than the header"));
     }
@@ -508,9 +591,13 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload> {
     if crc32fast::hash(payload) != le_u32(bytes, 32) {
         return Err(damaged("payload crc mismatch"));
     }
-    // rkyv needs an aligned buffer; the caller's bytes may sit anywhere.
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
-    aligned.extend_from_slice(payload);
+    // A copy of a 4M-key image costs as much memory again, and the kernel's zeroing of it
+    // was most of a restart: read the caller's bytes in place where rkyv can.
+    let aligned = if (payload.as_ptr() as usize).is_multiple_of(PAYLOAD_ALIGN_BYTES) {
+        AlignedPayload::Borrowed(payload)
+    } else {
+        AlignedPayload::Copied(aligned_copy(payload))
+    };
     Ok(Payload {
         format,
         key_count,
@@ -529,11 +616,12 @@ pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
     let Payload {
         format,
         key_count,
-        mut aligned,
+        aligned,
     } = validated_payload(image)?;
     if format == FORMAT_VERSION_INLINE || shift == 0 {
         return Ok(image.to_vec());
     }
+    let mut aligned = aligned.into_owned();
     let data = rkyv::access_mut::<ArchivedCheckpointData, rancor::Error>(&mut aligned)
         .map_err(|_| damaged("archive failed validation"))?;
     if data.keys.len() as u64 != key_count {
@@ -731,7 +819,7 @@ where
                 ),
             });
         }
-        writer.vlog.insert_durable(segment);
+        writer.vlog.insert_durable(segment, file.clone());
         mapped.insert(id, file);
     }
     let mut previous_key: Option<&[u8]> = None;
@@ -790,10 +878,7 @@ where
                 if end > file.len() || v.value_bytes == 0 {
                     return Err(damaged("a value outside its segment's file"));
                 }
-                if !writer
-                    .vlog
-                    .count_loaded(v.segment, &key, rev, v.value_bytes)
-                {
+                if !writer.vlog.count_loaded(v.segment, &key, v.value_bytes) {
                     return Err(damaged("a segment's live values exceed what it holds"));
                 }
                 Version {

@@ -50,7 +50,8 @@ mod vlog;
 
 pub use checkpoint::{
     checkpoint_segments, image_from_versions, renumber_segments, CheckpointSource, ExportVersion,
-    SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+    ImageParts, SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+    PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
 pub use store::{

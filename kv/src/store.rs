@@ -160,7 +160,20 @@ struct CompactionCursor {
 #[derive(Debug)]
 struct ReclaimCursor {
     segment: u32,
-    next_ref: usize,
+    next: ReclaimNext,
+}
+
+/// How reclaim finds a segment's values, and the next one to look at.
+#[derive(Debug)]
+enum ReclaimNext {
+    /// A segment not durable yet: its back-references, from this one on.
+    Ref(usize),
+    /// A durable segment: the records of its file, from this byte offset on.
+    Record(usize),
+    /// A durable segment whose file could not be walked to the end (a record that fails its
+    /// crc hides where the next one starts): every key of the index, from this one on (None:
+    /// the first), so no live value is left behind however the dead ones were damaged.
+    Key(Option<Bytes>),
 }
 
 /// Whether `compact_step` has more to do.
@@ -273,7 +286,7 @@ impl Writer {
     /// last reader drops its slice. A segment that reclaim removed meanwhile is only counted.
     pub fn segment_durable(&mut self, id: u32, sealed_bytes: u64, file: Bytes) {
         self.vlog.sealed_written(sealed_bytes);
-        if !self.vlog.mark_durable(id, file.len() as u64) {
+        if !self.vlog.mark_durable(id, &file) {
             return;
         }
         // Group the segment's versions by key, so a hot key's list is copied once per segment,
@@ -309,6 +322,11 @@ impl Writer {
             if let Some(list) = list {
                 entry.value().replace(list, &guard);
             }
+        }
+        // The file names every record's key and revision from now on; a rewrite walking the
+        // references keeps them until it is done.
+        if self.reclaim.as_ref().is_none_or(|c| c.segment != id) {
+            self.vlog.drop_refs(id);
         }
     }
 
@@ -794,9 +812,14 @@ impl Writer {
             self.reclaim = self
                 .vlog
                 .reclaim_candidate(self.reclaim_mode())
-                .map(|segment| ReclaimCursor {
-                    segment,
-                    next_ref: 0,
+                .map(|segment| {
+                    let stats = &self.vlog.segments[&segment];
+                    let next = if stats.durable && stats.refs.is_empty() {
+                        ReclaimNext::Record(0)
+                    } else {
+                        ReclaimNext::Ref(0)
+                    };
+                    ReclaimCursor { segment, next }
                 });
         }
         match self.reclaim.take() {
@@ -869,63 +892,147 @@ impl Writer {
         cursor: ReclaimCursor,
         values_max: usize,
     ) -> Option<ReclaimCursor> {
+        let segment = cursor.segment;
         assert!(
-            cursor.segment != self.vlog.open_id(),
+            segment != self.vlog.open_id(),
             "the open segment is never rewritten"
         );
-        let refs: Vec<(Bytes, Revision)> = {
-            let stats = self
-                .vlog
-                .segments
-                .get(&cursor.segment)
-                .expect("a segment under reclaim has stats");
-            let end = (cursor.next_ref + values_max).min(stats.refs.len());
-            stats.refs[cursor.next_ref..end].to_vec()
+        let next = match cursor.next {
+            ReclaimNext::Ref(from) => self.reclaim_by_refs(segment, from, values_max),
+            ReclaimNext::Record(from) => self.reclaim_by_records(segment, from, values_max),
+            ReclaimNext::Key(from) => self.reclaim_by_keys(segment, from, values_max),
         };
-        let guard = epoch::pin();
-        for (key, rev) in &refs {
-            let Some(entry) = self.shared.index.get(key.as_ref()) else {
-                continue;
-            };
-            let versions = entry.value().load(&guard);
-            let Ok(pos) = versions.binary_search_by(|v| v.rev.cmp(rev)) else {
-                continue;
-            };
-            if versions[pos].segment != cursor.segment {
-                continue;
+        match next {
+            Some(next) => Some(ReclaimCursor { segment, next }),
+            None => {
+                self.vlog.remove_segment(segment);
+                None
             }
-            // Checked: a damaged record is never copied into a new segment as if it were good.
-            let placed = self.vlog.append(key, *rev, &versions[pos].value());
-            // Same key, same value: the old record was as long as the new one.
-            self.vlog.release(
-                cursor.segment,
-                placed.value_len as usize,
-                placed.record.len(),
-            );
-            let mut list = versions.to_vec();
-            list[pos].record = placed.record;
-            list[pos].value_len = placed.value_len;
-            list[pos].segment = placed.segment;
-            list[pos].offset = placed.offset;
-            entry.value().replace(list, &guard);
         }
-        let next_ref = cursor.next_ref + refs.len();
-        let done = next_ref
-            >= self
-                .vlog
-                .segments
-                .get(&cursor.segment)
-                .expect("a segment under reclaim has stats")
-                .refs
-                .len();
-        if done {
-            self.vlog.remove_segment(cursor.segment);
-            return None;
+    }
+
+    /// Rewrites up to `values_max` of `segment`'s values found through its back-references.
+    fn reclaim_by_refs(
+        &mut self,
+        segment: u32,
+        from: usize,
+        values_max: usize,
+    ) -> Option<ReclaimNext> {
+        let refs: Vec<(Bytes, Revision)> = {
+            let stats = &self.vlog.segments[&segment];
+            let end = (from + values_max).min(stats.refs.len());
+            stats.refs[from..end].to_vec()
+        };
+        for (key, rev) in &refs {
+            self.rewrite_value(segment, key, *rev, None);
         }
-        Some(ReclaimCursor {
-            segment: cursor.segment,
-            next_ref,
-        })
+        let next = from + refs.len();
+        (next < self.vlog.segments[&segment].refs.len()).then_some(ReclaimNext::Ref(next))
+    }
+
+    /// Rewrites `segment`'s values among the next `values_max` records of its file. A record
+    /// that cannot be read, or live values left once the walk ends, hand over to the walk of
+    /// the index: a damaged dead record never strands a live one.
+    fn reclaim_by_records(
+        &mut self,
+        segment: u32,
+        from: usize,
+        values_max: usize,
+    ) -> Option<ReclaimNext> {
+        let (file, end) = {
+            let stats = &self.vlog.segments[&segment];
+            (stats.file.clone(), stats.record_bytes as usize)
+        };
+        let records = &file[..end.min(file.len())];
+        let mut offset = from;
+        for _ in 0..values_max {
+            if offset >= end {
+                break;
+            }
+            let Some(record) = crate::vlog::record_at(records, offset) else {
+                return Some(ReclaimNext::Key(None));
+            };
+            if let Some(key) = self.indexed_key(record.key) {
+                let at = u32::try_from(offset).expect("segments are below 4 GiB");
+                self.rewrite_value(segment, &key, record.rev, Some(at));
+            }
+            offset += record.record_bytes;
+        }
+        if offset < end {
+            return Some(ReclaimNext::Record(offset));
+        }
+        (self.vlog.segments[&segment].bytes_live > 0).then_some(ReclaimNext::Key(None))
+    }
+
+    /// Rewrites the values in `segment` of up to `keys_max` keys of the index, from `from`.
+    fn reclaim_by_keys(
+        &mut self,
+        segment: u32,
+        from: Option<Bytes>,
+        keys_max: usize,
+    ) -> Option<ReclaimNext> {
+        let guard = epoch::pin();
+        let mut found: Vec<(Bytes, Revision)> = Vec::new();
+        let mut next_key = None;
+        let start = match &from {
+            Some(k) => std::ops::Bound::Included(k.as_ref()),
+            None => std::ops::Bound::Unbounded,
+        };
+        for (seen, entry) in self
+            .shared
+            .index
+            .range::<[u8], _>((start, std::ops::Bound::Unbounded))
+            .enumerate()
+        {
+            if seen == keys_max {
+                next_key = Some(entry.key().clone());
+                break;
+            }
+            for v in entry.value().load(&guard) {
+                if v.segment == segment {
+                    found.push((entry.key().clone(), v.rev));
+                }
+            }
+        }
+        drop(guard);
+        for (key, rev) in &found {
+            self.rewrite_value(segment, key, *rev, None);
+        }
+        next_key.map(|k| ReclaimNext::Key(Some(k)))
+    }
+
+    /// The index's own copy of `key`, if it is indexed.
+    fn indexed_key(&self, key: &[u8]) -> Option<Bytes> {
+        self.shared.index.get(key).map(|e| e.key().clone())
+    }
+
+    /// Moves `key`'s version `rev` to the open segment when it is still in `segment` (at
+    /// `offset`, when the caller read it from there): a version compacted away or moved
+    /// already is left alone.
+    fn rewrite_value(&mut self, segment: u32, key: &Bytes, rev: Revision, offset: Option<u32>) {
+        let guard = epoch::pin();
+        let Some(entry) = self.shared.index.get(key.as_ref()) else {
+            return;
+        };
+        let versions = entry.value().load(&guard);
+        let Ok(pos) = versions.binary_search_by(|v| v.rev.cmp(&rev)) else {
+            return;
+        };
+        let v = &versions[pos];
+        if v.segment != segment || offset.is_some_and(|at| at != v.offset) {
+            return;
+        }
+        // Checked: a damaged record is never copied into a new segment as if it were good.
+        let placed = self.vlog.append(key, rev, &v.value());
+        // Same key, same value: the old record was as long as the new one.
+        self.vlog
+            .release(segment, placed.value_len as usize, placed.record.len());
+        let mut list = versions.to_vec();
+        list[pos].record = placed.record;
+        list[pos].value_len = placed.value_len;
+        list[pos].segment = placed.segment;
+        list[pos].offset = placed.offset;
+        entry.value().replace(list, &guard);
     }
 
     fn lease_grant(&mut self, req: &LeaseGrantRequest) -> Result<LeaseGrantResponse> {

@@ -57,6 +57,12 @@ const LEASE_GUARD_PERCENT: u64 = 80;
 const TOKEN_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
+/// A member that applied nothing for this long takes a checkpoint early (see
+/// `checkpoint_due`), so a restart after a quiet spell replays almost nothing.
+const IDLE_CHECKPOINT_AFTER_MS: u64 = 5_000;
+/// ... when at least this share (1/n) of `snapshot_count` entries were applied since the last
+/// one: a trickle of writes on a large store does not make a checkpoint of it every few seconds.
+const IDLE_CHECKPOINT_SHARE: u64 = 10;
 /// Why a removed member stops: etcd's `errMemberRemoved`, word for word, which operators and
 /// tools grep for.
 pub const MEMBER_REMOVED: &str = "the member has been permanently removed from the cluster";
@@ -244,14 +250,30 @@ impl CheckpointRequest {
             self.index,
             self.term,
             &self.conf_state,
-            checkpoint::ClusterState {
-                members: &self.members,
-                alarms: &self.alarms,
-                auth: &self.auth,
-                removed: &self.removed,
-            },
+            self.cluster(),
             kv_image,
         )
+    }
+
+    /// The same file as `encode_file`, as what goes around the image's parts (see
+    /// `checkpoint::Framing`): the production writer's form, which copies no image.
+    pub fn encode_around(&self, image_parts: &[&[u8]]) -> checkpoint::Framing {
+        checkpoint::encode_around(
+            self.index,
+            self.term,
+            &self.conf_state,
+            self.cluster(),
+            image_parts,
+        )
+    }
+
+    fn cluster(&self) -> checkpoint::ClusterState<'_> {
+        checkpoint::ClusterState {
+            members: &self.members,
+            alarms: &self.alarms,
+            auth: &self.auth,
+            removed: &self.removed,
+        }
     }
 }
 
@@ -361,6 +383,11 @@ pub struct Member {
     next_request_id: u64,
     /// The raft index of the newest durable checkpoint (ours or a leader's snapshot).
     last_checkpoint_index: u64,
+    /// The applied index the last tick saw, and when it last moved, and that tick's time: how
+    /// long the member has been quiet (for the idle checkpoint).
+    applied_at_tick: u64,
+    applied_moved_at_ms: u64,
+    last_tick_ms: u64,
     /// The raft index of the checkpoint handed to the driver's writer and not reported back
     /// yet: at most one is in flight, and none is due meanwhile.
     checkpoint_in_flight: Option<u64>,
@@ -417,6 +444,9 @@ impl Member {
             next_read_ctx: ids_first,
             next_request_id: ids_first,
             last_checkpoint_index,
+            applied_at_tick: 0,
+            applied_moved_at_ms: 0,
+            last_tick_ms: 0,
             checkpoint_in_flight: None,
             dead_segments: Vec::new(),
             segments_from: 0,
@@ -721,6 +751,13 @@ impl Member {
     /// Raft ticks due by `now_ms`, then what runs on the tick: lease expiry (leader), call
     /// deadlines, and publishing this member's attributes.
     pub fn tick(&mut self, now_ms: u64) {
+        // Every call, due or not: how long the member has been quiet.
+        let applied = self.writer.applied_index();
+        if applied != self.applied_at_tick {
+            self.applied_at_tick = applied;
+            self.applied_moved_at_ms = now_ms;
+        }
+        self.last_tick_ms = now_ms;
         if now_ms < self.next_tick_ms {
             return;
         }
@@ -1395,7 +1432,7 @@ impl Member {
             self.set_members(members);
             return Ok(());
         }
-        let cp = checkpoint::decode(&snap.data)
+        let cp = checkpoint::decode_shared(&snap.data)
             .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
         // The image points into the leader's segments, which the driver stored under ids
         // above every one of the old store's; the new store's own segments start above those.
@@ -1695,14 +1732,24 @@ impl Member {
     // ---- Checkpoints ----
 
     /// Enough entries applied since the newest checkpoint that the next one is due (etcd's
-    /// `appliedi - snapi > snapshot-count`), and none is in flight.
+    /// `appliedi - snapi > snapshot-count`), and none is in flight. Also due early once the
+    /// member has been quiet for `IDLE_CHECKPOINT_AFTER_MS` with a tenth of that applied since
+    /// the last: a restart after a quiet spell then replays almost nothing, where it would
+    /// replay up to `snapshot-count` entries, each applied again and its value appended to the
+    /// value log again.
     pub fn checkpoint_due(&self) -> bool {
+        let since = self
+            .writer
+            .applied_index()
+            .saturating_sub(self.last_checkpoint_index);
+        let quiet = self.applied_at_tick == self.writer.applied_index()
+            && self.last_tick_ms.saturating_sub(self.applied_moved_at_ms)
+                >= IDLE_CHECKPOINT_AFTER_MS;
         self.checkpoint_in_flight.is_none()
-            && self
-                .writer
-                .applied_index()
-                .saturating_sub(self.last_checkpoint_index)
-                >= self.config.snapshot_count
+            && (since >= self.config.snapshot_count
+                || (quiet
+                    && since > 0
+                    && since >= self.config.snapshot_count / IDLE_CHECKPOINT_SHARE))
     }
 
     /// Whether anything was applied since the last checkpoint (worth one at shutdown).
@@ -2268,6 +2315,47 @@ mod tests {
         assert_eq!(m.checkpoint_in_flight(), None);
         assert!(!m.applied_past_checkpoint());
         assert!(m.checkpoint_request().expect("term known").is_none());
+    }
+
+    #[test]
+    fn a_quiet_member_takes_a_checkpoint_early_once_enough_was_applied() {
+        let mut m = started_leader();
+        let tick_ms = m.config.tick_ms;
+        let apply_puts = |m: &mut Member, ids: std::ops::RangeInclusive<u64>, now_ms: u64| {
+            for id in ids {
+                let (p, _rx) = proposal(id, put(&format!("k{id}")));
+                m.propose(p, now_ms);
+            }
+            settle(m, now_ms);
+        };
+        // A few entries against a tenth of 1000: quiet, but not worth a checkpoint.
+        m.config.snapshot_count = 1000;
+        apply_puts(&mut m, 1..=3, 10);
+        m.tick(10 + tick_ms);
+        m.tick(10 + tick_ms + IDLE_CHECKPOINT_AFTER_MS);
+        assert!(
+            !m.checkpoint_due(),
+            "too few entries for an early checkpoint"
+        );
+        // Against a tenth of 40 they are enough, once the member has been quiet long enough.
+        m.config.snapshot_count = 40;
+        let moved_ms = 10 + 2 * tick_ms + IDLE_CHECKPOINT_AFTER_MS;
+        apply_puts(&mut m, 4..=6, moved_ms);
+        m.tick(moved_ms);
+        assert!(!m.checkpoint_due(), "writes just applied: not quiet yet");
+        m.tick(moved_ms + IDLE_CHECKPOINT_AFTER_MS - 1);
+        assert!(!m.checkpoint_due(), "quiet for less than the idle time");
+        m.tick(moved_ms + IDLE_CHECKPOINT_AFTER_MS);
+        assert!(
+            m.checkpoint_due(),
+            "quiet long enough, with a tenth applied"
+        );
+        let req = m.checkpoint_request().expect("term known").expect("due");
+        assert!(!m.checkpoint_due(), "one in flight");
+        m.checkpoint_written(req.index, req.conf_state.clone(), Bytes::new())
+            .expect("taken");
+        m.tick(moved_ms + 3 * IDLE_CHECKPOINT_AFTER_MS);
+        assert!(!m.checkpoint_due(), "nothing applied since");
     }
 
     #[test]

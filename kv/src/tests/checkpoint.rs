@@ -79,6 +79,38 @@ fn checkpoint_round_trip() {
 }
 
 #[test]
+fn a_checkpoint_restores_the_same_from_an_aligned_or_a_misaligned_buffer() {
+    // The aligned payload is read in place, a misaligned one from a copy: both the same store.
+    let (w, r) = populated();
+    let bytes = w.checkpoint();
+    let all = RangeRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        ..Default::default()
+    };
+    let mut buffer = rkyv::util::AlignedVec::<64>::with_capacity(bytes.len() + 64);
+    for shift in 0..CHECKPOINT_PAYLOAD_ALIGN_BYTES + 1 {
+        buffer.clear();
+        // Places the payload (after the header) at `shift` past an aligned address.
+        let pad = (CHECKPOINT_PAYLOAD_ALIGN_BYTES - CHECKPOINT_HEADER_BYTES % 16 + shift) % 64;
+        buffer.extend_from_slice(&vec![0u8; pad]);
+        buffer.extend_from_slice(&bytes);
+        let image = &buffer[pad..];
+        assert_eq!(
+            (image[CHECKPOINT_HEADER_BYTES..].as_ptr() as usize) % CHECKPOINT_PAYLOAD_ALIGN_BYTES,
+            shift % CHECKPOINT_PAYLOAD_ALIGN_BYTES
+        );
+        let (w2, r2) = Store::restore(image).expect("restores");
+        assert_eq!(w2.applied_index(), w.applied_index(), "shift {shift}");
+        assert_eq!(r2.range(&all), r.range(&all), "shift {shift}");
+        assert_eq!(
+            checkpoint_segments(image).unwrap(),
+            checkpoint_segments(&bytes).unwrap()
+        );
+    }
+}
+
+#[test]
 fn damaged_checkpoints_are_rejected() {
     let (w, _) = populated();
     let bytes = w.checkpoint();

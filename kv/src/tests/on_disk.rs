@@ -312,6 +312,61 @@ fn a_restored_store_still_knows_its_segments_dead_bytes_and_reclaims_them() {
     }
 }
 
+/// Reclaim of a durable segment finds its values by walking its file (the index keeps no
+/// back-reference per version). A dead record that fails its crc hides where the next record
+/// starts: reclaim then walks the index instead, and every live value still moves.
+#[test]
+fn reclaim_walks_a_segment_file_and_a_damaged_dead_record_strands_no_live_value() {
+    for damage_at in [
+        RECORD_HEADER_BYTES + 3, // the dead value's first byte: its crc fails
+        4,                       // its key length: where the next record starts is lost
+    ] {
+        let (mut w, r) = Store::with_value_log(on_disk(0));
+        for i in 0..20u32 {
+            w.apply(u64::from(i) + 1, &put(&format!("k{i:02}"), &[i as u8; 100]))
+                .unwrap();
+        }
+        // k00's first value (the first record of the first segment) dies; k01 and k02 beside
+        // it stay live, so only defragment rewrites that segment.
+        w.apply(21, &put("k00", &[99; 100])).unwrap();
+        let rev = w.current_revision();
+        w.apply(
+            22,
+            &Op::Compact(CompactionRequest {
+                revision: rev,
+                physical: false,
+            }),
+        )
+        .unwrap();
+        while w.compact_step(16) == CompactionStatus::Pending {}
+        let mut sealed = w.take_sealed_segments();
+        let first = sealed.remove(0);
+        let mut file: Vec<u8> = first.records.concat();
+        file[damage_at] ^= 0x04;
+        file.resize(file.len().next_multiple_of(4096), 0);
+        w.segment_durable(first.id, first.bytes, Bytes::from(file));
+        for s in sealed {
+            w.segment_durable(s.id, s.bytes, Bytes::from(s.records.concat()));
+        }
+        w.defragment();
+        while w.compact_step(2) == CompactionStatus::Pending {}
+        assert!(
+            !w.segment_ids().contains(&first.id),
+            "the damaged segment was rewritten and removed (damage at {damage_at})"
+        );
+        assert!(w.take_dead_segments().iter().any(|d| d.id == first.id));
+        assert_eq!(value_of(&r, "k00"), Some(Bytes::from(vec![99u8; 100])));
+        for i in 1..20u32 {
+            assert_eq!(
+                value_of(&r, &format!("k{i:02}")),
+                Some(Bytes::from(vec![i as u8; 100])),
+                "k{i:02} after damage at {damage_at}"
+            );
+        }
+        assert_eq!(w.value_log_bytes_live(), 20 * 100);
+    }
+}
+
 #[test]
 fn a_bit_flip_in_a_segment_file_is_never_served() {
     // The "disk" returns the first segment with one bit of its first value flipped.
