@@ -201,6 +201,59 @@ async fn sigterm_restart_keeps_data_and_revision() {
     assert_eq!(r.header().map(|h| h.revision()), Some(53));
 }
 
+/// The fields of the start's "recovered raft log" line: (applied index, last index).
+fn recovered_raft_log(log: &str) -> (u64, u64) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("recovered raft log"))
+        .unwrap_or_else(|| panic!("no recovered raft log line:\n{log}"));
+    let v: serde_json::Value = serde_json::from_str(line).expect("log lines are JSON");
+    let field = |name: &str| v["fields"][name].as_u64().expect("an index");
+    (field("applied_index"), field("last_index"))
+}
+
+/// A member that went quiet with a tenth of `--snapshot-count` applied since its last
+/// checkpoint takes one early: killed afterwards, it replays nothing at its next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_after_a_quiet_spell_replays_nothing() {
+    let mut server = Server::keel(&["--snapshot-count", "1000"]);
+    let mut c = client(&server).await;
+    // Past a tenth of 1000, far below 1000.
+    for i in 0..150 {
+        c.put(format!("q{i:03}"), format!("v{i}"), None)
+            .await
+            .expect("put");
+    }
+    drop(c);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !server.log_all().contains("checkpoint written") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint after the member went quiet:\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::task::block_in_place(|| {
+        server.kill9();
+        server.restart();
+    });
+    let (applied, last) = recovered_raft_log(&server.log_all());
+    assert_eq!(
+        applied,
+        last,
+        "the newest checkpoint covers the whole log: nothing to replay\n{}",
+        server.log_tail()
+    );
+    assert!(last > 150, "every put is in the log: {last}");
+    let mut c = client(&server).await;
+    let all = c
+        .get("q", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get");
+    assert_eq!(all.count(), 150);
+}
+
 #[test]
 fn http_health_version_and_metrics() {
     let server = Server::keel(&[]);
