@@ -538,12 +538,15 @@ pub fn remove_all_staged(staging_root: &Path) -> Result<(), CoreError> {
 /// name them so and written durably into `snap_dir`, and the segments are mapped for the
 /// store that replaces the member's. A crash midway leaves the previous checkpoint newest;
 /// the moved files are then named by no checkpoint and deleted at the next start.
+///
+/// Also returns the checkpoint file's mapping, whose pages the install's restore reads in
+/// place: the driver gives them back once the store is replaced.
 pub fn place(
     staged: StagedSnapshot,
     shift: u32,
     snap_dir: &Path,
     vlog_dir: &Path,
-) -> Result<PlacedSnapshot, CoreError> {
+) -> Result<(PlacedSnapshot, keel_io::vlog::MappedFile), CoreError> {
     let bad =
         |why: String| CoreError::Snapshot(format!("leader's snapshot {}: {why}", staged.index));
     let data_dir_error = |path: &Path, source| CoreError::DataDir {
@@ -582,7 +585,8 @@ pub fn place(
     crate::ids::write_durably(snap_dir, &path, &file)?;
     // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy.
     drop(file);
-    let file = keel_io::vlog::map_file(&path).map_err(|e| data_dir_error(&path, e))?;
+    let mapped = keel_io::vlog::map_file_to_read(&path).map_err(|e| data_dir_error(&path, e))?;
+    let file = mapped.bytes().clone();
     let mut files = std::collections::BTreeMap::new();
     for id in listed {
         let local = id + shift;
@@ -594,11 +598,14 @@ pub fn place(
     if let Err(e) = std::fs::remove_dir_all(&staged.dir) {
         tracing::warn!(dir = %staged.dir.display(), error = %e, "cannot delete a placed snapshot's staging directory");
     }
-    Ok(PlacedSnapshot {
-        index: staged.index,
-        data: file,
-        files,
-    })
+    Ok((
+        PlacedSnapshot {
+            index: staged.index,
+            data: file,
+            files,
+        },
+        mapped,
+    ))
 }
 
 #[cfg(test)]
@@ -742,7 +749,7 @@ mod tests {
                 let shift = 50 - listed[0];
                 let follower_vlog = follower_dir.path().join("vlog");
                 let staged_dir = staged.dir.clone();
-                let placed = place(staged, shift, &snap, &follower_vlog).unwrap();
+                let (placed, _mapped) = place(staged, shift, &snap, &follower_vlog).unwrap();
                 assert!(
                     !staged_dir.exists(),
                     "the staging directory goes once placed"

@@ -78,6 +78,9 @@ pub struct RaftCore {
     clock_origin: Instant,
     /// etcd's auto-compaction; proposes only while this member leads.
     auto_compactor: AutoCompactor,
+    /// The mapping of a leader's snapshot placed and not installed yet: once its store
+    /// replaces the member's, the pages its restore read leave this process's memory.
+    placed_mapping: Option<keel_io::vlog::MappedFile>,
 }
 
 /// The opened pieces, before the shared state exists.
@@ -279,6 +282,7 @@ impl RaftCore {
             // The member's clock is the shards' `uptime_ms`: token deadlines are shared.
             clock_origin,
             auto_compactor,
+            placed_mapping: None,
         };
         core.publish();
         Ok(core)
@@ -633,6 +637,8 @@ impl RaftCore {
             peer_snapshot::place(staged, shift, &dir, &vlog_dir)
         })
         .await?;
+        let (placed, mapped) = placed;
+        self.placed_mapping = Some(mapped);
         self.member.snapshot_placed(placed);
         Ok(())
     }
@@ -657,6 +663,9 @@ impl RaftCore {
                 }
                 Effect::Events { revision, events } => self.publish_events(revision, events),
                 Effect::StoreReplaced { reader } => {
+                    if let Some(mapped) = self.placed_mapping.take() {
+                        mapped.forget_resident_pages();
+                    }
                     self.shared.replace_reader(reader);
                     self.shared
                         .applied_index
