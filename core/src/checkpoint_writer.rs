@@ -135,13 +135,13 @@ fn write(snap_dir: &std::path::Path, req: CheckpointRequest) -> Result<Written, 
     let Ok(kv_image) = req.source.serialize_parts() else {
         return Ok(Written::Raced { index });
     };
-    // Written from where rkyv put the archive: the file is never one buffer in memory (a
-    // 4M-key image is 416 MB, and two copies of it were most of a checkpoint's peak).
+    // Written from where rkyv put the archive: the file is never one buffer in memory (at 4M
+    // keys the image is 416 MB, and framing it, then the file around it, made two copies).
     let [image_header, archive] = kv_image.parts();
     let framing = req.encode_around(&[image_header, archive]);
     let serialize_elapsed = started.elapsed();
     let path = snap_dir.join(checkpoint::file_name(index));
-    let file_bytes = framing.prefix.len() + kv_image.len() + framing.crc.len();
+    let file_bytes = framing.prefix.len() + image_header.len() + archive.len() + framing.crc.len();
     // A failed write or fsync is returned, and the raft core stops on it: never retry an fsync.
     write_durably_parts(
         snap_dir,

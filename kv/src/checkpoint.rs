@@ -447,16 +447,6 @@ impl ImageParts {
         [&self.header, &self.payload]
     }
 
-    /// The image's length in bytes.
-    pub fn len(&self) -> usize {
-        HEADER_BYTES + self.payload.len()
-    }
-
-    /// Never: an image holds at least its header.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// The image as one buffer (tests, tools, and images small enough not to matter).
     pub fn to_vec(&self) -> Vec<u8> {
         self.parts().concat()
@@ -802,12 +792,12 @@ where
             },
         );
     }
-    // Each durable segment's file, mapped once; values are slices of it.
-    let mut mapped: std::collections::BTreeMap<u32, Bytes> = std::collections::BTreeMap::new();
+    // Each durable segment's file, mapped once and kept by the value log; values are slices
+    // of it.
     for segment in segments {
         let (id, record_bytes) = (segment.id, segment.record_bytes);
         let file = files(id).map_err(|why| KvError::SegmentUnusable { segment: id, why })?;
-        if id >= first_segment_id || mapped.contains_key(&id) {
+        if id >= first_segment_id || writer.vlog.durable_file(id).is_some() {
             return Err(damaged("a segment id out of range or listed twice"));
         }
         if (file.len() as u64) < record_bytes {
@@ -819,8 +809,7 @@ where
                 ),
             });
         }
-        writer.vlog.insert_durable(segment, file.clone());
-        mapped.insert(id, file);
+        writer.vlog.insert_durable(segment, file);
     }
     let mut previous_key: Option<&[u8]> = None;
     for (key_slice, record_versions) in keys {
@@ -863,8 +852,9 @@ where
                     offset: placed.offset,
                 }
             } else {
-                let file = mapped
-                    .get(&v.segment)
+                let file = writer
+                    .vlog
+                    .durable_file(v.segment)
                     .ok_or(damaged("a value in a segment the checkpoint does not list"))?;
                 let offset = u32::try_from(v.value_offset)
                     .map_err(|_| damaged("a record offset beyond 4 GiB"))?;
@@ -878,6 +868,7 @@ where
                 if end > file.len() || v.value_bytes == 0 {
                     return Err(damaged("a value outside its segment's file"));
                 }
+                let record = file.slice(start..end);
                 if !writer.vlog.count_loaded(v.segment, &key, v.value_bytes) {
                     return Err(damaged("a segment's live values exceed what it holds"));
                 }
@@ -887,7 +878,7 @@ where
                     create_revision: v.create_revision,
                     version: v.version,
                     lease: v.lease,
-                    record: file.slice(start..end),
+                    record,
                     value_len,
                     segment: v.segment,
                     offset,

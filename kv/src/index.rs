@@ -71,16 +71,13 @@ impl Version {
         if self.record.is_empty() {
             return Bytes::new();
         }
-        let r = &self.record;
-        let le32 = |at: usize| u32::from_le_bytes(r[at..at + 4].try_into().expect("4 bytes"));
-        let le64 = |at: usize| i64::from_le_bytes(r[at..at + 8].try_into().expect("8 bytes"));
         // The crc vouches for the bytes; the header must also be this version's record (its
         // revision, and lengths that add up), not another intact one a bad pointer lands on.
-        let intact = crc32fast::hash(&r[4..]) == le32(0)
-            && le32(8) == self.value_len
-            && r.len() == crate::vlog::record_bytes(le32(4) as usize, self.value_len())
-            && le64(12) == self.rev.main
-            && le64(20) == self.rev.sub;
+        let intact = crate::vlog::record_at(&self.record, 0).is_some_and(|r| {
+            r.record_bytes == self.record.len()
+                && r.value_len == self.value_len
+                && r.rev == self.rev
+        });
         assert!(
             intact,
             "value-log segment {:08x}.seg: the record at offset {} fails its crc check (or is not \

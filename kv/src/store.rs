@@ -952,10 +952,8 @@ impl Writer {
             let Some(record) = crate::vlog::record_at(records, offset) else {
                 return Some(ReclaimNext::Key(None));
             };
-            if let Some(key) = self.indexed_key(record.key) {
-                let at = u32::try_from(offset).expect("segments are below 4 GiB");
-                self.rewrite_value(segment, &key, record.rev, Some(at));
-            }
+            let at = u32::try_from(offset).expect("segments are below 4 GiB");
+            self.rewrite_value(segment, record.key, record.rev, Some(at));
             offset += record.record_bytes;
         }
         if offset < end {
@@ -1001,17 +999,12 @@ impl Writer {
         next_key.map(|k| ReclaimNext::Key(Some(k)))
     }
 
-    /// The index's own copy of `key`, if it is indexed.
-    fn indexed_key(&self, key: &[u8]) -> Option<Bytes> {
-        self.shared.index.get(key).map(|e| e.key().clone())
-    }
-
     /// Moves `key`'s version `rev` to the open segment when it is still in `segment` (at
     /// `offset`, when the caller read it from there): a version compacted away or moved
     /// already is left alone.
-    fn rewrite_value(&mut self, segment: u32, key: &Bytes, rev: Revision, offset: Option<u32>) {
+    fn rewrite_value(&mut self, segment: u32, key: &[u8], rev: Revision, offset: Option<u32>) {
         let guard = epoch::pin();
-        let Some(entry) = self.shared.index.get(key.as_ref()) else {
+        let Some(entry) = self.shared.index.get(key) else {
             return;
         };
         let versions = entry.value().load(&guard);
@@ -1023,7 +1016,8 @@ impl Writer {
             return;
         }
         // Checked: a damaged record is never copied into a new segment as if it were good.
-        let placed = self.vlog.append(key, rev, &v.value());
+        // The index's own key: the open segment's back-reference shares it.
+        let placed = self.vlog.append(entry.key(), rev, &v.value());
         // Same key, same value: the old record was as long as the new one.
         self.vlog
             .release(segment, placed.value_len as usize, placed.record.len());

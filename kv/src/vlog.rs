@@ -112,6 +112,7 @@ pub(crate) struct SegmentStats {
 pub(crate) struct RecordAt<'a> {
     pub(crate) key: &'a [u8],
     pub(crate) rev: Revision,
+    pub(crate) value_len: u32,
     /// The whole record's length: the next record starts this far on.
     pub(crate) record_bytes: usize,
 }
@@ -122,11 +123,11 @@ pub(crate) fn record_at(segment: &[u8], offset: usize) -> Option<RecordAt<'_>> {
     let header = segment.get(offset..offset.checked_add(RECORD_HEADER_BYTES)?)?;
     let le32 = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
     let le64 = |at: usize| i64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
-    let (key_len, value_len) = (le32(4) as usize, le32(8) as usize);
+    let (key_len, value_len) = (le32(4) as usize, le32(8));
     if key_len == 0 {
         return None;
     }
-    let len = record_bytes(key_len, value_len);
+    let len = record_bytes(key_len, value_len as usize);
     let record = segment.get(offset..offset.checked_add(len)?)?;
     if crc32fast::hash(&record[4..]) != le32(0) {
         return None;
@@ -137,6 +138,7 @@ pub(crate) fn record_at(segment: &[u8], offset: usize) -> Option<RecordAt<'_>> {
             main: le64(12),
             sub: le64(20),
         },
+        value_len,
         record_bytes: len,
     })
 }
@@ -382,6 +384,14 @@ impl ValueLog {
         stats.durable = true;
         stats.file = file.clone();
         true
+    }
+
+    /// The mapped file of durable segment `id`, if it is one.
+    pub(crate) fn durable_file(&self, id: u32) -> Option<&Bytes> {
+        self.segments
+            .get(&id)
+            .filter(|s| s.durable)
+            .map(|s| &s.file)
     }
 
     /// Frees a durable segment's back-references: reclaim walks its file from now on.
