@@ -632,7 +632,7 @@ mod tests {
             });
             w.apply(i + 1, &put).unwrap();
             for sealed in w.take_sealed_segments() {
-                let mut file: Vec<u8> = sealed.records.iter().flat_map(|r| r.to_vec()).collect();
+                let mut file: Vec<u8> = sealed.records.to_vec();
                 file.resize(file.len().next_multiple_of(4096), 0);
                 let path = keel_io::vlog::segment_path(vlog_dir, sealed.id);
                 std::fs::write(&path, &file).unwrap();

@@ -152,14 +152,24 @@ pub async fn open(
         Some((cp, file)) => (Some((cp, file.bytes().clone())), Some(file)),
         None => (None, None),
     };
+    // The restore of a large index is most of a start: parts of it are built on threads
+    // beside the raft core's CPU, which nothing else uses yet.
+    let move_beside = rt::mover_beside_caller();
+    let restore_helpers = kv::RestoreHelpers {
+        threads: rt::restore_helper_threads(),
+        on_start: &move_beside,
+    };
     let recovered = recovery::recover(
         rc,
         start,
         identity.members.clone(),
         checkpoint,
         records,
-        value_log,
-        &mut segment_files,
+        recovery::StoreSource {
+            value_log,
+            segment_files: &mut segment_files,
+            restore_helpers,
+        },
     )?;
     // The restore read the whole mapped checkpoint: those pages leave this process's memory
     // (raft keeps the mapping, to send a follower), and the allocator gives back what the

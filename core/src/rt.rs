@@ -214,26 +214,59 @@ pub fn spawn_beside<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<T>> {
-    let cpus = cpus_beside_caller();
-    let thread_name = name.to_string();
+    let move_beside = mover_beside_caller();
     std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
-            if let Some(set) = cpus {
-                // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
-                let rc = unsafe {
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-                };
-                if rc != 0 {
-                    tracing::warn!(
-                        thread = thread_name,
-                        error = %std::io::Error::last_os_error(),
-                        "cannot move a helper thread off the caller's CPU"
-                    );
-                }
-            }
+            move_beside();
             f()
         })
+}
+
+/// What a thread started from the calling thread runs first to move beside the caller's CPUs,
+/// as `spawn_beside` places its threads: for threads another crate starts (a restore's
+/// helpers), which inherit the caller's pinning.
+pub fn mover_beside_caller() -> impl Fn() + Send + Sync + 'static {
+    let cpus = cpus_beside_caller();
+    move || {
+        if let Some(set) = cpus {
+            // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
+            let rc =
+                unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+            if rc != 0 {
+                tracing::warn!(
+                    thread = std::thread::current().name().unwrap_or("unnamed"),
+                    error = %std::io::Error::last_os_error(),
+                    "cannot move a helper thread off the caller's CPU"
+                );
+            }
+        }
+    }
+}
+
+/// How many threads a restart's restore adds beside the raft core: one per other CPU of the
+/// process, at most seven (the skip list's inserts scale little beyond that, and a start must
+/// not take over a machine it shares).
+pub fn restore_helper_threads() -> usize {
+    process_cpus().saturating_sub(1).min(7)
+}
+
+/// The CPUs the process may run on: the main thread's set, which nothing pins (a pinned
+/// caller's own set, which `available_parallelism` reads, is one CPU).
+fn process_cpus() -> usize {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity writes at most its size.
+    unsafe {
+        let mut process: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(
+            libc::getpid(),
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut process,
+        ) != 0
+        {
+            return 1;
+        }
+        libc::CPU_COUNT(&process).max(1) as usize
+    }
 }
 
 /// The CPUs `spawn_beside` gives a new thread, or None when they cannot be read.

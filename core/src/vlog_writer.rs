@@ -128,7 +128,7 @@ async fn write(dir: &Path, segment: kv::SealedSegment) -> Result<Durable, CoreEr
         path: path.clone(),
         source,
     };
-    keel_io::vlog::write_segment(dir, id, &records, bytes)
+    keel_io::vlog::write_segment(dir, id, std::slice::from_ref(&records), bytes)
         .await
         .map_err(failed)?;
     drop(records);

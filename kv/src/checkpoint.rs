@@ -180,7 +180,12 @@ impl CheckpointSource {
             let versions = entry.value().load(&guard);
             let kept = &versions[compacted_start(versions, self.compact_rev)..];
             for v in kept.iter().take_while(|v| v.rev.main <= self.revision) {
-                hash_version(&mut hasher, entry.key(), v);
+                hash_version(
+                    &mut hasher,
+                    entry.key(),
+                    v,
+                    self.reader.shared.segments.load(&guard),
+                );
             }
         }
         if self.reader.compact_revision() != self.compact_rev {
@@ -221,7 +226,9 @@ impl CheckpointSource {
                     (v.segment, u64::from(v.offset))
                 } else {
                     let at = values.len() as u64;
-                    values.extend_from_slice(&v.value());
+                    values.extend_from_slice(
+                        &v.value(entry.key(), self.reader.shared.segments.load(&guard)),
+                    );
                     (SEGMENT_NONE, at)
                 };
                 versions.push(VersionRecord {
@@ -311,7 +318,8 @@ impl CheckpointSource {
             for (i, v) in kept.iter().enumerate() {
                 order.push((v.rev, key_index, i as u32));
             }
-            keys.push((entry.key().clone(), kept));
+            // A copy: a clone would give the index's key a shared header for good.
+            keys.push((Bytes::copy_from_slice(entry.key()), kept));
         }
         if self.reader.compact_revision() != self.compact_rev {
             return Err(KvError::Compacted);
@@ -331,7 +339,7 @@ impl CheckpointSource {
                 create_revision: v.create_revision,
                 version: v.version,
                 lease: v.lease,
-                value: v.value(),
+                value: v.value(key, self.reader.shared.segments.load(&guard)),
             })?;
         }
         Ok(())
@@ -419,7 +427,12 @@ pub fn image_from_versions(
     // The archive holds a copy of every value: free the first before the check restores a third.
     drop(data);
     let image = image.to_vec();
-    restore(&image, ValueLogOptions::default(), &mut no_segment_files)?;
+    restore(
+        &image,
+        ValueLogOptions::default(),
+        &mut no_segment_files,
+        RestoreHelpers::NONE,
+    )?;
     Ok(image)
 }
 
@@ -665,6 +678,7 @@ pub(crate) fn restore(
     bytes: &[u8],
     options: ValueLogOptions,
     files: &mut SegmentFiles<'_>,
+    helpers: RestoreHelpers<'_>,
 ) -> Result<(Writer, Reader)> {
     let Payload {
         format,
@@ -690,23 +704,30 @@ pub(crate) fn restore(
                     .collect(),
                 segments: $segments(data),
             };
-            let keys = data.keys.iter().map(|record| {
-                let versions = record.versions.iter().map(|v| VersionFields {
-                    rev: Revision {
-                        main: v.main.to_native(),
-                        sub: v.sub.to_native(),
-                    },
-                    tombstone: v.tombstone,
-                    create_revision: v.create_revision.to_native(),
-                    version: v.version.to_native(),
-                    lease: v.lease.to_native(),
-                    segment: $segment_of(v),
-                    value_offset: v.value_offset.to_native(),
-                    value_bytes: v.value_bytes.to_native(),
-                });
-                (record.key.as_slice(), versions)
-            });
-            build(header, data.values.as_slice(), keys, options, files)
+            build(
+                header,
+                data.values.as_slice(),
+                data.keys.as_slice(),
+                |record| {
+                    let versions = record.versions.iter().map(|v| VersionFields {
+                        rev: Revision {
+                            main: v.main.to_native(),
+                            sub: v.sub.to_native(),
+                        },
+                        tombstone: v.tombstone,
+                        create_revision: v.create_revision.to_native(),
+                        version: v.version.to_native(),
+                        lease: v.lease.to_native(),
+                        segment: $segment_of(v),
+                        value_offset: v.value_offset.to_native(),
+                        value_bytes: v.value_bytes.to_native(),
+                    });
+                    (record.key.as_slice(), versions)
+                },
+                options,
+                files,
+                helpers,
+            )
         }};
     }
     if format == FORMAT_VERSION {
@@ -742,15 +763,188 @@ struct Header {
     segments: Vec<DurableSegment>,
 }
 
-fn build<'k, K, V>(
+/// Threads besides the caller's that a restore may use to rebuild the index. A restart's
+/// restore is 4M skip-list inserts at 4M keys, most of the start; parts of the key list are
+/// built side by side (the skip list takes concurrent inserts of disjoint keys).
+#[derive(Clone, Copy)]
+pub struct RestoreHelpers<'a> {
+    /// Helper threads (0: the caller builds everything).
+    pub threads: usize,
+    /// Runs first on each helper thread: the server moves it off the caller's pinned CPU,
+    /// which a new thread would otherwise share (a thread inherits its creator's affinity).
+    pub on_start: &'a (dyn Fn() + Sync),
+}
+
+impl RestoreHelpers<'_> {
+    /// No helpers: tests, tools and small images.
+    pub const NONE: RestoreHelpers<'static> = RestoreHelpers {
+        threads: 0,
+        on_start: &|| {},
+    };
+}
+
+/// Below this many keys per part a helper thread costs more than it saves (unit tests split
+/// small images, so their parts meet at real boundaries).
+const RESTORE_PART_KEYS_MIN: usize = if cfg!(test) { 16 } else { 50_000 };
+
+/// A durable segment as a restore checks values against it: its id and its file's length.
+#[derive(Clone, Copy)]
+struct SegmentLimit {
+    id: u32,
+    file_bytes: usize,
+}
+
+/// What one part of a restore built besides its index entries: folded into the writer once
+/// every part is done.
+#[derive(Default)]
+struct PartBuilt {
+    /// Value bytes and record bytes of the loaded values in each durable segment, by position
+    /// in the restore's `SegmentLimit`s.
+    loaded: Vec<(u64, u64)>,
+    index_bytes: u64,
+    /// Keys whose newest version is attached to a lease, with that lease.
+    lease_keys: Vec<(i64, Bytes)>,
+    /// Keys holding values kept inline (not in a durable segment): those go into the value
+    /// log, which only the caller's thread may change, so these keys are inserted after the
+    /// parts are done. Each comes with its versions and, for each inline value, the version's
+    /// position and the value's range in the image's value blob.
+    deferred: Vec<DeferredKey>,
+}
+
+/// A key with inline values, its versions, and each inline value's version position and range
+/// in the image's value blob.
+struct DeferredKey {
+    key: Bytes,
+    versions: Vec<Version>,
+    inline: Vec<(usize, std::ops::Range<usize>)>,
+}
+
+/// Builds the index entries of `keys` (a part of the checkpoint's key list, each checked
+/// against `values`, the durable segments and the known leases) and inserts those that need no
+/// value-log append into `index`.
+fn build_part<'k, R, V, F>(
+    keys: &'k [R],
+    view: &F,
+    current_rev: i64,
+    values_bytes: usize,
+    limits: &[SegmentLimit],
+    lease_ids: &std::collections::BTreeMap<i64, crate::store::LeaseEntry>,
+    index: &crate::index::Index,
+) -> Result<PartBuilt>
+where
+    F: Fn(&'k R) -> (&'k [u8], V),
+    V: ExactSizeIterator<Item = VersionFields>,
+{
+    let mut built = PartBuilt {
+        loaded: vec![(0, 0); limits.len()],
+        ..PartBuilt::default()
+    };
+    let mut previous_key: Option<&[u8]> = None;
+    for record in keys {
+        let (key_slice, record_versions) = view(record);
+        if key_slice.is_empty() || previous_key.is_some_and(|p| p >= key_slice) {
+            return Err(damaged("keys not strictly ascending"));
+        }
+        previous_key = Some(key_slice);
+        let key = Bytes::copy_from_slice(key_slice);
+        // Exactly as many as the key has: a list grown by pushes starts at four, and with one
+        // version per key the spare three made a restored index about half again as large as
+        // the one the writes had built.
+        let mut versions: Vec<Version> = Vec::with_capacity(record_versions.len());
+        let mut inline = Vec::new();
+        for v in record_versions {
+            let rev = v.rev;
+            if versions.last().is_some_and(|last| last.rev >= rev) || rev.main > current_rev {
+                return Err(damaged("versions not ascending"));
+            }
+            let version = if v.tombstone {
+                Version::tombstone(rev)
+            } else if v.segment == SEGMENT_NONE {
+                let start = v.value_offset;
+                let end = start
+                    .checked_add(v.value_bytes)
+                    .ok_or_else(|| damaged("value range overflows"))?;
+                if end > values_bytes as u64 {
+                    return Err(damaged("value range outside the value blob"));
+                }
+                inline.push((versions.len(), start as usize..end as usize));
+                // Placed by the caller (see `PartBuilt::deferred`).
+                Version {
+                    rev,
+                    kind: VersionKind::Put,
+                    create_revision: v.create_revision,
+                    version: v.version,
+                    lease: v.lease,
+                    value_len: 0,
+                    segment: SEGMENT_NONE,
+                    offset: 0,
+                }
+            } else {
+                let at = limits
+                    .binary_search_by_key(&v.segment, |l| l.id)
+                    .map_err(|_| damaged("a value in a segment the checkpoint does not list"))?;
+                let offset = u32::try_from(v.value_offset)
+                    .map_err(|_| damaged("a record offset beyond 4 GiB"))?;
+                let value_len =
+                    u32::try_from(v.value_bytes).map_err(|_| damaged("a value beyond 4 GiB"))?;
+                let record = RECORD_HEADER_BYTES + key.len() + v.value_bytes as usize;
+                let end = (v.value_offset as usize)
+                    .checked_add(record)
+                    .ok_or_else(|| damaged("value range overflows"))?;
+                if end > limits[at].file_bytes || v.value_bytes == 0 {
+                    return Err(damaged("a value outside its segment's file"));
+                }
+                built.loaded[at].0 += v.value_bytes;
+                built.loaded[at].1 +=
+                    crate::vlog::record_bytes(key.len(), value_len as usize) as u64;
+                Version {
+                    rev,
+                    kind: VersionKind::Put,
+                    create_revision: v.create_revision,
+                    version: v.version,
+                    lease: v.lease,
+                    value_len,
+                    segment: v.segment,
+                    offset,
+                }
+            };
+            versions.push(version);
+            built.index_bytes += key.len() as u64 + crate::store::VERSION_INDEX_BYTES;
+        }
+        let Some(latest) = versions.last() else {
+            return Err(damaged("a key without versions"));
+        };
+        if latest.kind == VersionKind::Put && latest.lease != 0 {
+            if !lease_ids.contains_key(&latest.lease) {
+                return Err(damaged("a key attached to an unknown lease"));
+            }
+            built.lease_keys.push((latest.lease, key.clone()));
+        }
+        if inline.is_empty() {
+            index.insert(key, KeyHistory::new(versions));
+        } else {
+            built.deferred.push(DeferredKey {
+                key,
+                versions,
+                inline,
+            });
+        }
+    }
+    Ok(built)
+}
+
+fn build<'k, R, V, F>(
     header: Header,
     values: &[u8],
-    keys: K,
+    keys: &'k [R],
+    view: F,
     options: ValueLogOptions,
     files: &mut SegmentFiles<'_>,
+    helpers: RestoreHelpers<'_>,
 ) -> Result<(Writer, Reader)>
 where
-    K: Iterator<Item = (&'k [u8], V)>,
+    R: Sync,
+    F: Fn(&'k R) -> (&'k [u8], V) + Sync,
     V: ExactSizeIterator<Item = VersionFields>,
 {
     let Header {
@@ -794,6 +988,7 @@ where
     }
     // Each durable segment's file, mapped once and kept by the value log; values are slices
     // of it.
+    let mut limits = Vec::with_capacity(segments.len());
     for segment in segments {
         let (id, record_bytes) = (segment.id, segment.record_bytes);
         let file = files(id).map_err(|why| KvError::SegmentUnusable { segment: id, why })?;
@@ -809,96 +1004,106 @@ where
                 ),
             });
         }
+        limits.push(SegmentLimit {
+            id,
+            file_bytes: file.len(),
+        });
         writer.vlog.insert_durable(segment, file);
     }
-    let mut previous_key: Option<&[u8]> = None;
-    for (key_slice, record_versions) in keys {
-        if key_slice.is_empty() || previous_key.is_some_and(|p| p >= key_slice) {
+    limits.sort_unstable_by_key(|l| l.id);
+    // One table for all of them, before any version naming them is in the index.
+    writer.vlog.publish_table();
+
+    // The key list in parts, one per thread, each built on its own; the parts' order is the
+    // keys' order, so the boundaries are checked here.
+    let parts_max = keys.len() / RESTORE_PART_KEYS_MIN;
+    let parts = (helpers.threads + 1).min(parts_max).max(1);
+    let part_keys = keys.len().div_ceil(parts).max(1);
+    let chunks: Vec<&'k [R]> = keys.chunks(part_keys).collect();
+    for pair in chunks.windows(2) {
+        let (last, _) = view(pair[0].last().expect("chunks are not empty"));
+        let (first, _) = view(pair[1].first().expect("chunks are not empty"));
+        if last >= first {
             return Err(damaged("keys not strictly ascending"));
         }
-        previous_key = Some(key_slice);
-        let key = Bytes::copy_from_slice(key_slice);
-        // Exactly as many as the key has: a list grown by pushes starts at four, and with one
-        // version per key the spare three (264 bytes) made a restored index about half again
-        // as large as the one the writes had built.
-        let mut versions: Vec<Version> = Vec::with_capacity(record_versions.len());
-        for v in record_versions {
-            let rev = v.rev;
-            if versions.last().is_some_and(|last| last.rev >= rev) || rev.main > current_rev {
-                return Err(damaged("versions not ascending"));
-            }
-            let version = if v.tombstone {
-                Version::tombstone(rev)
-            } else if v.segment == SEGMENT_NONE {
-                let start = v.value_offset;
-                let end = start
-                    .checked_add(v.value_bytes)
-                    .ok_or(damaged("value range overflows"))?;
-                if end > values.len() as u64 {
-                    return Err(damaged("value range outside the value blob"));
-                }
-                let placed = writer
-                    .vlog
-                    .append(&key, rev, &values[start as usize..end as usize]);
-                Version {
-                    rev,
-                    kind: VersionKind::Put,
-                    create_revision: v.create_revision,
-                    version: v.version,
-                    lease: v.lease,
-                    record: placed.record,
-                    value_len: placed.value_len,
-                    segment: placed.segment,
-                    offset: placed.offset,
-                }
-            } else {
-                let file = writer
-                    .vlog
-                    .durable_file(v.segment)
-                    .ok_or(damaged("a value in a segment the checkpoint does not list"))?;
-                let offset = u32::try_from(v.value_offset)
-                    .map_err(|_| damaged("a record offset beyond 4 GiB"))?;
-                let value_len =
-                    u32::try_from(v.value_bytes).map_err(|_| damaged("a value beyond 4 GiB"))?;
-                let start = v.value_offset as usize;
-                let end = start
-                    .checked_add(RECORD_HEADER_BYTES + key.len())
-                    .and_then(|e| e.checked_add(v.value_bytes as usize))
-                    .ok_or(damaged("value range overflows"))?;
-                if end > file.len() || v.value_bytes == 0 {
-                    return Err(damaged("a value outside its segment's file"));
-                }
-                let record = file.slice(start..end);
-                if !writer.vlog.count_loaded(v.segment, &key, v.value_bytes) {
-                    return Err(damaged("a segment's live values exceed what it holds"));
-                }
-                Version {
-                    rev,
-                    kind: VersionKind::Put,
-                    create_revision: v.create_revision,
-                    version: v.version,
-                    lease: v.lease,
-                    record,
-                    value_len,
-                    segment: v.segment,
-                    offset,
-                }
-            };
-            versions.push(version);
-            writer.index_grew(key.len());
+    }
+    let shared = writer.shared.clone();
+    let lease_ids = &writer.leases;
+    let build_one = |chunk: &'k [R]| {
+        build_part(
+            chunk,
+            &view,
+            current_rev,
+            values.len(),
+            &limits,
+            lease_ids,
+            &shared.index,
+        )
+    };
+    let built: Vec<Result<PartBuilt>> = match chunks.split_first() {
+        None => Vec::new(),
+        Some((mine, [])) => vec![build_one(mine)],
+        Some((mine, theirs)) => std::thread::scope(|scope| {
+            let handles: Vec<_> = theirs
+                .iter()
+                .map(|&chunk| {
+                    let build_one = &build_one;
+                    std::thread::Builder::new()
+                        .name("kv-restore".into())
+                        .spawn_scoped(scope, move || {
+                            (helpers.on_start)();
+                            build_one(chunk)
+                        })
+                        .expect("the OS starts a thread")
+                })
+                .collect();
+            let mut built = vec![build_one(mine)];
+            built.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a restore part does not panic")),
+            );
+            built
+        }),
+    };
+    let mut loaded = vec![(0u64, 0u64); limits.len()];
+    for part in built {
+        let part = part?;
+        for (total, (value_bytes, record_bytes)) in loaded.iter_mut().zip(part.loaded) {
+            total.0 += value_bytes;
+            total.1 += record_bytes;
         }
-        let Some(latest) = versions.last() else {
-            return Err(damaged("a key without versions"));
-        };
-        if latest.kind == VersionKind::Put && latest.lease != 0 {
+        writer.index_bytes += part.index_bytes;
+        for (lease, key) in part.lease_keys {
             writer
                 .leases
-                .get_mut(&latest.lease)
-                .ok_or(damaged("a key attached to an unknown lease"))?
+                .get_mut(&lease)
+                .expect("checked by the part")
                 .keys
-                .insert(key.clone());
+                .insert(key);
         }
-        writer.shared.index.insert(key, KeyHistory::new(versions));
+        for DeferredKey {
+            key,
+            mut versions,
+            inline,
+        } in part.deferred
+        {
+            for (at, range) in inline {
+                let placed = writer.vlog.append(&key, versions[at].rev, &values[range]);
+                versions[at].value_len = placed.value_len;
+                versions[at].segment = placed.segment;
+                versions[at].offset = placed.offset;
+            }
+            writer.shared.index.insert(key, KeyHistory::new(versions));
+        }
+    }
+    for (limit, (value_bytes, record_bytes)) in limits.iter().zip(loaded) {
+        if !writer
+            .vlog
+            .count_loaded(limit.id, value_bytes, record_bytes)
+        {
+            return Err(damaged("a segment's live values exceed what it holds"));
+        }
     }
     writer
         .shared
@@ -966,5 +1171,104 @@ mod format_1 {
             Some(Bytes::from_static(b"tw"))
         );
         assert_eq!(w.lease(5).map(|l| l.keys.len()), Some(1));
+    }
+}
+
+#[cfg(test)]
+mod in_parts {
+    use super::*;
+
+    /// `keys` keys `k0000`.. of one version each, with `value` inline; then `damage` changes
+    /// the records before they are archived.
+    fn image(keys: usize, damage: impl FnOnce(&mut Vec<KeyRecord>)) -> Vec<u8> {
+        let mut records: Vec<KeyRecord> = (0..keys)
+            .map(|k| KeyRecord {
+                key: format!("k{k:04}").into_bytes(),
+                versions: vec![VersionRecord {
+                    main: 2 + k as i64,
+                    sub: 0,
+                    tombstone: false,
+                    create_revision: 2 + k as i64,
+                    version: 1,
+                    lease: 0,
+                    segment: SEGMENT_NONE,
+                    value_offset: 0,
+                    value_bytes: 3,
+                }],
+            })
+            .collect();
+        damage(&mut records);
+        let data = CheckpointData {
+            applied_index: 9,
+            current_rev: 1 + keys as i64,
+            compact_rev: 0,
+            keys: records,
+            values: b"one".to_vec(),
+            leases: vec![],
+            segments: vec![],
+        };
+        let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&data).unwrap();
+        frame_payload(FORMAT_VERSION, keys as u64, &payload)
+    }
+
+    fn restore_in_parts(image: &[u8]) -> Result<(Writer, Reader)> {
+        restore(
+            image,
+            ValueLogOptions::default(),
+            &mut no_segment_files,
+            RestoreHelpers {
+                threads: 3,
+                on_start: &|| {},
+            },
+        )
+    }
+
+    #[test]
+    fn damage_in_any_part_or_at_a_boundary_is_refused() {
+        // 64 keys in parts of 16: keys 0-15 on the caller's thread, the rest on helpers.
+        let (w, r) = restore_in_parts(&image(64, |_| {})).expect("an undamaged image restores");
+        assert_eq!(w.applied_index(), 9);
+        assert_eq!(
+            r.hash_kv(65).unwrap(),
+            Store::restore(&image(64, |_| {}))
+                .unwrap()
+                .1
+                .hash_kv(65)
+                .unwrap()
+        );
+        type Damage = Box<dyn FnOnce(&mut Vec<KeyRecord>)>;
+        let cases: Vec<(&str, Damage)> = vec![
+            (
+                "keys not strictly ascending",
+                Box::new(|k| k[40].key = b"k0039".to_vec()),
+            ),
+            // Key 16 starts the second part: the same as the first part's last key.
+            (
+                "keys not strictly ascending",
+                Box::new(|k| k[16].key = b"k0015".to_vec()),
+            ),
+            (
+                "a key attached to an unknown lease",
+                Box::new(|k| k[60].versions[0].lease = 5),
+            ),
+            (
+                "value range outside the value blob",
+                Box::new(|k| k[33].versions[0].value_bytes = 4),
+            ),
+            (
+                "versions not ascending",
+                Box::new(|k| k[50].versions[0].main = 1000),
+            ),
+            (
+                "a key without versions",
+                Box::new(|k| k[63].versions.clear()),
+            ),
+        ];
+        for (why, damage) in cases {
+            match restore_in_parts(&image(64, damage)) {
+                Err(KvError::CheckpointDamaged(found)) => assert_eq!(found, why),
+                other => panic!("{why}: got {:?}", other.map(|_| ())),
+            }
+        }
     }
 }

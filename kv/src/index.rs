@@ -17,6 +17,7 @@ use bytes::Bytes;
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use crossbeam_skiplist::SkipMap;
 
+use crate::segments::SegmentTable;
 use crate::types::{KeyValue, PrevKv, Revision};
 use crate::vlog::SEGMENT_NONE;
 
@@ -36,47 +37,56 @@ pub(crate) struct Version {
     /// 1 for the first put of a generation; 0 for a tombstone.
     pub(crate) version: i64,
     pub(crate) lease: i64,
-    /// The value's whole value-log record (header, key, value), a slice of its segment in
-    /// memory or of the segment file's mapping; empty for tombstones and empty values.
-    pub(crate) record: Bytes,
-    /// The value's length, kept here so bookkeeping (compaction's release) never reads a
-    /// mapped record on the raft core.
+    /// The value's length (0 for tombstones and empty values, which take no log space).
     pub(crate) value_len: u32,
-    /// The value's segment, or `SEGMENT_NONE`.
+    /// The value's segment, or `SEGMENT_NONE`: where its record is, through the segment table.
     pub(crate) segment: u32,
     /// The offset of the value's record in its segment (0 for `SEGMENT_NONE`).
     pub(crate) offset: u32,
 }
 
 impl Version {
-    /// A put's version whose value is in `record` (see `ValueLog::append`).
     pub(crate) fn value_len(&self) -> usize {
         self.value_len as usize
     }
 
-    /// The value, unchecked: for the writer's own record it just wrote, and for copies whose
-    /// reader checks them later.
-    pub(crate) fn value_unchecked(&self) -> Bytes {
-        if self.record.is_empty() {
-            return Bytes::new();
+    /// The bytes the value's record takes in its segment (0 when it has none).
+    pub(crate) fn record_len(&self, key: &[u8]) -> usize {
+        if self.segment == SEGMENT_NONE {
+            return 0;
         }
-        let start = self.record.len() - self.value_len();
-        self.record.slice(start..)
+        crate::vlog::record_bytes(key.len(), self.value_len())
     }
 
-    /// The value, after checking its record's crc. A record that fails it (a damaged disk
+    /// The value's whole record (header, key, value), a slice of its segment as `segments`
+    /// holds it; empty for tombstones and empty values. Load `segments` after the list this
+    /// version is in (see `segments.rs`).
+    pub(crate) fn record(&self, key: &[u8], segments: &SegmentTable) -> Bytes {
+        if self.segment == SEGMENT_NONE {
+            return Bytes::new();
+        }
+        segments.record(self.segment, self.offset, self.record_len(key))
+    }
+
+    /// The value in `record` (this version's, from `record`), unchecked.
+    fn value_in(&self, record: &Bytes) -> Bytes {
+        if record.is_empty() {
+            return Bytes::new();
+        }
+        record.slice(record.len() - self.value_len()..)
+    }
+
+    /// Checks that `record` is this version's and intact. A record that fails (a damaged disk
     /// under a mapped segment, or memory gone bad) stops the process, naming the segment file
     /// and the record's offset: a member never serves a value it cannot vouch for.
-    pub(crate) fn value(&self) -> Bytes {
-        if self.record.is_empty() {
-            return Bytes::new();
+    pub(crate) fn check_record(&self, record: &[u8]) {
+        if record.is_empty() {
+            return;
         }
         // The crc vouches for the bytes; the header must also be this version's record (its
         // revision, and lengths that add up), not another intact one a bad pointer lands on.
-        let intact = crate::vlog::record_at(&self.record, 0).is_some_and(|r| {
-            r.record_bytes == self.record.len()
-                && r.value_len == self.value_len
-                && r.rev == self.rev
+        let intact = crate::vlog::record_at(record, 0).is_some_and(|r| {
+            r.record_bytes == record.len() && r.value_len == self.value_len && r.rev == self.rev
         });
         assert!(
             intact,
@@ -84,34 +94,52 @@ impl Version {
              this version's); refusing to serve a damaged value",
             self.segment, self.offset
         );
-        self.value_unchecked()
     }
 
-    pub(crate) fn to_key_value(&self, key: &Bytes) -> KeyValue {
-        self.key_value_with(key, self.value())
+    /// The value, unchecked: for the writer's own record it just wrote, and for copies whose
+    /// reader checks them later.
+    pub(crate) fn value_unchecked(&self, key: &[u8], segments: &SegmentTable) -> Bytes {
+        self.value_in(&self.record(key, segments))
+    }
+
+    /// The value, after checking its record's crc (see `check_record`).
+    pub(crate) fn value(&self, key: &[u8], segments: &SegmentTable) -> Bytes {
+        let record = self.record(key, segments);
+        self.check_record(&record);
+        self.value_in(&record)
+    }
+
+    /// This version as a key-value, its value checked. `key` is copied: a clone of the
+    /// index's own key would give it a shared header for as long as it lives (see
+    /// `Writer::write_put`); keys are small, values are the ones shared.
+    pub(crate) fn to_key_value(&self, key: &[u8], segments: &SegmentTable) -> KeyValue {
+        self.key_value_with(Bytes::copy_from_slice(key), self.value(key, segments))
     }
 
     /// This version as a key's previous state, its value not read (see `PrevKv`).
-    pub(crate) fn to_prev_kv(&self, key: &Bytes) -> PrevKv {
+    pub(crate) fn to_prev_kv(&self, key: &[u8], segments: &SegmentTable) -> PrevKv {
+        let record = self.record(key, segments);
         PrevKv::unchecked(
-            self.key_value_with(key, self.value_unchecked()),
+            self.key_value_with(Bytes::copy_from_slice(key), self.value_in(&record)),
             self.clone(),
+            record,
         )
     }
 
     /// `to_key_value` for a version the writer has just written (its record is in memory and
     /// was made a moment ago: checking it again would only cost time).
-    pub(crate) fn fresh_key_value(&self, key: &Bytes) -> KeyValue {
-        self.key_value_with(key, self.value_unchecked())
+    pub(crate) fn fresh_key_value(&self, key: Bytes, segments: &SegmentTable) -> KeyValue {
+        let value = self.value_unchecked(&key, segments);
+        self.key_value_with(key, value)
     }
 
-    fn key_value_with(&self, key: &Bytes, value: Bytes) -> KeyValue {
+    fn key_value_with(&self, key: Bytes, value: Bytes) -> KeyValue {
         assert!(
             self.kind == VersionKind::Put,
             "a tombstone has no key-value"
         );
         KeyValue {
-            key: key.clone(),
+            key,
             create_revision: self.create_revision,
             mod_revision: self.rev.main,
             version: self.version,
@@ -127,7 +155,6 @@ impl Version {
             create_revision: 0,
             version: 0,
             lease: 0,
-            record: Bytes::new(),
             value_len: 0,
             segment: SEGMENT_NONE,
             offset: 0,
@@ -315,17 +342,17 @@ where
 mod tests {
     use super::*;
 
-    fn put(main: i64, record: Bytes) -> Version {
+    /// A put whose value would be `value_len` bytes at `offset` of segment 0.
+    fn put(main: i64, value_len: u32, offset: u32) -> Version {
         Version {
             rev: Revision { main, sub: 0 },
             kind: VersionKind::Put,
             create_revision: 1,
             version: main,
             lease: 0,
-            value_len: record.len() as u32,
-            record,
-            segment: SEGMENT_NONE,
-            offset: 0,
+            value_len,
+            segment: 0,
+            offset,
         }
     }
 
@@ -333,7 +360,7 @@ mod tests {
     /// full, and the list reads back whole and in order either way.
     #[test]
     fn appends_in_place_and_grow() {
-        let history = KeyHistory::new(vec![put(1, Bytes::new())]);
+        let history = KeyHistory::new(vec![put(1, 0, 0)]);
         let guard = epoch::pin();
         for main in 2..=1000 {
             let before = history.load(&guard).as_ptr();
@@ -343,7 +370,7 @@ mod tests {
                 let chunk = unsafe { shared.deref() };
                 chunk.len.load(Ordering::Relaxed) < chunk.cap
             };
-            history.push(put(main, Bytes::new()), &guard);
+            history.push(put(main, 0, 0), &guard);
             let list = history.load(&guard);
             assert_eq!(
                 had_room,
@@ -358,32 +385,11 @@ mod tests {
         }
     }
 
-    /// Every version the history held is dropped with it, in place-appended ones included
-    /// (their records are released).
-    #[test]
-    fn dropping_a_history_drops_every_version() {
-        let record = Bytes::from(vec![7u8; 64]);
-        {
-            let history = KeyHistory::new(Vec::with_capacity(8));
-            let guard = epoch::pin();
-            for main in 1..=20 {
-                history.push(put(main, record.clone()), &guard);
-            }
-            history.replace(history.load(&guard)[10..].to_vec(), &guard);
-            history.push(put(21, record.clone()), &guard);
-        }
-        // Deferred destruction runs once every guard is gone and the epoch moves on.
-        for _ in 0..64 {
-            epoch::pin().flush();
-        }
-        assert!(record.is_unique(), "a version's record was leaked");
-    }
-
     /// A reader on another thread, while the writer appends, always sees a whole prefix of the
     /// list: ascending revisions, each version fully written, never shrinking.
     #[test]
     fn a_concurrent_reader_sees_whole_prefixes() {
-        let history = std::sync::Arc::new(KeyHistory::new(vec![put(1, Bytes::from_static(b"1"))]));
+        let history = std::sync::Arc::new(KeyHistory::new(vec![put(1, 1, 1)]));
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = {
             let (history, done) = (history.clone(), done.clone());
@@ -396,7 +402,7 @@ mod tests {
                     seen = list.len();
                     for (i, v) in list.iter().enumerate() {
                         assert_eq!(v.rev.main, i as i64 + 1);
-                        assert_eq!(v.record, Bytes::from((i + 1).to_string()));
+                        assert_eq!((v.value_len, v.offset), (i as u32 + 1, i as u32 + 1));
                     }
                 }
                 seen
@@ -404,7 +410,7 @@ mod tests {
         };
         for main in 2..=3000i64 {
             let guard = epoch::pin();
-            history.push(put(main, Bytes::from(main.to_string())), &guard);
+            history.push(put(main, main as u32, main as u32), &guard);
         }
         done.store(true, Ordering::Release);
         let seen = reader.join().expect("the reader saw only whole lists");

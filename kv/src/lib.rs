@@ -9,13 +9,14 @@
 //!
 //! Storage: values are appended as crc-framed records into value-log segments (`vlog.rs`) and
 //! the ordered index (a crossbeam `SkipMap`, `index.rs`) maps each key to an immutable,
-//! copy-on-write list of versions `(revision, kind, create, version, lease, value slice,
-//! segment, offset)`. Ranges hand out `Bytes` slices of the segments. With the value log on disk
+//! copy-on-write list of versions `(revision, kind, create, version, lease, value length,
+//! segment, offset)`; the segment table (`segments.rs`) says where each segment's bytes are.
+//! Ranges hand out `Bytes` slices of the segments. With the value log on disk
 //! ([`ValueLogOptions::on_disk`], as the server runs it) a full segment is sealed and handed to
 //! the driver ([`Writer::take_sealed_segments`]), which writes, syncs and maps it; then
-//! [`Writer::segment_durable`] points the versions in it at the mapping and the memory copy
-//! goes. Compaction ([`Writer::compact_step`]) trims histories and rewrites mostly-dead segments
-//! in bounded steps; segments it empties are reported ([`Writer::take_dead_segments`]) for the
+//! [`Writer::segment_durable`] points the table at the mapping and the memory copy goes.
+//! Compaction ([`Writer::compact_step`]) trims histories and rewrites mostly-dead segments in
+//! bounded steps; segments it empties are reported ([`Writer::take_dead_segments`]) for the
 //! driver to delete once no kept checkpoint points into them. [`Writer::checkpoint`] /
 //! [`Store::restore_with_segments`] serialize the index as a framed, crc-checked rkyv archive
 //! whose versions point into durable segments (other values inline), and map those segments
@@ -43,6 +44,7 @@ mod checkpoint;
 pub mod error;
 mod index;
 mod read;
+mod segments;
 mod store;
 pub mod types;
 pub mod validate;
@@ -50,7 +52,7 @@ mod vlog;
 
 pub use checkpoint::{
     checkpoint_segments, image_from_versions, renumber_segments, CheckpointSource, ExportVersion,
-    ImageParts, SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+    ImageParts, RestoreHelpers, SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
     PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};

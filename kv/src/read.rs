@@ -3,13 +3,14 @@
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
-use crate::index::{for_each_in_range, live_at, Index};
+use crate::index::{for_each_in_range, live_at};
+use crate::store::Shared;
 use crate::types::{KeyValue, RangeRequest, RangeResponse, SortOrder, SortTarget};
 
 /// etcd's `rangeKeys` plus the applier's filter/sort/limit, at `cur_rev` (the revision the caller
 /// treats as current) with `compact_rev` as the oldest readable revision.
 pub(crate) fn range_at(
-    index: &Index,
+    shared: &Shared,
     req: &RangeRequest,
     cur_rev: i64,
     compact_rev: i64,
@@ -42,11 +43,12 @@ pub(crate) fn range_at(
     let guard = epoch::pin();
     let mut count: i64 = 0;
     let mut kvs: Vec<KeyValue> = Vec::new();
-    for_each_in_range(index, &req.key, &req.range_end, |key, history| {
+    for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
         if let Some(v) = live_at(history.load(&guard), rev) {
             count += 1;
             if !req.count_only && kvs.len() < fetch_max {
-                kvs.push(v.to_key_value(key));
+                // The table is loaded after the list (see `segments.rs`).
+                kvs.push(v.to_key_value(key, shared.segments.load(&guard)));
             }
         }
         true

@@ -1,7 +1,7 @@
 //! The store: one `Writer` (the raft core applies committed entries through it) and any number of
 //! `Reader`s (one per shard) that read the published state without locks.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use crossbeam_epoch as epoch;
 use crate::error::{KvError, Result};
 use crate::index::{for_each_in_range, live_at, Index, KeyHistory, Version, VersionKind};
 use crate::read::range_at;
+use crate::segments::{SegmentsWriter, SharedSegments};
 use crate::types::{
     Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Event, EventBatch, EventKind, KeyValue,
@@ -47,6 +48,8 @@ const _: fn() = || {
 /// State every reader sees. Only the writer stores into it.
 pub(crate) struct Shared {
     pub(crate) index: Index,
+    /// Where each value-log segment's bytes are (versions name their values by segment).
+    pub(crate) segments: Arc<SharedSegments>,
     /// The newest revision whose txn is completely applied. Readers never read above it.
     pub(crate) current_rev: AtomicI64,
     /// Reads below it fail with `Compacted`.
@@ -76,14 +79,21 @@ impl Store {
     pub fn with_value_log(options: ValueLogOptions) -> (Writer, Reader) {
         let segment_bytes = options.segment_bytes;
         assert!(segment_bytes > 0, "a segment must hold something");
+        let segments = Arc::new(SharedSegments::new());
         let shared = Arc::new(Shared {
             index: Index::new(),
+            segments: segments.clone(),
             current_rev: AtomicI64::new(REVISION_INITIAL),
             compact_rev: AtomicI64::new(COMPACT_REVISION_NONE),
         });
         let writer = Writer {
             shared: shared.clone(),
-            vlog: ValueLog::starting_at(segment_bytes, options.first_segment_id, options.on_disk),
+            vlog: ValueLog::starting_at(
+                segment_bytes,
+                options.first_segment_id,
+                options.on_disk,
+                SegmentsWriter::new(segments),
+            ),
             leases: BTreeMap::new(),
             index_bytes: 0,
             applied_index: 0,
@@ -104,6 +114,7 @@ impl Store {
             checkpoint,
             ValueLogOptions::default(),
             &mut crate::checkpoint::no_segment_files,
+            crate::checkpoint::RestoreHelpers::NONE,
         )
     }
 
@@ -116,7 +127,23 @@ impl Store {
         options: ValueLogOptions,
         files: &mut crate::checkpoint::SegmentFiles<'_>,
     ) -> Result<(Writer, Reader)> {
-        crate::checkpoint::restore(checkpoint, options, files)
+        crate::checkpoint::restore(
+            checkpoint,
+            options,
+            files,
+            crate::checkpoint::RestoreHelpers::NONE,
+        )
+    }
+
+    /// As `restore_with_segments`, with `helpers` threads building parts of the index beside
+    /// the caller's (a server's start and a follower's snapshot install).
+    pub fn restore_with_helpers(
+        checkpoint: &[u8],
+        options: ValueLogOptions,
+        files: &mut crate::checkpoint::SegmentFiles<'_>,
+        helpers: crate::checkpoint::RestoreHelpers<'_>,
+    ) -> Result<(Writer, Reader)> {
+        crate::checkpoint::restore(checkpoint, options, files, helpers)
     }
 }
 
@@ -166,13 +193,11 @@ struct ReclaimCursor {
 /// How reclaim finds a segment's values, and the next one to look at.
 #[derive(Debug)]
 enum ReclaimNext {
-    /// A segment not durable yet: its back-references, from this one on.
-    Ref(usize),
-    /// A durable segment: the records of its file, from this byte offset on.
+    /// The segment's own records (in memory or in its file), from this byte offset on.
     Record(usize),
-    /// A durable segment whose file could not be walked to the end (a record that fails its
-    /// crc hides where the next one starts): every key of the index, from this one on (None:
-    /// the first), so no live value is left behind however the dead ones were damaged.
+    /// A segment whose records could not be walked to the end (a record that fails its crc
+    /// hides where the next one starts): every key of the index, from this one on (None: the
+    /// first), so no live value is left behind however the dead ones were damaged.
     Key(Option<Bytes>),
 }
 
@@ -282,52 +307,12 @@ impl Writer {
     }
 
     /// Segment `id` (of `sealed_bytes` record bytes) is durable in `file`, its mapped contents:
-    /// every version still in it now points into `file`, so the memory copy is freed once the
+    /// readers read its values from `file` from now on, so the memory copy is freed once the
     /// last reader drops its slice. A segment that reclaim removed meanwhile is only counted.
+    /// No version changes: each names its segment, and the segment table says where that is.
     pub fn segment_durable(&mut self, id: u32, sealed_bytes: u64, file: Bytes) {
         self.vlog.sealed_written(sealed_bytes);
-        if !self.vlog.mark_durable(id, &file) {
-            return;
-        }
-        // Group the segment's versions by key, so a hot key's list is copied once per segment,
-        // not once per version in it.
-        let mut by_key: HashMap<Bytes, Vec<Revision>> = HashMap::new();
-        for (key, rev) in &self.vlog.segments[&id].refs {
-            by_key.entry(key.clone()).or_default().push(*rev);
-        }
-        let guard = epoch::pin();
-        for (key, revs) in by_key {
-            let Some(entry) = self.shared.index.get(key.as_ref()) else {
-                continue;
-            };
-            let versions = entry.value().load(&guard);
-            let mut list: Option<Vec<Version>> = None;
-            for rev in revs {
-                let Ok(pos) = versions.binary_search_by(|v| v.rev.cmp(&rev)) else {
-                    continue;
-                };
-                let v = &versions[pos];
-                if v.segment != id {
-                    continue;
-                }
-                let start = v.offset as usize;
-                let end = start + v.record.len();
-                assert!(
-                    end <= file.len(),
-                    "segment {id}'s record at {} ends past its file",
-                    v.offset
-                );
-                list.get_or_insert_with(|| versions.to_vec())[pos].record = file.slice(start..end);
-            }
-            if let Some(list) = list {
-                entry.value().replace(list, &guard);
-            }
-        }
-        // The file names every record's key and revision from now on; a rewrite walking the
-        // references keeps them until it is done.
-        if self.reclaim.as_ref().is_none_or(|c| c.segment != id) {
-            self.vlog.drop_refs(id);
-        }
+        self.vlog.mark_durable(id, file);
     }
 
     /// Segments removed since the last call, whose files go once no kept checkpoint refers to
@@ -431,7 +416,7 @@ impl Writer {
     }
 
     fn range(&self, ctx: &TxnCtx, req: &RangeRequest) -> RangeResponse {
-        range_at(&self.shared.index, req, ctx.read_rev(), self.compact_rev)
+        range_at(&self.shared, req, ctx.read_rev(), self.compact_rev)
             .expect("txn ranges are checked against the compact and current revision before apply")
     }
 
@@ -448,7 +433,8 @@ impl Writer {
     fn latest(&self, key: &[u8], rev: i64) -> Option<PrevKv> {
         let guard = epoch::pin();
         let entry = self.shared.index.get(key)?;
-        live_at(entry.value().load(&guard), rev).map(|v| v.to_prev_kv(entry.key()))
+        live_at(entry.value().load(&guard), rev)
+            .map(|v| v.to_prev_kv(entry.key(), self.vlog.table()))
     }
 
     fn put(&mut self, ctx: &mut TxnCtx, req: &PutRequest) -> PutResponse {
@@ -457,7 +443,8 @@ impl Writer {
         let entry = shared.index.get(req.key.as_ref());
         let prev = entry.as_ref().and_then(|e| {
             let guard = epoch::pin();
-            live_at(e.value().load(&guard), ctx.read_rev()).map(|v| v.to_prev_kv(e.key()))
+            live_at(e.value().load(&guard), ctx.read_rev())
+                .map(|v| v.to_prev_kv(e.key(), self.vlog.table()))
         });
         let (value, lease) = match (&prev, req.ignore_value, req.ignore_lease) {
             (Some(p), true, true) => (p.clone().checked().value, p.lease()),
@@ -491,12 +478,11 @@ impl Writer {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
         let rev = ctx.next_revision();
         let guard = epoch::pin();
-        let key_bytes = match &entry {
-            Some(e) => e.key().clone(),
-            // Copy the key: a slice of the request would pin the whole request buffer.
-            None => Bytes::copy_from_slice(key),
-        };
-        let placed = self.vlog.append(&key_bytes, rev, value);
+        // A copy of the key for the event and the lease, never a clone of the index's own: a
+        // clone would give that key a shared header (32 bytes more per key, for as long as it
+        // lives), and a slice of the request would pin the whole request buffer.
+        let key_bytes = Bytes::copy_from_slice(key);
+        let placed = self.vlog.append(key, rev, value);
         self.index_grew(key_bytes.len());
         let version = Version {
             rev,
@@ -504,18 +490,17 @@ impl Writer {
             create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision()),
             version: prev.as_ref().map_or(1, |p| p.version() + 1),
             lease,
-            record: placed.record,
             value_len: placed.value_len,
             segment: placed.segment,
             offset: placed.offset,
         };
-        let kv = version.fresh_key_value(&key_bytes);
+        let kv = version.fresh_key_value(key_bytes.clone(), self.vlog.table());
         match &entry {
             Some(e) => e.value().push(version, &guard),
             None => {
                 self.shared
                     .index
-                    .insert(key_bytes.clone(), KeyHistory::new(vec![version]));
+                    .insert(Bytes::copy_from_slice(key), KeyHistory::new(vec![version]));
             }
         }
         if let Some(p) = &prev {
@@ -560,7 +545,7 @@ impl Writer {
                 &req.range_end,
                 |key, history| {
                     if let Some(v) = live_at(history.load(&guard), read_rev) {
-                        victims.push(v.to_prev_kv(key));
+                        victims.push(v.to_prev_kv(key, self.vlog.table()));
                     }
                     true
                 },
@@ -611,7 +596,7 @@ impl Writer {
         ctx.events.push(Event {
             kind: EventKind::Delete,
             kv: KeyValue {
-                key: entry.key().clone(),
+                key: Bytes::copy_from_slice(entry.key()),
                 mod_revision: rev.main,
                 ..KeyValue::default()
             },
@@ -672,7 +657,7 @@ impl Writer {
             range_end: c.range_end.clone(),
             ..RangeRequest::default()
         };
-        let kvs = match range_at(&self.shared.index, &req, rev, self.compact_rev) {
+        let kvs = match range_at(&self.shared, &req, rev, self.compact_rev) {
             Ok(resp) => resp.kvs,
             Err(_) => return false,
         };
@@ -812,14 +797,9 @@ impl Writer {
             self.reclaim = self
                 .vlog
                 .reclaim_candidate(self.reclaim_mode())
-                .map(|segment| {
-                    let stats = &self.vlog.segments[&segment];
-                    let next = if stats.durable && stats.refs.is_empty() {
-                        ReclaimNext::Record(0)
-                    } else {
-                        ReclaimNext::Ref(0)
-                    };
-                    ReclaimCursor { segment, next }
+                .map(|segment| ReclaimCursor {
+                    segment,
+                    next: ReclaimNext::Record(0),
                 });
         }
         match self.reclaim.take() {
@@ -863,7 +843,8 @@ impl Writer {
                 continue;
             }
             for v in &versions[..keep_from] {
-                self.vlog.release(v.segment, v.value_len(), v.record.len());
+                self.vlog
+                    .release(v.segment, v.value_len(), v.record_len(entry.key()));
                 let version_bytes = entry.key().len() as u64 + VERSION_INDEX_BYTES;
                 assert!(self.index_bytes >= version_bytes, "index bytes underflow");
                 self.index_bytes -= version_bytes;
@@ -898,7 +879,6 @@ impl Writer {
             "the open segment is never rewritten"
         );
         let next = match cursor.next {
-            ReclaimNext::Ref(from) => self.reclaim_by_refs(segment, from, values_max),
             ReclaimNext::Record(from) => self.reclaim_by_records(segment, from, values_max),
             ReclaimNext::Key(from) => self.reclaim_by_keys(segment, from, values_max),
         };
@@ -911,45 +891,24 @@ impl Writer {
         }
     }
 
-    /// Rewrites up to `values_max` of `segment`'s values found through its back-references.
-    fn reclaim_by_refs(
-        &mut self,
-        segment: u32,
-        from: usize,
-        values_max: usize,
-    ) -> Option<ReclaimNext> {
-        let refs: Vec<(Bytes, Revision)> = {
-            let stats = &self.vlog.segments[&segment];
-            let end = (from + values_max).min(stats.refs.len());
-            stats.refs[from..end].to_vec()
-        };
-        for (key, rev) in &refs {
-            self.rewrite_value(segment, key, *rev, None);
-        }
-        let next = from + refs.len();
-        (next < self.vlog.segments[&segment].refs.len()).then_some(ReclaimNext::Ref(next))
-    }
-
-    /// Rewrites `segment`'s values among the next `values_max` records of its file. A record
-    /// that cannot be read, or live values left once the walk ends, hand over to the walk of
-    /// the index: a damaged dead record never strands a live one.
+    /// Rewrites `segment`'s values among the next `values_max` of its records (in memory, or
+    /// in its file once durable). A record that cannot be read, or live values left once the
+    /// walk ends, hand over to the walk of the index: a damaged dead record never strands a
+    /// live one.
     fn reclaim_by_records(
         &mut self,
         segment: u32,
         from: usize,
         values_max: usize,
     ) -> Option<ReclaimNext> {
-        let (file, end) = {
-            let stats = &self.vlog.segments[&segment];
-            (stats.file.clone(), stats.record_bytes as usize)
-        };
-        let records = &file[..end.min(file.len())];
+        let records = self.vlog.frozen_records(segment);
+        let end = self.vlog.segments[&segment].record_bytes as usize;
         let mut offset = from;
         for _ in 0..values_max {
             if offset >= end {
                 break;
             }
-            let Some(record) = crate::vlog::record_at(records, offset) else {
+            let Some(record) = crate::vlog::record_at(&records, offset) else {
                 return Some(ReclaimNext::Key(None));
             };
             let at = u32::try_from(offset).expect("segments are below 4 GiB");
@@ -988,7 +947,7 @@ impl Writer {
             }
             for v in entry.value().load(&guard) {
                 if v.segment == segment {
-                    found.push((entry.key().clone(), v.rev));
+                    found.push((Bytes::copy_from_slice(entry.key()), v.rev));
                 }
             }
         }
@@ -1016,13 +975,11 @@ impl Writer {
             return;
         }
         // Checked: a damaged record is never copied into a new segment as if it were good.
-        // The index's own key: the open segment's back-reference shares it.
-        let placed = self.vlog.append(entry.key(), rev, &v.value());
+        let value = v.value(key, self.vlog.table());
+        let placed = self.vlog.append(key, rev, &value);
         // Same key, same value: the old record was as long as the new one.
-        self.vlog
-            .release(segment, placed.value_len as usize, placed.record.len());
+        self.vlog.release(segment, v.value_len(), v.record_len(key));
         let mut list = versions.to_vec();
-        list[pos].record = placed.record;
         list[pos].value_len = placed.value_len;
         list[pos].segment = placed.segment;
         list[pos].offset = placed.offset;
@@ -1093,13 +1050,14 @@ impl Writer {
         }
         // A different value under a valid crc, as if it had been damaged before it was framed:
         // what the members' hash comparison must find (a crc mismatch would stop the member
-        // at the first read instead).
-        let mut damaged = last.record.to_vec();
-        let at = damaged.len() - last.value_len();
-        damaged[at] ^= 0x01;
-        let crc = crc32fast::hash(&damaged[4..]);
-        damaged[..4].copy_from_slice(&crc.to_le_bytes());
-        last.record = Bytes::from(damaged);
+        // at the first read instead). The damaged copy is a new record of the same revision.
+        let mut damaged = last.value(key, self.vlog.table()).to_vec();
+        damaged[0] ^= 0x01;
+        let placed = self.vlog.append(key, last.rev, &damaged);
+        self.vlog
+            .release(last.segment, last.value_len(), last.record_len(key));
+        last.segment = placed.segment;
+        last.offset = placed.offset;
         entry.value().replace(versions, &guard);
         true
     }
@@ -1181,7 +1139,7 @@ impl Reader {
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
         let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
-        let resp = range_at(&self.shared.index, req, cur_rev, compact_rev)?;
+        let resp = range_at(&self.shared, req, cur_rev, compact_rev)?;
         self.recheck_compacted(req.revision, cur_rev)?;
         Ok(resp)
     }
@@ -1226,17 +1184,17 @@ impl Reader {
                     .checked_sub(1)
                     .map(|p| &versions[p])
                     .filter(|p| p.kind == VersionKind::Put)
-                    .map(|p| p.to_prev_kv(key));
+                    .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)));
                 let event = match v.kind {
                     VersionKind::Put => Event {
                         kind: EventKind::Put,
-                        kv: v.to_key_value(key),
+                        kv: v.to_key_value(key, self.shared.segments.load(&guard)),
                         prev_kv,
                     },
                     VersionKind::Tombstone => Event {
                         kind: EventKind::Delete,
                         kv: KeyValue {
-                            key: key.clone(),
+                            key: Bytes::copy_from_slice(key),
                             mod_revision: v.rev.main,
                             ..KeyValue::default()
                         },
@@ -1295,7 +1253,12 @@ impl Reader {
                 let versions = entry.value().load(&guard);
                 let kept = &versions[compacted_start(versions, compact_rev)..];
                 for v in kept.iter().take_while(|v| v.rev.main <= rev) {
-                    hash_version(&mut hasher, entry.key(), v);
+                    hash_version(
+                        &mut hasher,
+                        entry.key(),
+                        v,
+                        self.shared.segments.load(&guard),
+                    );
                 }
             }
             hasher.update(&compact_rev.to_le_bytes());
@@ -1312,7 +1275,12 @@ impl Reader {
 /// One version's bytes in a hash: key length, key, main, sub, kind (1 = put), create revision,
 /// version, lease, value length, value; integers little-endian. HashKV and the whole-store hash
 /// share it, so the two agree on what a version is.
-pub(crate) fn hash_version(hasher: &mut crc32fast::Hasher, key: &[u8], v: &Version) {
+pub(crate) fn hash_version(
+    hasher: &mut crc32fast::Hasher,
+    key: &[u8],
+    v: &Version,
+    segments: &crate::segments::SegmentTable,
+) {
     hasher.update(&(key.len() as u64).to_le_bytes());
     hasher.update(key);
     hasher.update(&v.rev.main.to_le_bytes());
@@ -1322,5 +1290,5 @@ pub(crate) fn hash_version(hasher: &mut crc32fast::Hasher, key: &[u8], v: &Versi
     hasher.update(&v.version.to_le_bytes());
     hasher.update(&v.lease.to_le_bytes());
     hasher.update(&(v.value_len() as u64).to_le_bytes());
-    hasher.update(&v.value());
+    hasher.update(&v.value(key, segments));
 }

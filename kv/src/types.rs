@@ -50,16 +50,16 @@ pub struct Event {
 pub struct PrevKv {
     /// Everything but the value is in the index; the value here is unchecked.
     kv: KeyValue,
-    /// The version whose record vouches for the value; `None` once checked or when the
-    /// value never left memory.
-    unchecked: Option<crate::index::Version>,
+    /// The version and its record, which vouches for the value; `None` once checked or when
+    /// the value never left memory.
+    unchecked: Option<(crate::index::Version, Bytes)>,
 }
 
 impl PrevKv {
-    pub(crate) fn unchecked(kv: KeyValue, version: crate::index::Version) -> PrevKv {
+    pub(crate) fn unchecked(kv: KeyValue, version: crate::index::Version, record: Bytes) -> PrevKv {
         PrevKv {
             kv,
-            unchecked: Some(version),
+            unchecked: Some((version, record)),
         }
     }
 
@@ -96,8 +96,8 @@ impl PrevKv {
     /// that fails the check stops the process, naming the segment file and offset, as every
     /// read does: a member never hands out a value it cannot vouch for.
     pub fn checked(self) -> KeyValue {
-        if let Some(version) = self.unchecked {
-            version.value();
+        if let Some((version, record)) = &self.unchecked {
+            version.check_record(record);
         }
         self.kv
     }

@@ -1,29 +1,31 @@
-//! The append-only value log: values live in large segments and the index holds `Bytes` slices
-//! of them, so a range read hands out those slices without copying.
+//! The append-only value log: values live in large segments, the index names each value by
+//! (segment, offset, length), and the segment table (`segments.rs`) says where each segment's
+//! bytes are, so a range read hands out slices of them without copying.
 //!
 //! A segment is written as framed records, one per stored value (see [`RECORD_HEADER_BYTES`]),
 //! so a segment file can be checked and walked without the index. While a segment is open it is
-//! one `BytesMut` allocation: appending copies the record into the spare capacity and splits the
-//! written part off as a frozen `Bytes` that shares the allocation, so the open segment never
-//! reallocates and readers never see bytes that are still being written.
+//! one allocation (`OpenSegment`): appending copies the record past the published ones, so the
+//! open segment never reallocates and readers never see bytes that are still being written.
 //!
 //! Values on disk (`spill` on, as the server runs it): a segment that fills up is sealed and
 //! handed to the driver ([`SealedSegment`], taken with `Writer::take_sealed_segments`), which
-//! writes it to a file, makes it durable and maps it; `Writer::segment_durable` then points every
-//! version still in that segment at the mapping, and the in-memory copy is freed once the last
-//! reader drops its slice. Memory then holds the index, the open segment and the sealed segments
-//! not yet durable (bounded by the driver), never the whole data set. With `spill` off (tests,
-//! simulations, tools) segments stay in memory and nothing is handed out.
+//! writes it to a file, makes it durable and maps it; `Writer::segment_durable` then points the
+//! table at the mapping, and the in-memory copy is freed once the last reader drops its slice.
+//! Memory then holds the index, the open segment and the sealed segments not yet durable
+//! (bounded by the driver), never the whole data set. With `spill` off (tests, simulations,
+//! tools) segments stay in memory and nothing is handed out.
 //!
-//! Compaction drops versions (live bytes fall); `reclaim_step` rewrites the live values of a
-//! mostly dead frozen segment into the open one. A segment whose file may still be referenced
-//! by a checkpoint is reported as dead (`Writer::take_dead_segments`) for the driver to delete
-//! once no kept checkpoint needs it.
+//! Compaction drops versions (live bytes fall); reclaim rewrites the live values of a mostly
+//! dead frozen segment into the open one, walking the segment's own records (each names its key
+//! and revision). A segment whose file may still be referenced by a checkpoint is reported as
+//! dead (`Writer::take_dead_segments`) for the driver to delete once no kept checkpoint needs it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
+use crate::segments::{written_bytes, OpenSegment, SegmentBytes, SegmentTable, SegmentsWriter};
 use crate::types::Revision;
 
 /// Default size of one value-log segment.
@@ -55,14 +57,14 @@ pub(crate) enum Reclaim {
 /// The segment id of an empty value: it takes no log space.
 pub const SEGMENT_NONE: u32 = u32::MAX;
 
-/// A sealed segment for the driver to write: its records, in order, make up the file (then zero
-/// padding to whatever block size the driver writes in; a record never starts with a zero
+/// A sealed segment for the driver to write: its records, back to back, make up the file (then
+/// zero padding to whatever block size the driver writes in; a record never starts with a zero
 /// length key, so the padding reads as the end).
 #[derive(Debug)]
 pub struct SealedSegment {
     pub id: u32,
-    pub records: Vec<Bytes>,
-    /// The sum of the records' lengths: the file's meaningful bytes.
+    pub records: Bytes,
+    /// The records' length: the file's meaningful bytes.
     pub bytes: u64,
 }
 
@@ -96,15 +98,8 @@ pub(crate) struct SegmentStats {
     pub(crate) record_bytes_live: u64,
     /// Record bytes written: the next record's offset, and the file's length.
     pub(crate) record_bytes: u64,
-    /// Every value written into this segment, in write order, so reclaim can find them again;
-    /// only until the segment is durable. Then its file says the same (each record names its
-    /// key and revision) and reclaim walks that instead: at 48 bytes and more per version, this
-    /// list was a fifth of the index's memory.
-    pub(crate) refs: Vec<(Bytes, Revision)>,
-    /// Whether the segment's file is durable (values then point into its mapping).
+    /// Whether the segment's file is durable (the table then points at its mapping).
     pub(crate) durable: bool,
-    /// The durable file's mapping (empty before): what reclaim walks.
-    pub(crate) file: Bytes,
 }
 
 /// A record read back from a segment's bytes, its crc checked.
@@ -144,10 +139,8 @@ pub(crate) fn record_at(segment: &[u8], offset: usize) -> Option<RecordAt<'_>> {
 }
 
 /// Where `append` put a value.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Placed {
-    /// The whole record (header, key, value).
-    pub(crate) record: Bytes,
     pub(crate) value_len: u32,
     pub(crate) segment: u32,
     /// The record's offset in its segment.
@@ -156,8 +149,12 @@ pub(crate) struct Placed {
 
 #[derive(Debug)]
 pub(crate) struct ValueLog {
-    open: BytesMut,
+    /// The open segment's buffer and the bytes written into it.
+    open: Arc<OpenSegment>,
+    open_len: usize,
     open_id: u32,
+    /// Where every segment's bytes are, for the writer and (once published) for readers.
+    table: SegmentsWriter,
     segment_bytes: usize,
     pub(crate) segments: BTreeMap<u32, SegmentStats>,
     /// The sums of every segment's `bytes_total` and `bytes_live`, kept as they change: the
@@ -170,8 +167,6 @@ pub(crate) struct ValueLog {
     all_record_bytes_live: u64,
     /// Whether sealed segments go to disk (see the module's description).
     spill: bool,
-    /// The open segment's records, kept for sealing when `spill` is on.
-    open_records: Vec<Bytes>,
     /// Sealed segments the driver has not taken yet.
     sealed: Vec<SealedSegment>,
     /// Record bytes sealed and not yet durable: what the driver bounds.
@@ -182,14 +177,25 @@ pub(crate) struct ValueLog {
 
 impl ValueLog {
     /// A log whose first segment is `first_id`; `spill` hands sealed segments to the driver.
-    pub(crate) fn starting_at(segment_bytes: usize, first_id: u32, spill: bool) -> Self {
+    /// It keeps `table` (whose shared side readers load) in step with its segments.
+    pub(crate) fn starting_at(
+        segment_bytes: usize,
+        first_id: u32,
+        spill: bool,
+        mut table: SegmentsWriter,
+    ) -> Self {
         assert!(segment_bytes > 0);
         assert!(first_id != SEGMENT_NONE, "segment ids exhausted");
         let mut segments = BTreeMap::new();
         segments.insert(first_id, SegmentStats::default());
+        let open = OpenSegment::with_capacity(segment_bytes);
+        table.set(first_id, SegmentBytes::Open(open.clone()));
+        table.publish();
         ValueLog {
-            open: BytesMut::with_capacity(segment_bytes),
+            open,
+            open_len: 0,
             open_id: first_id,
+            table,
             segment_bytes,
             segments,
             all_bytes_total: 0,
@@ -197,7 +203,6 @@ impl ValueLog {
             all_record_bytes: 0,
             all_record_bytes_live: 0,
             spill,
-            open_records: Vec::new(),
             sealed: Vec::new(),
             sealed_backlog_bytes: 0,
             dead: Vec::new(),
@@ -206,6 +211,17 @@ impl ValueLog {
 
     pub(crate) fn open_id(&self) -> u32 {
         self.open_id
+    }
+
+    /// The writer's segment table (what readers see once published).
+    pub(crate) fn table(&self) -> &SegmentTable {
+        self.table.table()
+    }
+
+    /// Publishes the segment table: after a batch of `insert_durable`s, before the versions
+    /// naming them are.
+    pub(crate) fn publish_table(&self) {
+        self.table.publish();
     }
 
     /// Options for a log that replaces this one: same settings, ids above every one used here.
@@ -217,8 +233,8 @@ impl ValueLog {
         }
     }
 
-    /// A frozen segment loaded from its durable file (restore): its values already point into
-    /// the file's mapping and are counted live by `count_loaded`.
+    /// A frozen segment loaded from its durable file (restore): its values are counted live by
+    /// `count_loaded`. Readers see it after `publish_table`.
     pub(crate) fn insert_durable(&mut self, segment: DurableSegment, file: Bytes) {
         assert!(
             segment.id < self.open_id,
@@ -230,18 +246,19 @@ impl ValueLog {
                 bytes_total: segment.value_bytes,
                 record_bytes: segment.record_bytes,
                 durable: true,
-                file,
                 ..SegmentStats::default()
             },
         );
         assert!(previous.is_none(), "a segment is loaded once");
+        self.table.set(segment.id, SegmentBytes::Frozen(file));
         self.all_bytes_total += segment.value_bytes;
         self.all_record_bytes += segment.record_bytes;
     }
 
-    /// Counts a loaded value of a durable segment (restore); false when the segment's live
-    /// values would exceed what was written into it (a damaged checkpoint).
-    pub(crate) fn count_loaded(&mut self, id: u32, key: &[u8], value_bytes: u64) -> bool {
+    /// Counts the loaded values of a durable segment (restore): `value_bytes` and
+    /// `record_bytes` in all. False when they would exceed what was written into it (a damaged
+    /// checkpoint).
+    pub(crate) fn count_loaded(&mut self, id: u32, value_bytes: u64, record_bytes: u64) -> bool {
         let stats = self
             .segments
             .get_mut(&id)
@@ -249,19 +266,17 @@ impl ValueLog {
         if stats.bytes_live + value_bytes > stats.bytes_total {
             return false;
         }
-        let record = record_bytes(key.len(), value_bytes as usize) as u64;
         stats.bytes_live += value_bytes;
-        stats.record_bytes_live += record;
+        stats.record_bytes_live += record_bytes;
         self.all_bytes_live += value_bytes;
-        self.all_record_bytes_live += record;
+        self.all_record_bytes_live += record_bytes;
         true
     }
 
     /// Copies `value` into the log as a record and returns where it went.
-    pub(crate) fn append(&mut self, key: &Bytes, rev: Revision, value: &[u8]) -> Placed {
+    pub(crate) fn append(&mut self, key: &[u8], rev: Revision, value: &[u8]) -> Placed {
         if value.is_empty() {
             return Placed {
-                record: Bytes::new(),
                 value_len: 0,
                 segment: SEGMENT_NONE,
                 offset: 0,
@@ -270,33 +285,40 @@ impl ValueLog {
         let len = record_bytes(key.len(), value.len());
         let key_len = u32::try_from(key.len()).expect("keys are bounded far below 4 GiB");
         let value_len = u32::try_from(value.len()).expect("values are bounded far below 4 GiB");
-        if len > self.open.capacity() - self.open.len() {
+        if len > self.open.capacity() - self.open_len {
             // Seal the open segment: a record never straddles two allocations. A record larger
             // than a segment gets a segment of its own size.
             self.rotate(len);
         }
-        let capacity_before = self.open.capacity();
-        let start = self.open.len();
-        self.open.put_u32_le(0); // crc, filled in below
-        self.open.put_u32_le(key_len);
-        self.open.put_u32_le(value_len);
-        self.open.put_i64_le(rev.main);
-        self.open.put_i64_le(rev.sub);
-        self.open.extend_from_slice(key);
-        self.open.extend_from_slice(value);
-        let crc = crc32fast::hash(&self.open[start + 4..]);
-        self.open[start..start + 4].copy_from_slice(&crc.to_le_bytes());
-        assert!(
-            self.open.capacity() == capacity_before,
-            "the open segment must never reallocate"
-        );
-        let record = self.open.split().freeze();
-        assert!(record.len() == len);
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        header[4..8].copy_from_slice(&key_len.to_le_bytes());
+        header[8..12].copy_from_slice(&value_len.to_le_bytes());
+        header[12..20].copy_from_slice(&rev.main.to_le_bytes());
+        header[20..28].copy_from_slice(&rev.sub.to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&header[4..]);
+        crc.update(key);
+        crc.update(value);
+        header[..4].copy_from_slice(&crc.finalize().to_le_bytes());
+        let start = self.open_len;
+        // SAFETY: the writer alone writes, past every published record (`open_len` only grows
+        // and no version names these bytes yet), within the capacity checked above.
+        unsafe {
+            self.open.write_at(start, &header);
+            self.open.write_at(start + RECORD_HEADER_BYTES, key);
+            self.open
+                .write_at(start + RECORD_HEADER_BYTES + key.len(), value);
+        }
+        self.open_len += len;
         let stats = self
             .segments
             .get_mut(&self.open_id)
             .expect("the open segment has stats");
-        let offset = u32::try_from(stats.record_bytes).expect("segments are below 4 GiB");
+        assert!(
+            stats.record_bytes == start as u64,
+            "the open segment's records are its bytes"
+        );
+        let offset = u32::try_from(start).expect("segments are below 4 GiB");
         stats.bytes_total += value.len() as u64;
         stats.bytes_live += value.len() as u64;
         stats.record_bytes += len as u64;
@@ -305,12 +327,7 @@ impl ValueLog {
         self.all_bytes_live += value.len() as u64;
         self.all_record_bytes += len as u64;
         self.all_record_bytes_live += len as u64;
-        stats.refs.push((key.clone(), rev));
-        if self.spill {
-            self.open_records.push(record.clone());
-        }
         Placed {
-            record,
             value_len,
             segment: self.open_id,
             offset,
@@ -325,23 +342,27 @@ impl ValueLog {
             .checked_add(1)
             .expect("fewer than 2^32 segments");
         assert!(self.open_id != SEGMENT_NONE, "segment ids exhausted");
-        self.open = BytesMut::with_capacity(self.segment_bytes.max(record_bytes));
+        let next = OpenSegment::with_capacity(self.segment_bytes.max(record_bytes));
+        let sealed = std::mem::replace(&mut self.open, next.clone());
+        let sealed_len = std::mem::replace(&mut self.open_len, 0);
+        // SAFETY: the sealed segment's written prefix never changes again: the writer now
+        // appends to `next`.
+        let frozen = unsafe { written_bytes(&sealed, 0, sealed_len) };
+        drop(sealed);
         self.segments.insert(self.open_id, SegmentStats::default());
-        if self.spill {
-            let records = std::mem::take(&mut self.open_records);
-            let bytes = self
-                .segments
-                .get(&sealed_id)
-                .expect("the sealed segment has stats")
-                .record_bytes;
-            if !records.is_empty() {
-                self.sealed_backlog_bytes += bytes;
-                self.sealed.push(SealedSegment {
-                    id: sealed_id,
-                    records,
-                    bytes,
-                });
-            }
+        self.table
+            .set(sealed_id, SegmentBytes::Frozen(frozen.clone()));
+        self.table.set(self.open_id, SegmentBytes::Open(next));
+        // Segments retired an epoch ago leave in the same update.
+        self.table.drain_retired();
+        self.table.publish();
+        if self.spill && sealed_len > 0 {
+            self.sealed_backlog_bytes += sealed_len as u64;
+            self.sealed.push(SealedSegment {
+                id: sealed_id,
+                records: frozen,
+                bytes: sealed_len as u64,
+            });
         }
     }
 
@@ -367,9 +388,9 @@ impl ValueLog {
         self.sealed_backlog_bytes
     }
 
-    /// Marks a sealed segment durable in `file` (its mapping); false when reclaim removed it
-    /// meanwhile.
-    pub(crate) fn mark_durable(&mut self, id: u32, file: &Bytes) -> bool {
+    /// Marks a sealed segment durable in `file` (its mapping), which readers then read; false
+    /// when reclaim removed it meanwhile.
+    pub(crate) fn mark_durable(&mut self, id: u32, file: Bytes) -> bool {
         let file_bytes = file.len() as u64;
         let Some(stats) = self.segments.get_mut(&id) else {
             return false;
@@ -382,26 +403,31 @@ impl ValueLog {
             stats.record_bytes
         );
         stats.durable = true;
-        stats.file = file.clone();
+        self.table.set(id, SegmentBytes::Frozen(file));
+        self.table.drain_retired();
+        self.table.publish();
         true
     }
 
     /// The mapped file of durable segment `id`, if it is one.
     pub(crate) fn durable_file(&self, id: u32) -> Option<&Bytes> {
-        self.segments
-            .get(&id)
-            .filter(|s| s.durable)
-            .map(|s| &s.file)
+        if !self.segments.get(&id).is_some_and(|s| s.durable) {
+            return None;
+        }
+        match self.table().get(id) {
+            Some(SegmentBytes::Frozen(file)) => Some(file),
+            _ => unreachable!("a durable segment's table entry is its file"),
+        }
     }
 
-    /// Frees a durable segment's back-references: reclaim walks its file from now on.
-    pub(crate) fn drop_refs(&mut self, id: u32) {
-        if let Some(stats) = self.segments.get_mut(&id) {
-            assert!(
-                stats.durable,
-                "only a durable segment's file can stand in for its refs"
-            );
-            stats.refs = Vec::new();
+    /// The records of frozen segment `id` (in memory, or its durable file's mapping), up to
+    /// the bytes written into it: what reclaim walks.
+    pub(crate) fn frozen_records(&self, id: u32) -> Bytes {
+        assert!(id != self.open_id, "the open segment is not frozen");
+        let end = self.segments[&id].record_bytes as usize;
+        match self.table().get(id) {
+            Some(SegmentBytes::Frozen(bytes)) => bytes.slice(..end.min(bytes.len())),
+            _ => unreachable!("a frozen segment's table entry is its bytes"),
         }
     }
 
@@ -462,6 +488,9 @@ impl ValueLog {
         );
         self.all_bytes_total -= stats.bytes_total;
         self.all_record_bytes -= stats.record_bytes;
+        // Readers that loaded a list naming it before reclaim replaced that list may still read
+        // it: it leaves the table one epoch from now.
+        self.table.retire(segment);
         if self.spill {
             self.dead.push(segment);
         }

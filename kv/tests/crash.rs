@@ -146,7 +146,7 @@ fn value_log(first_segment_id: u32) -> ValueLogOptions {
 
 /// A segment's file as the server writes it: its records, zero-padded to a 4 KiB block.
 fn segment_file(sealed: &SealedSegment) -> Vec<u8> {
-    let mut file: Vec<u8> = sealed.records.concat();
+    let mut file: Vec<u8> = sealed.records.to_vec();
     assert_eq!(file.len() as u64, sealed.bytes);
     file.resize(file.len().next_multiple_of(4096), 0);
     file

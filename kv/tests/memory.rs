@@ -35,20 +35,16 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 /// Heap bytes the index may hold per version of a 16-byte key, values on disk: the version
-/// (88 bytes: metadata and a slice of the value's record), the key's skip-list node (about
-/// 64), the key (16) and its history's header (24). The value log keeps no back-reference
-/// per version once a segment is durable. ARCHITECTURE.md quotes it.
-const INDEX_BYTES_PER_VERSION_MAX: usize = 240;
+/// (56 bytes: metadata and the value's segment, offset and length), the key's skip-list node
+/// (about 64), the key (16) and its history's header (24). The value log keeps no
+/// back-reference per version, the versions no slice of their own (the segment table says
+/// where each segment is), and the index's keys no shared header. ARCHITECTURE.md quotes it.
+const INDEX_BYTES_PER_VERSION_MAX: usize = 176;
 
 fn write_sealed(w: &mut Writer, dir: &std::path::Path) {
     for sealed in w.take_sealed_segments() {
         let path = keel_io::vlog::segment_path(dir, sealed.id);
-        let mut file: Vec<u8> = Vec::with_capacity(sealed.bytes as usize);
-        for r in &sealed.records {
-            file.extend_from_slice(r);
-        }
-        std::fs::write(&path, &file).unwrap();
-        drop(file);
+        std::fs::write(&path, &sealed.records).unwrap();
         let mapped = keel_io::vlog::map_file(&path).unwrap();
         w.segment_durable(sealed.id, sealed.bytes, mapped);
     }

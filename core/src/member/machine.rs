@@ -2595,7 +2595,7 @@ mod tests {
                 if self.disk_stalled != Some(m.id()) {
                     // The value-log driver: every sealed segment written, synced and mapped.
                     for sealed in m.take_sealed_segments() {
-                        let file: Vec<u8> = sealed.records.concat();
+                        let file: Vec<u8> = sealed.records.to_vec();
                         m.segment_durable(sealed.id, sealed.bytes, Bytes::from(file));
                     }
                 }
@@ -2743,8 +2743,11 @@ mod tests {
                 old.members().to_vec(),
                 None,
                 wal,
-                kv::ValueLogOptions::default(),
-                &mut |id| Err(format!("no segment {id}")),
+                recovery::StoreSource {
+                    value_log: kv::ValueLogOptions::default(),
+                    segment_files: &mut |id| Err(format!("no segment {id}")),
+                    restore_helpers: kv::RestoreHelpers::NONE,
+                },
             )
             .expect("a well-formed WAL recovers");
             let config = MemberConfig {
@@ -3289,8 +3292,11 @@ mod tests {
             infos,
             None,
             wal,
-            kv::ValueLogOptions::default(),
-            &mut |id| Err(format!("no segment {id}")),
+            recovery::StoreSource {
+                value_log: kv::ValueLogOptions::default(),
+                segment_files: &mut |id| Err(format!("no segment {id}")),
+                restore_helpers: kv::RestoreHelpers::NONE,
+            },
         )
         .expect("a well-formed WAL recovers");
         assert_eq!(r.checkpoint_index, 1, "the bootstrap snapshot");

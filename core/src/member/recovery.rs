@@ -200,20 +200,29 @@ pub struct Recovered {
     pub checkpoint_index: u64,
 }
 
+/// Where recovery finds the store's values and how it may rebuild the index.
+pub struct StoreSource<'a, 'f> {
+    /// How the store keeps values (its first segment id above every segment file on disk).
+    pub value_log: kv::ValueLogOptions,
+    /// Maps the durable value-log segments the checkpoint points into.
+    pub segment_files: &'a mut kv::SegmentFiles<'f>,
+    /// The threads the restore may add beside the caller's (none in simulations, which must
+    /// replay exactly).
+    pub restore_helpers: kv::RestoreHelpers<'a>,
+}
+
 /// Rebuilds a member from what its driver read from disk: the newest valid checkpoint (if
-/// any, with its file as it lies on disk, which raft keeps as its snapshot) and the WAL's records, oldest first. `raft` is the raft configuration without its
-/// applied index, which recovery sets; `initial_members` is the identity's membership, used
-/// when there is no checkpoint. `value_log` says how the store keeps values (its first segment
-/// id above every segment file on disk), and `segment_files` maps the durable value-log
-/// segments the checkpoint points into.
+/// any, with its file as it lies on disk, which raft keeps as its snapshot) and the WAL's
+/// records, oldest first. `raft` is the raft configuration without its applied index, which
+/// recovery sets; `initial_members` is the identity's membership, used when there is no
+/// checkpoint; `store` says where the store's values are.
 pub fn recover(
     mut raft: keel_raft::Config,
     start: Start,
     initial_members: Vec<MemberInfo>,
     checkpoint: Option<(Checkpoint, Bytes)>,
     records: Vec<Record>,
-    value_log: kv::ValueLogOptions,
-    segment_files: &mut kv::SegmentFiles<'_>,
+    store: StoreSource<'_, '_>,
 ) -> Result<Recovered, CoreError> {
     let mut storage = match start {
         Start::Joining => MemStorage::new(),
@@ -228,8 +237,13 @@ pub fn recover(
     let mut removed = Vec::new();
     let (writer, reader) = match checkpoint {
         Some((cp, file)) => {
-            let (w, r) = kv::Store::restore_with_segments(&cp.kv_image, value_log, segment_files)
-                .map_err(|e| CoreError::Store(e.to_string()))?;
+            let (w, r) = kv::Store::restore_with_helpers(
+                &cp.kv_image,
+                store.value_log,
+                store.segment_files,
+                store.restore_helpers,
+            )
+            .map_err(|e| CoreError::Store(e.to_string()))?;
             assert_eq!(
                 w.applied_index(),
                 cp.meta.index,
@@ -249,7 +263,7 @@ pub fn recover(
             });
             (w, r)
         }
-        None => kv::Store::with_value_log(value_log),
+        None => kv::Store::with_value_log(store.value_log),
     };
     replay(&mut storage, records)?;
     let applied = storage.first_index() - 1;

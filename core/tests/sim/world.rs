@@ -394,8 +394,11 @@ impl World {
             cp,
             records,
             // The simulation keeps values in memory: its checkpoints carry them inline.
-            keel_kv::ValueLogOptions::default(),
-            &mut |id| Err(format!("the simulation has no segment file {id}")),
+            recovery::StoreSource {
+                value_log: keel_kv::ValueLogOptions::default(),
+                segment_files: &mut |id| Err(format!("the simulation has no segment file {id}")),
+                restore_helpers: keel_kv::RestoreHelpers::NONE,
+            },
         )
         .map_err(|e| e.to_string())?;
         let config = MemberConfig {
