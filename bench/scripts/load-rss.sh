@@ -8,7 +8,9 @@
 #   bench/scripts/load-rss.sh etcd etcd path/to/keel-bench
 #
 # TOTAL (default 1000000), CLIENTS (100), CONNS (10), PORT (24379), DATA_ROOT (a temp dir),
-# SETTLE_S (20: seconds between the load and the second RSS reading and the kill),
+# SETTLE_S (20: seconds between the load and the second RSS reading), LATE_S (40: seconds
+# from that reading to a third, after which the member is killed; the last checkpoint of a
+# load takes seconds to write, and what it frees goes back only after it),
 # EXTRA_ARGS (more server flags, space separated).
 set -euo pipefail
 
@@ -30,6 +32,8 @@ echo "RSS after load: $(rss)"
 # Background work (a checkpoint in flight, compaction) settles; then the steady state.
 sleep "${SETTLE_S:-20}"
 echo "RSS ${SETTLE_S:-20} s later: $(rss)"
+sleep "${LATE_S:-40}"
+echo "RSS $((${SETTLE_S:-20} + ${LATE_S:-40})) s later: $(rss)"
 echo "data dir: $(du -sh "$data" | cut -f1)"
 kill -9 "$pid"
 wait "$pid" 2>/dev/null || true

@@ -5,7 +5,7 @@
 # Reads: kind, server; PORT (24379), DATA_ROOT (a temp dir), EXTRA_ARGS (more server flags,
 # space separated). Defines: url, data, log, pid, and start (launches it in the background),
 # wait_ready_ms (prints the milliseconds until a linearizable get answers) and rss (prints
-# VmHWM, VmRSS, RssAnon and RssFile from /proc/PID/status).
+# VmHWM, VmRSS, RssAnon and RssFile from /proc/PID/status, and LazyFree from smaps_rollup).
 port=${PORT:-24379}
 peer=$((port + 1))
 root=${DATA_ROOT:-$(mktemp -d)}
@@ -36,5 +36,7 @@ wait_ready_ms() {
 }
 rss() {
   awk '/^(VmHWM|VmRSS|RssAnon|RssFile):/ {printf "%s %d MiB  ", $1, $2/1024}' "/proc/$pid/status"
+  # Memory the allocator gave back with MADV_FREE: still counted in RSS until the kernel needs it.
+  awk '/^LazyFree:/ {printf "%s %d MiB", $1, $2/1024}' "/proc/$pid/smaps_rollup" 2>/dev/null || true
   echo
 }

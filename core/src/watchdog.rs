@@ -122,6 +122,10 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
         let mut last_look_ms = shared.uptime_ms();
         while !shared.stopping.load(Ordering::Acquire) {
             std::thread::sleep(every);
+            // This thread wakes on a timer whatever the member is doing, and its own heap is
+            // tiny: the one place to carry out the allocator's expired purges, which a member
+            // at rest would otherwise leave undone (see the function).
+            crate::rt::purge_expired_freed_memory();
             let now_ms = shared.uptime_ms();
             let slept_ms = now_ms.saturating_sub(last_look_ms);
             last_look_ms = now_ms;

@@ -109,6 +109,225 @@ struct LeaseRecord {
     ttl_s: i64,
 }
 
+/// What the first pass of `serialize_parts` counts: the archive's key count and the sizes
+/// that bound its bytes.
+#[derive(Default)]
+struct StreamTotals {
+    keys: usize,
+    key_bytes: usize,
+    versions: usize,
+    /// Value bytes the archive holds inline (those not in a segment durable at the capture).
+    inline_bytes: usize,
+}
+
+impl StreamTotals {
+    /// An upper bound on the archive's bytes, as `archived_bytes_max` bounds an owned one's.
+    fn archived_bytes_max(&self, leases: usize, segments: usize) -> usize {
+        use std::mem::{align_of, size_of};
+        self.key_bytes
+            + self.keys * (size_of::<ArchivedKeyRecord>() + 2 * ARCHIVE_ALIGN_PAD_MAX)
+            + self.versions * size_of::<ArchivedVersionRecord>()
+            + self.inline_bytes
+            + leases * size_of::<ArchivedLeaseRecord>()
+            + segments * size_of::<ArchivedSegmentRecord>()
+            + size_of::<ArchivedCheckpointData>()
+            + 8 * (ARCHIVE_ALIGN_PAD_MAX + align_of::<ArchivedCheckpointData>())
+    }
+}
+
+/// The most padding rkyv puts before one archived part to align it.
+const ARCHIVE_ALIGN_PAD_MAX: usize = 16;
+
+/// A checkpoint as `serialize_parts` archives it: the same archive as a `CheckpointData`'s,
+/// its keys read from the index as they are written.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[rkyv(
+    as = ArchivedCheckpointData,
+    serialize_bounds(__S: rkyv::ser::Allocator + rkyv::ser::Writer)
+)]
+struct CheckpointStream<'a> {
+    applied_index: u64,
+    current_rev: i64,
+    compact_rev: i64,
+    // Without the derive's bounds on these two, the compiler reads their archived types
+    // through those bounds, not through the impls below, and cannot see they match.
+    #[rkyv(omit_bounds)]
+    keys: IndexKeys<'a>,
+    #[rkyv(omit_bounds)]
+    values: InlineValues<'a>,
+    leases: Vec<LeaseRecord>,
+    segments: Vec<SegmentRecord>,
+}
+
+/// The index's keys (those with a version at or below the captured revision) as an archived
+/// `Vec<KeyRecord>`. rkyv walks them twice: once to write each key's bytes and version
+/// records (and the inline values into `values`), once to write the key records that point at
+/// them; each walk reads the index afresh.
+struct IndexKeys<'a> {
+    source: &'a CheckpointSource,
+    table: &'a crate::segments::SegmentTable,
+    guard: &'a epoch::Guard,
+    /// The keys the first count found: the archived vector's length.
+    count: usize,
+    values: &'a std::cell::RefCell<Vec<u8>>,
+    /// Keys handed out over both walks (checked against `count` once the archive is done).
+    yielded: &'a std::cell::Cell<usize>,
+}
+
+/// One walk over the index's kept keys.
+struct KeptKeys<'a> {
+    keys: &'a IndexKeys<'a>,
+    entries: crossbeam_skiplist::map::Iter<'a, crate::index::IndexKey, crate::index::KeyHistory>,
+    left: usize,
+}
+
+impl<'a> Iterator for KeptKeys<'a> {
+    type Item = KeptKey<'a>;
+
+    fn next(&mut self) -> Option<KeptKey<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        for entry in self.entries.by_ref() {
+            let list = entry.value().load(self.keys.guard);
+            let kept = list.partition_point(|v| v.main() <= self.keys.source.revision);
+            if kept > 0 {
+                self.left -= 1;
+                self.keys.yielded.set(self.keys.yielded.get() + 1);
+                return Some(KeptKey {
+                    keys: self.keys,
+                    entry,
+                    versions: &list[..kept],
+                });
+            }
+        }
+        // Fewer than counted: a compaction removed keys meanwhile, which the caller detects.
+        self.left = 0;
+        None
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for KeptKeys<'_> {}
+
+impl<'a> Clone for KeptKeys<'a> {
+    /// A new walk from the first key: rkyv clones the walk before it starts, once per pass.
+    fn clone(&self) -> Self {
+        assert_eq!(
+            self.left, self.keys.count,
+            "a walk is cloned before it starts"
+        );
+        self.keys.walk()
+    }
+}
+
+impl<'a> IndexKeys<'a> {
+    fn walk(&'a self) -> KeptKeys<'a> {
+        KeptKeys {
+            keys: self,
+            entries: self.source.reader.shared.index.iter(),
+            left: self.count,
+        }
+    }
+}
+
+/// One kept key: its index entry and its versions at or below the captured revision.
+struct KeptKey<'a> {
+    keys: &'a IndexKeys<'a>,
+    entry: crossbeam_skiplist::map::Entry<'a, crate::index::IndexKey, crate::index::KeyHistory>,
+    versions: &'a [Version],
+}
+
+impl rkyv::Archive for KeptKey<'_> {
+    type Archived = ArchivedKeyRecord;
+    type Resolver = KeyRecordResolver;
+
+    fn resolve(&self, resolver: KeyRecordResolver, out: rkyv::Place<ArchivedKeyRecord>) {
+        use rkyv::munge::munge;
+        munge!(let ArchivedKeyRecord { key, versions } = out);
+        rkyv::vec::ArchivedVec::resolve_from_len(self.entry.key().len(), resolver.key, key);
+        rkyv::vec::ArchivedVec::resolve_from_len(self.versions.len(), resolver.versions, versions);
+    }
+}
+
+impl<S> rkyv::Serialize<S> for KeptKey<'_>
+where
+    S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
+{
+    fn serialize(&self, serializer: &mut S) -> std::result::Result<KeyRecordResolver, S::Error> {
+        let key = self.entry.key();
+        let records: Vec<VersionRecord> = {
+            let mut values = self.keys.values.borrow_mut();
+            self.versions
+                .iter()
+                .map(|v| {
+                    self.keys
+                        .source
+                        .version_record(key, v, self.keys.table, &mut values)
+                })
+                .collect()
+        };
+        Ok(KeyRecordResolver {
+            key: rkyv::vec::ArchivedVec::<u8>::serialize_from_slice(key, serializer)?,
+            versions: rkyv::vec::ArchivedVec::<ArchivedVersionRecord>::serialize_from_slice(
+                &records, serializer,
+            )?,
+        })
+    }
+}
+
+impl rkyv::Archive for IndexKeys<'_> {
+    type Archived = rkyv::vec::ArchivedVec<ArchivedKeyRecord>;
+    type Resolver = rkyv::vec::VecResolver;
+
+    fn resolve(&self, resolver: rkyv::vec::VecResolver, out: rkyv::Place<Self::Archived>) {
+        rkyv::vec::ArchivedVec::resolve_from_len(self.count, resolver, out);
+    }
+}
+
+impl<S> rkyv::Serialize<S> for IndexKeys<'_>
+where
+    S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
+{
+    fn serialize(
+        &self,
+        serializer: &mut S,
+    ) -> std::result::Result<rkyv::vec::VecResolver, S::Error> {
+        rkyv::vec::ArchivedVec::<ArchivedKeyRecord>::serialize_from_iter::<KeptKey<'_>, _, _>(
+            self.walk(),
+            serializer,
+        )
+    }
+}
+
+/// The values the first walk copied inline, archived after the keys (rkyv writes a struct's
+/// fields' contents in order, so they are complete by then).
+struct InlineValues<'a>(&'a std::cell::RefCell<Vec<u8>>);
+
+impl rkyv::Archive for InlineValues<'_> {
+    type Archived = rkyv::vec::ArchivedVec<u8>;
+    type Resolver = rkyv::vec::VecResolver;
+
+    fn resolve(&self, resolver: rkyv::vec::VecResolver, out: rkyv::Place<Self::Archived>) {
+        rkyv::vec::ArchivedVec::resolve_from_len(self.0.borrow().len(), resolver, out);
+    }
+}
+
+impl<S> rkyv::Serialize<S> for InlineValues<'_>
+where
+    S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
+{
+    fn serialize(
+        &self,
+        serializer: &mut S,
+    ) -> std::result::Result<rkyv::vec::VecResolver, S::Error> {
+        rkyv::vec::ArchivedVec::<u8>::serialize_from_slice(&self.0.borrow(), serializer)
+    }
+}
+
 /// Everything a checkpoint needs, captured on the writer in O(leases); the expensive part,
 /// [`CheckpointSource::serialize`], reads the lock-free index and can run on any thread while the
 /// writer keeps applying, so a checkpoint never pauses the raft core for long.
@@ -179,7 +398,7 @@ impl CheckpointSource {
         for entry in self.reader.shared.index.iter() {
             let versions = entry.value().load(&guard);
             let kept = &versions[compacted_start(versions, self.compact_rev)..];
-            for v in kept.iter().take_while(|v| v.rev.main <= self.revision) {
+            for v in kept.iter().take_while(|v| v.main() <= self.revision) {
                 hash_version(
                     &mut hasher,
                     entry.key(),
@@ -208,77 +427,126 @@ impl CheckpointSource {
         self.serialize_parts().map(|parts| parts.to_vec())
     }
 
-    /// As `serialize`, with the image in its two parts (see [`ImageParts`]).
+    /// As `serialize`, with the image in its two parts (see [`ImageParts`]). The archive is
+    /// written straight from the index into one buffer sized for it: no owned copy of the keys
+    /// and their version lists is made (at 4M keys that copy was about 500 MB, held beside the
+    /// archive at the peak of every checkpoint).
     pub fn serialize_parts(&self) -> Result<ImageParts> {
         let guard = epoch::pin();
-        let mut keys = Vec::new();
-        let mut values = Vec::new();
+        let table = self.reader.shared.segments.load(&guard);
+        // First the sizes: how many keys the archive holds, and an upper bound on its bytes.
+        let mut totals = StreamTotals::default();
         for entry in self.reader.shared.index.iter() {
             let list = entry.value().load(&guard);
-            let mut versions = Vec::new();
-            for v in list.iter().take_while(|v| v.rev.main <= self.revision) {
-                let durable = v.segment != SEGMENT_NONE
-                    && self
-                        .durable_segments
-                        .binary_search_by_key(&v.segment, |d| d.id)
-                        .is_ok();
-                let (segment, value_offset) = if durable {
-                    (v.segment, u64::from(v.offset))
-                } else {
-                    let at = values.len() as u64;
-                    values.extend_from_slice(
-                        &v.value(entry.key(), self.reader.shared.segments.load(&guard)),
-                    );
-                    (SEGMENT_NONE, at)
-                };
-                versions.push(VersionRecord {
-                    main: v.rev.main,
-                    sub: v.rev.sub,
-                    tombstone: v.kind == VersionKind::Tombstone,
-                    create_revision: v.create_revision,
-                    version: v.version,
-                    lease: v.lease,
-                    segment,
-                    value_offset,
-                    value_bytes: v.value_len() as u64,
-                });
+            let kept = list.partition_point(|v| v.main() <= self.revision);
+            if kept == 0 {
+                // A key created after the captured revision has nothing to keep.
+                continue;
             }
-            // A key created after the captured revision has nothing to keep.
-            if !versions.is_empty() {
-                keys.push(KeyRecord {
-                    key: entry.key().to_vec(),
-                    versions,
-                });
-            }
+            totals.keys += 1;
+            totals.key_bytes += entry.key().len();
+            totals.versions += kept;
+            totals.inline_bytes += list[..kept]
+                .iter()
+                .filter(|v| v.segment != SEGMENT_NONE && !self.is_durable(v.segment))
+                .map(|v| v.value_len())
+                .sum::<usize>();
         }
-        if self.reader.compact_revision() != self.compact_rev {
-            return Err(KvError::Compacted);
-        }
-        let data = CheckpointData {
+        let values = std::cell::RefCell::new(Vec::with_capacity(totals.inline_bytes));
+        let yielded = std::cell::Cell::new(0usize);
+        let stream = CheckpointStream {
             applied_index: self.applied_index,
             current_rev: self.revision,
             compact_rev: self.compact_rev,
-            keys,
-            values,
-            leases: self
-                .leases
-                .iter()
-                .map(|(id, ttl_s)| LeaseRecord {
-                    id: *id,
-                    ttl_s: *ttl_s,
-                })
-                .collect(),
-            segments: self
-                .durable_segments
-                .iter()
-                .map(|d| SegmentRecord {
-                    id: d.id,
-                    record_bytes: d.record_bytes,
-                    value_bytes: d.value_bytes,
-                })
-                .collect(),
+            keys: IndexKeys {
+                source: self,
+                table,
+                guard: &guard,
+                count: totals.keys,
+                values: &values,
+                yielded: &yielded,
+            },
+            values: InlineValues(&values),
+            leases: self.lease_records(),
+            segments: self.segment_records(),
         };
-        Ok(frame(&data))
+        let bound = totals.archived_bytes_max(stream.leases.len(), stream.segments.len());
+        let buffer = rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(bound);
+        let payload = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&stream, buffer)
+            .expect("serializing plain data into memory cannot fail");
+        if self.reader.compact_revision() != self.compact_rev {
+            // A compaction trimmed lists between the passes: the archive is not one state.
+            return Err(KvError::Compacted);
+        }
+        assert_eq!(
+            yielded.get(),
+            2 * totals.keys,
+            "without a compaction, each pass over the index finds the keys the first count found"
+        );
+        assert!(
+            payload.len() <= bound,
+            "the archive fits the bound it was sized for"
+        );
+        Ok(ImageParts {
+            header: frame_header(FORMAT_VERSION, totals.keys as u64, &payload),
+            payload,
+        })
+    }
+
+    fn is_durable(&self, segment: u32) -> bool {
+        self.durable_segments
+            .binary_search_by_key(&segment, |d| d.id)
+            .is_ok()
+    }
+
+    /// `v` (of `key`) as the archive records it: a pointer into its segment when that segment
+    /// was durable at the capture, else its value copied (checked) to the end of `values`.
+    fn version_record(
+        &self,
+        key: &[u8],
+        v: &Version,
+        table: &crate::segments::SegmentTable,
+        values: &mut Vec<u8>,
+    ) -> VersionRecord {
+        let (segment, value_offset) = if v.segment != SEGMENT_NONE && self.is_durable(v.segment) {
+            (v.segment, u64::from(v.offset))
+        } else {
+            let at = values.len() as u64;
+            values.extend_from_slice(&v.value(key, table));
+            (SEGMENT_NONE, at)
+        };
+        VersionRecord {
+            main: v.main(),
+            sub: v.rev().sub,
+            tombstone: v.kind() == VersionKind::Tombstone,
+            create_revision: v.create_revision,
+            version: v.version,
+            lease: v.lease,
+            segment,
+            value_offset,
+            value_bytes: v.value_len() as u64,
+        }
+    }
+
+    fn lease_records(&self) -> Vec<LeaseRecord> {
+        self.leases
+            .iter()
+            .map(|(id, ttl_s)| LeaseRecord {
+                id: *id,
+                ttl_s: *ttl_s,
+            })
+            .collect()
+    }
+
+    fn segment_records(&self) -> Vec<SegmentRecord> {
+        self.durable_segments
+            .iter()
+            .map(|d| SegmentRecord {
+                id: d.id,
+                record_bytes: d.record_bytes,
+                value_bytes: d.value_bytes,
+            })
+            .collect()
     }
 
     /// The compact revision captured.
@@ -310,13 +578,13 @@ impl CheckpointSource {
             let versions = entry.value().load(&guard);
             let start = compacted_start(versions, self.compact_rev);
             let kept = &versions[start..];
-            let kept = &kept[..kept.partition_point(|v| v.rev.main <= self.revision)];
+            let kept = &kept[..kept.partition_point(|v| v.main() <= self.revision)];
             if kept.is_empty() {
                 continue;
             }
             let key_index = u32::try_from(keys.len()).expect("fewer than 2^32 keys");
             for (i, v) in kept.iter().enumerate() {
-                order.push((v.rev, key_index, i as u32));
+                order.push((v.rev(), key_index, i as u32));
             }
             // A copy: a clone would give the index's key a shared header for good.
             keys.push((Bytes::copy_from_slice(entry.key()), kept));
@@ -334,8 +602,8 @@ impl CheckpointSource {
             let v = &versions[version_index as usize];
             f(ExportVersion {
                 key: key.clone(),
-                rev: v.rev,
-                tombstone: v.kind == VersionKind::Tombstone,
+                rev: v.rev(),
+                tombstone: v.kind() == VersionKind::Tombstone,
                 create_revision: v.create_revision,
                 version: v.version,
                 lease: v.lease,
@@ -438,12 +706,36 @@ pub fn image_from_versions(
 
 /// The framed archive of `data` (see the module's description).
 fn frame(data: &CheckpointData) -> ImageParts {
-    let payload = rkyv::to_bytes::<rancor::Error>(data)
+    // The buffer is sized for the whole archive up front: grown by doubling, a 416 MB archive
+    // (4M keys) would pass through a 256 MB buffer and a copy into a 512 MB one, both held at
+    // once at the peak of every checkpoint.
+    let buffer =
+        rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(archived_bytes_max(data));
+    let payload = rkyv::api::high::to_bytes_in::<_, rancor::Error>(data, buffer)
         .expect("serializing plain data into memory cannot fail");
     ImageParts {
         header: frame_header(FORMAT_VERSION, data.keys.len() as u64, &payload),
         payload,
     }
+}
+
+/// An upper bound on the bytes of `data`'s archive: each archived part's size plus the most
+/// alignment padding it can need.
+fn archived_bytes_max(data: &CheckpointData) -> usize {
+    use std::mem::{align_of, size_of};
+    const ALIGN_PAD_MAX: usize = ARCHIVE_ALIGN_PAD_MAX;
+    let version_bytes = size_of::<ArchivedVersionRecord>();
+    let keys: usize = data
+        .keys
+        .iter()
+        .map(|k| k.key.len() + k.versions.len() * version_bytes + 2 * ALIGN_PAD_MAX)
+        .sum();
+    keys + data.keys.len() * size_of::<ArchivedKeyRecord>()
+        + data.values.len()
+        + data.leases.len() * size_of::<ArchivedLeaseRecord>()
+        + data.segments.len() * size_of::<ArchivedSegmentRecord>()
+        + size_of::<ArchivedCheckpointData>()
+        + 8 * (ALIGN_PAD_MAX + align_of::<ArchivedCheckpointData>())
 }
 
 /// A framed checkpoint as its two parts, the header and the archive, which make the image when
@@ -814,7 +1106,7 @@ struct PartBuilt {
 /// A key with inline values, its versions, and each inline value's version position and range
 /// in the image's value blob.
 struct DeferredKey {
-    key: Bytes,
+    key: crate::index::IndexKey,
     versions: Vec<Version>,
     inline: Vec<(usize, std::ops::Range<usize>)>,
 }
@@ -846,7 +1138,7 @@ where
             return Err(damaged("keys not strictly ascending"));
         }
         previous_key = Some(key_slice);
-        let key = Bytes::copy_from_slice(key_slice);
+        let key = key_slice;
         // Exactly as many as the key has: a list grown by pushes starts at four, and with one
         // version per key the spare three made a restored index about half again as large as
         // the one the writes had built.
@@ -854,8 +1146,11 @@ where
         let mut inline = Vec::new();
         for v in record_versions {
             let rev = v.rev;
-            if versions.last().is_some_and(|last| last.rev >= rev) || rev.main > current_rev {
+            if versions.last().is_some_and(|last| last.rev() >= rev) || rev.main > current_rev {
                 return Err(damaged("versions not ascending"));
+            }
+            if !(0..crate::index::SUB_LIMIT).contains(&rev.sub) {
+                return Err(damaged("a sub revision out of range"));
             }
             let version = if v.tombstone {
                 Version::tombstone(rev)
@@ -869,16 +1164,15 @@ where
                 }
                 inline.push((versions.len(), start as usize..end as usize));
                 // Placed by the caller (see `PartBuilt::deferred`).
-                Version {
+                Version::put(
                     rev,
-                    kind: VersionKind::Put,
-                    create_revision: v.create_revision,
-                    version: v.version,
-                    lease: v.lease,
-                    value_len: 0,
-                    segment: SEGMENT_NONE,
-                    offset: 0,
-                }
+                    v.create_revision,
+                    v.version,
+                    v.lease,
+                    0,
+                    SEGMENT_NONE,
+                    0,
+                )
             } else {
                 let at = limits
                     .binary_search_by_key(&v.segment, |l| l.id)
@@ -897,16 +1191,15 @@ where
                 built.loaded[at].0 += v.value_bytes;
                 built.loaded[at].1 +=
                     crate::vlog::record_bytes(key.len(), value_len as usize) as u64;
-                Version {
+                Version::put(
                     rev,
-                    kind: VersionKind::Put,
-                    create_revision: v.create_revision,
-                    version: v.version,
-                    lease: v.lease,
+                    v.create_revision,
+                    v.version,
+                    v.lease,
                     value_len,
-                    segment: v.segment,
+                    v.segment,
                     offset,
-                }
+                )
             };
             versions.push(version);
             built.index_bytes += key.len() as u64 + crate::store::VERSION_INDEX_BYTES;
@@ -914,17 +1207,19 @@ where
         let Some(latest) = versions.last() else {
             return Err(damaged("a key without versions"));
         };
-        if latest.kind == VersionKind::Put && latest.lease != 0 {
+        if latest.kind() == VersionKind::Put && latest.lease != 0 {
             if !lease_ids.contains_key(&latest.lease) {
                 return Err(damaged("a key attached to an unknown lease"));
             }
-            built.lease_keys.push((latest.lease, key.clone()));
+            built
+                .lease_keys
+                .push((latest.lease, Bytes::copy_from_slice(key)));
         }
         if inline.is_empty() {
-            index.insert(key, KeyHistory::new(versions));
+            index.insert(Box::from(key), KeyHistory::new(versions));
         } else {
             built.deferred.push(DeferredKey {
-                key,
+                key: Box::from(key),
                 versions,
                 inline,
             });
@@ -1089,10 +1384,8 @@ where
         } in part.deferred
         {
             for (at, range) in inline {
-                let placed = writer.vlog.append(&key, versions[at].rev, &values[range]);
-                versions[at].value_len = placed.value_len;
-                versions[at].segment = placed.segment;
-                versions[at].offset = placed.offset;
+                let placed = writer.vlog.append(&key, versions[at].rev(), &values[range]);
+                versions[at].place(placed.value_len, placed.segment, placed.offset);
             }
             writer.shared.index.insert(key, KeyHistory::new(versions));
         }
@@ -1270,5 +1563,168 @@ mod in_parts {
                 other => panic!("{why}: got {:?}", other.map(|_| ())),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod archive_bound {
+    use super::*;
+
+    /// The buffer `frame` sizes up front holds the whole archive, so it never grows (a copy
+    /// of a multi-GB buffer at every checkpoint's peak), whatever the keys' lengths.
+    #[test]
+    fn the_archive_fits_the_buffer_sized_for_it() {
+        for keys in [0usize, 1, 7, 300] {
+            let records: Vec<KeyRecord> = (0..keys)
+                .map(|k| KeyRecord {
+                    key: vec![b'k'; 1 + k % 37],
+                    versions: (0..1 + k % 4)
+                        .map(|v| VersionRecord {
+                            main: 2 + v as i64,
+                            sub: 0,
+                            tombstone: false,
+                            create_revision: 2,
+                            version: 1 + v as i64,
+                            lease: 0,
+                            segment: 3,
+                            value_offset: 0,
+                            value_bytes: 3,
+                        })
+                        .collect(),
+                })
+                .collect();
+            let data = CheckpointData {
+                applied_index: 9,
+                current_rev: 10,
+                compact_rev: 0,
+                keys: records,
+                values: vec![1; keys * 3 + 5],
+                leases: (0..keys % 5)
+                    .map(|i| LeaseRecord {
+                        id: i as i64 + 1,
+                        ttl_s: 60,
+                    })
+                    .collect(),
+                segments: (0..1 + keys % 3)
+                    .map(|i| SegmentRecord {
+                        id: i as u32,
+                        record_bytes: 10,
+                        value_bytes: 3,
+                    })
+                    .collect(),
+            };
+            let bound = archived_bytes_max(&data);
+            let parts = frame(&data);
+            let payload = &parts.parts()[1];
+            assert!(
+                payload.len() <= bound,
+                "{keys} keys: {} > {bound}",
+                payload.len()
+            );
+            assert_eq!(
+                parts.payload.capacity(),
+                bound,
+                "{keys} keys: the buffer grew"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod streamed {
+    use super::*;
+    use crate::{DeleteRangeRequest, LeaseGrantRequest, Op, PutRequest};
+
+    /// The owned archive `serialize_parts` used to build: every kept key and version copied
+    /// into a `CheckpointData` first.
+    fn owned(source: &CheckpointSource) -> Vec<u8> {
+        let guard = epoch::pin();
+        let table = source.reader.shared.segments.load(&guard);
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for entry in source.reader.shared.index.iter() {
+            let list = entry.value().load(&guard);
+            let versions: Vec<VersionRecord> = list
+                .iter()
+                .take_while(|v| v.main() <= source.revision)
+                .map(|v| source.version_record(entry.key(), v, table, &mut values))
+                .collect();
+            if !versions.is_empty() {
+                keys.push(KeyRecord {
+                    key: entry.key().to_vec(),
+                    versions,
+                });
+            }
+        }
+        let data = CheckpointData {
+            applied_index: source.applied_index,
+            current_rev: source.revision,
+            compact_rev: source.compact_rev,
+            keys,
+            values,
+            leases: source.lease_records(),
+            segments: source.segment_records(),
+        };
+        frame(&data).to_vec()
+    }
+
+    /// The archive written straight from the index is the very archive the owned copy made,
+    /// byte for byte: with values inline and in durable segments, tombstones, leases, keys
+    /// written after the capture (left out) and none at all.
+    #[test]
+    fn the_streamed_archive_is_the_owned_one() {
+        let (mut w, _r) = Store::with_value_log(ValueLogOptions {
+            segment_bytes: 512,
+            first_segment_id: 0,
+            on_disk: true,
+        });
+        assert_eq!(
+            w.checkpoint_source().serialize().unwrap(),
+            owned(&w.checkpoint_source())
+        );
+        let mut index = 1;
+        w.apply(
+            index,
+            &Op::LeaseGrant(LeaseGrantRequest { id: 3, ttl_s: 9 }),
+        )
+        .unwrap();
+        for round in 0..3u8 {
+            for k in 0..40u32 {
+                index += 1;
+                let op = if round == 2 && k % 6 == 0 {
+                    Op::DeleteRange(DeleteRangeRequest {
+                        key: Bytes::from(format!("k{k:03}")),
+                        ..Default::default()
+                    })
+                } else {
+                    Op::Put(PutRequest {
+                        key: Bytes::from(format!("k{k:03}")),
+                        value: Bytes::from(vec![round; k as usize % 50]),
+                        lease: if k % 5 == 0 { 3 } else { 0 },
+                        ..Default::default()
+                    })
+                };
+                w.apply(index, &op).unwrap();
+            }
+            // Some segments durable (their values become pointers), the last round's not.
+            if round < 2 {
+                for sealed in w.take_sealed_segments() {
+                    let file = Bytes::from(sealed.records.to_vec());
+                    w.segment_durable(sealed.id, sealed.bytes, file);
+                }
+            }
+        }
+        let source = w.checkpoint_source();
+        // Written after the capture: a new key and a new version of an old one.
+        for (at, key) in [(index + 1, "later"), (index + 2, "k001")] {
+            let op = Op::Put(PutRequest {
+                key: Bytes::from(key),
+                value: Bytes::from_static(b"x"),
+                ..Default::default()
+            });
+            w.apply(at, &op).unwrap();
+        }
+        let streamed = source.serialize().unwrap();
+        assert_eq!(streamed, owned(&source));
     }
 }

@@ -28,15 +28,18 @@ pub(crate) enum VersionKind {
     Tombstone,
 }
 
-/// One version of one key.
+/// One version of one key: 48 bytes, the largest part of the index's budget (see
+/// `kv/tests/memory.rs`), so the revision's sub part and the kind share one word.
 #[derive(Debug, Clone)]
 pub(crate) struct Version {
-    pub(crate) rev: Revision,
-    pub(crate) kind: VersionKind,
+    /// The revision's main part.
+    main: i64,
     pub(crate) create_revision: i64,
     /// 1 for the first put of a generation; 0 for a tombstone.
     pub(crate) version: i64,
     pub(crate) lease: i64,
+    /// The revision's sub part (below `SUB_LIMIT`), and `TOMBSTONE_BIT` for a tombstone.
+    sub_and_kind: u32,
     /// The value's length (0 for tombstones and empty values, which take no log space).
     pub(crate) value_len: u32,
     /// The value's segment, or `SEGMENT_NONE`: where its record is, through the segment table.
@@ -45,7 +48,86 @@ pub(crate) struct Version {
     pub(crate) offset: u32,
 }
 
+const _: () = assert!(std::mem::size_of::<Version>() == 48);
+
+/// Marks a tombstone in `Version::sub_and_kind`.
+const TOMBSTONE_BIT: u32 = 1 << 31;
+
+/// Sub revisions a version can hold: one txn writing more than 2^31 keys cannot be built in
+/// memory, let alone pass the request size limit, but the check stays on in release builds.
+pub(crate) const SUB_LIMIT: i64 = TOMBSTONE_BIT as i64;
+
 impl Version {
+    /// A put of a value placed at `offset` of `segment` (`SEGMENT_NONE` for an empty value).
+    pub(crate) fn put(
+        rev: Revision,
+        create_revision: i64,
+        version: i64,
+        lease: i64,
+        value_len: u32,
+        segment: u32,
+        offset: u32,
+    ) -> Version {
+        Version {
+            main: rev.main,
+            create_revision,
+            version,
+            lease,
+            sub_and_kind: Self::sub_bits(rev.sub),
+            value_len,
+            segment,
+            offset,
+        }
+    }
+
+    pub(crate) fn tombstone(rev: Revision) -> Version {
+        Version {
+            main: rev.main,
+            create_revision: 0,
+            version: 0,
+            lease: 0,
+            sub_and_kind: Self::sub_bits(rev.sub) | TOMBSTONE_BIT,
+            value_len: 0,
+            segment: SEGMENT_NONE,
+            offset: 0,
+        }
+    }
+
+    fn sub_bits(sub: i64) -> u32 {
+        assert!(
+            (0..SUB_LIMIT).contains(&sub),
+            "a sub revision of {sub} is outside what a version holds"
+        );
+        sub as u32
+    }
+
+    pub(crate) fn rev(&self) -> Revision {
+        Revision {
+            main: self.main,
+            sub: i64::from(self.sub_and_kind & !TOMBSTONE_BIT),
+        }
+    }
+
+    /// The revision's main part (what most comparisons need).
+    pub(crate) fn main(&self) -> i64 {
+        self.main
+    }
+
+    pub(crate) fn kind(&self) -> VersionKind {
+        if self.sub_and_kind & TOMBSTONE_BIT != 0 {
+            VersionKind::Tombstone
+        } else {
+            VersionKind::Put
+        }
+    }
+
+    /// Places this put's value (restore: an inline value goes into the value log).
+    pub(crate) fn place(&mut self, value_len: u32, segment: u32, offset: u32) {
+        self.value_len = value_len;
+        self.segment = segment;
+        self.offset = offset;
+    }
+
     pub(crate) fn value_len(&self) -> usize {
         self.value_len as usize
     }
@@ -86,7 +168,7 @@ impl Version {
         // The crc vouches for the bytes; the header must also be this version's record (its
         // revision, and lengths that add up), not another intact one a bad pointer lands on.
         let intact = crate::vlog::record_at(record, 0).is_some_and(|r| {
-            r.record_bytes == record.len() && r.value_len == self.value_len && r.rev == self.rev
+            r.record_bytes == record.len() && r.value_len == self.value_len && r.rev == self.rev()
         });
         assert!(
             intact,
@@ -135,29 +217,16 @@ impl Version {
 
     fn key_value_with(&self, key: Bytes, value: Bytes) -> KeyValue {
         assert!(
-            self.kind == VersionKind::Put,
+            self.kind() == VersionKind::Put,
             "a tombstone has no key-value"
         );
         KeyValue {
             key,
             create_revision: self.create_revision,
-            mod_revision: self.rev.main,
+            mod_revision: self.main,
             version: self.version,
             value,
             lease: self.lease,
-        }
-    }
-
-    pub(crate) fn tombstone(rev: Revision) -> Version {
-        Version {
-            rev,
-            kind: VersionKind::Tombstone,
-            create_revision: 0,
-            version: 0,
-            lease: 0,
-            value_len: 0,
-            segment: SEGMENT_NONE,
-            offset: 0,
         }
     }
 }
@@ -236,7 +305,10 @@ impl KeyHistory {
         // Relaxed: this thread is the only one that changes `len`.
         let len = chunk.len.load(Ordering::Relaxed);
         assert!(
-            chunk.published().last().is_none_or(|v| v.rev < version.rev),
+            chunk
+                .published()
+                .last()
+                .is_none_or(|v| v.rev() < version.rev()),
             "revisions ascend"
         );
         if len < chunk.cap {
@@ -278,17 +350,21 @@ impl Drop for KeyHistory {
     }
 }
 
-pub(crate) type Index = SkipMap<Bytes, KeyHistory>;
+/// A key as the index holds it: 16 bytes in the skip-list node and the key's own bytes, where
+/// a `Bytes` would take 32 in the node (and a shared header once cloned).
+pub(crate) type IndexKey = Box<[u8]>;
+
+pub(crate) type Index = SkipMap<IndexKey, KeyHistory>;
 
 /// The newest version with `rev.main <= at_rev`, if any.
 pub(crate) fn version_at(versions: &[Version], at_rev: i64) -> Option<&Version> {
-    let n = versions.partition_point(|v| v.rev.main <= at_rev);
+    let n = versions.partition_point(|v| v.main <= at_rev);
     n.checked_sub(1).map(|i| &versions[i])
 }
 
 /// The key's live value at `at_rev` (None when absent or deleted).
 pub(crate) fn live_at(versions: &[Version], at_rev: i64) -> Option<&Version> {
-    version_at(versions, at_rev).filter(|v| v.kind == VersionKind::Put)
+    version_at(versions, at_rev).filter(|v| v.kind() == VersionKind::Put)
 }
 
 /// The end bound of a range request, decoded from etcd's `range_end` forms.
@@ -309,7 +385,7 @@ pub(crate) fn range_end(range_end: &[u8]) -> RangeEnd<'_> {
 /// Visits every index entry in the range in ascending key order until `f` returns false.
 pub(crate) fn for_each_in_range<F>(index: &Index, key: &[u8], end: &[u8], mut f: F)
 where
-    F: FnMut(&Bytes, &KeyHistory) -> bool,
+    F: FnMut(&[u8], &KeyHistory) -> bool,
 {
     use std::ops::Bound;
     match range_end(end) {
@@ -344,16 +420,7 @@ mod tests {
 
     /// A put whose value would be `value_len` bytes at `offset` of segment 0.
     fn put(main: i64, value_len: u32, offset: u32) -> Version {
-        Version {
-            rev: Revision { main, sub: 0 },
-            kind: VersionKind::Put,
-            create_revision: 1,
-            version: main,
-            lease: 0,
-            value_len,
-            segment: 0,
-            offset,
-        }
+        Version::put(Revision { main, sub: 0 }, 1, main, 0, value_len, 0, offset)
     }
 
     /// Appends land in place while the buffer has room, move to a larger buffer when it is
@@ -381,7 +448,7 @@ mod tests {
             assert!(list
                 .iter()
                 .enumerate()
-                .all(|(i, v)| v.rev.main == i as i64 + 1));
+                .all(|(i, v)| v.main() == i as i64 + 1));
         }
     }
 
@@ -401,7 +468,7 @@ mod tests {
                     assert!(list.len() >= seen, "the list shrank");
                     seen = list.len();
                     for (i, v) in list.iter().enumerate() {
-                        assert_eq!(v.rev.main, i as i64 + 1);
+                        assert_eq!(v.main(), i as i64 + 1);
                         assert_eq!((v.value_len, v.offset), (i as u32 + 1, i as u32 + 1));
                     }
                 }

@@ -470,7 +470,7 @@ impl Writer {
         &mut self,
         ctx: &mut TxnCtx,
         key: &[u8],
-        entry: Option<crossbeam_skiplist::map::Entry<'_, Bytes, KeyHistory>>,
+        entry: Option<crossbeam_skiplist::map::Entry<'_, crate::index::IndexKey, KeyHistory>>,
         value: &[u8],
         lease: i64,
         prev: Option<PrevKv>,
@@ -484,23 +484,22 @@ impl Writer {
         let key_bytes = Bytes::copy_from_slice(key);
         let placed = self.vlog.append(key, rev, value);
         self.index_grew(key_bytes.len());
-        let version = Version {
+        let version = Version::put(
             rev,
-            kind: VersionKind::Put,
-            create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision()),
-            version: prev.as_ref().map_or(1, |p| p.version() + 1),
+            prev.as_ref().map_or(rev.main, |p| p.create_revision()),
+            prev.as_ref().map_or(1, |p| p.version() + 1),
             lease,
-            value_len: placed.value_len,
-            segment: placed.segment,
-            offset: placed.offset,
-        };
+            placed.value_len,
+            placed.segment,
+            placed.offset,
+        );
         let kv = version.fresh_key_value(key_bytes.clone(), self.vlog.table());
         match &entry {
             Some(e) => e.value().push(version, &guard),
             None => {
                 self.shared
                     .index
-                    .insert(Bytes::copy_from_slice(key), KeyHistory::new(vec![version]));
+                    .insert(Box::from(key), KeyHistory::new(vec![version]));
             }
         }
         if let Some(p) = &prev {
@@ -523,7 +522,7 @@ impl Writer {
         });
     }
 
-    fn detach(&mut self, lease: i64, key: &Bytes) {
+    fn detach(&mut self, lease: i64, key: &[u8]) {
         // A lease revoked earlier has already forgotten its keys; a put that overwrites such a key
         // cannot happen because revoke deletes them.
         let entry = self
@@ -584,7 +583,7 @@ impl Writer {
         let old = entry.value().load(&guard);
         assert!(
             old.last()
-                .is_some_and(|v| v.kind == VersionKind::Put && v.rev < rev),
+                .is_some_and(|v| v.kind() == VersionKind::Put && v.rev() < rev),
             "only a live key is deleted"
         );
         entry.value().push(Version::tombstone(rev), &guard);
@@ -834,7 +833,7 @@ impl Writer {
             .enumerate()
         {
             if visited == keys_max {
-                next_key = Some(entry.key().clone());
+                next_key = Some(Bytes::copy_from_slice(entry.key()));
                 break;
             }
             let versions = entry.value().load(&guard);
@@ -850,7 +849,7 @@ impl Writer {
                 self.index_bytes -= version_bytes;
             }
             if keep_from == versions.len() {
-                emptied.push(entry.key().clone());
+                emptied.push(Bytes::copy_from_slice(entry.key()));
             } else {
                 entry
                     .value()
@@ -942,12 +941,12 @@ impl Writer {
             .enumerate()
         {
             if seen == keys_max {
-                next_key = Some(entry.key().clone());
+                next_key = Some(Bytes::copy_from_slice(entry.key()));
                 break;
             }
             for v in entry.value().load(&guard) {
                 if v.segment == segment {
-                    found.push((Bytes::copy_from_slice(entry.key()), v.rev));
+                    found.push((Bytes::copy_from_slice(entry.key()), v.rev()));
                 }
             }
         }
@@ -967,7 +966,7 @@ impl Writer {
             return;
         };
         let versions = entry.value().load(&guard);
-        let Ok(pos) = versions.binary_search_by(|v| v.rev.cmp(&rev)) else {
+        let Ok(pos) = versions.binary_search_by(|v| v.rev().cmp(&rev)) else {
             return;
         };
         let v = &versions[pos];
@@ -1045,7 +1044,7 @@ impl Writer {
         let Some(last) = versions.last_mut() else {
             return false;
         };
-        if last.kind != VersionKind::Put || last.value_len() == 0 {
+        if last.kind() != VersionKind::Put || last.value_len() == 0 {
             return false;
         }
         // A different value under a valid crc, as if it had been damaged before it was framed:
@@ -1053,7 +1052,7 @@ impl Writer {
         // at the first read instead). The damaged copy is a new record of the same revision.
         let mut damaged = last.value(key, self.vlog.table()).to_vec();
         damaged[0] ^= 0x01;
-        let placed = self.vlog.append(key, last.rev, &damaged);
+        let placed = self.vlog.append(key, last.rev(), &damaged);
         self.vlog
             .release(last.segment, last.value_len(), last.record_len(key));
         last.segment = placed.segment;
@@ -1089,10 +1088,10 @@ fn lease_info(id: i64, e: &LeaseEntry) -> LeaseInfo {
 /// so hashes that skip `versions[..compacted_start]` see the same versions whether or not the
 /// background compaction has reached a key yet.
 pub(crate) fn compacted_start(versions: &[Version], rev: i64) -> usize {
-    let at_or_below = versions.partition_point(|v| v.rev.main <= rev);
+    let at_or_below = versions.partition_point(|v| v.main() <= rev);
     match at_or_below.checked_sub(1) {
         None => 0,
-        Some(i) if versions[i].kind == VersionKind::Tombstone => at_or_below,
+        Some(i) if versions[i].kind() == VersionKind::Tombstone => at_or_below,
         Some(i) => i,
     }
 }
@@ -1174,18 +1173,18 @@ impl Reader {
         let mut events: Vec<(Revision, Event)> = Vec::new();
         for_each_in_range(&self.shared.index, key, range_end, |key, history| {
             let versions = history.load(&guard);
-            let first = versions.partition_point(|v| v.rev.main < start_rev);
+            let first = versions.partition_point(|v| v.main() < start_rev);
             for i in first..versions.len() {
                 let v = &versions[i];
-                if v.rev.main > cur_rev {
+                if v.main() > cur_rev {
                     break;
                 }
                 let prev_kv = i
                     .checked_sub(1)
                     .map(|p| &versions[p])
-                    .filter(|p| p.kind == VersionKind::Put)
+                    .filter(|p| p.kind() == VersionKind::Put)
                     .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)));
-                let event = match v.kind {
+                let event = match v.kind() {
                     VersionKind::Put => Event {
                         kind: EventKind::Put,
                         kv: v.to_key_value(key, self.shared.segments.load(&guard)),
@@ -1195,13 +1194,13 @@ impl Reader {
                         kind: EventKind::Delete,
                         kv: KeyValue {
                             key: Bytes::copy_from_slice(key),
-                            mod_revision: v.rev.main,
+                            mod_revision: v.main(),
                             ..KeyValue::default()
                         },
                         prev_kv,
                     },
                 };
-                events.push((v.rev, event));
+                events.push((v.rev(), event));
             }
             true
         });
@@ -1252,7 +1251,7 @@ impl Reader {
             for entry in self.shared.index.iter() {
                 let versions = entry.value().load(&guard);
                 let kept = &versions[compacted_start(versions, compact_rev)..];
-                for v in kept.iter().take_while(|v| v.rev.main <= rev) {
+                for v in kept.iter().take_while(|v| v.main() <= rev) {
                     hash_version(
                         &mut hasher,
                         entry.key(),
@@ -1283,9 +1282,9 @@ pub(crate) fn hash_version(
 ) {
     hasher.update(&(key.len() as u64).to_le_bytes());
     hasher.update(key);
-    hasher.update(&v.rev.main.to_le_bytes());
-    hasher.update(&v.rev.sub.to_le_bytes());
-    hasher.update(&[u8::from(v.kind == VersionKind::Put)]);
+    hasher.update(&v.main().to_le_bytes());
+    hasher.update(&v.rev().sub.to_le_bytes());
+    hasher.update(&[u8::from(v.kind() == VersionKind::Put)]);
     hasher.update(&v.create_revision.to_le_bytes());
     hasher.update(&v.version.to_le_bytes());
     hasher.update(&v.lease.to_le_bytes());
