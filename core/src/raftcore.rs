@@ -73,6 +73,9 @@ pub struct RaftCore {
     vlog: VlogWriter,
     /// Dead value-log segments whose files wait for the checkpoints that refer to them to go.
     dead_segments: Vec<kv::DeadSegment>,
+    vlog_dir: PathBuf,
+    /// The store's count of damaged records reclaim met, as far as this loop has logged it.
+    unreadable_records_reported: u64,
     transport: Rc<Transport>,
     /// Where the member's millisecond clock (`now_ms`) starts.
     clock_origin: Instant,
@@ -278,9 +281,11 @@ impl RaftCore {
         let clock_origin = shared.started_at;
         // Started from this executor's thread, so it runs beside the raft CPU.
         let checkpoints = CheckpointWriter::start(snap_dir.clone())?;
-        let vlog = VlogWriter::start(vlog_dir);
+        let vlog = VlogWriter::start(vlog_dir.clone());
         let mut core = RaftCore {
             vlog,
+            vlog_dir,
+            unreadable_records_reported: 0,
             dead_segments: Vec::new(),
             shared,
             member,
@@ -395,6 +400,7 @@ impl RaftCore {
                 // and waits while its rewrites are queued for the disk (the loop then idles
                 // until the value-log writer reports).
                 self.member.compact_step();
+                self.report_unreadable_records();
                 self.publish();
                 futures_lite::future::yield_now().await;
             }
@@ -655,6 +661,29 @@ impl RaftCore {
 
     /// Carries out the member's effects and publishes its state to the shards: the member owns
     /// it, shards read these published copies.
+    /// Logs the damaged value-log records reclaim met since the last look. Nothing was lost
+    /// to them (reclaim moved every live value by walking the index instead), but a record
+    /// that fails its crc means a damaged disk or file, which the operator must hear of.
+    fn report_unreadable_records(&mut self) {
+        let (count, last) = self.member.writer().unreadable_records();
+        if count < self.unreadable_records_reported {
+            // A leader's snapshot replaced the store, and its count starts afresh.
+            self.unreadable_records_reported = 0;
+        }
+        if count == self.unreadable_records_reported {
+            return;
+        }
+        let last = last.expect("a count above zero comes with the last record");
+        tracing::error!(
+            file = %keel_io::vlog::segment_path(&self.vlog_dir, last.segment).display(),
+            offset = last.offset,
+            records = count - self.unreadable_records_reported,
+            "a value-log segment holds a damaged dead record; reclaim moved every live value \
+             around it by walking the index, but the disk or the file is damaged"
+        );
+        self.unreadable_records_reported = count;
+    }
+
     fn publish(&mut self) {
         for effect in self.member.take_effects() {
             match effect {

@@ -57,8 +57,8 @@ pub use checkpoint::{
 };
 pub use error::{KvError, Result};
 pub use store::{
-    CompactionStatus, Reader, Store, ValueLogOptions, Writer, COMPACT_REVISION_NONE,
-    REVISION_INITIAL,
+    CompactionStatus, Reader, Store, UnreadableRecord, ValueLogOptions, Writer,
+    COMPACT_REVISION_NONE, REVISION_INITIAL,
 };
 pub use types::*;
 pub use validate::{

@@ -94,6 +94,8 @@ impl Store {
                 options.on_disk,
                 SegmentsWriter::new(segments),
             ),
+            unreadable_records: 0,
+            last_unreadable_record: None,
             leases: BTreeMap::new(),
             index_bytes: 0,
             applied_index: 0,
@@ -210,10 +212,23 @@ pub enum CompactionStatus {
     Pending,
 }
 
+/// A value-log record reclaim found damaged: a dead one (a live one is refused when read),
+/// since reclaim only walks records to find the live values among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnreadableRecord {
+    pub segment: u32,
+    /// The record's byte offset in the segment's file.
+    pub offset: u64,
+}
+
 /// The single writer. It lives on the raft core; it is `Send` but deliberately not `Clone`.
 pub struct Writer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) vlog: ValueLog,
+    /// Records reclaim could not read (their crc or framing failed), and the last of them:
+    /// what the driver tells the operator (reclaim itself goes on by walking the index).
+    unreadable_records: u64,
+    last_unreadable_record: Option<UnreadableRecord>,
     pub(crate) leases: BTreeMap<i64, LeaseEntry>,
     /// Index bytes of every version still held: each costs its key plus `VERSION_INDEX_BYTES`.
     pub(crate) index_bytes: u64,
@@ -292,6 +307,13 @@ impl Writer {
     /// Value-log bytes held (live or awaiting reclaim): the server's "db size".
     pub fn value_log_bytes(&self) -> u64 {
         self.vlog.bytes_total()
+    }
+
+    /// How many damaged records reclaim has met since this store was built, and the last one.
+    /// Nothing was lost to them (reclaim moved every live value by walking the index), but a
+    /// damaged record means a damaged disk or file, which an operator should hear of.
+    pub fn unreadable_records(&self) -> (u64, Option<UnreadableRecord>) {
+        (self.unreadable_records, self.last_unreadable_record)
     }
 
     /// Sealed value-log segments to write to disk, oldest first (only with `on_disk`). Write each
@@ -908,6 +930,11 @@ impl Writer {
                 break;
             }
             let Some(record) = crate::vlog::record_at(&records, offset) else {
+                self.unreadable_records += 1;
+                self.last_unreadable_record = Some(UnreadableRecord {
+                    segment,
+                    offset: offset as u64,
+                });
                 return Some(ReclaimNext::Key(None));
             };
             let at = u32::try_from(offset).expect("segments are below 4 GiB");

@@ -26,8 +26,8 @@ use keel_io::Record;
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_raft::{
-    ConfState, Entry, EntryType, MemStorage, Message, MessageType, RawNode, ReadState, Role,
-    Snapshot, SnapshotStatus, Storage,
+    ConfState, Entry, EntryType, MemStorage, Message, MessageType, ProgressState, RawNode,
+    ReadState, Role, Snapshot, SnapshotStatus, Storage,
 };
 use prost::Message as _;
 
@@ -57,6 +57,24 @@ const LEASE_GUARD_PERCENT: u64 = 80;
 const TOKEN_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// Log entries kept behind a checkpoint for followers that are only slightly behind.
 const LOG_TAIL_KEPT_ENTRIES: u64 = 5000;
+/// Where the raft log is compacted to after a checkpoint at `index`, while the oldest snapshot
+/// being sent to a follower (if any) is at `sending_from`: see `Member::log_compaction_index`.
+fn log_compaction_index(index: u64, sending_from: Option<u64>) -> u64 {
+    let tail_from = index.saturating_sub(LOG_TAIL_KEPT_ENTRIES);
+    match sending_from {
+        // The snapshot's own entry stays too: the first append after it names that entry's
+        // term, and a log compacted past it cannot (it would send the next snapshot instead).
+        Some(snapshot) => tail_from
+            .min(snapshot.saturating_sub(1))
+            .max(index.saturating_sub(SNAPSHOT_CATCH_UP_ENTRIES_MAX)),
+        None => tail_from,
+    }
+}
+
+/// The most entries the raft log keeps for a follower that is being sent a snapshot (see
+/// `Member::log_compaction_index`): about 25 s of a loaded member's writes, or ~275 MB of
+/// 1 KiB puts, held only while a snapshot is in flight.
+const SNAPSHOT_CATCH_UP_ENTRIES_MAX: u64 = 250_000;
 /// A member that applied nothing for this long takes a checkpoint early (see
 /// `checkpoint_due`), so a restart after a quiet spell replays almost nothing.
 const IDLE_CHECKPOINT_AFTER_MS: u64 = 5_000;
@@ -1832,6 +1850,7 @@ impl Member {
         }
         let previous = self.last_checkpoint_index;
         self.last_checkpoint_index = index;
+        let compact_to = self.log_compaction_index(index);
         let storage = self.node.store_mut();
         let previous_image = storage
             .snapshot()
@@ -1841,8 +1860,8 @@ impl Member {
         storage
             .create_snapshot(index, conf_state, file)
             .map_err(|e| CoreError::Raft(e.to_string()))?;
-        if index > LOG_TAIL_KEPT_ENTRIES {
-            let _ = storage.compact(index - LOG_TAIL_KEPT_ENTRIES);
+        if compact_to > 0 {
+            let _ = storage.compact(compact_to);
         }
         Ok(CheckpointCompletion::Taken {
             done: CheckpointDone {
@@ -1851,6 +1870,26 @@ impl Member {
             },
             previous_image,
         })
+    }
+
+    /// Where the raft log is compacted to once the checkpoint at `index` is durable: the last
+    /// `LOG_TAIL_KEPT_ENTRIES` entries stay for followers a little behind, and while a follower
+    /// is being sent a snapshot, so do the entries after that snapshot, up to
+    /// `SNAPSHOT_CATCH_UP_ENTRIES_MAX`. Without them the follower, once it installed the
+    /// snapshot, would need the next whole one: at 4M keys a second 4.7 GB snapshot, sent
+    /// because the leader took a checkpoint during the 25 s the first one took.
+    fn log_compaction_index(&self, index: u64) -> u64 {
+        let raft = self.node.raft();
+        let conf = raft.conf_state();
+        let sending_from = conf
+            .voters
+            .iter()
+            .chain(conf.learners.iter())
+            .filter_map(|id| raft.progress(*id))
+            .filter(|pr| pr.state == ProgressState::Snapshot && pr.pending_snapshot > 0)
+            .map(|pr| pr.pending_snapshot)
+            .min();
+        log_compaction_index(index, sending_from)
     }
 
     /// The checkpoint in flight at `index` was not written: its image could not be taken (a
@@ -2280,6 +2319,30 @@ mod tests {
         m.read(vec![ReadWait { reply }], 10);
         settle(&mut m, 10);
         assert_eq!(rx.try_recv(), Ok(Some(Ok(()))));
+    }
+
+    #[test]
+    fn the_log_keeps_what_a_follower_being_sent_a_snapshot_will_need_within_a_bound() {
+        // No snapshot in flight: the tail only.
+        assert_eq!(
+            log_compaction_index(100_000, None),
+            100_000 - LOG_TAIL_KEPT_ENTRIES
+        );
+        assert_eq!(log_compaction_index(10, None), 0);
+        // A follower being sent the snapshot at 60,000 needs 60,001 on once it installs it,
+        // and the leader the term of 60,000 to append them.
+        assert_eq!(log_compaction_index(100_000, Some(60_000)), 59_999);
+        // A snapshot within the tail changes nothing.
+        assert_eq!(
+            log_compaction_index(100_000, Some(99_000)),
+            100_000 - LOG_TAIL_KEPT_ENTRIES
+        );
+        // One so far behind that holding for it would exceed the bound: the bound wins.
+        let index = 10 * SNAPSHOT_CATCH_UP_ENTRIES_MAX;
+        assert_eq!(
+            log_compaction_index(index, Some(1)),
+            index - SNAPSHOT_CATCH_UP_ENTRIES_MAX
+        );
     }
 
     #[test]

@@ -351,6 +351,18 @@ fn reclaim_walks_a_segment_file_and_a_damaged_dead_record_strands_no_live_value(
             "the damaged segment was rewritten and removed (damage at {damage_at})"
         );
         assert!(w.take_dead_segments().iter().any(|d| d.id == first.id));
+        // The damaged record is reported, with where it is: the first of its segment.
+        assert_eq!(
+            w.unreadable_records(),
+            (
+                1,
+                Some(UnreadableRecord {
+                    segment: first.id,
+                    offset: 0
+                })
+            ),
+            "damage at {damage_at}"
+        );
         assert_eq!(value_of(&r, "k00"), Some(Bytes::from(vec![99u8; 100])));
         for i in 1..20u32 {
             assert_eq!(
