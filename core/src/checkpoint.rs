@@ -278,24 +278,112 @@ pub fn files(dir: &Path) -> Vec<(u64, PathBuf)> {
 /// follower, and the decoded store image is a slice of it, read in place (no copy of the
 /// file is made). Once the store is restored, `MappedFile::forget_resident_pages` takes the
 /// pages the restore read out of this process's memory again.
-pub fn load_newest(dir: &Path) -> Result<Option<(Checkpoint, MappedFile)>, CoreError> {
-    for (index, path) in files(dir) {
-        let file = keel_io::vlog::map_file_to_read(&path).map_err(|source| CoreError::DataDir {
-            path: path.clone(),
+pub fn load_newest(dir: &Path) -> Result<Option<Loaded>, CoreError> {
+    let map = |path: &Path| {
+        keel_io::vlog::map_file_to_read(path).map_err(|source| CoreError::DataDir {
+            path: path.to_path_buf(),
             source,
-        })?;
+        })
+    };
+    for (index, path) in files(dir) {
+        let file = map(&path)?;
         let name = path.display().to_string();
-        if let Some(cp) = accepted(index, &name, decode_shared(file.bytes())) {
-            return Ok(Some((cp, file)));
+        let Some(cp) = accepted(index, &name, decode_shared(file.bytes())) else {
+            continue;
+        };
+        let Some(base_index) = base_index(&cp) else {
+            return Ok(Some(Loaded {
+                checkpoint: cp,
+                file,
+                base: None,
+            }));
+        };
+        let base_path = dir.join(file_name(base_index));
+        let base_file = match map(&base_path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(path = name, error = %e, "a delta checkpoint's base cannot be read; skipped");
+                continue;
+            }
+        };
+        let base_name = base_path.display().to_string();
+        if let Some(base) = accepted_base(&cp, base_index, &base_name, || {
+            decode_shared(base_file.bytes())
+        }) {
+            return Ok(Some(Loaded {
+                checkpoint: cp,
+                file,
+                base: Some((base, base_file)),
+            }));
         }
     }
     Ok(None)
 }
 
+/// The newest checkpoint that loads, its file mapped, and for a delta its base too.
+pub struct Loaded {
+    pub checkpoint: Checkpoint,
+    pub file: MappedFile,
+    pub base: Option<(Checkpoint, MappedFile)>,
+}
+
+/// For a delta checkpoint, the index of the full one its store image needs (its base).
+pub fn base_index(cp: &Checkpoint) -> Option<u64> {
+    match keel_kv::checkpoint_kind(&cp.kv_image) {
+        Ok(keel_kv::CheckpointKind::Delta(base)) => Some(base.applied_index()),
+        _ => None,
+    }
+}
+
+/// `decode`'s checkpoint when it is the full one delta `cp` names (file `name`, for
+/// `base_index`), else None, logged: the delta is then skipped as a damaged file would be.
+fn accepted_base(
+    cp: &Checkpoint,
+    base_index: u64,
+    name: &str,
+    decode: impl FnOnce() -> Result<Checkpoint, String>,
+) -> Option<Checkpoint> {
+    let base = accepted(base_index, name, decode())?;
+    let named = keel_kv::checkpoint_kind(&cp.kv_image).ok();
+    match keel_kv::checkpoint_kind(&base.kv_image) {
+        Ok(keel_kv::CheckpointKind::Full(b))
+            if named == Some(keel_kv::CheckpointKind::Delta(b)) =>
+        {
+            Some(base)
+        }
+        _ => {
+            tracing::warn!(
+                path = name,
+                delta = cp.meta.index,
+                "a delta checkpoint's base is not the full checkpoint it names; the delta is skipped"
+            );
+            None
+        }
+    }
+}
+
 /// The checkpoint in file `name` (named for `index`), or None, logged, when it is damaged or
-/// its contents belong to another index. Pure, so the simulator chooses as a restart does.
-pub fn accept(index: u64, name: &str, bytes: &[u8]) -> Option<Checkpoint> {
-    accepted(index, name, decode(bytes))
+/// its contents belong to another index; for a delta, with its base's store image, which
+/// `base_file(index)` gives (None when it is missing, damaged or not the one named). Pure,
+/// so the simulator chooses as a restart does.
+pub fn accept(
+    index: u64,
+    name: &str,
+    bytes: &[u8],
+    base_file: &mut dyn FnMut(u64) -> Option<Bytes>,
+) -> Option<(Checkpoint, Option<Checkpoint>)> {
+    let cp = accepted(index, name, decode(bytes))?;
+    let Some(base_index) = base_index(&cp) else {
+        return Some((cp, None));
+    };
+    let Some(bytes) = base_file(base_index) else {
+        tracing::warn!(path = name, "a delta checkpoint's base is missing; skipped");
+        return None;
+    };
+    let base = accepted_base(&cp, base_index, &file_name(base_index), || {
+        decode_shared(&bytes)
+    })?;
+    Some((cp, Some(base)))
 }
 
 fn accepted(index: u64, name: &str, decoded: Result<Checkpoint, String>) -> Option<Checkpoint> {
@@ -473,7 +561,12 @@ mod tests {
             let file = encode(1, 1, &ConfState::default(), cluster, &image);
             let path = dir.path().join(file_name(1));
             std::fs::write(&path, &file).expect("write");
-            let (cp, mapped) = load_newest(dir.path()).expect("loads").expect("one file");
+            let Loaded {
+                checkpoint: cp,
+                file: mapped,
+                base,
+            } = load_newest(dir.path()).expect("loads").expect("one file");
+            assert!(base.is_none(), "a full checkpoint needs no base");
             assert_eq!(cp.members, members);
             let base = mapped.bytes().as_ptr() as usize;
             let at = cp.kv_image.as_ptr() as usize;

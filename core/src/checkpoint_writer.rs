@@ -39,6 +39,8 @@ pub enum Written {
         /// follower, and its pages take memory only while something reads them (a snapshot
         /// being sent), never for the time between checkpoints as a heap copy would.
         file: Bytes,
+        /// A delta's base (the index of the full checkpoint it needs); None: written full.
+        delta_of: Option<u64>,
         /// Serializing the image and encoding the file.
         serialize_elapsed: Duration,
         /// The whole job: serializing, encoding and the durable write.
@@ -132,9 +134,11 @@ impl CheckpointWriter {
 fn write(snap_dir: &std::path::Path, req: CheckpointRequest) -> Result<Written, CoreError> {
     let started = Instant::now();
     let index = req.index;
-    let Ok(kv_image) = req.source.serialize_parts() else {
+    // Against the request's base, the image may be a delta: only the keys changed since.
+    let Ok(kv_image) = req.source.serialize_parts_against(req.base.as_ref()) else {
         return Ok(Written::Raced { index });
     };
+    let delta_of = kv_image.delta_of();
     // Written from where rkyv put the archive: the file is never one buffer in memory (at 4M
     // keys the image is 416 MB, and framing it, then the file around it, made two copies).
     let [image_header, archive] = kv_image.parts();
@@ -163,6 +167,7 @@ fn write(snap_dir: &std::path::Path, req: CheckpointRequest) -> Result<Written, 
         index,
         conf_state: req.conf_state,
         file,
+        delta_of,
         serialize_elapsed,
         elapsed: started.elapsed(),
     })
@@ -234,9 +239,9 @@ mod tests {
         let loaded = checkpoint::load_newest(dir.path())
             .expect("the directory reads")
             .expect("the file is there");
-        assert_eq!(loaded.0.meta.index, index);
+        assert_eq!(loaded.checkpoint.meta.index, index);
         assert_eq!(
-            loaded.1.bytes(),
+            loaded.file.bytes(),
             &file,
             "the loaded mapping is the same file"
         );

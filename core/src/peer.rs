@@ -650,8 +650,14 @@ impl Transport {
 
     /// Streams a raft snapshot whose data is our checkpoint file (pointing into the segment
     /// files of `vlog_dir`) to its recipient on a connection of its own, and reports the
-    /// outcome to raft when the stream ends (see `peer_snapshot.rs`).
-    pub fn send_snapshot(self: &Rc<Self>, m: Message, vlog_dir: std::path::PathBuf) {
+    /// outcome to raft when the stream ends (see `peer_snapshot.rs`). A delta checkpoint's
+    /// base is read from `snap_dir`.
+    pub fn send_snapshot(
+        self: &Rc<Self>,
+        m: Message,
+        vlog_dir: std::path::PathBuf,
+        snap_dir: std::path::PathBuf,
+    ) {
         assert_eq!(
             m.msg_type,
             MessageType::Snapshot,
@@ -667,7 +673,7 @@ impl Transport {
         rt::spawn_local(async move {
             let started = Instant::now();
             let index = m.snapshot.as_ref().map_or(0, |s| s.metadata.index);
-            match this.stream_snapshot(&peer, m, &vlog_dir).await {
+            match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
                 Ok(bytes) => tracing::info!(
                     to = format!("{to:x}"),
                     index,
@@ -692,6 +698,7 @@ impl Transport {
         peer: &Peer,
         mut m: Message,
         vlog_dir: &std::path::Path,
+        snap_dir: &std::path::Path,
     ) -> std::io::Result<u64> {
         let result = async {
             let snap = m
@@ -704,8 +711,14 @@ impl Transport {
                 .await
                 .ok_or_else(|| std::io::Error::other("cannot connect"))?;
             match dialed {
-                Dialed::Plain(s) => self.stream_to(peer, s, &m, &data, index, vlog_dir).await,
-                Dialed::Tls(s) => self.stream_to(peer, *s, &m, &data, index, vlog_dir).await,
+                Dialed::Plain(s) => {
+                    self.stream_to(peer, s, &m, &data, index, (vlog_dir, snap_dir))
+                        .await
+                }
+                Dialed::Tls(s) => {
+                    self.stream_to(peer, *s, &m, &data, index, (vlog_dir, snap_dir))
+                        .await
+                }
             }
         }
         .await;
@@ -722,11 +735,17 @@ impl Transport {
         m: &Message,
         data: &Bytes,
         index: u64,
-        vlog_dir: &std::path::Path,
+        (vlog_dir, snap_dir): (&std::path::Path, &std::path::Path),
     ) -> std::io::Result<u64> {
         let chunk_bytes = crate::limits::SNAPSHOT_CHUNK_BYTES;
-        let sent =
-            peer_snapshot::write_snapshot(&mut stream, data, index, vlog_dir, chunk_bytes).await?;
+        let sent = peer_snapshot::write_snapshot(
+            &mut stream,
+            data,
+            index,
+            (vlog_dir, snap_dir),
+            chunk_bytes,
+        )
+        .await?;
         // Last, the message itself, its data left behind: the receiver fills in the file.
         let mut buf = vec![0; 4];
         buf.push(FRAME_RAFT);

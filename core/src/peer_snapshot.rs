@@ -21,13 +21,18 @@
 //! the follower before the follower had stepped it, hear that its log is still empty, and send
 //! the whole snapshot again.
 //!
+//! A delta checkpoint (an incremental one) needs the full checkpoint it names, its base: the
+//! leader sends the base's file after the delta's, and the segments both name. The receiver
+//! writes the base beside the delta, renamed alike.
+//!
 //! A dropped connection, a chunk out of order or a file that cannot be read fails the stream:
 //! the leader reports the snapshot failed, raft sends a new one later from the start, and the
 //! receiver deletes what it staged. A start deletes every staging directory.
 //!
 //! Frames (after the usual length prefix and kind byte; integers big-endian):
 //! begin: raft index u64, checkpoint file bytes u64;
-//! chunk: part u8 (0: the checkpoint file, 1: a segment file), segment id u32, offset u64,
+//! chunk: part u8 (0: the checkpoint file, 1: a segment file, 2: a delta's base checkpoint
+//! file), segment id u32 (0 for the other parts), offset u64,
 //! the whole file's bytes u64, then the chunk's bytes;
 //! ack (receiver to sender): raft index u64.
 
@@ -69,12 +74,15 @@ const READ_AHEAD_CHUNKS: usize = 2;
 
 const PART_CHECKPOINT: u8 = 0;
 const PART_SEGMENT: u8 = 1;
+const PART_BASE: u8 = 2;
 
 /// Which file a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
     Checkpoint,
     Segment(u32),
+    /// A delta checkpoint's base: the full checkpoint file it names.
+    Base,
 }
 
 /// A chunk's place in its file.
@@ -108,6 +116,7 @@ pub fn encode_chunk_header(h: ChunkHeader, body_bytes: usize) -> Vec<u8> {
     let (part, segment) = match h.part {
         Part::Checkpoint => (PART_CHECKPOINT, 0),
         Part::Segment(id) => (PART_SEGMENT, id),
+        Part::Base => (PART_BASE, 0),
     };
     buf.push(part);
     buf.extend_from_slice(&segment.to_be_bytes());
@@ -151,6 +160,7 @@ pub fn parse_chunk_header(body: &[u8]) -> io::Result<ChunkHeader> {
     let segment = u32::from_be_bytes(body[1..5].try_into().expect("4 bytes"));
     let part = match body[0] {
         PART_CHECKPOINT if segment == 0 => Part::Checkpoint,
+        PART_BASE if segment == 0 => Part::Base,
         PART_SEGMENT if segment < kv::SEGMENT_NONE - 1 => Part::Segment(segment),
         _ => return Err(bad("unknown part")),
     };
@@ -167,11 +177,47 @@ pub fn parse_chunk_header(body: &[u8]) -> io::Result<ChunkHeader> {
     })
 }
 
-/// The segments a checkpoint file points into (what goes out beside it). Read in place: a
-/// leader's file is mapped and a received one is in memory, and a copy would double either.
-fn segments_of(data: &Bytes) -> io::Result<Vec<u32>> {
+/// The segments a checkpoint file points into, with those of its base for a delta (what goes
+/// out beside it). Read in place: a leader's file is mapped and a received one is in memory,
+/// and a copy would double either.
+fn segments_of(data: &Bytes, base: Option<&Bytes>) -> io::Result<Vec<u32>> {
     let cp = checkpoint::decode_shared(data).map_err(io::Error::other)?;
-    kv::checkpoint_segments(&cp.kv_image).map_err(|e| io::Error::other(e.to_string()))
+    let mut ids =
+        kv::checkpoint_segments(&cp.kv_image).map_err(|e| io::Error::other(e.to_string()))?;
+    if let Some(base) = base {
+        let base = checkpoint::decode_shared(base).map_err(io::Error::other)?;
+        ids.extend(
+            kv::checkpoint_segments(&base.kv_image).map_err(|e| io::Error::other(e.to_string()))?,
+        );
+        ids.sort_unstable();
+        ids.dedup();
+    }
+    Ok(ids)
+}
+
+/// For a delta checkpoint file, the index of the base it names.
+fn base_index_of(data: &Bytes) -> io::Result<Option<u64>> {
+    let cp = checkpoint::decode_shared(data).map_err(io::Error::other)?;
+    Ok(checkpoint::base_index(&cp))
+}
+
+/// Whether `base` is the full checkpoint file the delta `data` names.
+fn is_base_of(data: &Bytes, base: &Bytes) -> io::Result<bool> {
+    let (cp, base) = (
+        checkpoint::decode_shared(data).map_err(io::Error::other)?,
+        checkpoint::decode_shared(base).map_err(io::Error::other)?,
+    );
+    Ok(
+        match (
+            kv::checkpoint_kind(&cp.kv_image),
+            kv::checkpoint_kind(&base.kv_image),
+        ) {
+            (Ok(kv::CheckpointKind::Delta(named)), Ok(kv::CheckpointKind::Full(full))) => {
+                named == full && base.meta.index == named.applied_index()
+            }
+            _ => false,
+        },
+    )
 }
 
 /// Writes `w` after at most `CHUNK_WRITE_TIMEOUT`, or fails.
@@ -195,36 +241,64 @@ async fn write_timed<W: futures_lite::AsyncWrite + Unpin>(
 }
 
 /// Streams the snapshot at `index` whose checkpoint file is `data` (the leader's, pointing
-/// into `vlog_dir`): the begin frame, the file's chunks, then each segment's. Returns the
-/// bytes written. The caller sends the raft message after it.
+/// into the segment files of `vlog_dir`; a delta's base is in `snap_dir`): the begin frame,
+/// the file's chunks, a delta's base's, then each segment's. Returns the bytes written. The
+/// caller sends the raft message after it.
 pub async fn write_snapshot<W: futures_lite::AsyncWrite + Unpin>(
     w: &mut W,
     data: &Bytes,
     index: u64,
-    vlog_dir: &Path,
+    (vlog_dir, snap_dir): (&Path, &Path),
     chunk_bytes: usize,
 ) -> io::Result<u64> {
     assert!(chunk_bytes > 0, "a chunk carries bytes");
-    let listed = {
+    let (base, listed) = {
         let data = data.clone();
-        rt::on_thread("keel-snapshot-out", move || segments_of(&data)).await?
+        let snap_dir = snap_dir.to_path_buf();
+        rt::on_thread("keel-snapshot-out", move || {
+            // Mapped now: a newer full checkpoint may unlink the file while this goes out.
+            let base = match base_index_of(&data)? {
+                None => None,
+                Some(base_index) => {
+                    let path = snap_dir.join(checkpoint::file_name(base_index));
+                    let file = keel_io::vlog::map_file_to_read(&path).map_err(|e| {
+                        io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+                    })?;
+                    let base = file.bytes().clone();
+                    if !is_base_of(&data, &base)? {
+                        return Err(io::Error::other(format!(
+                            "{} is not the base its delta names",
+                            path.display()
+                        )));
+                    }
+                    Some(base)
+                }
+            };
+            let listed = segments_of(&data, base.as_ref())?;
+            Ok::<_, io::Error>((base, listed))
+        })
+        .await?
     };
     let mut sent = 0u64;
     let begin = encode_begin(index, data.len() as u64);
     write_timed(w, &begin).await?;
     sent += begin.len() as u64;
-    let file_bytes = data.len() as u64;
-    for offset in (0..data.len()).step_by(chunk_bytes) {
-        let body = data.slice(offset..(offset + chunk_bytes).min(data.len()));
-        let header = ChunkHeader {
-            part: Part::Checkpoint,
-            offset: offset as u64,
-            file_bytes,
-        };
-        let head = encode_chunk_header(header, body.len());
-        write_timed(w, &head).await?;
-        write_timed(w, &body).await?;
-        sent += (head.len() + body.len()) as u64;
+    let files = [(Part::Checkpoint, Some(data)), (Part::Base, base.as_ref())];
+    for (part, file) in files {
+        let Some(file) = file else { continue };
+        let file_bytes = file.len() as u64;
+        for offset in (0..file.len()).step_by(chunk_bytes) {
+            let body = file.slice(offset..(offset + chunk_bytes).min(file.len()));
+            let header = ChunkHeader {
+                part,
+                offset: offset as u64,
+                file_bytes,
+            };
+            let head = encode_chunk_header(header, body.len());
+            write_timed(w, &head).await?;
+            write_timed(w, &body).await?;
+            sent += (head.len() + body.len()) as u64;
+        }
     }
     // Segment files are read on a thread (a read may wait for the disk; the raft CPU must
     // not), a few chunks ahead of the socket.
@@ -309,6 +383,8 @@ pub struct StagedSnapshot {
     /// The checkpoint file, which the raft message carries on as its data (the same buffer:
     /// the driver finds this staging by it).
     pub data: Bytes,
+    /// For a delta, its base's checkpoint file.
+    pub base: Option<Bytes>,
 }
 
 /// The segment file being received.
@@ -326,6 +402,9 @@ pub struct IncomingSnapshot {
     dir: PathBuf,
     checkpoint: Vec<u8>,
     checkpoint_bytes: u64,
+    /// A delta's base file as it comes, and its length (from its first chunk).
+    base: Vec<u8>,
+    base_bytes: Option<u64>,
     open: Option<OpenSegment>,
     segments: Vec<u32>,
     /// Set once handed on: the staging directory is then the driver's.
@@ -372,6 +451,8 @@ impl IncomingSnapshot {
             dir,
             checkpoint,
             checkpoint_bytes,
+            base: Vec::new(),
+            base_bytes: None,
             open: None,
             segments: Vec::new(),
             finished: false,
@@ -399,8 +480,35 @@ impl IncomingSnapshot {
                 self.checkpoint.extend_from_slice(&frame[body_at..]);
                 Ok(())
             }
+            Part::Base => {
+                if (self.checkpoint.len() as u64) < self.checkpoint_bytes
+                    || self.open.is_some()
+                    || !self.segments.is_empty()
+                    || h.offset != self.base.len() as u64
+                    || self.base_bytes.is_some_and(|b| b != h.file_bytes)
+                {
+                    return Err(protocol("base chunk out of order"));
+                }
+                if self.base_bytes.is_none() {
+                    // As large as the index, like the checkpoint file: an absurd length fails
+                    // the stream, not the process.
+                    self.base
+                        .try_reserve_exact(
+                            usize::try_from(h.file_bytes)
+                                .map_err(|_| protocol("base checkpoint too large"))?,
+                        )
+                        .map_err(|_| protocol("no memory for the base checkpoint file"))?;
+                    self.base_bytes = Some(h.file_bytes);
+                }
+                self.base.extend_from_slice(&frame[body_at..]);
+                Ok(())
+            }
             Part::Segment(id) => {
-                if (self.checkpoint.len() as u64) < self.checkpoint_bytes {
+                if (self.checkpoint.len() as u64) < self.checkpoint_bytes
+                    || self
+                        .base_bytes
+                        .is_some_and(|b| (self.base.len() as u64) < b)
+                {
                     return Err(protocol("segment chunk before the whole checkpoint"));
                 }
                 let mut open = match self.open.take() {
@@ -458,11 +566,32 @@ impl IncomingSnapshot {
         {
             return Err(protocol("the raft message came before the whole snapshot"));
         }
+        if self
+            .base_bytes
+            .is_some_and(|b| (self.base.len() as u64) != b)
+        {
+            return Err(protocol("the raft message came before the whole snapshot"));
+        }
         let data = Bytes::from(std::mem::take(&mut self.checkpoint));
+        let base = self
+            .base_bytes
+            .map(|_| Bytes::from(std::mem::take(&mut self.base)));
         let (dir, checked, received) = (self.dir.clone(), data.clone(), self.segments.clone());
+        let checked_base = base.clone();
         rt::on_thread("keel-snapshot-in", move || {
-            // Checked here, off the raft CPU, so that a snapshot raft installs is whole.
-            if segments_of(&checked)? != received {
+            // Checked here, off the raft CPU, so that a snapshot raft installs is whole: a
+            // delta comes with the base it names, a full checkpoint alone.
+            let whole = match (base_index_of(&checked)?, &checked_base) {
+                (None, None) => true,
+                (Some(_), Some(base)) => is_base_of(&checked, base)?,
+                _ => false,
+            };
+            if !whole {
+                return Err(protocol(
+                    "a delta checkpoint without its base, or a base without a delta",
+                ));
+            }
+            if segments_of(&checked, checked_base.as_ref())? != received {
                 return Err(protocol(
                     "the segments sent are not those its checkpoint names",
                 ));
@@ -479,6 +608,7 @@ impl IncomingSnapshot {
             dir: self.dir.clone(),
             segments: std::mem::take(&mut self.segments),
             data,
+            base,
         })
     }
 }
@@ -553,7 +683,7 @@ pub fn place(
         path: path.to_path_buf(),
         source,
     };
-    let mut cp = checkpoint::decode_shared(&staged.data).map_err(bad)?;
+    let cp = checkpoint::decode_shared(&staged.data).map_err(bad)?;
     let listed = staged.segments.clone();
     std::fs::create_dir_all(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
     for &id in &listed {
@@ -571,16 +701,35 @@ pub fn place(
     // Renamed only when the ids move (a member that had segments of its own); a new member
     // keeps the leader's ids and the file as it came. Each copy is the index's size: the
     // one before it goes first.
-    let file = if shift == 0 || listed.is_empty() {
-        staged.data.clone()
-    } else {
+    let renamed = |file: &Bytes, mut cp: checkpoint::Checkpoint| -> Result<Bytes, CoreError> {
+        if shift == 0 || listed.is_empty() {
+            return Ok(file.clone());
+        }
         let renamed = {
             let leaders = std::mem::take(&mut cp.kv_image);
             kv::renumber_segments(&leaders, shift).map_err(|e| bad(e.to_string()))?
         };
-        Bytes::from(cp.encode_with_image(&renamed))
+        Ok(Bytes::from(cp.encode_with_image(&renamed)))
     };
-    drop(cp);
+    // A delta's base goes first, under its own index: a crash before the delta is written
+    // leaves it a full checkpoint older than this member's newest, which removal takes.
+    // Same index, same state: one of this member's own there is replaced by it unharmed
+    // (the rename is atomic, and a delta of its own that names it finds the same state).
+    let base = match &staged.base {
+        None => None,
+        Some(base_file) => {
+            let base_cp = checkpoint::decode_shared(base_file).map_err(bad)?;
+            let base_index = base_cp.meta.index;
+            let file = renamed(base_file, base_cp)?;
+            let path = snap_dir.join(checkpoint::file_name(base_index));
+            crate::ids::write_durably(snap_dir, &path, &file)?;
+            drop(file);
+            let mapped =
+                keel_io::vlog::map_file_to_read(&path).map_err(|e| data_dir_error(&path, e))?;
+            Some(mapped.bytes().clone())
+        }
+    };
+    let file = renamed(&staged.data, cp)?;
     let path = snap_dir.join(checkpoint::file_name(staged.index));
     crate::ids::write_durably(snap_dir, &path, &file)?;
     // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy.
@@ -603,6 +752,7 @@ pub fn place(
             index: staged.index,
             data: file,
             files,
+            base,
         },
         mapped,
     ))
@@ -618,6 +768,12 @@ mod tests {
     /// value-log writer leaves them: records, then zeros to a whole block), and its
     /// checkpoint file at raft index 7.
     fn leader(vlog_dir: &Path) -> (Bytes, kv::Reader) {
+        let (w, r) = leader_store(vlog_dir);
+        (checkpoint_file(7, &w.checkpoint()), r)
+    }
+
+    /// The leader's store of `leader`, its values in segment files under `vlog_dir`.
+    fn leader_store(vlog_dir: &Path) -> (kv::Writer, kv::Reader) {
         let (mut w, r) = kv::Store::with_value_log(kv::ValueLogOptions {
             segment_bytes: 8192,
             first_segment_id: 3,
@@ -625,23 +781,33 @@ mod tests {
         });
         std::fs::create_dir_all(vlog_dir).unwrap();
         for i in 0..60u64 {
-            let put = kv::Op::Put(kv::PutRequest {
-                key: Bytes::from(format!("key-{i:03}")),
-                value: Bytes::from(vec![i as u8; 1000]),
-                ..Default::default()
-            });
-            w.apply(i + 1, &put).unwrap();
-            for sealed in w.take_sealed_segments() {
-                let mut file: Vec<u8> = sealed.records.to_vec();
-                file.resize(file.len().next_multiple_of(4096), 0);
-                let path = keel_io::vlog::segment_path(vlog_dir, sealed.id);
-                std::fs::write(&path, &file).unwrap();
-                let mapped = vlog_writer::map_segment(vlog_dir, sealed.id).unwrap();
-                w.segment_durable(sealed.id, sealed.bytes, mapped);
-            }
+            put_sealed(&mut w, vlog_dir, i + 1, i, i as u8);
         }
-        let file = checkpoint::encode(
-            7,
+        (w, r)
+    }
+
+    /// Applies a put of 1000 bytes to key `key` at raft index `index`, then writes every
+    /// sealed segment as the value-log writer does.
+    fn put_sealed(w: &mut kv::Writer, vlog_dir: &Path, index: u64, key: u64, byte: u8) {
+        let put = kv::Op::Put(kv::PutRequest {
+            key: Bytes::from(format!("key-{key:03}")),
+            value: Bytes::from(vec![byte; 1000]),
+            ..Default::default()
+        });
+        w.apply(index, &put).unwrap();
+        for sealed in w.take_sealed_segments() {
+            let mut file: Vec<u8> = sealed.records.to_vec();
+            file.resize(file.len().next_multiple_of(4096), 0);
+            let path = keel_io::vlog::segment_path(vlog_dir, sealed.id);
+            std::fs::write(&path, &file).unwrap();
+            let mapped = vlog_writer::map_segment(vlog_dir, sealed.id).unwrap();
+            w.segment_durable(sealed.id, sealed.bytes, mapped);
+        }
+    }
+
+    fn checkpoint_file(index: u64, kv_image: &[u8]) -> Bytes {
+        Bytes::from(checkpoint::encode(
+            index,
             2,
             &keel_raft::ConfState::default(),
             checkpoint::ClusterState {
@@ -650,9 +816,8 @@ mod tests {
                 auth: &Default::default(),
                 removed: &[],
             },
-            &w.checkpoint(),
-        );
-        (Bytes::from(file), r)
+            kv_image,
+        ))
     }
 
     /// The frames a stream wrote, without their length prefixes.
@@ -711,11 +876,11 @@ mod tests {
                     follower_dir.path().join("snap"),
                 );
                 let (data, leader_reader) = leader(&vlog);
-                let listed = segments_of(&data).unwrap();
+                let listed = segments_of(&data, None).unwrap();
                 assert!(listed.len() > 3, "the values span segments: {listed:?}");
                 // Chunks far smaller than the files, so each file takes several.
                 let mut out = futures_lite::io::Cursor::new(Vec::new());
-                let sent = write_snapshot(&mut out, &data, 7, &vlog, 1000)
+                let sent = write_snapshot(&mut out, &data, 7, (&vlog, &vlog), 1000)
                     .await
                     .unwrap();
                 let stream = out.into_inner();
@@ -791,6 +956,101 @@ mod tests {
     }
 
     #[test]
+    fn a_delta_streams_with_its_base_and_the_follower_restores_the_pair() {
+        run(|| {
+            Box::pin(async {
+                let leader_dir = tempfile::tempdir().unwrap();
+                let follower_dir = tempfile::tempdir().unwrap();
+                let vlog = leader_dir.path().join("vlog");
+                let leader_snap = leader_dir.path().join("snap");
+                std::fs::create_dir_all(&leader_snap).unwrap();
+                let (mut w, leader_reader) = leader_store(&vlog);
+                // The base: a full checkpoint at 60; then a few keys change and the delta at
+                // 64 holds only those.
+                let source = w.checkpoint_source();
+                let base = source.delta_base();
+                let base_file = checkpoint_file(60, &source.serialize().unwrap());
+                std::fs::write(leader_snap.join(checkpoint::file_name(60)), &base_file).unwrap();
+                for (n, key) in [5u64, 17, 40, 41].into_iter().enumerate() {
+                    put_sealed(&mut w, &vlog, 61 + n as u64, key, 0xee);
+                }
+                let parts = w
+                    .checkpoint_source()
+                    .serialize_parts_against(Some(&base))
+                    .unwrap();
+                assert_eq!(parts.delta_of(), Some(60));
+                let data = checkpoint_file(64, &parts.to_vec());
+                assert!(data.len() * 4 < base_file.len());
+                let listed = segments_of(&data, Some(&base_file)).unwrap();
+
+                let mut out = futures_lite::io::Cursor::new(Vec::new());
+                write_snapshot(&mut out, &data, 64, (&vlog, &leader_snap), 1000)
+                    .await
+                    .unwrap();
+                let frames = frames(&out.into_inner());
+                let snap = follower_dir.path().join("snap");
+                let staging = snap.join(STAGING_DIR);
+                // Without its base, the delta is refused when the raft message comes.
+                let no_base: Vec<Vec<u8>> = frames
+                    .iter()
+                    .filter(|f| {
+                        f[0] != FRAME_SNAPSHOT_CHUNK
+                            || parse_chunk_header(&f[1..]).unwrap().part != Part::Base
+                    })
+                    .cloned()
+                    .collect();
+                let incoming = receive(&staging, no_base).await.unwrap();
+                let refused = incoming.finish(64).await.unwrap_err().to_string();
+                assert!(refused.contains("without its base"), "{refused}");
+
+                let incoming = receive(&staging, frames).await.unwrap();
+                let staged = incoming.finish(64).await.unwrap();
+                assert_eq!(staged.segments, listed);
+                assert_eq!(staged.base.as_ref(), Some(&base_file));
+                let shift = 50;
+                let follower_vlog = follower_dir.path().join("vlog");
+                let (placed, _mapped) = place(staged, shift, &snap, &follower_vlog).unwrap();
+                // Both files are written, renamed alike, and the pair restores to the leader's
+                // store from the follower's files.
+                let written_base = std::fs::read(snap.join(checkpoint::file_name(60))).unwrap();
+                assert_eq!(placed.base.as_deref(), Some(&written_base[..]));
+                let (cp, base_cp) = (
+                    checkpoint::decode(&placed.data).unwrap(),
+                    checkpoint::decode(&written_base).unwrap(),
+                );
+                let raised: Vec<u32> = listed.iter().map(|id| id + shift).collect();
+                let mut named = kv::checkpoint_segments(&cp.kv_image).unwrap();
+                named.extend(kv::checkpoint_segments(&base_cp.kv_image).unwrap());
+                named.sort_unstable();
+                named.dedup();
+                assert_eq!(named, raised);
+                let (_, reader) = kv::Store::restore_on_base(
+                    &cp.kv_image,
+                    Some(&base_cp.kv_image),
+                    kv::ValueLogOptions {
+                        on_disk: true,
+                        ..Default::default()
+                    },
+                    &mut |id| {
+                        placed
+                            .files
+                            .get(&id)
+                            .cloned()
+                            .ok_or(format!("no segment {id}"))
+                    },
+                    kv::RestoreHelpers::NONE,
+                )
+                .unwrap();
+                let rev = leader_reader.current_revision();
+                assert_eq!(
+                    reader.hash_kv(rev).unwrap(),
+                    leader_reader.hash_kv(rev).unwrap()
+                );
+            })
+        });
+    }
+
+    #[test]
     fn a_broken_or_disordered_stream_is_refused_and_its_staging_deleted() {
         run(|| {
             Box::pin(async {
@@ -799,7 +1059,7 @@ mod tests {
                 let vlog = leader_dir.path().join("vlog");
                 let (data, _) = leader(&vlog);
                 let mut out = futures_lite::io::Cursor::new(Vec::new());
-                write_snapshot(&mut out, &data, 7, &vlog, 4096)
+                write_snapshot(&mut out, &data, 7, (&vlog, &vlog), 4096)
                     .await
                     .unwrap();
                 let all = frames(&out.into_inner());
@@ -854,10 +1114,10 @@ mod tests {
                 assert!(extra.finish(7).await.is_err());
 
                 // A leader whose segment file is gone fails its stream (raft sends it again).
-                let listed = segments_of(&data).unwrap();
+                let listed = segments_of(&data, None).unwrap();
                 std::fs::remove_file(keel_io::vlog::segment_path(&vlog, listed[1])).unwrap();
                 let mut out = futures_lite::io::Cursor::new(Vec::new());
-                let gone = write_snapshot(&mut out, &data, 7, &vlog, 4096)
+                let gone = write_snapshot(&mut out, &data, 7, (&vlog, &vlog), 4096)
                     .await
                     .unwrap_err();
                 assert_eq!(gone.kind(), io::ErrorKind::NotFound, "{gone}");

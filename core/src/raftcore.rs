@@ -98,6 +98,8 @@ pub struct RaftCoreParts {
     auth: crate::auth::AuthImage,
     removed: Vec<u64>,
     last_checkpoint_index: u64,
+    /// The oldest checkpoint file the newest one needs (a delta's base, or itself).
+    checkpoint_root: u64,
 }
 
 /// Opens the data directory: the newest valid checkpoint, then the WAL after it. Returns the
@@ -130,7 +132,7 @@ pub async fn open(
     // Value-log segments: keep those a kept checkpoint points into, delete the rest, and map
     // the kept ones for the restore (values are read from the files, never copied in).
     let vlog_dir = config.data_dir.join("vlog");
-    let kept = segments_of_checkpoints(&snap_dir, newest.as_ref().map(|(cp, _)| cp));
+    let kept = segments_of_checkpoints(&snap_dir, newest.as_ref().map(|l| &l.checkpoint));
     let first_segment_id = vlog_writer::remove_unreferenced(&vlog_dir, &kept)?;
     let segments_ms = started.elapsed().as_millis() as u64 - wal_ms - checkpoint_ms;
     let value_log = kv::ValueLogOptions {
@@ -151,8 +153,22 @@ pub async fn open(
         limits.raft_uncommitted_bytes_max,
     );
     let records_count = records.len();
+    let checkpoint_base = newest
+        .as_ref()
+        .and_then(|l| l.base.as_ref())
+        .map_or(0, |(base, _)| base.meta.index);
     let (checkpoint, mapped) = match newest {
-        Some((cp, file)) => (Some((cp, file.bytes().clone())), Some(file)),
+        Some(checkpoint::Loaded {
+            checkpoint: cp,
+            file,
+            base,
+        }) => {
+            let (base, base_file) = base.unzip();
+            (
+                Some((cp, file.bytes().clone(), base)),
+                Some((file, base_file)),
+            )
+        }
         None => (None, None),
     };
     // The restore of a large index is most of a start: parts of it are built on threads
@@ -177,8 +193,12 @@ pub async fn open(
     // The restore read the whole mapped checkpoint: those pages leave this process's memory
     // (raft keeps the mapping, to send a follower), and the allocator gives back what the
     // restore freed.
-    if let Some(file) = mapped {
+    if let Some((file, base_file)) = mapped {
         file.forget_resident_pages();
+        // A delta's base is needed only for the restore: its mapping goes now.
+        if let Some(base_file) = base_file {
+            base_file.forget_resident_pages();
+        }
     }
     rt::release_freed_memory();
     tracing::info!(
@@ -188,6 +208,7 @@ pub async fn open(
         restore_and_replay_ms =
             started.elapsed().as_millis() as u64 - wal_ms - checkpoint_ms - segments_ms,
         wal_records = records_count,
+        checkpoint_base,
         "opened the data directory"
     );
     let recovery::Recovered {
@@ -199,6 +220,7 @@ pub async fn open(
         auth,
         removed,
         checkpoint_index,
+        checkpoint_root,
     } = recovered;
     if let Ok(key) = std::env::var(TEST_FLIP_VALUE_ENV) {
         // Test-only: damage this member's copy of one value, as a disk or memory fault would,
@@ -218,6 +240,7 @@ pub async fn open(
             auth,
             removed,
             last_checkpoint_index: checkpoint_index,
+            checkpoint_root,
         },
         reader,
     ))
@@ -237,6 +260,7 @@ impl RaftCore {
             auth,
             removed,
             last_checkpoint_index,
+            checkpoint_root,
         } = parts;
         let transport = Transport::new(
             shared.member_id(),
@@ -276,6 +300,7 @@ impl RaftCore {
             ids_first: shared.next_proposal_id(),
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
+        member.set_checkpoint_root(checkpoint_root);
         member.restore_auth(&auth);
         member.restore_removed(&removed);
         let clock_origin = shared.started_at;
@@ -599,7 +624,7 @@ impl RaftCore {
             && m.snapshot.as_ref().is_some_and(|s| !s.data.is_empty());
         if streamed {
             self.transport
-                .send_snapshot(m, self.vlog.dir().to_path_buf());
+                .send_snapshot(m, self.vlog.dir().to_path_buf(), self.snap_dir.clone());
         } else {
             self.transport.send(m);
         }
@@ -832,7 +857,7 @@ impl RaftCore {
         &mut self,
         outcome: Result<Written, CoreError>,
     ) -> Result<(), CoreError> {
-        let (index, conf_state, file) = match outcome? {
+        let (index, conf_state, file, delta_of) = match outcome? {
             Written::Raced { index } => {
                 tracing::info!(index, "checkpoint skipped: a compaction raced it");
                 self.member.checkpoint_abandoned(index);
@@ -842,6 +867,7 @@ impl RaftCore {
                 index,
                 conf_state,
                 file,
+                delta_of,
                 serialize_elapsed,
                 elapsed,
             } => {
@@ -849,14 +875,18 @@ impl RaftCore {
                 tracing::info!(
                     index,
                     bytes = file.len(),
+                    delta_of,
                     serialize_ms = serialize_elapsed.as_millis() as u64,
                     elapsed_ms = elapsed.as_millis() as u64,
                     "checkpoint written"
                 );
-                (index, conf_state, file)
+                (index, conf_state, file, delta_of)
             }
         };
-        match self.member.checkpoint_written(index, conf_state, file)? {
+        match self
+            .member
+            .checkpoint_written(index, conf_state, file, delta_of)?
+        {
             CheckpointCompletion::Taken {
                 done,
                 previous_image,

@@ -7,6 +7,20 @@
 //!  payload_crc32 u32 | header_crc32 u32 | payload`.
 //! rkyv puts its root at the END of the payload, so trailing zero padding could read back as an
 //! empty archive: restore insists on the exact length, the crc of the exact bytes, and the key count.
+//!
+//! An incremental checkpoint (a delta, format 3) holds only the keys that changed since a full
+//! checkpoint, its base: its payload starts with the base's applied index (u64) and revision
+//! (i64), 16 bytes that keep the archive after them aligned, and the payload crc covers them.
+//! Everything else (revisions, leases, segments) is whole in a delta. A delta holds each key's
+//! versions newer than the base's revision (a key's list only grows at its end); a restore
+//! puts them after the base's list of the key, less what compaction trimmed since, which the
+//! restore redoes. Values of the base's versions are where the base points (reclaim may have
+//! moved them since: the base's segment files stay while it is kept, and a store restored so
+//! reclaims those segments again). A key that compaction
+//! removed outright since the base would be missing from both and come back: the writer keeps
+//! such a key's tombstone until a newer base (`Writer::set_delta_base_revision`).
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use crossbeam_epoch as epoch;
@@ -24,6 +38,13 @@ const MAGIC: [u8; 8] = *b"KEELKVCP";
 const FORMAT_VERSION: u32 = 2;
 /// Format 1 (every value inline) still loads.
 const FORMAT_VERSION_INLINE: u32 = 1;
+/// An incremental checkpoint: format 2's archive after a reference to its base.
+const FORMAT_VERSION_DELTA: u32 = 3;
+/// A delta's payload before its archive: the base's applied index and revision.
+const DELTA_PREFIX_BYTES: usize = 16;
+/// A delta is written only when its archive would be at most this share (1/n) of a full one's:
+/// a restore then reads the base and the delta, and a larger delta saves too little.
+const DELTA_SHARE_MAX: usize = 4;
 /// Bytes before the payload.
 pub const HEADER_BYTES: usize = 40;
 const _: () = assert!(HEADER_BYTES == 8 + 4 + 4 + 8 + 8 + 4 + 4);
@@ -121,6 +142,13 @@ struct StreamTotals {
 }
 
 impl StreamTotals {
+    fn count(&mut self, key_bytes: usize, versions: usize, inline_bytes: usize) {
+        self.keys += 1;
+        self.key_bytes += key_bytes;
+        self.versions += versions;
+        self.inline_bytes += inline_bytes;
+    }
+
     /// An upper bound on the archive's bytes, as `archived_bytes_max` bounds an owned one's.
     fn archived_bytes_max(&self, leases: usize, segments: usize) -> usize {
         use std::mem::{align_of, size_of};
@@ -165,6 +193,8 @@ struct CheckpointStream<'a> {
 /// them; each walk reads the index afresh.
 struct IndexKeys<'a> {
     source: &'a CheckpointSource,
+    /// A delta's base: only the keys that changed since it are archived.
+    base: Option<&'a DeltaBase>,
     table: &'a crate::segments::SegmentTable,
     guard: &'a epoch::Guard,
     /// The keys the first count found: the archived vector's length.
@@ -190,14 +220,15 @@ impl<'a> Iterator for KeptKeys<'a> {
         }
         for entry in self.entries.by_ref() {
             let list = entry.value().load(self.keys.guard);
-            let kept = list.partition_point(|v| v.main() <= self.keys.source.revision);
-            if kept > 0 {
+            let kept = &list[..list.partition_point(|v| v.main() <= self.keys.source.revision)];
+            let versions = self.keys.base.map_or(kept, |b| b.new_versions(kept));
+            if !versions.is_empty() {
                 self.left -= 1;
                 self.keys.yielded.set(self.keys.yielded.get() + 1);
                 return Some(KeptKey {
                     keys: self.keys,
                     entry,
-                    versions: &list[..kept],
+                    versions,
                 });
             }
         }
@@ -328,6 +359,81 @@ where
     }
 }
 
+/// A full checkpoint as a delta taken against it names it: its applied index and revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaBase {
+    applied_index: u64,
+    revision: i64,
+}
+
+impl DeltaBase {
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// The versions of a key (those at or below the delta's revision) that the base does not
+    /// hold: those newer than it. A key's list only grows at its end, and loses only its
+    /// oldest versions to compaction, which a restore redoes, so the base's list and these
+    /// make the key's list. A value reclaim moved since is still where the base points (the
+    /// base keeps every segment file it names, and a restored store reclaims that segment
+    /// again), and one the base holds inline is there.
+    fn new_versions<'v>(&self, versions: &'v [Version]) -> &'v [Version] {
+        &versions[versions.partition_point(|v| v.main() <= self.revision)..]
+    }
+}
+
+/// What a checkpoint image is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointKind {
+    /// A whole store: a restore needs nothing else, and deltas may be taken against it.
+    Full(DeltaBase),
+    /// A whole store with every value inline (format 1): no delta is taken against it.
+    Inline,
+    /// The changes since the full checkpoint this names: a restore needs that one too.
+    Delta(DeltaBase),
+}
+
+/// What `image` is (see [`CheckpointKind`]). Checks the frame and reads only the archive's
+/// header and segment list.
+pub fn checkpoint_kind(image: &[u8]) -> Result<CheckpointKind> {
+    let payload = validated_payload(image)?;
+    if let Some(base) = payload.base {
+        return Ok(CheckpointKind::Delta(DeltaBase {
+            applied_index: base.applied_index,
+            revision: base.revision,
+        }));
+    }
+    if payload.format == FORMAT_VERSION_INLINE {
+        return Ok(CheckpointKind::Inline);
+    }
+    let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&payload.aligned)
+        .map_err(|_| damaged("archive failed validation"))?;
+    Ok(CheckpointKind::Full(DeltaBase {
+        applied_index: data.applied_index.to_native(),
+        revision: data.current_rev.to_native(),
+    }))
+}
+
+/// A delta's reference to its base, as its payload starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BaseRef {
+    applied_index: u64,
+    revision: i64,
+}
+
+impl BaseRef {
+    fn bytes(self) -> [u8; DELTA_PREFIX_BYTES] {
+        let mut out = [0u8; DELTA_PREFIX_BYTES];
+        out[..8].copy_from_slice(&self.applied_index.to_le_bytes());
+        out[8..].copy_from_slice(&self.revision.to_le_bytes());
+        out
+    }
+}
+
 /// Everything a checkpoint needs, captured on the writer in O(leases); the expensive part,
 /// [`CheckpointSource::serialize`], reads the lock-free index and can run on any thread while the
 /// writer keeps applying, so a checkpoint never pauses the raft core for long.
@@ -432,10 +538,49 @@ impl CheckpointSource {
     /// and their version lists is made (at 4M keys that copy was about 500 MB, held beside the
     /// archive at the peak of every checkpoint).
     pub fn serialize_parts(&self) -> Result<ImageParts> {
+        self.serialize_parts_against(None)
+    }
+
+    /// This capture as the base of later deltas, were it written in full.
+    pub fn delta_base(&self) -> DeltaBase {
+        DeltaBase {
+            applied_index: self.applied_index,
+            revision: self.revision,
+        }
+    }
+
+    /// As `serialize_parts`, or an incremental checkpoint against `base` (a full checkpoint
+    /// at or below this capture) when that is at most `1/DELTA_SHARE_MAX` of the full one's
+    /// size: a store whose writes go to a small share of its keys then writes and fsyncs that
+    /// share, not the whole index, at each checkpoint. [`ImageParts::delta_of`] says which.
+    pub fn serialize_parts_against(&self, base: Option<&DeltaBase>) -> Result<ImageParts> {
+        self.serialize_parts_choosing(base, false)
+    }
+
+    /// A delta against `base` whatever its size (simulations, which keep few keys, exercise
+    /// deltas through it); a full checkpoint only when `base` is this capture's own index.
+    pub fn serialize_delta_parts(&self, base: &DeltaBase) -> Result<ImageParts> {
+        self.serialize_parts_choosing(Some(base), true)
+    }
+
+    fn serialize_parts_choosing(
+        &self,
+        base: Option<&DeltaBase>,
+        always_delta: bool,
+    ) -> Result<ImageParts> {
+        let base = base.filter(|b| {
+            assert!(
+                b.applied_index <= self.applied_index && b.revision <= self.revision,
+                "a delta's base is older than the delta"
+            );
+            b.applied_index < self.applied_index
+        });
         let guard = epoch::pin();
         let table = self.reader.shared.segments.load(&guard);
-        // First the sizes: how many keys the archive holds, and an upper bound on its bytes.
-        let mut totals = StreamTotals::default();
+        // First the sizes: how many keys the archive holds, and an upper bound on its bytes,
+        // for the whole store and for the changes since `base`.
+        let mut full = StreamTotals::default();
+        let mut delta = StreamTotals::default();
         for entry in self.reader.shared.index.iter() {
             let list = entry.value().load(&guard);
             let kept = list.partition_point(|v| v.main() <= self.revision);
@@ -443,15 +588,26 @@ impl CheckpointSource {
                 // A key created after the captured revision has nothing to keep.
                 continue;
             }
-            totals.keys += 1;
-            totals.key_bytes += entry.key().len();
-            totals.versions += kept;
-            totals.inline_bytes += list[..kept]
-                .iter()
-                .filter(|v| v.segment != SEGMENT_NONE && !self.is_durable(v.segment))
-                .map(|v| v.value_len())
-                .sum::<usize>();
+            let kept = &list[..kept];
+            let inline_bytes = |versions: &[Version]| {
+                versions
+                    .iter()
+                    .filter(|v| v.segment != SEGMENT_NONE && !self.is_durable(v.segment))
+                    .map(|v| v.value_len())
+                    .sum::<usize>()
+            };
+            full.count(entry.key().len(), kept.len(), inline_bytes(kept));
+            if let Some(new) = base.map(|b| b.new_versions(kept)).filter(|n| !n.is_empty()) {
+                delta.count(entry.key().len(), new.len(), inline_bytes(new));
+            }
         }
+        let (leases, segments) = (self.leases.len(), self.durable_segments.len());
+        let base = base.filter(|_| {
+            always_delta
+                || delta.archived_bytes_max(leases, segments) * DELTA_SHARE_MAX
+                    <= full.archived_bytes_max(leases, segments)
+        });
+        let totals = if base.is_some() { delta } else { full };
         let values = std::cell::RefCell::new(Vec::with_capacity(totals.inline_bytes));
         let yielded = std::cell::Cell::new(0usize);
         let stream = CheckpointStream {
@@ -460,6 +616,7 @@ impl CheckpointSource {
             compact_rev: self.compact_rev,
             keys: IndexKeys {
                 source: self,
+                base,
                 table,
                 guard: &guard,
                 count: totals.keys,
@@ -471,7 +628,20 @@ impl CheckpointSource {
             segments: self.segment_records(),
         };
         let bound = totals.archived_bytes_max(stream.leases.len(), stream.segments.len());
-        let buffer = rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(bound);
+        let base_ref = base.map(|b| BaseRef {
+            applied_index: b.applied_index,
+            revision: b.revision,
+        });
+        // A delta's prefix goes first in the buffer. rkyv places the archive after what the
+        // buffer holds, aligning each part to the buffer's start; the prefix is a whole
+        // alignment unit, so the archive read from after it is laid out as if on its own.
+        let prefix = base_ref.map_or(0, |_| DELTA_PREFIX_BYTES);
+        const _: () = assert!(DELTA_PREFIX_BYTES.is_multiple_of(PAYLOAD_ALIGN_BYTES));
+        let mut buffer =
+            rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(prefix + bound);
+        if let Some(b) = base_ref {
+            buffer.extend_from_slice(&b.bytes());
+        }
         let payload = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&stream, buffer)
             .expect("serializing plain data into memory cannot fail");
         if self.reader.compact_revision() != self.compact_rev {
@@ -484,12 +654,18 @@ impl CheckpointSource {
             "without a compaction, each pass over the index finds the keys the first count found"
         );
         assert!(
-            payload.len() <= bound,
+            payload.len() <= prefix + bound,
             "the archive fits the bound it was sized for"
         );
+        let format = if base_ref.is_some() {
+            FORMAT_VERSION_DELTA
+        } else {
+            FORMAT_VERSION
+        };
         Ok(ImageParts {
-            header: frame_header(FORMAT_VERSION, totals.keys as u64, &payload),
+            header: frame_header(format, totals.keys as u64, &payload),
             payload,
+            delta_of: base_ref.map(|b| b.applied_index),
         })
     }
 
@@ -697,6 +873,7 @@ pub fn image_from_versions(
     let image = image.to_vec();
     restore(
         &image,
+        None,
         ValueLogOptions::default(),
         &mut no_segment_files,
         RestoreHelpers::NONE,
@@ -716,6 +893,7 @@ fn frame(data: &CheckpointData) -> ImageParts {
     ImageParts {
         header: frame_header(FORMAT_VERSION, data.keys.len() as u64, &payload),
         payload,
+        delta_of: None,
     }
 }
 
@@ -744,9 +922,16 @@ fn archived_bytes_max(data: &CheckpointData) -> usize {
 pub struct ImageParts {
     header: [u8; HEADER_BYTES],
     payload: rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES>,
+    /// A delta's base: the applied index of the full checkpoint it needs.
+    delta_of: Option<u64>,
 }
 
 impl ImageParts {
+    /// For a delta, the applied index of its base (None: a full checkpoint).
+    pub fn delta_of(&self) -> Option<u64> {
+        self.delta_of
+    }
+
     /// The parts, in file order.
     pub fn parts(&self) -> [&[u8]; 2] {
         [&self.header, &self.payload]
@@ -828,6 +1013,9 @@ pub const PAYLOAD_ALIGN_BYTES: usize = 16;
 struct Payload<'a> {
     format: u32,
     key_count: u64,
+    /// A delta's base (format 3).
+    base: Option<BaseRef>,
+    /// The archive (after a delta's prefix).
     aligned: AlignedPayload<'a>,
 }
 
@@ -874,7 +1062,7 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
         return Err(damaged("header crc mismatch"));
     }
     let format = le_u32(bytes, 8);
-    if format != FORMAT_VERSION && format != FORMAT_VERSION_INLINE {
+    if ![FORMAT_VERSION, FORMAT_VERSION_INLINE, FORMAT_VERSION_DELTA].contains(&format) {
         return Err(damaged("unknown format version"));
     }
     let payload_bytes = le_u64(bytes, 16);
@@ -886,6 +1074,18 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
     if crc32fast::hash(payload) != le_u32(bytes, 32) {
         return Err(damaged("payload crc mismatch"));
     }
+    let (base, payload) = if format == FORMAT_VERSION_DELTA {
+        if payload.len() < DELTA_PREFIX_BYTES {
+            return Err(damaged("a delta shorter than its base reference"));
+        }
+        let base = BaseRef {
+            applied_index: le_u64(payload, 0),
+            revision: le_u64(payload, 8) as i64,
+        };
+        (Some(base), &payload[DELTA_PREFIX_BYTES..])
+    } else {
+        (None, payload)
+    };
     // A copy of a 4M-key image costs as much memory again, and the kernel's zeroing of it
     // was most of a restart: read the caller's bytes in place where rkyv can.
     let aligned = if (payload.as_ptr() as usize).is_multiple_of(PAYLOAD_ALIGN_BYTES) {
@@ -896,6 +1096,7 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
     Ok(Payload {
         format,
         key_count,
+        base,
         aligned,
     })
 }
@@ -911,6 +1112,7 @@ pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
     let Payload {
         format,
         key_count,
+        base,
         aligned,
     } = validated_payload(image)?;
     if format == FORMAT_VERSION_INLINE || shift == 0 {
@@ -951,7 +1153,14 @@ pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
             }
         }
     }
-    Ok(frame_payload(FORMAT_VERSION, key_count, &aligned))
+    match base {
+        None => Ok(frame_payload(FORMAT_VERSION, key_count, &aligned)),
+        Some(base) => Ok(frame_payload(
+            FORMAT_VERSION_DELTA,
+            key_count,
+            &[&base.bytes()[..], &aligned[..]].concat(),
+        )),
+    }
 }
 
 /// One version as either format stores it.
@@ -966,8 +1175,11 @@ struct VersionFields {
     value_bytes: u64,
 }
 
+/// Rebuilds a store from `bytes`, and for a delta from `base` too (the full checkpoint it
+/// names; a base given for a full checkpoint is refused, as a missing one is for a delta).
 pub(crate) fn restore(
     bytes: &[u8],
+    base: Option<&[u8]>,
     options: ValueLogOptions,
     files: &mut SegmentFiles<'_>,
     helpers: RestoreHelpers<'_>,
@@ -975,8 +1187,17 @@ pub(crate) fn restore(
     let Payload {
         format,
         key_count,
+        base: base_ref,
         aligned,
     } = validated_payload(bytes)?;
+    match (base_ref, base) {
+        (Some(base_ref), Some(base)) => {
+            return restore_delta(base_ref, key_count, &aligned, base, options, files, helpers)
+        }
+        (Some(_), None) => return Err(damaged("a delta checkpoint without its base")),
+        (None, Some(_)) => return Err(damaged("a base given for a full checkpoint")),
+        (None, None) => {}
+    }
     // Both formats go through one loader; a macro, because their archived types differ.
     macro_rules! load {
         ($archived:ty, $segments:expr, $segment_of:expr) => {{
@@ -995,6 +1216,7 @@ pub(crate) fn restore(
                     .map(|l| (l.id.to_native(), l.ttl_s.to_native()))
                     .collect(),
                 segments: $segments(data),
+                delta_base_revision: data.current_rev.to_native(),
             };
             build(
                 header,
@@ -1025,15 +1247,7 @@ pub(crate) fn restore(
     if format == FORMAT_VERSION {
         load!(
             ArchivedCheckpointData,
-            |d: &ArchivedCheckpointData| d
-                .segments
-                .iter()
-                .map(|s| DurableSegment {
-                    id: s.id.to_native(),
-                    record_bytes: s.record_bytes.to_native(),
-                    value_bytes: s.value_bytes.to_native(),
-                })
-                .collect(),
+            durable_segments_of,
             |v: &ArchivedVersionRecord| v.segment.to_native()
         )
     } else {
@@ -1053,6 +1267,177 @@ struct Header {
     leases: Vec<(i64, i64)>,
     /// The durable segments versions may point into.
     segments: Vec<DurableSegment>,
+    /// The revision of the full checkpoint later deltas are taken against: the restored one's
+    /// own, or a delta's base's (see `Writer::set_delta_base_revision`).
+    delta_base_revision: i64,
+}
+
+fn durable_segments_of(data: &ArchivedCheckpointData) -> Vec<DurableSegment> {
+    data.segments
+        .iter()
+        .map(|s| DurableSegment {
+            id: s.id.to_native(),
+            record_bytes: s.record_bytes.to_native(),
+            value_bytes: s.value_bytes.to_native(),
+        })
+        .collect()
+}
+
+fn version_fields(v: &ArchivedVersionRecord, inline_shift: u64) -> VersionFields {
+    let segment = v.segment.to_native();
+    VersionFields {
+        rev: Revision {
+            main: v.main.to_native(),
+            sub: v.sub.to_native(),
+        },
+        tombstone: v.tombstone,
+        create_revision: v.create_revision.to_native(),
+        version: v.version.to_native(),
+        lease: v.lease.to_native(),
+        segment,
+        value_offset: v.value_offset.to_native()
+            + if segment == SEGMENT_NONE {
+                inline_shift
+            } else {
+                0
+            },
+        value_bytes: v.value_bytes.to_native(),
+    }
+}
+
+/// One key of a delta's restore: its record in the base, in the delta, or both.
+struct MergedKey<'a> {
+    base: Option<&'a ArchivedKeyRecord>,
+    delta: Option<&'a ArchivedKeyRecord>,
+}
+
+/// A key's base versions, then its delta versions (whose inline values are `shift` bytes
+/// further on, after the base's blob).
+struct JoinedVersions<'a> {
+    base: std::slice::Iter<'a, ArchivedVersionRecord>,
+    delta: std::slice::Iter<'a, ArchivedVersionRecord>,
+    shift: u64,
+}
+
+impl Iterator for JoinedVersions<'_> {
+    type Item = VersionFields;
+
+    fn next(&mut self) -> Option<VersionFields> {
+        match self.base.next() {
+            Some(v) => Some(version_fields(v, 0)),
+            None => self.delta.next().map(|v| version_fields(v, self.shift)),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.base.len() + self.delta.len();
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for JoinedVersions<'_> {}
+
+/// A delta over its base: the base's keys with the delta's versions after theirs, the delta's
+/// revisions, leases and segments, and the base's segments that only the base names (its
+/// unchanged keys point into them). The two inline value blobs are read as one, the delta's
+/// after the base's; both are small (values of segments not yet durable at a capture).
+fn restore_delta(
+    base_ref: BaseRef,
+    key_count: u64,
+    archive: &[u8],
+    base: &[u8],
+    options: ValueLogOptions,
+    files: &mut SegmentFiles<'_>,
+    helpers: RestoreHelpers<'_>,
+) -> Result<(Writer, Reader)> {
+    let base_payload = validated_payload(base)?;
+    if base_payload.base.is_some() || base_payload.format != FORMAT_VERSION {
+        return Err(damaged("a delta's base is not a full checkpoint"));
+    }
+    let base_data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&base_payload.aligned)
+        .map_err(|_| damaged("archive failed validation"))?;
+    let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(archive)
+        .map_err(|_| damaged("archive failed validation"))?;
+    if data.keys.len() as u64 != key_count || base_data.keys.len() as u64 != base_payload.key_count
+    {
+        return Err(damaged("key count does not match the header"));
+    }
+    if base_data.applied_index.to_native() != base_ref.applied_index
+        || base_data.current_rev.to_native() != base_ref.revision
+    {
+        return Err(damaged(
+            "the base checkpoint is not the one the delta names",
+        ));
+    }
+    if data.applied_index.to_native() < base_ref.applied_index
+        || data.current_rev.to_native() < base_ref.revision
+    {
+        return Err(damaged("a delta older than its base"));
+    }
+    let mut segments: BTreeMap<u32, DurableSegment> = durable_segments_of(base_data)
+        .into_iter()
+        .map(|d| (d.id, d))
+        .collect();
+    // The delta's record of a segment both list is the newer one.
+    segments.extend(durable_segments_of(data).into_iter().map(|d| (d.id, d)));
+    let header = Header {
+        applied_index: data.applied_index.to_native(),
+        current_rev: data.current_rev.to_native(),
+        compact_rev: data.compact_rev.to_native(),
+        leases: data
+            .leases
+            .iter()
+            .map(|l| (l.id.to_native(), l.ttl_s.to_native()))
+            .collect(),
+        segments: segments.into_values().collect(),
+        delta_base_revision: base_ref.revision,
+    };
+    let values = [base_data.values.as_slice(), data.values.as_slice()].concat();
+    // The merged key list: each key of either, with the base's versions and the delta's
+    // after them where both have it.
+    let (old, new) = (base_data.keys.as_slice(), data.keys.as_slice());
+    let mut merged: Vec<MergedKey<'_>> = Vec::with_capacity(old.len().max(new.len()));
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        let (o, n) = (old.get(i), new.get(j));
+        let (take_old, take_new) = match (o, n) {
+            (Some(o), Some(n)) => match o.key.as_slice().cmp(n.key.as_slice()) {
+                std::cmp::Ordering::Less => (true, false),
+                std::cmp::Ordering::Greater => (false, true),
+                std::cmp::Ordering::Equal => (true, true),
+            },
+            (Some(_), None) => (true, false),
+            (None, _) => (false, true),
+        };
+        merged.push(MergedKey {
+            base: o.filter(|_| take_old),
+            delta: n.filter(|_| take_new),
+        });
+        i += usize::from(take_old);
+        j += usize::from(take_new);
+    }
+    let shift = base_data.values.len() as u64;
+    build(
+        header,
+        &values,
+        &merged,
+        |m: &MergedKey<'_>| {
+            let key = m.base.or(m.delta).expect("one of the two has the key");
+            let base = m.base.map(|r| r.versions.as_slice()).unwrap_or(&[]);
+            let delta = m.delta.map(|r| r.versions.as_slice()).unwrap_or(&[]);
+            (
+                key.key.as_slice(),
+                JoinedVersions {
+                    base: base.iter(),
+                    delta: delta.iter(),
+                    shift,
+                },
+            )
+        },
+        options,
+        files,
+        helpers,
+    )
 }
 
 /// Threads besides the caller's that a restore may use to rebuild the index. A restart's
@@ -1248,6 +1633,7 @@ where
         compact_rev,
         leases,
         segments,
+        delta_base_revision,
     } = header;
     if current_rev < crate::store::REVISION_INITIAL || compact_rev > current_rev {
         return Err(damaged("revisions out of order"));
@@ -1406,6 +1792,7 @@ where
         .shared
         .compact_rev
         .store(compact_rev, std::sync::atomic::Ordering::Release);
+    writer.set_delta_base_revision(delta_base_revision);
     writer.resume_compaction();
     Ok((writer, reader))
 }
@@ -1507,6 +1894,7 @@ mod in_parts {
     fn restore_in_parts(image: &[u8]) -> Result<(Writer, Reader)> {
         restore(
             image,
+            None,
             ValueLogOptions::default(),
             &mut no_segment_files,
             RestoreHelpers {

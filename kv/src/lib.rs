@@ -51,9 +51,9 @@ pub mod validate;
 mod vlog;
 
 pub use checkpoint::{
-    checkpoint_segments, image_from_versions, renumber_segments, CheckpointSource, ExportVersion,
-    ImageParts, RestoreHelpers, SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
-    PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
+    checkpoint_kind, checkpoint_segments, image_from_versions, renumber_segments, CheckpointKind,
+    CheckpointSource, DeltaBase, ExportVersion, ImageParts, RestoreHelpers, SegmentFiles,
+    HEADER_BYTES as CHECKPOINT_HEADER_BYTES, PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
 pub use store::{

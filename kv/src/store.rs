@@ -104,6 +104,7 @@ impl Store {
             compaction: None,
             reclaim: None,
             defragmenting: false,
+            tombstones_kept_after: i64::MAX,
         };
         (writer, Reader { shared })
     }
@@ -114,6 +115,7 @@ impl Store {
     pub fn restore(checkpoint: &[u8]) -> Result<(Writer, Reader)> {
         crate::checkpoint::restore(
             checkpoint,
+            None,
             ValueLogOptions::default(),
             &mut crate::checkpoint::no_segment_files,
             crate::checkpoint::RestoreHelpers::NONE,
@@ -131,6 +133,7 @@ impl Store {
     ) -> Result<(Writer, Reader)> {
         crate::checkpoint::restore(
             checkpoint,
+            None,
             options,
             files,
             crate::checkpoint::RestoreHelpers::NONE,
@@ -145,7 +148,19 @@ impl Store {
         files: &mut crate::checkpoint::SegmentFiles<'_>,
         helpers: crate::checkpoint::RestoreHelpers<'_>,
     ) -> Result<(Writer, Reader)> {
-        crate::checkpoint::restore(checkpoint, options, files, helpers)
+        crate::checkpoint::restore(checkpoint, None, options, files, helpers)
+    }
+
+    /// As `restore_with_helpers` for a checkpoint that may be a delta: `base` is the full
+    /// checkpoint a delta names (`checkpoint_kind` says which), None for a full one.
+    pub fn restore_on_base(
+        checkpoint: &[u8],
+        base: Option<&[u8]>,
+        options: ValueLogOptions,
+        files: &mut crate::checkpoint::SegmentFiles<'_>,
+        helpers: crate::checkpoint::RestoreHelpers<'_>,
+    ) -> Result<(Writer, Reader)> {
+        crate::checkpoint::restore(checkpoint, base, options, files, helpers)
     }
 }
 
@@ -239,6 +254,13 @@ pub struct Writer {
     reclaim: Option<ReclaimCursor>,
     /// Defragment asked for every dead value-log byte back; cleared once none is left.
     defragmenting: bool,
+    /// Compaction keeps the tombstone it cuts a key's list at when that tombstone is newer
+    /// than this revision: the revision of the full checkpoint that incremental checkpoints
+    /// are taken against. A delta holds a key's versions newer than its base, and a restore
+    /// puts them after the base's list, so without the tombstone the base's last version
+    /// would be the newest below the compact revision and come back. A tombstone at or
+    /// below the compact revision changes no read. `i64::MAX` (no base): nothing is kept.
+    tombstones_kept_after: i64,
 }
 
 /// A handle for lock-free reads of the published state. Cheap to clone; one per shard.
@@ -767,6 +789,22 @@ impl Writer {
         })
     }
 
+    /// The full checkpoint that incremental checkpoints are taken against is at `revision`:
+    /// from now on compaction removes a deleted key outright only when its tombstone is at or
+    /// below it (see `tombstones_kept_after`). Only ever raised: keeping more is always safe.
+    pub fn set_delta_base_revision(&mut self, revision: i64) {
+        self.tombstones_kept_after = if self.tombstones_kept_after == i64::MAX {
+            revision
+        } else {
+            self.tombstones_kept_after.max(revision)
+        };
+    }
+
+    /// The revision `set_delta_base_revision` last set (`i64::MAX`: none).
+    pub fn delta_base_revision(&self) -> i64 {
+        self.tombstones_kept_after
+    }
+
     /// After a restore, finishes whatever compaction the checkpoint was taken in the middle of.
     pub(crate) fn resume_compaction(&mut self) {
         if self.compact_rev != COMPACT_REVISION_NONE {
@@ -859,7 +897,16 @@ impl Writer {
                 break;
             }
             let versions = entry.value().load(&guard);
-            let keep_from = compacted_start(versions, cursor.rev);
+            let mut keep_from = compacted_start(versions, cursor.rev);
+            let at_or_below = versions.partition_point(|v| v.main() <= cursor.rev);
+            if keep_from > 0
+                && keep_from == at_or_below
+                && versions[keep_from - 1].main() > self.tombstones_kept_after
+            {
+                // Cut at a tombstone newer than the delta base: keep that one (see
+                // `tombstones_kept_after`).
+                keep_from -= 1;
+            }
             if keep_from == 0 {
                 continue;
             }

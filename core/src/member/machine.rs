@@ -71,6 +71,9 @@ fn log_compaction_index(index: u64, sending_from: Option<u64>) -> u64 {
     }
 }
 
+/// A full checkpoint after this many deltas: a delta is restored over its base, and the base
+/// keeps every segment file it names, dead or not, until a newer full one replaces it.
+const DELTAS_PER_FULL: u32 = 7;
 /// The most entries the raft log keeps for a follower that is being sent a snapshot (see
 /// `Member::log_compaction_index`): about 25 s of a loaded member's writes, or ~275 MB of
 /// 1 KiB puts, held only while a snapshot is in flight.
@@ -258,6 +261,9 @@ pub struct CheckpointRequest {
     pub alarms: Vec<AlarmMember>,
     pub auth: AuthImage,
     pub source: kv::CheckpointSource,
+    /// The full checkpoint a delta may be taken against (None: write it full). The writer
+    /// says which it wrote (`checkpoint_written`'s `delta_of`).
+    pub base: Option<kv::DeltaBase>,
 }
 
 impl CheckpointRequest {
@@ -328,6 +334,8 @@ pub struct PlacedSnapshot {
     pub data: Bytes,
     /// Each segment the image points into, durable and mapped, by its id here.
     pub files: BTreeMap<u32, Bytes>,
+    /// For a delta, the file of the full checkpoint it names, as written here beside it.
+    pub base: Option<Bytes>,
 }
 
 /// The part of a Ready that waits for its I/O (`ready` -> `persisted`).
@@ -401,6 +409,17 @@ pub struct Member {
     next_request_id: u64,
     /// The raft index of the newest durable checkpoint (ours or a leader's snapshot).
     last_checkpoint_index: u64,
+    /// The oldest checkpoint file the newest one needs: its own index, or a delta's base's.
+    last_checkpoint_root: u64,
+    /// The newest full checkpoint this member wrote, which its deltas are taken against, and
+    /// how many deltas it wrote since. None after a start or a snapshot install (the next
+    /// checkpoint is full), and after a defragment or a segment's death (a full one lets the
+    /// base's dead segment files go).
+    delta_base: Option<kv::DeltaBase>,
+    deltas_since_full: u32,
+    /// For the checkpoint in flight: what it would be as a base, were it written full, and
+    /// the base its request named.
+    in_flight_bases: Option<(kv::DeltaBase, Option<kv::DeltaBase>)>,
     /// The applied index the last tick saw, and when it last moved, and that tick's time: how
     /// long the member has been quiet (for the idle checkpoint).
     applied_at_tick: u64,
@@ -462,6 +481,10 @@ impl Member {
             next_read_ctx: ids_first,
             next_request_id: ids_first,
             last_checkpoint_index,
+            last_checkpoint_root: last_checkpoint_index,
+            delta_base: None,
+            deltas_since_full: 0,
+            in_flight_bases: None,
             applied_at_tick: 0,
             applied_moved_at_ms: 0,
             last_tick_ms: 0,
@@ -584,6 +607,11 @@ impl Member {
     pub fn take_dead_segments(&mut self) -> Vec<kv::DeadSegment> {
         let mut dead = std::mem::take(&mut self.dead_segments);
         dead.extend(self.writer.take_dead_segments());
+        if !dead.is_empty() {
+            // A delta keeps its base, and the base every file it names: the space these
+            // free comes back only after a full checkpoint, so the next one is full.
+            self.delta_base = None;
+        }
         dead
     }
     /// When the next tick is due: the driver may sleep until then when there is no work.
@@ -1022,6 +1050,9 @@ impl Member {
             Query::Defragment { reply } => {
                 tracing::info!(size_bytes = self.writer.size_bytes(), "defragment started");
                 self.writer.defragment();
+                // The next checkpoint is full: deltas keep their base, and with it every
+                // segment file the base names, however dead.
+                self.delta_base = None;
                 self.defrag_waiting.push((reply, self.writer.size_bytes()));
             }
             Query::TransferLeader { to, reply } => {
@@ -1388,6 +1419,7 @@ impl Member {
         self.node.advance();
         if let Some(mut snap) = pending.snapshot {
             let mut files = BTreeMap::new();
+            let mut base = None;
             if let Some(placed) = self.placed.take() {
                 // Raft keeps the placed form: the file this member wrote, naming its own ids.
                 self.node
@@ -1395,8 +1427,9 @@ impl Member {
                     .replace_snapshot_data(placed.index, placed.data.clone());
                 snap.data = placed.data;
                 files = placed.files;
+                base = placed.base;
             }
-            self.install_snapshot(snap, files, now_ms)?;
+            self.install_snapshot(snap, files, base, now_ms)?;
         }
         if let Some(entries) = pending.committed {
             self.apply(entries, now_ms);
@@ -1441,6 +1474,7 @@ impl Member {
         &mut self,
         snap: Snapshot,
         files: BTreeMap<u32, Bytes>,
+        base: Option<Bytes>,
         now_ms: u64,
     ) -> Result<(), CoreError> {
         let index = snap.metadata.index;
@@ -1452,10 +1486,17 @@ impl Member {
         }
         let cp = checkpoint::decode_shared(&snap.data)
             .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot: {why}")))?;
+        // A delta comes with its base, which the driver wrote beside it.
+        let base_cp = base
+            .map(|file| checkpoint::decode_shared(&file))
+            .transpose()
+            .map_err(|why| CoreError::Raft(format!("leader sent a bad snapshot base: {why}")))?;
+        let root = base_cp.as_ref().map_or(index, |b| b.meta.index);
         // The image points into the leader's segments, which the driver stored under ids
         // above every one of the old store's; the new store's own segments start above those.
-        let (writer, reader) = kv::Store::restore_with_segments(
+        let (writer, reader) = kv::Store::restore_on_base(
             &cp.kv_image,
+            base_cp.as_ref().map(|b| &b.kv_image[..]),
             self.writer.successor_value_log(),
             &mut |id| {
                 files.get(&id).cloned().ok_or_else(|| {
@@ -1464,8 +1505,10 @@ impl Member {
                     )
                 })
             },
+            kv::RestoreHelpers::NONE,
         )
         .map_err(|e| CoreError::Store(e.to_string()))?;
+        drop(base_cp);
         assert_eq!(
             writer.applied_index(),
             index,
@@ -1495,8 +1538,12 @@ impl Member {
         // snapshot past its commit, and ours are at most at the applied index): when it
         // completes, `checkpoint_written` discards it.
         self.last_checkpoint_index = index;
+        self.last_checkpoint_root = root;
+        self.delta_base = None;
+        self.deltas_since_full = 0;
         self.restart_lease_clocks(now_ms);
-        self.effects.push(Effect::RemoveCheckpointsBefore { index });
+        self.effects
+            .push(Effect::RemoveCheckpointsBefore { index: root });
         tracing::info!(index, "installed the leader's snapshot");
         Ok(())
     }
@@ -1804,6 +1851,10 @@ impl Member {
         let source = self.writer.checkpoint_source();
         assert_eq!(source.applied_index(), index, "the image is at the index");
         self.checkpoint_in_flight = Some(index);
+        let base = self
+            .delta_base
+            .filter(|_| self.deltas_since_full < DELTAS_PER_FULL);
+        self.in_flight_bases = Some((source.delta_base(), base));
         Ok(Some(CheckpointRequest {
             index,
             term,
@@ -1813,7 +1864,18 @@ impl Member {
             alarms: self.alarms.list(),
             auth: self.auth.image(),
             source,
+            base,
         }))
+    }
+
+    /// The newest checkpoint at start is at `root` or needs the file there (a delta's base):
+    /// files from `root` on stay until a newer checkpoint no longer needs them.
+    pub fn set_checkpoint_root(&mut self, root: u64) {
+        assert!(
+            root <= self.last_checkpoint_index,
+            "a checkpoint's base is older than it"
+        );
+        self.last_checkpoint_root = root;
     }
 
     /// The checkpoint in flight, file `file` for `index` (with `conf_state`), is durable. When
@@ -1822,11 +1884,13 @@ impl Member {
     /// WAL after it, so a damaged newest file can still be recovered from (restart falls back
     /// to the older one and replays more). When a leader's snapshot overtook it meanwhile, it
     /// is discarded. Call it between Readies (not between `ready` and `persisted`).
+    /// `delta_of` is the base's index when the writer wrote a delta.
     pub fn checkpoint_written(
         &mut self,
         index: u64,
         conf_state: ConfState,
         file: Bytes,
+        delta_of: Option<u64>,
     ) -> Result<CheckpointCompletion, CoreError> {
         assert_eq!(
             self.checkpoint_in_flight,
@@ -1838,6 +1902,10 @@ impl Member {
             "a checkpoint completes between Readies"
         );
         self.checkpoint_in_flight = None;
+        let (as_base, named_base) = self
+            .in_flight_bases
+            .take()
+            .expect("captured with the request");
         if index <= self.last_checkpoint_index {
             tracing::info!(
                 index,
@@ -1849,7 +1917,27 @@ impl Member {
             return Ok(CheckpointCompletion::Overtaken { stale_file_index });
         }
         let previous = self.last_checkpoint_index;
+        let previous_root = self.last_checkpoint_root;
         self.last_checkpoint_index = index;
+        match delta_of {
+            None => {
+                // Compaction may now remove keys deleted at or before this one's revision:
+                // no later delta is taken against an older base.
+                self.writer.set_delta_base_revision(as_base.revision());
+                self.delta_base = Some(as_base);
+                self.deltas_since_full = 0;
+                self.last_checkpoint_root = index;
+            }
+            Some(base_index) => {
+                assert_eq!(
+                    named_base.map(|b| b.applied_index()),
+                    Some(base_index),
+                    "a delta is taken against the base its request named"
+                );
+                self.deltas_since_full += 1;
+                self.last_checkpoint_root = base_index;
+            }
+        }
         let compact_to = self.log_compaction_index(index);
         let storage = self.node.store_mut();
         let previous_image = storage
@@ -1866,7 +1954,9 @@ impl Member {
         Ok(CheckpointCompletion::Taken {
             done: CheckpointDone {
                 wal_keep_from: previous.min(index.saturating_sub(LOG_TAIL_KEPT_ENTRIES)) + 1,
-                remove_before: previous,
+                // The previous checkpoint stays (a restart falls back to it), with its base,
+                // and so does the new one's base.
+                remove_before: previous_root.min(self.last_checkpoint_root),
             },
             previous_image,
         })
@@ -1896,6 +1986,7 @@ impl Member {
     /// compaction started after the capture and trimmed what it read). Nothing changes but
     /// that none is in flight; the next one is due at once and captures afresh.
     pub fn checkpoint_abandoned(&mut self, index: u64) {
+        self.in_flight_bases = None;
         assert_eq!(
             self.checkpoint_in_flight,
             Some(index),
@@ -2361,7 +2452,12 @@ mod tests {
         assert_eq!(req.index, m.applied_index());
         assert_eq!(m.checkpoint_in_flight(), Some(req.index));
         let done = m
-            .checkpoint_written(req.index, req.conf_state.clone(), Bytes::from_static(b"cp"))
+            .checkpoint_written(
+                req.index,
+                req.conf_state.clone(),
+                Bytes::from_static(b"cp"),
+                None,
+            )
             .expect("the snapshot is newer than the log's start");
         // The checkpoint the member started from (index 1) stays; the log is shorter than
         // the tail kept for slightly-behind followers, so the whole WAL stays too.
@@ -2415,7 +2511,7 @@ mod tests {
         );
         let req = m.checkpoint_request().expect("term known").expect("due");
         assert!(!m.checkpoint_due(), "one in flight");
-        m.checkpoint_written(req.index, req.conf_state.clone(), Bytes::new())
+        m.checkpoint_written(req.index, req.conf_state.clone(), Bytes::new(), None)
             .expect("taken");
         m.tick(moved_ms + 3 * IDLE_CHECKPOINT_AFTER_MS);
         assert!(!m.checkpoint_due(), "nothing applied since");
@@ -2455,7 +2551,7 @@ mod tests {
         assert_eq!(again.index, m.applied_index());
         let file = written_file(&again);
         let done = m
-            .checkpoint_written(again.index, again.conf_state.clone(), file)
+            .checkpoint_written(again.index, again.conf_state.clone(), file, None)
             .expect("newer than the log's start");
         assert!(matches!(done, CheckpointCompletion::Taken { .. }));
         assert!(!m.checkpoint_due(), "nothing applied since");
@@ -2506,7 +2602,7 @@ mod tests {
         assert!(leader_req.index > req.index + LOG_TAIL_KEPT_ENTRIES);
         let file = written_file(&leader_req);
         let done = lead
-            .checkpoint_written(leader_req.index, leader_req.conf_state.clone(), file)
+            .checkpoint_written(leader_req.index, leader_req.conf_state.clone(), file, None)
             .expect("newer than the log's start");
         assert!(matches!(done, CheckpointCompletion::Taken { .. }));
         // Healed, the follower installs the leader's snapshot while its checkpoint is in flight.
@@ -2522,7 +2618,7 @@ mod tests {
         assert_eq!(f.checkpoint_in_flight(), Some(req.index));
         assert!(!f.checkpoint_due(), "none is due while one is in flight");
         let outcome = f
-            .checkpoint_written(req.index, req.conf_state.clone(), stale_file)
+            .checkpoint_written(req.index, req.conf_state.clone(), stale_file, None)
             .expect("a stale completion is no error");
         assert_eq!(
             outcome,
@@ -2549,7 +2645,7 @@ mod tests {
             .expect("a write applied since the snapshot");
         let file = written_file(&next);
         let done = f
-            .checkpoint_written(next.index, next.conf_state.clone(), file)
+            .checkpoint_written(next.index, next.conf_state.clone(), file, None)
             .expect("newer than the snapshot");
         assert!(matches!(done, CheckpointCompletion::Taken { .. }));
     }

@@ -198,6 +198,8 @@ pub struct Recovered {
     pub removed: Vec<u64>,
     /// The index the newest checkpoint (or the bootstrap snapshot) covers.
     pub checkpoint_index: u64,
+    /// The oldest checkpoint file the loaded one needs: its own index, or a delta's base's.
+    pub checkpoint_root: u64,
 }
 
 /// Where recovery finds the store's values and how it may rebuild the index.
@@ -220,7 +222,7 @@ pub fn recover(
     mut raft: keel_raft::Config,
     start: Start,
     initial_members: Vec<MemberInfo>,
-    checkpoint: Option<(Checkpoint, Bytes)>,
+    checkpoint: Option<(Checkpoint, Bytes, Option<Checkpoint>)>,
     records: Vec<Record>,
     store: StoreSource<'_, '_>,
 ) -> Result<Recovered, CoreError> {
@@ -235,10 +237,13 @@ pub fn recover(
     let mut alarms = Alarms::default();
     let mut auth = AuthImage::default();
     let mut removed = Vec::new();
+    let mut checkpoint_root = 0;
     let (writer, reader) = match checkpoint {
-        Some((cp, file)) => {
-            let (w, r) = kv::Store::restore_with_helpers(
+        Some((cp, file, base)) => {
+            checkpoint_root = base.as_ref().map_or(cp.meta.index, |b| b.meta.index);
+            let (w, r) = kv::Store::restore_on_base(
                 &cp.kv_image,
+                base.as_ref().map(|b| &b.kv_image[..]),
                 store.value_log,
                 store.segment_files,
                 store.restore_helpers,
@@ -286,6 +291,7 @@ pub fn recover(
         auth,
         removed,
         checkpoint_index: applied,
+        checkpoint_root: checkpoint_root.min(applied),
     })
 }
 

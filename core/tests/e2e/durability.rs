@@ -556,3 +556,126 @@ fn assert_stops_naming(server: &mut Server, file: &std::path::Path, words: &str,
         "the stop {what} does not name {name} with {words:?}:\n{log}"
     );
 }
+
+/// The "checkpoint written" log lines' (index, delta_of) fields, oldest first.
+fn checkpoints_written(log: &str) -> Vec<(u64, Option<u64>)> {
+    log.lines()
+        .filter(|l| l.contains("checkpoint written"))
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).expect("log lines are JSON");
+            (
+                v["fields"]["index"].as_u64().expect("an index"),
+                v["fields"]["delta_of"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+/// A store whose writes go to a few of its keys writes incremental checkpoints (only the keys
+/// changed since a full one); killed, it restarts from the newest delta over its base, with
+/// every value, and a key deleted and compacted away after the base stays deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_checkpoints_hold_the_changed_keys_and_a_kill_restores_from_one() {
+    // Small segments: values leave the open segment soon, and checkpoints point at them.
+    let mut server = Server::keel(&[
+        "--snapshot-count",
+        "100",
+        "--value-log-segment-bytes",
+        "4096",
+    ]);
+    const KEYS: usize = 1000;
+    let mut c = client(&server).await;
+    for i in 0..KEYS {
+        c.put(format!("v/{i:04}"), value_for(i, 0), None)
+            .await
+            .expect("a put");
+    }
+    // Then a few hot keys, and one key deleted and compacted away.
+    c.delete("v/0500", None).await.expect("a delete");
+    for n in 0..150 {
+        let i = n % 5;
+        c.put(format!("v/{i:04}"), value_for(i, 1), None)
+            .await
+            .expect("a put");
+    }
+    let revision = c
+        .get("v/0000", None)
+        .await
+        .expect("a get")
+        .header()
+        .expect("a header")
+        .revision();
+    c.compact(revision, None).await.expect("a compaction");
+    let compacted_at = checkpoints_written(&server.log_all())
+        .last()
+        .map_or(0, |(index, _)| *index);
+    // Compaction frees the hot keys' history: once reclaim has let its segments die (the
+    // checkpoints after a death are full), the next ones are deltas again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    let delta = loop {
+        for _ in 0..20 {
+            let i = n % 5;
+            c.put(format!("v/{i:04}"), value_for(i, 2), None)
+                .await
+                .expect("a put");
+            n += 1;
+        }
+        let written = checkpoints_written(&server.log_all());
+        if let Some(&(index, Some(base))) = written.last() {
+            if n >= 250 && base > compacted_at {
+                break (index, base);
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no delta checkpoint written last: {written:?}\n{}",
+            server.log_tail()
+        );
+    };
+    let snap = server.data_path().join("snap");
+    let size = |index: u64| {
+        std::fs::metadata(snap.join(format!("checkpoint-{index:016x}.keel")))
+            .expect("the checkpoint file")
+            .len()
+    };
+    assert!(
+        size(delta.0) * 3 < size(delta.1),
+        "a delta of {} bytes against a base of {}",
+        size(delta.0),
+        size(delta.1)
+    );
+    drop(c);
+    tokio::task::block_in_place(|| {
+        server.kill9();
+        server.restart();
+    });
+    let log = server.log_all();
+    let opened = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("opened the data directory"))
+        .expect("the start logs its phases");
+    let v: serde_json::Value = serde_json::from_str(opened).expect("JSON");
+    assert_ne!(
+        v["fields"]["checkpoint_base"].as_u64(),
+        Some(0),
+        "the start restored a delta over its base: {opened}"
+    );
+    let mut c = client(&server).await;
+    let got = c
+        .get("v/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("a prefix get");
+    assert_eq!(got.kvs().len(), KEYS - 1, "{}", server.log_tail());
+    for kv in got.kvs() {
+        let key = kv.key_str().expect("utf-8");
+        let i: usize = key[2..].parse().expect("a number");
+        assert_ne!(i, 500, "the deleted key came back");
+        let round = if i < 5 { 2 } else { 0 };
+        assert!(
+            kv.value() == value_for(i, round).as_slice(),
+            "{key} has a wrong value after the restart"
+        );
+    }
+}

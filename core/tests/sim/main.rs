@@ -458,6 +458,17 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
+    // The simulation exercises incremental checkpoints: restarts and snapshot installs of
+    // deltas, not only full ones.
+    if seeds.len() >= 100 {
+        assert!(
+            total.counts.deltas > 0
+                && total.counts.delta_snapshots_placed > 0
+                && total.counts.delta_restarts > 0,
+            "no delta checkpoint was written, or none reached a follower: {:?}",
+            total.counts
+        );
+    }
 }
 
 fn add(total: &mut Report, r: &Report) {
@@ -470,6 +481,9 @@ fn add(total: &mut Report, r: &Report) {
     t.corrupt_refusals += c.corrupt_refusals;
     t.elections += c.elections;
     t.checkpoints += c.checkpoints;
+    t.deltas += c.deltas;
+    t.delta_snapshots_placed += c.delta_snapshots_placed;
+    t.delta_restarts += c.delta_restarts;
     t.checkpoints_overtaken += c.checkpoints_overtaken;
     t.checkpoints_cut_short += c.checkpoints_cut_short;
     t.snapshots_sent += c.snapshots_sent;

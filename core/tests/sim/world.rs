@@ -25,7 +25,7 @@ use keel_core::checkpoint;
 use keel_core::ids::Member as MemberInfo;
 use keel_core::member::recovery::{self, Start};
 use keel_core::member::{
-    CheckpointCompletion, CheckpointRequest, Effect, Member, MemberConfig, ReadyIo,
+    CheckpointCompletion, CheckpointRequest, Effect, Member, MemberConfig, PlacedSnapshot, ReadyIo,
 };
 use keel_core::shared::{MemberChange, Proposal, Query, ReadWait};
 use keel_grpc::EtcdError;
@@ -141,7 +141,7 @@ struct CheckpointInFlight {
     lands_at_ms: u64,
     /// What the writer made of it, once it landed: the durable file, or None when a compaction
     /// raced the image. The raft loop takes it on a later turn.
-    landed: Option<Option<Bytes>>,
+    landed: Option<Option<(Bytes, Option<u64>)>>,
 }
 
 /// A member process that is up.
@@ -191,6 +191,12 @@ pub struct Counts {
     pub corrupt_refusals: u64,
     pub elections: u64,
     pub checkpoints: u64,
+    /// Checkpoints written as deltas (incremental, against a full one).
+    pub deltas: u64,
+    /// Snapshots that were deltas, placed with their base by a follower.
+    pub delta_snapshots_placed: u64,
+    /// Starts that restored a delta over its base.
+    pub delta_restarts: u64,
     /// Checkpoints a leader's snapshot overtook while they were being written.
     pub checkpoints_overtaken: u64,
     /// Checkpoints lost to a crash or exit while they were being written.
@@ -231,6 +237,9 @@ pub struct World {
     /// Per member: the removed member ids its current process has sent the removed notice to
     /// (on the connection each had to it when the removal applied).
     notified_removed: Vec<BTreeSet<u64>>,
+    /// The base of each delta checkpoint sent as a snapshot, by the delta's file, as the peer
+    /// stream carries it beside the delta (taken when the receiver places the snapshot).
+    snapshot_bases: BTreeMap<Bytes, Bytes>,
     /// How many events the trace keeps (`SIM_TRACE_EVENTS`, or `TRACE_EVENTS_KEPT`).
     trace_events_kept: usize,
     /// The watch events of every revision, as the first member to publish it did: every
@@ -322,6 +331,7 @@ impl World {
             pending_changes: Vec::new(),
             incarnations: vec![0; n],
             notified_removed: vec![BTreeSet::new(); n],
+            snapshot_bases: BTreeMap::new(),
             trace_events_kept: std::env::var("SIM_TRACE_EVENTS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -381,11 +391,18 @@ impl World {
         let (wal, records) = block_on(Wal::open(node.disk.clone(), self.config.wal.clone()))
             .map_err(|e| e.to_string())?;
         // The newest checkpoint that validates, exactly as `checkpoint::load_newest` chooses.
-        let cp = node.checkpoints.iter().rev().find_map(|(index, bytes)| {
-            checkpoint::accept(*index, &checkpoint::file_name(*index), bytes)
-                .map(|cp| (cp, bytes.clone()))
+        let files = &node.checkpoints;
+        let cp = files.iter().rev().find_map(|(index, bytes)| {
+            checkpoint::accept(*index, &checkpoint::file_name(*index), bytes, &mut |base| {
+                files.get(&base).cloned()
+            })
+            .map(|(cp, base)| (cp, bytes.clone(), base))
         });
         let records_len = records.len();
+        if cp.as_ref().is_some_and(|(_, _, base)| base.is_some()) {
+            self.counts.delta_restarts += 1;
+        }
+        let node = &mut self.nodes[i];
         let rc = recovery::raft_config(node.id, ELECTION_TICKS, 1 << 20, 1 << 30);
         let recovered = recovery::recover(
             rc,
@@ -432,6 +449,7 @@ impl World {
             recovered.alarms,
             recovered.checkpoint_index,
         );
+        member.set_checkpoint_root(recovered.checkpoint_root);
         member.restore_auth(&recovered.auth);
         member.restore_removed(&recovered.removed);
         let now = self.clock_ms(i);
@@ -612,6 +630,24 @@ impl World {
         };
         if m.msg_type == MessageType::Snapshot {
             self.counts.snapshots_sent += 1;
+            // A delta goes with its base, read from the sender's files (as the stream does).
+            let data = m
+                .snapshot
+                .as_ref()
+                .map(|s| s.data.clone())
+                .unwrap_or_default();
+            let base_index = checkpoint::decode_shared(&data)
+                .ok()
+                .and_then(|cp| checkpoint::base_index(&cp));
+            if let Some(base_index) = base_index {
+                let base = self.nodes[from].checkpoints.get(&base_index).cloned();
+                let base = base.expect("a member keeps the base of its newest checkpoint");
+                // Bounded: a handful of snapshots are in the air at once.
+                if self.snapshot_bases.len() >= 64 {
+                    self.snapshot_bases.pop_first();
+                }
+                self.snapshot_bases.insert(data, base);
+            }
         }
         let mut buf = Vec::new();
         m.encode(&mut buf);
@@ -823,7 +859,33 @@ impl World {
         }
         if let Some((index, data)) = checkpoint_to_persist {
             self.note(|| format!("m{i} wrote the leader's snapshot at {index}"));
-            self.nodes[i].checkpoints.insert(index, data);
+            let base = checkpoint::decode_shared(&data)
+                .ok()
+                .and_then(|cp| checkpoint::base_index(&cp))
+                .map(|base_index| {
+                    let base = self
+                        .snapshot_bases
+                        .get(&data)
+                        .cloned()
+                        .expect("a delta snapshot arrives with its base");
+                    (base_index, base)
+                });
+            if let Some((base_index, base)) = &base {
+                // The base first, as `peer_snapshot::place` writes it.
+                self.note(|| format!("m{i} wrote the snapshot's base at {base_index}"));
+                self.nodes[i].checkpoints.insert(*base_index, base.clone());
+            }
+            self.nodes[i].checkpoints.insert(index, data.clone());
+            if let Some((_, base)) = base {
+                self.counts.delta_snapshots_placed += 1;
+                let run = self.nodes[i].run.as_mut().expect("up");
+                run.member.snapshot_placed(PlacedSnapshot {
+                    index,
+                    data,
+                    files: BTreeMap::new(),
+                    base: Some(base),
+                });
+            }
         }
         if let (Some(first), Some(last)) = (wal_records.first(), wal_records.last()) {
             let (first, last, n) = (first.index, last.index, wal_records.len());
@@ -958,17 +1020,31 @@ impl World {
             return;
         }
         let req = &cp.req;
-        let file = req
-            .source
-            .serialize()
-            .ok()
-            .map(|image| Bytes::from(req.encode_file(&image)));
-        if let Some(file) = &file {
+        // Against the request's base, a delta when few keys changed since (as the server's
+        // writer does); the simulation's few keys change between most checkpoints, so half
+        // of those that may be deltas are made deltas whatever their size.
+        let image = match &req.base {
+            Some(base) if self.rng.gen_bool(0.5) => req.source.serialize_delta_parts(base),
+            base => req.source.serialize_parts_against(base.as_ref()),
+        };
+        let file = image.ok().map(|image| {
+            (
+                Bytes::from(req.encode_file(&image.to_vec())),
+                image.delta_of(),
+            )
+        });
+        if let Some((file, delta_of)) = &file {
             node.checkpoints.insert(req.index, file.clone());
+            if delta_of.is_some() {
+                self.counts.deltas += 1;
+            }
         }
-        let (index, written) = (req.index, file.is_some());
+        let index = req.index;
+        let written = file.as_ref().map(|(_, delta_of)| *delta_of);
         cp.landed = Some(file);
-        self.note(|| format!("m{i} checkpoint at {index} landed (written: {written})"));
+        self.note(|| {
+            format!("m{i} checkpoint at {index} landed (written, a delta of: {written:?})")
+        });
     }
 
     /// Member `i`'s raft loop takes its writer's outcome, a turn after it landed (so a crash
@@ -987,14 +1063,14 @@ impl World {
         }
         let cp = run.checkpoint.take().expect("checked");
         let index = cp.req.index;
-        let Some(file) = cp.landed.expect("checked") else {
+        let Some((file, delta_of)) = cp.landed.expect("checked") else {
             run.member.checkpoint_abandoned(index);
             self.note(|| format!("m{i} checkpoint at {index} raced by a compaction"));
             return Ok(());
         };
         let completion = run
             .member
-            .checkpoint_written(index, cp.req.conf_state.clone(), file)
+            .checkpoint_written(index, cp.req.conf_state.clone(), file, delta_of)
             .map_err(|e| Stop::Exit(e.to_string()))?;
         match completion {
             CheckpointCompletion::Taken { done, .. } => {

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod concurrency;
+mod delta;
 mod model;
 mod on_disk;
 mod scenario;

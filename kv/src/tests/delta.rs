@@ -1,0 +1,433 @@
+//! Incremental checkpoints: a delta restored over its base is the store a full checkpoint of
+//! the same capture restores, through puts, deletes, leases, compaction and reclaim, on an
+//! in-memory "disk" of segment files (seeded, replayable).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::*;
+
+fn on_disk(first_segment_id: u32) -> ValueLogOptions {
+    ValueLogOptions {
+        segment_bytes: 2048,
+        first_segment_id,
+        on_disk: true,
+    }
+}
+
+/// The server driver's part: sealed segments become "files" and the values move into them.
+fn write_sealed(w: &mut Writer, disk: &mut BTreeMap<u32, Bytes>) {
+    for sealed in w.take_sealed_segments() {
+        let mut file: Vec<u8> = sealed.records.to_vec();
+        file.resize(file.len().next_multiple_of(4096), 0);
+        let file = Bytes::from(file);
+        disk.insert(sealed.id, file.clone());
+        w.segment_durable(sealed.id, sealed.bytes, file);
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        // xorshift64*: enough for choosing ops, and the seed replays a failure.
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+fn key(k: u64) -> Bytes {
+    Bytes::from(format!("key{k:04}"))
+}
+
+fn put(k: u64, value: &[u8], lease: i64) -> Op {
+    Op::Put(PutRequest {
+        key: key(k),
+        value: Bytes::copy_from_slice(value),
+        lease,
+        ..Default::default()
+    })
+}
+
+/// Everything a restore must give back, as comparable values.
+fn contents(w: &Writer) -> (i64, i64, Vec<ExportVersion>, Vec<LeaseInfo>, u32) {
+    let source = w.checkpoint_source();
+    (
+        w.current_revision(),
+        w.compact_revision(),
+        source.versions_by_revision().expect("no compaction races"),
+        w.leases(),
+        source.hash().expect("no compaction races"),
+    )
+}
+
+fn restore(
+    image: &[u8],
+    base: Option<&[u8]>,
+    disk: &BTreeMap<u32, Bytes>,
+    first_free: u32,
+) -> (Writer, Reader) {
+    Store::restore_on_base(
+        image,
+        base,
+        on_disk(first_free),
+        &mut |id| disk.get(&id).cloned().ok_or(format!("no file {id}")),
+        RestoreHelpers {
+            threads: 2,
+            on_start: &|| {},
+        },
+    )
+    .expect("restores")
+}
+
+/// One random op on a store of `keys` keys and a few leases.
+fn random_op(rng: &mut Rng, w: &mut Writer, index: &mut u64, keys: u64, leases: &mut Vec<i64>) {
+    *index += 1;
+    let op = match rng.below(20) {
+        0..=11 => {
+            let lease = match rng.below(4) {
+                0 if !leases.is_empty() => leases[rng.below(leases.len() as u64) as usize],
+                _ => 0,
+            };
+            let len = 1 + rng.below(300) as usize;
+            put(rng.below(keys), &vec![rng.below(256) as u8; len], lease)
+        }
+        12..=14 => {
+            let from = rng.below(keys);
+            Op::DeleteRange(DeleteRangeRequest {
+                key: key(from),
+                range_end: key(from + rng.below(3)),
+                prev_kv: false,
+            })
+        }
+        15 => {
+            let id = 1000 + *index as i64;
+            leases.push(id);
+            Op::LeaseGrant(LeaseGrantRequest { id, ttl_s: 60 })
+        }
+        16 if !leases.is_empty() => {
+            let id = leases.remove(rng.below(leases.len() as u64) as usize);
+            Op::LeaseRevoke(LeaseRevokeRequest { id })
+        }
+        _ => {
+            let (low, high) = (w.compact_revision().max(1), w.current_revision());
+            if low >= high {
+                w.apply_empty(*index);
+                return;
+            }
+            Op::Compact(CompactionRequest {
+                revision: low + 1 + rng.below((high - low) as u64) as i64,
+                physical: false,
+            })
+        }
+    };
+    w.apply(*index, &op).expect("a valid op applies");
+    // Compaction and reclaim in bounded steps, sometimes left unfinished at a checkpoint.
+    for _ in 0..rng.below(6) {
+        if w.compact_step(8) == CompactionStatus::Idle {
+            break;
+        }
+    }
+}
+
+#[test]
+fn a_delta_over_its_base_restores_what_a_full_checkpoint_restores() {
+    let mut deltas = 0;
+    for seed in 1..=60u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let (mut w, _r) = Store::with_value_log(on_disk(0));
+        let mut disk = BTreeMap::new();
+        let (mut index, keys, mut leases) = (0u64, 300u64, Vec::new());
+        for k in 0..keys {
+            index += 1;
+            w.apply(index, &put(k, &[k as u8; 40], 0)).unwrap();
+        }
+        let mut base: Option<(Vec<u8>, DeltaBase)> = None;
+        for round in 0..8 {
+            for _ in 0..rng.below(50) {
+                random_op(&mut rng, &mut w, &mut index, keys, &mut leases);
+            }
+            if rng.below(2) == 0 {
+                write_sealed(&mut w, &mut disk);
+            }
+            let source = w.checkpoint_source();
+            let parts = source
+                .serialize_parts_against(base.as_ref().map(|(_, b)| b))
+                .expect("no compaction races");
+            let image = parts.to_vec();
+            let first_free = w.segment_ids().last().map_or(0, |id| id + 1);
+            let (restored, _) = match (parts.delta_of(), &base) {
+                (Some(of), Some((base_image, b))) => {
+                    assert_eq!(of, b.applied_index());
+                    assert!(checkpoint_kind(&image).unwrap() == CheckpointKind::Delta(*b));
+                    deltas += 1;
+                    // A delta is refused alone, and over a full checkpoint of another point.
+                    assert!(matches!(
+                        Store::restore_on_base(
+                            &image,
+                            None,
+                            on_disk(first_free),
+                            &mut |id| Ok(disk[&id].clone()),
+                            RestoreHelpers::NONE
+                        ),
+                        Err(KvError::CheckpointDamaged(_))
+                    ));
+                    let other = source.serialize().unwrap();
+                    assert!(matches!(
+                        Store::restore_on_base(
+                            &image,
+                            Some(&other),
+                            on_disk(first_free),
+                            &mut |id| Ok(disk[&id].clone()),
+                            RestoreHelpers::NONE
+                        ),
+                        Err(KvError::CheckpointDamaged(_))
+                    ));
+                    restore(&image, Some(base_image), &disk, first_free)
+                }
+                (None, _) => {
+                    assert!(matches!(
+                        checkpoint_kind(&image),
+                        Ok(CheckpointKind::Full(_))
+                    ));
+                    let restored = restore(&image, None, &disk, first_free);
+                    // A full checkpoint is the next base, as the server adopts it.
+                    w.set_delta_base_revision(source.revision());
+                    base = Some((image.clone(), source.delta_base()));
+                    restored
+                }
+                (Some(_), None) => panic!("a delta without a base asked for"),
+            };
+            let mut restored = restored;
+            let (got, want) = (contents(&restored), contents(&w));
+            if got != want {
+                let first = got
+                    .2
+                    .iter()
+                    .zip(&want.2)
+                    .position(|(a, b)| a != b)
+                    .map(|at| {
+                        (
+                            &got.2[at].key,
+                            got.2[at].rev,
+                            &want.2[at].key,
+                            want.2[at].rev,
+                        )
+                    });
+                panic!(
+                    "seed {seed} round {round}: the restore differs from the store: revisions {:?} / {:?}, versions {} / {}, first difference {first:?}, leases equal {}, hashes {} / {}",
+                    (got.0, got.1),
+                    (want.0, want.1),
+                    got.2.len(),
+                    want.2.len(),
+                    got.3 == want.3,
+                    got.4,
+                    want.4
+                );
+            }
+            // Compaction finished on both gives the same store too (the restore redoes what
+            // compaction trimmed since the base).
+            while restored.compact_step(64) == CompactionStatus::Pending {}
+            while w.compact_step(64) == CompactionStatus::Pending {}
+            assert_eq!(
+                contents(&restored),
+                contents(&w),
+                "seed {seed} round {round}"
+            );
+        }
+    }
+    assert!(deltas >= 100, "only {deltas} rounds wrote a delta");
+}
+
+#[test]
+fn a_key_deleted_and_compacted_away_after_the_base_stays_deleted() {
+    let (mut w, _r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for k in 0..100 {
+        index += 1;
+        w.apply(index, &put(k, b"value", 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let source = w.checkpoint_source();
+    let base_image = source.serialize().unwrap();
+    w.set_delta_base_revision(source.revision());
+    let base = source.delta_base();
+    index += 1;
+    w.apply(
+        index,
+        &Op::DeleteRange(DeleteRangeRequest {
+            key: key(7),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    index += 1;
+    let revision = w.current_revision();
+    w.apply(
+        index,
+        &Op::Compact(CompactionRequest {
+            revision,
+            physical: false,
+        }),
+    )
+    .unwrap();
+    while w.compact_step(64) == CompactionStatus::Pending {}
+    let parts = w
+        .checkpoint_source()
+        .serialize_parts_against(Some(&base))
+        .unwrap();
+    assert_eq!(parts.delta_of(), Some(base.applied_index()));
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (_, r) = restore(&parts.to_vec(), Some(&base_image), &disk, first_free);
+    let got = r
+        .range(&RangeRequest {
+            key: key(7),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(
+        got.kvs.is_empty(),
+        "the deleted key came back from the base"
+    );
+    assert_eq!(
+        r.range(&RangeRequest {
+            key: key(8),
+            ..Default::default()
+        })
+        .unwrap()
+        .kvs
+        .len(),
+        1
+    );
+    // Deleted again and put back, then compacted between the two: at the compact revision
+    // the key is deleted, and the base's value must not show through there either.
+    index += 1;
+    w.apply(
+        index,
+        &Op::DeleteRange(DeleteRangeRequest {
+            key: key(9),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    index += 1;
+    w.apply(index, &put(50, b"other", 0)).unwrap();
+    let between = w.current_revision();
+    index += 1;
+    w.apply(index, &put(9, b"again", 0)).unwrap();
+    index += 1;
+    w.apply(
+        index,
+        &Op::Compact(CompactionRequest {
+            revision: between,
+            physical: false,
+        }),
+    )
+    .unwrap();
+    while w.compact_step(64) == CompactionStatus::Pending {}
+    let parts = w
+        .checkpoint_source()
+        .serialize_parts_against(Some(&base))
+        .unwrap();
+    assert_eq!(parts.delta_of(), Some(base.applied_index()));
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (_, r) = restore(&parts.to_vec(), Some(&base_image), &disk, first_free);
+    let at_between = r
+        .range(&RangeRequest {
+            key: key(9),
+            revision: between,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(
+        at_between.kvs.is_empty(),
+        "the base's value shows at the compact revision, where the key was deleted"
+    );
+    let now = r
+        .range(&RangeRequest {
+            key: key(9),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(now.kvs[0].value.as_ref(), b"again");
+}
+
+#[test]
+fn a_delta_of_most_keys_is_written_full_and_a_renumbered_pair_restores() {
+    let (mut w, r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for k in 0..200 {
+        index += 1;
+        w.apply(index, &put(k, &[1; 50], 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let source = w.checkpoint_source();
+    let base_image = source.serialize().unwrap();
+    let base = source.delta_base();
+    w.set_delta_base_revision(base.revision());
+    // A few keys changed: a delta, far smaller than the base.
+    for k in 0..10 {
+        index += 1;
+        w.apply(index, &put(k, &[2; 50], 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let parts = w
+        .checkpoint_source()
+        .serialize_parts_against(Some(&base))
+        .unwrap();
+    assert!(parts.delta_of().is_some());
+    let delta = parts.to_vec();
+    assert!(
+        delta.len() * 5 < base_image.len(),
+        "{} bytes against {}",
+        delta.len(),
+        base_image.len()
+    );
+    // Renumbered together (a follower's copy), the pair restores from the raised ids.
+    let shift = 500;
+    let (base2, delta2) = (
+        renumber_segments(&base_image, shift).unwrap(),
+        renumber_segments(&delta, shift).unwrap(),
+    );
+    assert_eq!(
+        checkpoint_kind(&delta2).unwrap(),
+        CheckpointKind::Delta(base)
+    );
+    assert_eq!(checkpoint_kind(&base2).unwrap(), CheckpointKind::Full(base));
+    let raised: BTreeMap<u32, Bytes> = disk.iter().map(|(id, f)| (id + shift, f.clone())).collect();
+    let (w2, r2) = restore(&delta2, Some(&base2), &raised, 0);
+    let rev = w.current_revision();
+    assert_eq!(r2.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+    assert_eq!(w2.delta_base_revision(), base.revision());
+    // Most keys changed: written full, and it restores alone.
+    for k in 0..150 {
+        index += 1;
+        w.apply(index, &put(k, &[3; 50], 0)).unwrap();
+    }
+    let parts = w
+        .checkpoint_source()
+        .serialize_parts_against(Some(&base))
+        .unwrap();
+    assert_eq!(parts.delta_of(), None);
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (_, r3) = restore(&parts.to_vec(), None, &disk, first_free);
+    let rev = w.current_revision();
+    assert_eq!(r3.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+    // A damaged delta is refused.
+    let mut damaged = delta.clone();
+    let at = damaged.len() - 3;
+    damaged[at] ^= 1;
+    assert!(Store::restore_on_base(
+        &damaged,
+        Some(&base_image),
+        on_disk(first_free),
+        &mut |id| Ok(disk[&id].clone()),
+        RestoreHelpers::NONE
+    )
+    .is_err());
+}
