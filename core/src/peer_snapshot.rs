@@ -858,6 +858,35 @@ mod tests {
         Ok(incoming.expect("a stream begins"))
     }
 
+    /// Restored from the placed segment files, `kv_image` (over `base` for a delta) is the
+    /// leader's store.
+    fn assert_restores_to(
+        placed: &PlacedSnapshot,
+        kv_image: &[u8],
+        base: Option<&[u8]>,
+        leader: &kv::Reader,
+    ) {
+        let (_, reader) = kv::Store::restore_on_base(
+            kv_image,
+            base,
+            kv::ValueLogOptions {
+                on_disk: true,
+                ..Default::default()
+            },
+            &mut |id| {
+                placed
+                    .files
+                    .get(&id)
+                    .cloned()
+                    .ok_or(format!("no segment {id}"))
+            },
+            kv::RestoreHelpers::NONE,
+        )
+        .unwrap();
+        let rev = leader.current_revision();
+        assert_eq!(reader.hash_kv(rev).unwrap(), leader.hash_kv(rev).unwrap());
+    }
+
     fn run(test: impl FnOnce() -> futures_lite::future::BoxedLocal<()> + Send + 'static) {
         crate::rt::spawn_pinned("snapshot-test", 0, test)
             .unwrap()
@@ -931,26 +960,7 @@ mod tests {
                 let cp = checkpoint::decode(&written).unwrap();
                 assert_eq!(kv::checkpoint_segments(&cp.kv_image).unwrap(), raised);
                 // Restored from the placed files, the store is the leader's.
-                let (_, reader) = kv::Store::restore_with_segments(
-                    &cp.kv_image,
-                    kv::ValueLogOptions {
-                        on_disk: true,
-                        ..Default::default()
-                    },
-                    &mut |id| {
-                        placed
-                            .files
-                            .get(&id)
-                            .cloned()
-                            .ok_or(format!("no segment {id}"))
-                    },
-                )
-                .unwrap();
-                let rev = leader_reader.current_revision();
-                assert_eq!(
-                    reader.hash_kv(rev).unwrap(),
-                    leader_reader.hash_kv(rev).unwrap()
-                );
+                assert_restores_to(&placed, &cp.kv_image, None, &leader_reader);
             })
         });
     }
@@ -1024,27 +1034,11 @@ mod tests {
                 named.sort_unstable();
                 named.dedup();
                 assert_eq!(named, raised);
-                let (_, reader) = kv::Store::restore_on_base(
+                assert_restores_to(
+                    &placed,
                     &cp.kv_image,
                     Some(&base_cp.kv_image),
-                    kv::ValueLogOptions {
-                        on_disk: true,
-                        ..Default::default()
-                    },
-                    &mut |id| {
-                        placed
-                            .files
-                            .get(&id)
-                            .cloned()
-                            .ok_or(format!("no segment {id}"))
-                    },
-                    kv::RestoreHelpers::NONE,
-                )
-                .unwrap();
-                let rev = leader_reader.current_revision();
-                assert_eq!(
-                    reader.hash_kv(rev).unwrap(),
-                    leader_reader.hash_kv(rev).unwrap()
+                    &leader_reader,
                 );
             })
         });

@@ -1210,11 +1210,7 @@ pub(crate) fn restore(
                 applied_index: data.applied_index.to_native(),
                 current_rev: data.current_rev.to_native(),
                 compact_rev: data.compact_rev.to_native(),
-                leases: data
-                    .leases
-                    .iter()
-                    .map(|l| (l.id.to_native(), l.ttl_s.to_native()))
-                    .collect(),
+                leases: leases_of(&data.leases),
                 segments: $segments(data),
                 delta_base_revision: data.current_rev.to_native(),
             };
@@ -1270,6 +1266,13 @@ struct Header {
     /// The revision of the full checkpoint later deltas are taken against: the restored one's
     /// own, or a delta's base's (see `Writer::set_delta_base_revision`).
     delta_base_revision: i64,
+}
+
+fn leases_of(leases: &[ArchivedLeaseRecord]) -> Vec<(i64, i64)> {
+    leases
+        .iter()
+        .map(|l| (l.id.to_native(), l.ttl_s.to_native()))
+        .collect()
 }
 
 fn durable_segments_of(data: &ArchivedCheckpointData) -> Vec<DurableSegment> {
@@ -1384,11 +1387,7 @@ fn restore_delta(
         applied_index: data.applied_index.to_native(),
         current_rev: data.current_rev.to_native(),
         compact_rev: data.compact_rev.to_native(),
-        leases: data
-            .leases
-            .iter()
-            .map(|l| (l.id.to_native(), l.ttl_s.to_native()))
-            .collect(),
+        leases: leases_of(&data.leases),
         segments: segments.into_values().collect(),
         delta_base_revision: base_ref.revision,
     };

@@ -242,6 +242,35 @@ fn a_delta_over_its_base_restores_what_a_full_checkpoint_restores() {
     assert!(deltas >= 100, "only {deltas} rounds wrote a delta");
 }
 
+/// Compacts `w` at `revision` through raft index `index` and runs the compaction to its end.
+fn compact_fully(w: &mut Writer, index: u64, revision: i64) {
+    w.apply(
+        index,
+        &Op::Compact(CompactionRequest {
+            revision,
+            physical: false,
+        }),
+    )
+    .unwrap();
+    while w.compact_step(64) == CompactionStatus::Pending {}
+}
+
+/// `w` checkpointed as a delta against `base`, restored over `base_image`.
+fn delta_restored(
+    w: &Writer,
+    base: &DeltaBase,
+    base_image: &[u8],
+    disk: &BTreeMap<u32, Bytes>,
+) -> Reader {
+    let parts = w
+        .checkpoint_source()
+        .serialize_parts_against(Some(base))
+        .unwrap();
+    assert_eq!(parts.delta_of(), Some(base.applied_index()));
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    restore(&parts.to_vec(), Some(base_image), disk, first_free).1
+}
+
 #[test]
 fn a_key_deleted_and_compacted_away_after_the_base_stays_deleted() {
     let (mut w, _r) = Store::with_value_log(on_disk(0));
@@ -267,22 +296,8 @@ fn a_key_deleted_and_compacted_away_after_the_base_stays_deleted() {
     .unwrap();
     index += 1;
     let revision = w.current_revision();
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision,
-            physical: false,
-        }),
-    )
-    .unwrap();
-    while w.compact_step(64) == CompactionStatus::Pending {}
-    let parts = w
-        .checkpoint_source()
-        .serialize_parts_against(Some(&base))
-        .unwrap();
-    assert_eq!(parts.delta_of(), Some(base.applied_index()));
-    let first_free = w.segment_ids().last().unwrap() + 1;
-    let (_, r) = restore(&parts.to_vec(), Some(&base_image), &disk, first_free);
+    compact_fully(&mut w, index, revision);
+    let r = delta_restored(&w, &base, &base_image, &disk);
     let got = r
         .range(&RangeRequest {
             key: key(7),
@@ -320,22 +335,8 @@ fn a_key_deleted_and_compacted_away_after_the_base_stays_deleted() {
     index += 1;
     w.apply(index, &put(9, b"again", 0)).unwrap();
     index += 1;
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision: between,
-            physical: false,
-        }),
-    )
-    .unwrap();
-    while w.compact_step(64) == CompactionStatus::Pending {}
-    let parts = w
-        .checkpoint_source()
-        .serialize_parts_against(Some(&base))
-        .unwrap();
-    assert_eq!(parts.delta_of(), Some(base.applied_index()));
-    let first_free = w.segment_ids().last().unwrap() + 1;
-    let (_, r) = restore(&parts.to_vec(), Some(&base_image), &disk, first_free);
+    compact_fully(&mut w, index, between);
+    let r = delta_restored(&w, &base, &base_image, &disk);
     let at_between = r
         .range(&RangeRequest {
             key: key(9),
