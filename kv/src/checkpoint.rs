@@ -195,7 +195,6 @@ struct IndexKeys<'a> {
     source: &'a CheckpointSource,
     /// A delta's base: only the keys that changed since it are archived.
     base: Option<&'a DeltaBase>,
-    table: &'a crate::segments::SegmentTable,
     guard: &'a epoch::Guard,
     /// The keys the first count found: the archived vector's length.
     count: usize,
@@ -292,13 +291,19 @@ where
         let key = self.entry.key();
         let records: Vec<VersionRecord> = {
             let mut values = self.keys.values.borrow_mut();
+            // Loaded after this key's list (read by the walk, under the same guard), so it
+            // holds every segment the list names: a table loaded before the walk would miss
+            // a segment opened since, into which reclaim may have moved one of these values.
+            let table = self
+                .keys
+                .source
+                .reader
+                .shared
+                .segments
+                .load(self.keys.guard);
             self.versions
                 .iter()
-                .map(|v| {
-                    self.keys
-                        .source
-                        .version_record(key, v, self.keys.table, &mut values)
-                })
+                .map(|v| self.keys.source.version_record(key, v, table, &mut values))
                 .collect()
         };
         Ok(KeyRecordResolver {
@@ -576,7 +581,6 @@ impl CheckpointSource {
             b.applied_index < self.applied_index
         });
         let guard = epoch::pin();
-        let table = self.reader.shared.segments.load(&guard);
         // First the sizes: how many keys the archive holds, and an upper bound on its bytes,
         // for the whole store and for the changes since `base`.
         let mut full = StreamTotals::default();
@@ -617,7 +621,6 @@ impl CheckpointSource {
             keys: IndexKeys {
                 source: self,
                 base,
-                table,
                 guard: &guard,
                 count: totals.keys,
                 values: &values,

@@ -101,3 +101,58 @@ fn readers_never_see_a_torn_txn() {
         assert!(checks > 0);
     }
 }
+
+/// A checkpoint serialized on another thread while the writer goes on putting, compacting and
+/// reclaiming (which moves live values into segments opened after the serialize began): it
+/// is either a whole image that restores at its revision, or refused as raced by a compaction.
+#[test]
+fn a_checkpoint_serialized_beside_reclaim_is_whole() {
+    let (mut w, _r) = Store::with_segment_bytes(512);
+    let mut index = 0u64;
+    let put = |k: u64, round: u64| {
+        Op::Put(PutRequest {
+            key: Bytes::from(format!("key{k:03}")),
+            value: Bytes::from(vec![(round % 251) as u8; 60]),
+            ..Default::default()
+        })
+    };
+    for k in 0..200 {
+        index += 1;
+        w.apply(index, &put(k, 0)).unwrap();
+    }
+    let (mut whole, mut raced) = (0, 0);
+    for round in 1..=300u64 {
+        let source = w.checkpoint_source();
+        let revision = source.revision();
+        let serializer = std::thread::spawn(move || source.serialize_parts());
+        // Overwrites make old values dead; a compaction now and then lets reclaim move the
+        // live ones of mostly dead segments into new ones.
+        for k in 0..40 {
+            index += 1;
+            w.apply(index, &put((round * 7 + k) % 200, round)).unwrap();
+            w.compact_step(4);
+        }
+        if round % 3 == 0 {
+            index += 1;
+            let revision = w.current_revision() - 20;
+            w.apply(
+                index,
+                &Op::Compact(CompactionRequest {
+                    revision,
+                    physical: false,
+                }),
+            )
+            .unwrap();
+        }
+        match serializer.join().expect("the serializer does not panic") {
+            Ok(parts) => {
+                let (restored, _) = Store::restore(&parts.to_vec()).expect("a whole image");
+                assert_eq!(restored.current_revision(), revision);
+                whole += 1;
+            }
+            Err(KvError::Compacted) => raced += 1,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert!(whole > 0, "every checkpoint raced a compaction ({raced})");
+}
