@@ -195,6 +195,9 @@ struct IndexKeys<'a> {
     source: &'a CheckpointSource,
     /// A delta's base: only the keys that changed since it are archived.
     base: Option<&'a DeltaBase>,
+    /// For a delta, the keys the writer wrote since the base (ascending), when it could
+    /// say: only those are read. Otherwise the walks go over the whole index.
+    named: Option<&'a [&'a [u8]]>,
     guard: &'a epoch::Guard,
     /// The keys the first count found: the archived vector's length.
     count: usize,
@@ -206,8 +209,42 @@ struct IndexKeys<'a> {
 /// One walk over the index's kept keys.
 struct KeptKeys<'a> {
     keys: &'a IndexKeys<'a>,
-    entries: crossbeam_skiplist::map::Iter<'a, crate::index::IndexKey, crate::index::KeyHistory>,
+    entries: Entries<'a>,
     left: usize,
+}
+
+/// The index entries a walk visits, ascending: all of them, or those of the named keys.
+enum Entries<'a> {
+    Index(crossbeam_skiplist::map::Iter<'a, crate::index::IndexKey, crate::index::KeyHistory>),
+    Named {
+        index: &'a crate::index::Index,
+        keys: std::slice::Iter<'a, &'a [u8]>,
+    },
+}
+
+impl<'a> Entries<'a> {
+    fn of(index: &'a crate::index::Index, named: Option<&'a [&'a [u8]]>) -> Self {
+        match named {
+            None => Entries::Index(index.iter()),
+            Some(keys) => Entries::Named {
+                index,
+                keys: keys.iter(),
+            },
+        }
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item =
+        crossbeam_skiplist::map::Entry<'a, crate::index::IndexKey, crate::index::KeyHistory>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Entries::Index(entries) => entries.next(),
+            // A named key compaction removed since is skipped: it has nothing to archive.
+            Entries::Named { index, keys } => keys.find_map(|key| index.get(*key)),
+        }
+    }
 }
 
 impl<'a> Iterator for KeptKeys<'a> {
@@ -258,7 +295,7 @@ impl<'a> IndexKeys<'a> {
     fn walk(&'a self) -> KeptKeys<'a> {
         KeptKeys {
             keys: self,
-            entries: self.source.reader.shared.index.iter(),
+            entries: Entries::of(&self.source.reader.shared.index, self.named),
             left: self.count,
         }
     }
@@ -452,6 +489,11 @@ pub struct CheckpointSource {
     /// Durable segments at the capture, `(id, record_bytes)` ascending: versions in them are
     /// written as pointers, every other value inline.
     durable_segments: Vec<DurableSegment>,
+    /// The keys written since a delta base, when the writer could name them.
+    dirty: Option<crate::dirty::DirtyList>,
+    /// The index's keys and versions at the capture: a full checkpoint's size, without a walk.
+    keys_held: usize,
+    versions_held: u64,
 }
 
 impl Writer {
@@ -464,6 +506,20 @@ impl Writer {
 
     /// Captures what a checkpoint of the current applied state needs; serialize it elsewhere.
     pub fn checkpoint_source(&self) -> CheckpointSource {
+        self.capture(None)
+    }
+
+    /// As `checkpoint_source`, for the checkpoints that a server keeps: one that may be a
+    /// delta against `base`, and may become the base of later deltas itself. The capture
+    /// then also copies the keys written since `base` (O(those keys), on this thread), so a
+    /// delta reads only their lists, and from now on compaction keeps what a delta against
+    /// this capture needs (see `Writer::set_delta_base_revision`).
+    pub fn checkpoint_source_against(&mut self, base: Option<&DeltaBase>) -> CheckpointSource {
+        self.may_become_base(self.current_rev);
+        self.capture(base.and_then(|b| self.dirty.since_base(b.revision)))
+    }
+
+    fn capture(&self, dirty: Option<crate::dirty::DirtyList>) -> CheckpointSource {
         CheckpointSource {
             reader: self.reader(),
             revision: self.current_rev,
@@ -471,6 +527,9 @@ impl Writer {
             applied_index: self.applied_index,
             leases: self.leases.iter().map(|(id, e)| (*id, e.ttl_s)).collect(),
             durable_segments: self.vlog.durable_segments(),
+            dirty,
+            keys_held: self.shared.index.len(),
+            versions_held: self.versions_held,
         }
     }
 }
@@ -581,29 +640,32 @@ impl CheckpointSource {
             b.applied_index < self.applied_index
         });
         let guard = epoch::pin();
+        // The keys the writer named as written since the base, when it could: a delta reads
+        // only their lists, where a walk reads every key's.
+        let named: Option<Vec<&[u8]>> = base
+            .and_then(|b| self.dirty.as_ref().filter(|d| d.base_rev() <= b.revision))
+            .map(|d| d.sorted());
         // First the sizes: how many keys the archive holds, and an upper bound on its bytes,
-        // for the whole store and for the changes since `base`.
+        // for the changes since `base` and (by a walk, or from the writer's counts when the
+        // keys are named) for the whole store.
         let mut full = StreamTotals::default();
         let mut delta = StreamTotals::default();
-        for entry in self.reader.shared.index.iter() {
-            let list = entry.value().load(&guard);
-            let kept = list.partition_point(|v| v.main() <= self.revision);
-            if kept == 0 {
-                // A key created after the captured revision has nothing to keep.
-                continue;
-            }
-            let kept = &list[..kept];
-            let inline_bytes = |versions: &[Version]| {
-                versions
-                    .iter()
-                    .filter(|v| v.segment != SEGMENT_NONE && !self.is_durable(v.segment))
-                    .map(|v| v.value_len())
-                    .sum::<usize>()
+        self.count_totals(
+            &guard,
+            named.as_deref(),
+            base,
+            named.is_none().then_some(&mut full),
+            &mut delta,
+        );
+        if named.is_some() {
+            // A lower bound on the full archive (keys' bytes and inline values left out but
+            // the delta's), so the choice below errs towards a full checkpoint.
+            full = StreamTotals {
+                keys: self.keys_held,
+                key_bytes: 0,
+                versions: self.versions_held as usize,
+                inline_bytes: delta.inline_bytes,
             };
-            full.count(entry.key().len(), kept.len(), inline_bytes(kept));
-            if let Some(new) = base.map(|b| b.new_versions(kept)).filter(|n| !n.is_empty()) {
-                delta.count(entry.key().len(), new.len(), inline_bytes(new));
-            }
         }
         let (leases, segments) = (self.leases.len(), self.durable_segments.len());
         let base = base.filter(|_| {
@@ -611,6 +673,12 @@ impl CheckpointSource {
                 || delta.archived_bytes_max(leases, segments) * DELTA_SHARE_MAX
                     <= full.archived_bytes_max(leases, segments)
         });
+        if base.is_none() && named.is_some() {
+            // A full checkpoint after all: its exact sizes need the walk.
+            full = StreamTotals::default();
+            self.count_totals(&guard, None, None, Some(&mut full), &mut delta);
+        }
+        let named = named.filter(|_| base.is_some());
         let totals = if base.is_some() { delta } else { full };
         let values = std::cell::RefCell::new(Vec::with_capacity(totals.inline_bytes));
         let yielded = std::cell::Cell::new(0usize);
@@ -621,6 +689,7 @@ impl CheckpointSource {
             keys: IndexKeys {
                 source: self,
                 base,
+                named: named.as_deref(),
                 guard: &guard,
                 count: totals.keys,
                 values: &values,
@@ -670,6 +739,47 @@ impl CheckpointSource {
             payload,
             delta_of: base_ref.map(|b| b.applied_index),
         })
+    }
+
+    /// Counts what the archive would hold: into `full` (when given) every kept key's versions
+    /// at or below the captured revision, into `delta` those newer than `base`; over the
+    /// `named` keys only, or the whole index.
+    fn count_totals(
+        &self,
+        guard: &epoch::Guard,
+        named: Option<&[&[u8]]>,
+        base: Option<&DeltaBase>,
+        mut full: Option<&mut StreamTotals>,
+        delta: &mut StreamTotals,
+    ) {
+        for entry in Entries::of(&self.reader.shared.index, named) {
+            let list = entry.value().load(guard);
+            let kept = list.partition_point(|v| v.main() <= self.revision);
+            if kept == 0 {
+                // A key created after the captured revision has nothing to keep.
+                continue;
+            }
+            let kept = &list[..kept];
+            let inline_bytes = |versions: &[Version]| {
+                versions
+                    .iter()
+                    .filter(|v| v.segment != SEGMENT_NONE && !self.is_durable(v.segment))
+                    .map(|v| v.value_len())
+                    .sum::<usize>()
+            };
+            if let Some(full) = full.as_deref_mut() {
+                full.count(entry.key().len(), kept.len(), inline_bytes(kept));
+            }
+            if let Some(new) = base.map(|b| b.new_versions(kept)).filter(|n| !n.is_empty()) {
+                delta.count(entry.key().len(), new.len(), inline_bytes(new));
+            }
+        }
+    }
+
+    /// Whether the capture names the keys written since its base (tests).
+    #[cfg(test)]
+    pub(crate) fn names_keys(&self) -> bool {
+        self.dirty.is_some()
     }
 
     fn is_durable(&self, segment: u32) -> bool {
@@ -1481,6 +1591,7 @@ struct PartBuilt {
     /// in the restore's `SegmentLimit`s.
     loaded: Vec<(u64, u64)>,
     index_bytes: u64,
+    versions: u64,
     /// Keys whose newest version is attached to a lease, with that lease.
     lease_keys: Vec<(i64, Bytes)>,
     /// Keys holding values kept inline (not in a durable segment): those go into the value
@@ -1590,6 +1701,7 @@ where
             };
             versions.push(version);
             built.index_bytes += key.len() as u64 + crate::store::VERSION_INDEX_BYTES;
+            built.versions += 1;
         }
         let Some(latest) = versions.last() else {
             return Err(damaged("a key without versions"));
@@ -1659,6 +1771,9 @@ where
     let (mut writer, reader) = Store::with_value_log(options);
     writer.applied_index = applied_index;
     writer.current_rev = current_rev;
+    // Nothing was written since the image: deltas against it (or a later base) can use the
+    // writer's own record of what changes next.
+    writer.dirty = crate::dirty::DirtyKeys::since(current_rev);
     writer.compact_rev = compact_rev;
     for (id, ttl_s) in leases {
         writer.leases.insert(
@@ -1757,6 +1872,7 @@ where
             total.1 += record_bytes;
         }
         writer.index_bytes += part.index_bytes;
+        writer.versions_held += part.versions;
         for (lease, key) in part.lease_keys {
             writer
                 .leases

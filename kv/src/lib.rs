@@ -41,6 +41,7 @@
 
 pub mod bbolt;
 mod checkpoint;
+mod dirty;
 pub mod error;
 mod index;
 mod read;

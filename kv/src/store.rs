@@ -105,6 +105,8 @@ impl Store {
             reclaim: None,
             defragmenting: false,
             tombstones_kept_after: i64::MAX,
+            dirty: crate::dirty::DirtyKeys::since(REVISION_INITIAL),
+            versions_held: 0,
         };
         (writer, Reader { shared })
     }
@@ -261,6 +263,10 @@ pub struct Writer {
     /// would be the newest below the compact revision and come back. A tombstone at or
     /// below the compact revision changes no read. `i64::MAX` (no base): nothing is kept.
     tombstones_kept_after: i64,
+    /// The keys written since the delta base, so a delta reads only their lists.
+    pub(crate) dirty: crate::dirty::DirtyKeys,
+    /// Versions held in the index (what a full checkpoint's size grows with).
+    pub(crate) versions_held: u64,
 }
 
 /// A handle for lock-free reads of the published state. Cheap to clone; one per shard.
@@ -403,6 +409,7 @@ impl Writer {
     /// Accounts one more version of `key` in the index.
     pub(crate) fn index_grew(&mut self, key_bytes: usize) {
         self.index_bytes += key_bytes as u64 + VERSION_INDEX_BYTES;
+        self.versions_held += 1;
     }
 
     /// Records a raft entry that carries no store operation (empty entries, conf changes).
@@ -528,6 +535,7 @@ impl Writer {
         let key_bytes = Bytes::copy_from_slice(key);
         let placed = self.vlog.append(key, rev, value);
         self.index_grew(key_bytes.len());
+        self.dirty.wrote(key, rev.main, self.shared.index.len());
         let version = Version::put(
             rev,
             prev.as_ref().map_or(rev.main, |p| p.create_revision()),
@@ -632,6 +640,8 @@ impl Writer {
         );
         entry.value().push(Version::tombstone(rev), &guard);
         self.index_grew(entry.key().len());
+        self.dirty
+            .wrote(entry.key(), rev.main, self.shared.index.len());
         if prev.lease() != 0 {
             self.detach(prev.lease(), entry.key());
         }
@@ -798,6 +808,16 @@ impl Writer {
         } else {
             self.tombstones_kept_after.max(revision)
         };
+        self.dirty.rebase(self.tombstones_kept_after);
+    }
+
+    /// A checkpoint captured at `revision` may become the base of later deltas once written:
+    /// from the capture on, compaction keeps the tombstones newer than it (or than the
+    /// current base, if older). Without this, a store with no base yet (just started or
+    /// restored) would let compaction remove a key deleted while that first checkpoint is
+    /// written, and a delta against it would miss the delete, so the key would come back.
+    pub(crate) fn may_become_base(&mut self, revision: i64) {
+        self.tombstones_kept_after = self.tombstones_kept_after.min(revision);
     }
 
     /// The revision `set_delta_base_revision` last set (`i64::MAX`: none).
@@ -916,6 +936,7 @@ impl Writer {
                 let version_bytes = entry.key().len() as u64 + VERSION_INDEX_BYTES;
                 assert!(self.index_bytes >= version_bytes, "index bytes underflow");
                 self.index_bytes -= version_bytes;
+                self.versions_held -= 1;
             }
             if keep_from == versions.len() {
                 emptied.push(Bytes::copy_from_slice(entry.key()));

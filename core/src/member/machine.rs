@@ -1848,12 +1848,14 @@ impl Member {
             .store()
             .term(index)
             .map_err(|e| CoreError::Raft(e.to_string()))?;
-        let source = self.writer.checkpoint_source();
-        assert_eq!(source.applied_index(), index, "the image is at the index");
-        self.checkpoint_in_flight = Some(index);
         let base = self
             .delta_base
             .filter(|_| self.deltas_since_full < DELTAS_PER_FULL);
+        // Names the keys written since `base`, so a delta reads only theirs; and whatever
+        // it is written as, this checkpoint may become the next base.
+        let source = self.writer.checkpoint_source_against(base.as_ref());
+        assert_eq!(source.applied_index(), index, "the image is at the index");
+        self.checkpoint_in_flight = Some(index);
         self.in_flight_bases = Some((source.delta_base(), base));
         Ok(Some(CheckpointRequest {
             index,

@@ -432,3 +432,156 @@ fn a_delta_of_most_keys_is_written_full_and_a_renumbered_pair_restores() {
     )
     .is_err());
 }
+
+/// The writer names the keys written since the base, and a delta of those keys is byte for
+/// byte the delta a walk over the whole index finds: with the writer applying between the
+/// capture and the serialize, bases adopted after further writes (as the server adopts a
+/// full checkpoint once it is written), compaction, leases, and more keys written than the
+/// writer keeps track of (it then falls back to the walk until a later base).
+#[test]
+fn a_delta_of_the_keys_the_writer_named_is_the_delta_a_walk_finds() {
+    let (mut named_deltas, mut walked_after_overflow) = (0, 0);
+    for seed in 1..=80u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let (mut w, _r) = Store::with_value_log(on_disk(0));
+        let mut disk = BTreeMap::new();
+        // Every fourth seed writes to more keys than the writer tracks (1024 at this size).
+        let keys = if seed % 4 == 0 { 3000 } else { 300 };
+        let (mut index, mut leases) = (0u64, Vec::new());
+        for k in 0..keys {
+            index += 1;
+            w.apply(index, &put(k, &[k as u8; 40], 0)).unwrap();
+        }
+        let mut base: Option<(Vec<u8>, DeltaBase)> = None;
+        for round in 0..10 {
+            let ops = if keys > 1024 && rng.below(3) == 0 {
+                2000
+            } else {
+                rng.below(60)
+            };
+            for _ in 0..ops {
+                random_op(&mut rng, &mut w, &mut index, keys, &mut leases);
+            }
+            if rng.below(2) == 0 {
+                write_sealed(&mut w, &mut disk);
+            }
+            let b = base.as_ref().map(|(_, b)| *b);
+            let walked = w.checkpoint_source();
+            let named = w.checkpoint_source_against(b.as_ref());
+            // The writer goes on applying while the checkpoint is serialized elsewhere.
+            for _ in 0..rng.below(20) {
+                random_op(&mut rng, &mut w, &mut index, keys, &mut leases);
+            }
+            let first_free = w.segment_ids().last().map_or(0, |id| id + 1);
+            let Some(b) = b.filter(|_| round % 4 != 0) else {
+                // A full checkpoint, adopted as the base once written (after more writes).
+                let Ok(image) = walked.serialize() else {
+                    continue; // a compaction began meanwhile: the server takes a new capture
+                };
+                for _ in 0..rng.below(20) {
+                    random_op(&mut rng, &mut w, &mut index, keys, &mut leases);
+                }
+                w.set_delta_base_revision(walked.revision());
+                base = Some((image, walked.delta_base()));
+                continue;
+            };
+            let (Ok(by_name), Ok(by_walk)) = (
+                named.serialize_delta_parts(&b),
+                walked.serialize_delta_parts(&b),
+            ) else {
+                continue;
+            };
+            assert_eq!(
+                by_name.to_vec(),
+                by_walk.to_vec(),
+                "seed {seed} round {round}: the named keys' delta is the walk's"
+            );
+            if named.names_keys() {
+                named_deltas += 1;
+            } else {
+                assert!(
+                    keys > 1024,
+                    "seed {seed} round {round}: a small working set is named"
+                );
+                walked_after_overflow += 1;
+            }
+            // Left to choose, the named capture writes a delta only where the walk does (its
+            // estimate of the full size is a lower bound), and the same one.
+            let (chosen_by_name, chosen_by_walk) = (
+                named.serialize_parts_against(Some(&b)).unwrap(),
+                walked.serialize_parts_against(Some(&b)).unwrap(),
+            );
+            if chosen_by_name.delta_of().is_some() {
+                assert_eq!(chosen_by_name.to_vec(), chosen_by_walk.to_vec());
+            }
+            let base_image = &base.as_ref().unwrap().0;
+            let from_delta = restore(&by_name.to_vec(), Some(base_image), &disk, first_free);
+            let from_full = restore(&walked.serialize().unwrap(), None, &disk, first_free);
+            assert_eq!(
+                contents(&from_delta.0),
+                contents(&from_full.0),
+                "seed {seed} round {round}"
+            );
+        }
+    }
+    assert!(
+        named_deltas >= 60,
+        "only {named_deltas} deltas of named keys"
+    );
+    assert!(
+        walked_after_overflow >= 10,
+        "only {walked_after_overflow} deltas walked after the writer stopped naming keys"
+    );
+}
+
+/// The first full checkpoint of a store with no base yet (just started or restored): a key
+/// deleted and compacted away while that checkpoint is written stays deleted in a delta
+/// taken against it (the capture makes compaction keep the tombstone from then on).
+#[test]
+fn a_key_deleted_while_the_first_base_is_written_stays_deleted() {
+    let (mut w, _r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for k in 0..40 {
+        index += 1;
+        w.apply(index, &put(k, b"before the base", 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let full = w.checkpoint_source_against(None);
+    let base_image = full.serialize().unwrap();
+    // While the full checkpoint is written and synced: key 7 is deleted and compacted away.
+    index += 1;
+    w.apply(
+        index,
+        &Op::DeleteRange(DeleteRangeRequest {
+            key: key(7),
+            range_end: Bytes::new(),
+            prev_kv: false,
+        }),
+    )
+    .unwrap();
+    index += 1;
+    w.apply(index, &put(8, b"after the base", 0)).unwrap();
+    index += 1;
+    let now = w.current_revision();
+    compact_fully(&mut w, index, now);
+    w.set_delta_base_revision(full.revision());
+    write_sealed(&mut w, &mut disk);
+    let delta = w.checkpoint_source_against(Some(&full.delta_base()));
+    assert!(delta.names_keys());
+    let parts = delta.serialize_delta_parts(&full.delta_base()).unwrap();
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (restored, reader) = restore(&parts.to_vec(), Some(&base_image), &disk, first_free);
+    let got = reader
+        .range(&RangeRequest {
+            key: key(7),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(
+        got.kvs.is_empty(),
+        "the deleted key came back: {:?}",
+        got.kvs
+    );
+    assert_eq!(contents(&restored), contents(&w));
+}

@@ -1,0 +1,194 @@
+//! The keys written since the newest full checkpoint, so that an incremental checkpoint reads
+//! those keys' lists and not the whole index.
+//!
+//! A delta holds each key's versions newer than its base's revision. Finding them by walking
+//! the index costs a pass over every key, twice (rkyv sizes, then writes), for each delta: at
+//! millions of keys, more than the delta itself when the writes go to a small working set.
+//! The writer instead notes each key it writes, with the revision of that write, and a
+//! checkpoint captures the keys newer than its base (a copy of their bytes, on the writer:
+//! O(changed keys), never O(keys)).
+//!
+//! Memory is bounded: past `max(keys / DIRTY_SHARE_MAX, DIRTY_KEYS_MIN)` keys the set is
+//! dropped and tracking starts again from the current revision (such a delta would be too
+//! large to pay anyway; until a full checkpoint at or after that revision becomes the base,
+//! deltas walk the index as before).
+
+use std::collections::HashMap;
+
+/// The set holds at most this share (1/n) of the index's keys.
+pub(crate) const DIRTY_SHARE_MAX: usize = 16;
+/// ... or this many keys, for small stores.
+pub(crate) const DIRTY_KEYS_MIN: usize = 1024;
+
+#[derive(Debug)]
+pub(crate) struct DirtyKeys {
+    /// Every key with a version newer than this revision is in `newest`.
+    since_rev: i64,
+    /// Each key written after `since_rev`, with its newest write's main revision. std's
+    /// SipHash: the keys are the clients', and this map lives on the raft core.
+    newest: HashMap<Box<[u8]>, i64>,
+}
+
+impl DirtyKeys {
+    /// Tracking from `rev` on: nothing written after it yet (a new or restored store).
+    pub(crate) fn since(rev: i64) -> Self {
+        DirtyKeys {
+            since_rev: rev,
+            newest: HashMap::new(),
+        }
+    }
+
+    /// `key` was written at main revision `main`; the index holds `keys_held` keys.
+    pub(crate) fn wrote(&mut self, key: &[u8], main: i64, keys_held: usize) {
+        if let Some(at) = self.newest.get_mut(key) {
+            *at = main;
+            return;
+        }
+        if self.newest.len() >= Self::keys_max(keys_held) {
+            // Writes of the same txn already noted at `main` are dropped with the rest, so
+            // only what comes after `main` is tracked from here on.
+            self.newest = HashMap::new();
+            self.since_rev = main;
+            return;
+        }
+        self.newest.insert(key.into(), main);
+    }
+
+    fn keys_max(keys_held: usize) -> usize {
+        (keys_held / DIRTY_SHARE_MAX).max(DIRTY_KEYS_MIN)
+    }
+
+    /// The full checkpoint that deltas are taken against is at `base_rev`: keys written at or
+    /// before it are no longer dirty.
+    pub(crate) fn rebase(&mut self, base_rev: i64) {
+        if self.since_rev > base_rev {
+            // Tracking restarted after the base: this set cannot name its changes; a later
+            // base at or after `since_rev` can use it.
+            return;
+        }
+        self.newest.retain(|_, at| *at > base_rev);
+        if self.newest.capacity() > 4 * self.newest.len().max(DIRTY_KEYS_MIN) {
+            self.newest.shrink_to_fit();
+        }
+        self.since_rev = base_rev;
+    }
+
+    /// The keys with a version newer than `base_rev`, or None when the set cannot say (it
+    /// was dropped after `base_rev`).
+    pub(crate) fn since_base(&self, base_rev: i64) -> Option<DirtyList> {
+        if self.since_rev > base_rev {
+            return None;
+        }
+        let mut list = DirtyList {
+            base_rev,
+            bytes: Vec::new(),
+            ends: Vec::new(),
+        };
+        for (key, _) in self.newest.iter().filter(|(_, at)| **at > base_rev) {
+            list.bytes.extend_from_slice(key);
+            list.ends.push(list.bytes.len());
+        }
+        Some(list)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.newest.len()
+    }
+}
+
+/// The keys with a version newer than `base_rev` at a capture, in no order: their bytes
+/// back to back.
+#[derive(Debug, Clone)]
+pub(crate) struct DirtyList {
+    base_rev: i64,
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl DirtyList {
+    /// The revision the list is complete after: it names every key with a version newer.
+    pub(crate) fn base_rev(&self) -> i64 {
+        self.base_rev
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn key(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.bytes[start..self.ends[i]]
+    }
+
+    /// The keys ascending, as the index orders them (bytewise), each once.
+    pub(crate) fn sorted(&self) -> Vec<&[u8]> {
+        let mut keys: Vec<&[u8]> = (0..self.len()).map(|i| self.key(i)).collect();
+        keys.sort_unstable();
+        assert!(
+            keys.windows(2).all(|w| w[0] < w[1]),
+            "the set names each key once"
+        );
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_dirty_after_a_base_only_when_written_after_it() {
+        let mut d = DirtyKeys::since(1);
+        d.wrote(b"a", 2, 10);
+        d.wrote(b"b", 3, 10);
+        d.wrote(b"a", 5, 10);
+        let list = d.since_base(3).expect("tracked since 1");
+        assert_eq!(list.sorted(), vec![b"a".as_slice()]);
+        assert_eq!(d.since_base(1).unwrap().sorted().len(), 2);
+        d.rebase(3);
+        assert_eq!(d.len(), 1, "b's write at 3 is in the base");
+        assert!(
+            d.since_base(2).is_none(),
+            "writes at or before 3 are forgotten"
+        );
+        assert_eq!(d.since_base(4).unwrap().sorted(), vec![b"a".as_slice()]);
+        assert!(d.since_base(5).unwrap().sorted().is_empty());
+    }
+
+    #[test]
+    fn past_its_bound_the_set_starts_again_and_serves_only_later_bases() {
+        let mut d = DirtyKeys::since(0);
+        for i in 0..DIRTY_KEYS_MIN as i64 {
+            d.wrote(&i.to_be_bytes(), i + 1, 0);
+        }
+        assert_eq!(d.len(), DIRTY_KEYS_MIN);
+        let overflow_rev = DIRTY_KEYS_MIN as i64 + 1;
+        d.wrote(b"one more", overflow_rev, 0);
+        assert_eq!(d.len(), 0);
+        assert!(d.since_base(overflow_rev - 1).is_none());
+        d.wrote(b"next", overflow_rev + 1, 0);
+        assert_eq!(
+            d.since_base(overflow_rev).unwrap().sorted(),
+            vec![b"next".as_slice()]
+        );
+        d.rebase(overflow_rev - 1);
+        assert!(
+            d.since_base(overflow_rev - 1).is_none(),
+            "an older base stays unserved"
+        );
+        d.rebase(overflow_rev + 1);
+        assert!(d.since_base(overflow_rev + 1).unwrap().sorted().is_empty());
+    }
+
+    #[test]
+    fn the_bound_grows_with_the_index() {
+        let keys_held = DIRTY_KEYS_MIN * DIRTY_SHARE_MAX * 4;
+        let mut d = DirtyKeys::since(0);
+        for i in 0..(4 * DIRTY_KEYS_MIN) as i64 {
+            d.wrote(&i.to_be_bytes(), i + 1, keys_held);
+        }
+        assert_eq!(d.len(), 4 * DIRTY_KEYS_MIN);
+        assert!(d.since_base(0).is_some());
+    }
+}
