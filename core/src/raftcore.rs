@@ -304,6 +304,8 @@ impl RaftCore {
         member.restore_auth(&auth);
         member.restore_removed(&removed);
         let clock_origin = shared.started_at;
+        // Keep-alives on the leader are renewed on the shard that took them, on this clock.
+        shared.set_lease_deadlines(member.lease_deadlines());
         // Started from this executor's thread, so it runs beside the raft CPU.
         let checkpoints = CheckpointWriter::start(snap_dir.clone())?;
         let vlog = VlogWriter::start(vlog_dir.clone());
@@ -774,6 +776,9 @@ impl RaftCore {
             .proposals_pending
             .store(self.member.proposals_pending() as u64, Ordering::Relaxed);
         publish_store_size(&self.shared, self.member.writer());
+        // Leadership or the quorum's last word may have moved: so may the shards' window for
+        // renewing leases themselves.
+        self.member.publish_lease_window();
     }
 
     fn publish_members(&self) {

@@ -534,13 +534,19 @@ impl Api {
                 Err(status) => return status,
             };
             let id = req.id;
-            let ttl = match self
-                .shared
-                .query(|reply| Query::KeepAlive { id, reply })
-                .await
-            {
-                Ok(ttl) => ttl,
-                Err(e) => return etcd(e),
+            // On the leader, the shard renews the lease itself; elsewhere, or when the leader
+            // cannot vouch for its leadership now, the raft core answers (forwarding to the
+            // leader from a follower).
+            let ttl = match self.shared.renew_lease_here(id) {
+                Some(ttl) => ttl,
+                None => match self
+                    .shared
+                    .query(|reply| Query::KeepAlive { id, reply })
+                    .await
+                {
+                    Ok(ttl) => ttl,
+                    Err(e) => return etcd(e),
+                },
             };
             let resp = pb::LeaseKeepAliveResponse {
                 header: self.shared.header(self.shared.reader().current_revision()),

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -23,6 +23,7 @@ use crate::auth::{AuthImage, AuthInfo, AuthReply, AuthState, TokenTable};
 use crate::config::Config;
 use crate::ids::{Identity, Member};
 use crate::limits::Limits;
+use crate::member::lease_clock::LeaseDeadlines;
 use crate::rt::Mailbox;
 use crate::stats::{PeerTable, RaftStats};
 use crate::watch::WatchBatch;
@@ -65,7 +66,8 @@ pub struct Proposal {
 
 /// Questions only the raft core can answer: lease state lives with the leader's clock.
 pub enum Query {
-    /// Renews a lease; answers its TTL in seconds, or 0 when the lease is unknown.
+    /// Renews a lease; answers its TTL in seconds, or 0 when the lease is unknown. A leader's
+    /// shards renew on their own while they may (`Shared::renew_lease_here`); this is the rest.
     KeepAlive {
         id: i64,
         reply: oneshot::Sender<Result<i64, EtcdError>>,
@@ -213,6 +215,9 @@ pub struct Shared {
     pub raft_stats: Arc<RaftStats>,
     /// Per-peer traffic, counted by the peer transport.
     pub peer_stats: Arc<PeerTable>,
+    /// The leader's lease countdowns, set once the raft core opens: shards renew leases in
+    /// them while the member keeps the window open (see `renew_lease_here`).
+    lease_deadlines: OnceLock<Arc<LeaseDeadlines>>,
     next_id: AtomicU64,
 }
 
@@ -266,6 +271,7 @@ impl Shared {
             started_at: Instant::now(),
             raft_stats: Arc::default(),
             peer_stats: Arc::default(),
+            lease_deadlines: OnceLock::new(),
             next_id: AtomicU64::new(next_id),
         }
     }
@@ -488,6 +494,23 @@ impl Shared {
             tracing::warn!(error = %e, "cannot raise the NOSPACE alarm");
         }
         Err(EtcdError::NoSpace)
+    }
+
+    /// Gives the shards the member's lease countdowns (once, when the raft core opens).
+    pub fn set_lease_deadlines(&self, deadlines: Arc<LeaseDeadlines>) {
+        assert!(
+            self.lease_deadlines.set(deadlines).is_ok(),
+            "one raft core per process sets the lease countdowns"
+        );
+    }
+
+    /// Renews a lease on this shard, without the raft core, when this member leads and may
+    /// (see `LeaseDeadlines::renew_here`): its TTL, 0 when it expired, None to ask the raft core.
+    pub fn renew_lease_here(&self, id: i64) -> Option<i64> {
+        // The member's clock is `uptime_ms` (the raft core's `clock_origin` is `started_at`).
+        self.lease_deadlines
+            .get()?
+            .renew_here(id, || self.uptime_ms())
     }
 
     /// Asks the raft core a lease question.

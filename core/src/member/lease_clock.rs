@@ -4,24 +4,160 @@
 //! Leases are replicated state (keel-kv's Writer holds them); their countdowns are not. Only the
 //! leader's clock counts, as in etcd: a new leader, or a member that starts, restarts every
 //! countdown from the full TTL. Time is the member's millisecond clock, passed in.
+//!
+//! The countdowns live in `LeaseDeadlines`, which the shards share: a keep-alive on the leader
+//! is answered on the shard that took it (`LeaseDeadlines::renew_here`), without a round trip
+//! to the raft core, while the member keeps the window in which that is safe open
+//! (`LeaseDeadlines::set_window`). Every change to a deadline is an atomic compare-and-swap, so
+//! a renewal and the raft core's expiry never both win: the raft core claims an expired lease
+//! by swapping its deadline to 0, which no renewal moves.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_skiplist::SkipMap;
 
 /// How long a leader waits before proposing the revoke of an expired lease again, when the
 /// first revoke has not been applied (lost with a leader change, or still in flight).
 pub const REVOKE_RETRY_MS: u64 = 1000;
 
-/// Lease countdowns by lease id. `BTreeMap`s so expiry proposes revokes in one order on every run.
-#[derive(Debug, Default)]
-pub struct LeaseClock {
-    /// When each lease expires, on the member's clock.
-    deadlines_ms: BTreeMap<i64, u64>,
-    /// Leases whose revoke was proposed, and when.
-    revoke_proposed_at_ms: BTreeMap<i64, u64>,
-}
+/// A deadline no renewal moves: the lease expired (its revoke is due or on its way) or left
+/// the store.
+const NOT_RENEWABLE_MS: u64 = 0;
 
 fn ttl_ms(ttl_s: i64) -> u64 {
     (ttl_s.max(0) as u64).saturating_mul(1000)
+}
+
+/// One lease's countdown.
+#[derive(Debug)]
+struct Slot {
+    /// The granted TTL, which a keep-alive answers.
+    ttl_s: i64,
+    /// When the lease expires, on the member's clock; `NOT_RENEWABLE_MS` once expired or gone.
+    deadline_ms: AtomicU64,
+}
+
+impl Slot {
+    fn new(ttl_s: i64, now_ms: u64) -> Slot {
+        Slot {
+            ttl_s,
+            deadline_ms: AtomicU64::new(now_ms.saturating_add(ttl_ms(ttl_s))),
+        }
+    }
+}
+
+/// The lease countdowns by lease id, and the window in which a shard may renew one itself.
+///
+/// Only the member (on the raft core) adds, removes and expires leases and moves the window;
+/// shards only renew, and only while the window is open. Lock-free on both sides: the
+/// architecture keeps locks off the shards' request path.
+#[derive(Debug, Default)]
+pub struct LeaseDeadlines {
+    /// A skip list, so expiry walks leases in id order on every run, as a `BTreeMap` would.
+    slots: SkipMap<i64, Slot>,
+    /// Until when (member clock, exclusive) this member may renew leases without asking its
+    /// raft core; 0 while it may not. See `set_window`.
+    renew_until_ms: AtomicU64,
+    /// Moved each time the window closes or shrinks, so that a renewal that began before can
+    /// tell and ask the raft core instead (a sequence lock's counter).
+    window_epoch: AtomicU64,
+}
+
+impl LeaseDeadlines {
+    /// Renews a lease from a shard, if the window allows: `Some(TTL)` when renewed, `Some(0)`
+    /// when the lease expired (its revoke is due or on its way), `None` when this member cannot
+    /// answer without its raft core (the window is closed or moved meanwhile, or the lease is
+    /// unknown here). `now_ms` reads the member's clock; it is read again after the renewal,
+    /// because the answer must still hold when it is decided, not only when it began.
+    ///
+    /// Why this is safe: the member opens the window only while it leads, in a term in which
+    /// it committed an entry and applied everything committed before, with no leadership
+    /// transfer under way, and only until a quorum's last word is older than the lease guard
+    /// (no other leader can exist before then); it closes the window before it sends anything
+    /// that could end that. A revoke applied here makes the lease unrenewable before anyone
+    /// can learn of it (the member applies committed entries before it sends the messages that
+    /// let followers apply them). So a renewal answered here is ordered before any revoke
+    /// another client saw, exactly as the raft core's own renewal is.
+    pub fn renew_here(&self, id: i64, now_ms: impl Fn() -> u64) -> Option<i64> {
+        let epoch = self.window_epoch.load(Ordering::SeqCst);
+        if self.renew_until_ms.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let entry = self.slots.get(&id)?;
+        let slot = entry.value();
+        let now = now_ms();
+        let renewed_until_ms = now.saturating_add(ttl_ms(slot.ttl_s));
+        let mut deadline_ms = slot.deadline_ms.load(Ordering::SeqCst);
+        let ttl_s = loop {
+            if deadline_ms <= now {
+                break 0;
+            }
+            match slot.deadline_ms.compare_exchange(
+                deadline_ms,
+                renewed_until_ms.max(deadline_ms),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break slot.ttl_s,
+                Err(seen) => deadline_ms = seen,
+            }
+        };
+        // The clock first, then the window: a window read before the clock could have run out
+        // by the time the clock says.
+        let decided_ms = now_ms();
+        let still_open = self.window_epoch.load(Ordering::SeqCst) == epoch
+            && decided_ms < self.renew_until_ms.load(Ordering::SeqCst);
+        // A renewal whose window closed meanwhile is not answered here: the raft core answers
+        // it (or says this member no longer leads). The deadline it moved does no harm: a lease
+        // renewed and then revoked is gone, and a new leader restarts every countdown.
+        still_open.then_some(ttl_s)
+    }
+
+    /// Opens, moves or closes (`until_ms` 0) the window for `renew_here`. A window that
+    /// closes or ends earlier than before moves the epoch first, so a renewal in progress sees it.
+    pub fn set_window(&self, until_ms: u64) {
+        let before = self.renew_until_ms.load(Ordering::SeqCst);
+        if until_ms == before {
+            return;
+        }
+        if until_ms < before {
+            self.renew_until_ms.store(0, Ordering::SeqCst);
+            self.window_epoch.fetch_add(1, Ordering::SeqCst);
+        }
+        self.renew_until_ms.store(until_ms, Ordering::SeqCst);
+    }
+
+    /// Until when shards may renew leases (0: they may not).
+    pub fn window_until_ms(&self) -> u64 {
+        self.renew_until_ms.load(Ordering::SeqCst)
+    }
+
+    /// Makes a slot unrenewable, then drops it: a shard holding it can no longer move it.
+    fn remove(&self, id: i64) {
+        if let Some(entry) = self.slots.remove(&id) {
+            entry
+                .value()
+                .deadline_ms
+                .store(NOT_RENEWABLE_MS, Ordering::SeqCst);
+        }
+    }
+
+    fn clear(&self) {
+        for entry in self.slots.iter() {
+            self.remove(*entry.key());
+        }
+    }
+}
+
+/// Lease countdowns by lease id (shared with the shards), and the revokes in flight.
+#[derive(Debug, Default)]
+pub struct LeaseClock {
+    deadlines: Arc<LeaseDeadlines>,
+    /// Leases whose revoke was proposed, and when. `BTreeMap`s so expiry proposes revokes in
+    /// one order on every run.
+    revoke_proposed_at_ms: BTreeMap<i64, u64>,
 }
 
 impl LeaseClock {
@@ -29,57 +165,93 @@ impl LeaseClock {
         Self::default()
     }
 
+    /// The countdowns, for the shards' `renew_here`.
+    pub fn deadlines(&self) -> Arc<LeaseDeadlines> {
+        self.deadlines.clone()
+    }
+
+    /// Opens, moves or closes the shards' renewal window (see `LeaseDeadlines::set_window`).
+    pub fn set_window(&self, until_ms: u64) {
+        self.deadlines.set_window(until_ms);
+    }
+
     /// Restarts every countdown from its full TTL (`(lease id, ttl_s)` pairs) and forgets the
     /// revokes in flight: on start and on becoming leader, since the old leader's clock is gone.
     pub fn restart(&mut self, leases: impl IntoIterator<Item = (i64, i64)>, now_ms: u64) {
-        self.deadlines_ms = leases
-            .into_iter()
-            .map(|(id, ttl_s)| (id, now_ms.saturating_add(ttl_ms(ttl_s))))
-            .collect();
+        self.deadlines.clear();
+        for (id, ttl_s) in leases {
+            self.deadlines.slots.insert(id, Slot::new(ttl_s, now_ms));
+        }
         self.revoke_proposed_at_ms.clear();
     }
 
-    /// Starts or restarts one lease's countdown (a grant applied, or a keep-alive on the leader).
+    /// Starts a lease's countdown (a grant applied), or restarts it (a keep-alive the raft
+    /// core renews, as leader).
     pub fn renew(&mut self, id: i64, ttl_s: i64, now_ms: u64) {
-        self.deadlines_ms
-            .insert(id, now_ms.saturating_add(ttl_ms(ttl_s)));
+        match self.deadlines.slots.get(&id) {
+            Some(entry) if entry.value().ttl_s == ttl_s => entry
+                .value()
+                .deadline_ms
+                .store(now_ms.saturating_add(ttl_ms(ttl_s)), Ordering::SeqCst),
+            _ => {
+                self.deadlines.remove(id);
+                self.deadlines.slots.insert(id, Slot::new(ttl_s, now_ms));
+            }
+        }
     }
 
     /// Forgets a lease whose revoke was applied.
     pub fn forget(&mut self, id: i64) {
-        self.deadlines_ms.remove(&id);
+        self.deadlines.remove(id);
         self.revoke_proposed_at_ms.remove(&id);
     }
 
     /// The leases past their deadline whose revoke is not in flight (or was proposed more than
-    /// `REVOKE_RETRY_MS` ago), in id order.
+    /// `REVOKE_RETRY_MS` ago), in id order. Each is claimed first: its deadline swapped to one
+    /// no renewal moves, so a shard renewing it at this moment either wins (and it is not
+    /// listed) or answers that it expired.
     pub fn expired(&self, now_ms: u64) -> Vec<i64> {
-        self.deadlines_ms
-            .iter()
-            .filter(|(id, deadline_ms)| {
-                **deadline_ms <= now_ms
-                    && self
-                        .revoke_proposed_at_ms
-                        .get(id)
-                        .is_none_or(|at_ms| now_ms.saturating_sub(*at_ms) > REVOKE_RETRY_MS)
-            })
-            .map(|(id, _)| *id)
-            .collect()
+        let mut out = Vec::new();
+        for entry in self.deadlines.slots.iter() {
+            let deadline = &entry.value().deadline_ms;
+            let mut deadline_ms = deadline.load(Ordering::SeqCst);
+            while deadline_ms != NOT_RENEWABLE_MS && deadline_ms <= now_ms {
+                match deadline.compare_exchange(
+                    deadline_ms,
+                    NOT_RENEWABLE_MS,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => deadline_ms = NOT_RENEWABLE_MS,
+                    Err(seen) => deadline_ms = seen,
+                }
+            }
+            let id = *entry.key();
+            let retry_due = self
+                .revoke_proposed_at_ms
+                .get(&id)
+                .is_none_or(|at_ms| now_ms.saturating_sub(*at_ms) > REVOKE_RETRY_MS);
+            if deadline_ms <= now_ms && retry_due {
+                out.push(id);
+            }
+        }
+        out
     }
 
     /// Whether the lease's countdown ran out by `now_ms` (its revoke is due or in flight).
     /// Such a lease is not renewed: its revoke may already be on its way through the log,
     /// as etcd's lessor refuses to renew an expired lease.
     pub fn has_expired(&self, id: i64, now_ms: u64) -> bool {
-        self.deadlines_ms
+        self.deadlines
+            .slots
             .get(&id)
-            .is_some_and(|deadline_ms| *deadline_ms <= now_ms)
+            .is_some_and(|e| e.value().deadline_ms.load(Ordering::SeqCst) <= now_ms)
     }
 
     /// Notes that the revoke of an expired lease was proposed at `now_ms`.
     pub fn revoke_proposed(&mut self, id: i64, now_ms: u64) {
         assert!(
-            self.deadlines_ms.contains_key(&id),
+            self.deadlines.slots.contains_key(&id),
             "revoke proposed for lease {id} without a countdown"
         );
         self.revoke_proposed_at_ms.insert(id, now_ms);
@@ -87,9 +259,10 @@ impl LeaseClock {
 
     /// Whole seconds left on a lease's countdown (0 once expired), or None without a countdown.
     pub fn remaining_s(&self, id: i64, now_ms: u64) -> Option<i64> {
-        self.deadlines_ms
-            .get(&id)
-            .map(|deadline_ms| (deadline_ms.saturating_sub(now_ms) / 1000) as i64)
+        self.deadlines.slots.get(&id).map(|e| {
+            let deadline_ms = e.value().deadline_ms.load(Ordering::SeqCst);
+            (deadline_ms.saturating_sub(now_ms) / 1000) as i64
+        })
     }
 }
 
@@ -144,6 +317,128 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_renews_only_while_the_window_is_open() {
+        let mut clock = LeaseClock::new();
+        let shards = clock.deadlines();
+        clock.renew(1, 2, 0);
+        assert_eq!(shards.renew_here(1, || 1_000), None, "closed at first");
+        clock.set_window(10_000);
+        assert_eq!(shards.renew_here(1, || 1_000), Some(2));
+        assert_eq!(clock.remaining_s(1, 1_000), Some(2), "renewed from 1 s");
+        assert!(clock.expired(2_999).is_empty());
+        assert_eq!(
+            shards.renew_here(2, || 1_000),
+            None,
+            "unknown: the raft core answers"
+        );
+        assert_eq!(shards.renew_here(1, || 10_000), None, "the window ran out");
+        clock.set_window(0);
+        assert_eq!(shards.renew_here(1, || 1_500), None);
+        assert_eq!(clock.remaining_s(1, 1_000), Some(2));
+    }
+
+    #[test]
+    fn a_window_that_closes_during_a_renewal_sends_it_to_the_raft_core() {
+        let mut clock = LeaseClock::new();
+        let shards = clock.deadlines();
+        clock.renew(1, 2, 0);
+        clock.set_window(u64::MAX);
+        // The clock is read before and after the swap: close the window in between, as the
+        // raft core may at any moment.
+        let reads = std::cell::Cell::new(0);
+        let answer = shards.renew_here(1, || {
+            reads.set(reads.get() + 1);
+            if reads.get() == 2 {
+                clock.set_window(0);
+                clock.set_window(u64::MAX);
+            }
+            500
+        });
+        assert_eq!(
+            answer, None,
+            "closed and reopened meanwhile: not answered here"
+        );
+        // A window that only grows does not send renewals away.
+        let reads = std::cell::Cell::new(0);
+        clock.set_window(5_000);
+        let answer = shards.renew_here(1, || {
+            reads.set(reads.get() + 1);
+            if reads.get() == 2 {
+                clock.set_window(6_000);
+            }
+            500
+        });
+        assert_eq!(answer, Some(2));
+        // One that shrinks does.
+        let reads = std::cell::Cell::new(0);
+        let answer = shards.renew_here(1, || {
+            reads.set(reads.get() + 1);
+            if reads.get() == 2 {
+                clock.set_window(5_500);
+            }
+            500
+        });
+        assert_eq!(answer, None);
+    }
+
+    #[test]
+    fn an_expired_or_forgotten_lease_is_never_renewed_by_a_shard() {
+        let mut clock = LeaseClock::new();
+        let shards = clock.deadlines();
+        clock.set_window(u64::MAX);
+        clock.renew(1, 1, 0);
+        clock.renew(2, 5, 0);
+        assert_eq!(clock.expired(1_000), vec![1]);
+        // Claimed by the expiry: a shard whose clock still reads before the deadline (it read
+        // the clock before the raft core did) answers that it expired.
+        assert_eq!(shards.renew_here(1, || 999), Some(0));
+        assert!(clock.has_expired(1, 0));
+        clock.forget(2);
+        assert_eq!(shards.renew_here(2, || 999), None);
+    }
+
+    #[test]
+    fn renewals_on_other_threads_and_the_expiry_never_both_win() {
+        // Shards renew a 1 s lease on their own threads while the raft core's clock jumps
+        // past its deadline and expires it: after the expiry claims the lease, no renewal
+        // answers it alive, and a renewal that won was seen by the expiry (nothing listed).
+        for round in 0..200u64 {
+            let mut clock = LeaseClock::new();
+            let shards = clock.deadlines();
+            clock.set_window(u64::MAX);
+            clock.renew(7, 1, 0);
+            let claimed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let renewers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (shards, claimed) = (shards.clone(), claimed.clone());
+                    std::thread::spawn(move || {
+                        let mut alive_after_claim = 0;
+                        for i in 0..200 {
+                            let was_claimed = claimed.load(Ordering::SeqCst);
+                            let answer = shards.renew_here(7, || 900 + i % 50);
+                            if was_claimed && answer.is_some_and(|ttl| ttl > 0) {
+                                alive_after_claim += 1;
+                            }
+                        }
+                        alive_after_claim
+                    })
+                })
+                .collect();
+            std::thread::yield_now();
+            let expired = clock.expired(1_000 + round % 3 * 1_000);
+            if !expired.is_empty() {
+                claimed.store(true, Ordering::SeqCst);
+            }
+            for r in renewers {
+                assert_eq!(r.join().expect("no panic"), 0, "renewed after the claim");
+            }
+            if expired.is_empty() {
+                assert!(!clock.has_expired(7, 1_000), "not listed: renewed in time");
+            }
+        }
+    }
+
+    #[test]
     fn restart_gives_every_lease_its_full_ttl_and_forgets_revokes() {
         let mut clock = LeaseClock::new();
         clock.renew(1, 1, 0);
@@ -151,7 +446,7 @@ mod tests {
         clock.restart([(1, 5), (2, -3)], 60_000);
         // A negative TTL counts as zero: expired at once.
         assert_eq!(clock.expired(60_000), vec![2]);
-        assert_eq!(clock.expired(65_000), vec![1, 2]);
         assert_eq!(clock.remaining_s(1, 60_000), Some(5));
+        assert_eq!(clock.expired(65_000), vec![1, 2]);
     }
 }

@@ -405,6 +405,10 @@ pub struct Member {
     heard_from_ms: BTreeMap<u64, u64>,
     /// When each lease expires, by the leader's clock. Only a leader expires leases.
     lease_clock: LeaseClock,
+    /// The term in which this member, as leader, had committed an entry of its own and applied
+    /// everything committed: from then on its shards may renew leases (see
+    /// `publish_lease_window`). 0 when not leading.
+    leases_settled_term: u64,
     next_read_ctx: u64,
     next_request_id: u64,
     /// The raft index of the newest durable checkpoint (ours or a leader's snapshot).
@@ -478,6 +482,7 @@ impl Member {
             defrag_waiting: Vec::new(),
             heard_from_ms: BTreeMap::new(),
             lease_clock: LeaseClock::new(),
+            leases_settled_term: 0,
             next_read_ctx: ids_first,
             next_request_id: ids_first,
             last_checkpoint_index,
@@ -969,6 +974,77 @@ impl Member {
         heard * 2 > voters.len()
     }
 
+    /// Until when this member's shards may renew leases themselves (see
+    /// `LeaseDeadlines::renew_here`), or 0 when they may not: `may_renew_leases` without its
+    /// momentary conditions. Applied entries trailing the commit index close nothing here,
+    /// once this leader's term is settled: an entry committed in its own term has been seen by
+    /// no one before this member applies it and sends its commit on. The window ends when the
+    /// quorum's last word is older than the lease guard, so a raft core that stops turning
+    /// stops its shards' renewals on time.
+    fn lease_window_until_ms(&mut self) -> u64 {
+        let raft = self.node.raft();
+        let hs = raft.hard_state();
+        if !self.is_leader
+            || raft.soft_state().role != Role::Leader
+            || raft.lead_transferee().is_some()
+        {
+            self.leases_settled_term = 0;
+            return 0;
+        }
+        if self.leases_settled_term != hs.term {
+            let committed_in_term = self
+                .node
+                .store()
+                .term(hs.commit)
+                .is_ok_and(|term| term == hs.term);
+            if !committed_in_term || self.writer.applied_index() < hs.commit {
+                return 0;
+            }
+            self.leases_settled_term = hs.term;
+        }
+        self.quorum_heard_until_ms()
+    }
+
+    /// When `quorum_heard_recently` turns false if no voter answers again: the moment the
+    /// quorum's oldest last word passes the lease guard (`u64::MAX` for a lone voter).
+    fn quorum_heard_until_ms(&self) -> u64 {
+        let raft = self.node.raft();
+        let election_ms = raft.election_timeout_ticks() as u64 * self.config.tick_ms;
+        let guard_ms = election_ms * LEASE_GUARD_PERCENT / 100;
+        let voters = raft.conf_state().voters;
+        let mut heard_until_ms: Vec<u64> = voters
+            .iter()
+            .map(|v| {
+                if *v == self.config.id {
+                    u64::MAX
+                } else {
+                    self.heard_from_ms
+                        .get(v)
+                        .map_or(0, |at| at.saturating_add(guard_ms))
+                }
+            })
+            .collect();
+        heard_until_ms.sort_unstable_by(|a, b| b.cmp(a));
+        // `quorum_heard_recently` holds while a majority's `until` is at or after now.
+        let quorum = voters.len() / 2 + 1;
+        heard_until_ms
+            .get(quorum - 1)
+            .map_or(0, |until| until.saturating_add(1))
+    }
+
+    /// Opens, moves or closes the shards' lease renewal window. The driver calls this after
+    /// every step that can change leadership or the quorum's last word, and `ready` calls it
+    /// before handing out messages (a leadership transfer's among them).
+    pub fn publish_lease_window(&mut self) {
+        let until_ms = self.lease_window_until_ms();
+        self.lease_clock.set_window(until_ms);
+    }
+
+    /// The lease countdowns, shared with the shards' keep-alive path.
+    pub fn lease_deadlines(&self) -> Arc<crate::member::lease_clock::LeaseDeadlines> {
+        self.lease_clock.deadlines()
+    }
+
     /// A keep-alive a follower forwarded to us.
     pub fn keepalive_from_peer(&mut self, from: u64, request_id: u64, lease: i64, now_ms: u64) {
         let ttl_s = if self.may_renew_leases(now_ms) {
@@ -1374,6 +1450,9 @@ impl Member {
             committed,
             read_states,
         });
+        // Before any of this Ready's messages leave: a transfer's TimeoutNow among them ends
+        // the lease guard, so the shards stop renewing first.
+        self.publish_lease_window();
         Some(ReadyIo {
             messages: rd.messages,
             checkpoint_to_persist,
@@ -2802,6 +2881,10 @@ mod tests {
             for (to, request_id, ttl_s) in keepalive_replies {
                 self.members[to as usize - 1].keepalive_reply(request_id, ttl_s);
             }
+            // As the driver publishes after every turn of its loop.
+            for m in &mut self.members {
+                m.publish_lease_window();
+            }
         }
 
         fn leader(&self) -> Option<usize> {
@@ -3135,6 +3218,97 @@ mod tests {
             trio.round();
         }
         assert!(trio.members.iter().all(|m| m.writer().lease(5).is_none()));
+    }
+
+    #[test]
+    fn the_leaders_shards_renew_leases_while_a_quorum_vouches_for_it_and_not_during_a_transfer() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let follower = (leader + 1) % 3;
+        let grant = pb::InternalRaftRequest {
+            lease_grant: Some(pb::LeaseGrantRequest { ttl: 3, id: 5 }),
+            ..Default::default()
+        };
+        let (p, _rx) = proposal(1, grant);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose(p, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        let on_leader = trio.members[leader].lease_deadlines();
+        let on_follower = trio.members[follower].lease_deadlines();
+        assert_eq!(
+            on_follower.renew_here(5, || now_ms),
+            None,
+            "a follower asks"
+        );
+        // Kept alive past its TTL by the leader's shards alone.
+        for _ in 0..4 {
+            for _ in 0..10 {
+                trio.round();
+            }
+            let now_ms = trio.now_ms;
+            assert_eq!(on_leader.renew_here(5, || now_ms), Some(3));
+        }
+        assert!(trio.now_ms > 3_000);
+        assert!(trio.members.iter().all(|m| m.writer().lease(5).is_some()));
+        assert_eq!(
+            on_leader.renew_here(6, || trio.now_ms),
+            None,
+            "unknown here: ask"
+        );
+        // Cut off, the leader's window ends with the lease guard on the clock alone, though
+        // nothing closes it: a raft core that stopped turning cannot hold it open.
+        trio.cut = Some(leader as u64 + 1);
+        trio.round();
+        let until_ms = on_leader.window_until_ms();
+        let guard_ms = 10 * TICK_MS * LEASE_GUARD_PERCENT / 100;
+        assert!(until_ms > trio.now_ms && until_ms <= trio.now_ms + guard_ms);
+        assert_eq!(on_leader.renew_here(5, || until_ms - 1), Some(3));
+        assert_eq!(on_leader.renew_here(5, || until_ms), None);
+        trio.cut = None;
+        for _ in 0..3 {
+            trio.round();
+        }
+        assert!(
+            on_leader.window_until_ms() > until_ms,
+            "heard again: open again"
+        );
+        // A transfer closes it before its TimeoutNow leaves (at the next Ready).
+        let (reply, _transferred) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[leader].query(
+            Query::TransferLeader {
+                to: follower as u64 + 1,
+                reply,
+            },
+            now_ms,
+        );
+        let io = trio.members[leader]
+            .ready(now_ms)
+            .expect("a TimeoutNow to send");
+        assert!(io
+            .messages
+            .iter()
+            .any(|m| m.msg_type == keel_raft::MessageType::TimeoutNow));
+        assert_eq!(on_leader.window_until_ms(), 0);
+        assert_eq!(on_leader.renew_here(5, || now_ms), None);
+        trio.members[leader].persisted(now_ms).expect("no snapshot");
+        for m in io.messages {
+            let to = m.to as usize;
+            trio.members[to - 1].step(m, now_ms);
+        }
+        for _ in 0..20 {
+            trio.round();
+        }
+        assert_eq!(trio.leader(), Some(follower));
+        assert_eq!(on_leader.window_until_ms(), 0);
+        let now_ms = trio.now_ms;
+        assert_eq!(
+            on_follower.renew_here(5, || now_ms),
+            Some(3),
+            "the new leader's shards"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use keel_proto::etcdserverpb as pb;
 use prost::Message as _;
 use rand::Rng;
 
-use crate::world::{member_id, World, MAILBOX_PROPOSALS_MAX};
+use crate::world::{member_id, Bug, World, MAILBOX_PROPOSALS_MAX};
 
 /// The fastest a member's clock runs against simulated time (see `World::new`).
 pub const MAX_SKEW_PPM: u64 = 50_000;
@@ -53,6 +53,8 @@ pub struct LeaseClients {
     next_lease_id: i64,
     pub granted: u64,
     pub keepalives: u64,
+    /// Keep-alives a shard answered without its raft core.
+    pub shard_renewals: u64,
     pub expired: u64,
 }
 
@@ -69,6 +71,7 @@ impl LeaseClients {
             next_lease_id: 1,
             granted: 0,
             keepalives: 0,
+            shard_renewals: 0,
             expired: 0,
         }
     }
@@ -189,9 +192,27 @@ impl LeaseClients {
         }
         let id = self.clients[c].lease.as_ref().expect("has one").id;
         let (tx, rx) = oneshot::channel();
-        world.nodes[member]
-            .queries
-            .push(Query::KeepAlive { id, reply: tx });
+        // Half the keep-alives go the production way for a leader's shard: renewed on the
+        // shard when the member's window allows, else asked of the raft core. The shard runs
+        // even while the member is paused (a raft core that stopped turning).
+        let on_shard = world.rng.gen_bool(0.5).then(|| {
+            let now_ms = world.clock_ms(member);
+            let run = world.nodes[member].run.as_ref().expect("up");
+            let deadlines = run.member.lease_deadlines();
+            if world.config.bug == Bug::ShardRenewsAnywhere {
+                // Forced open for this one renewal; the member's next turn sets it again.
+                deadlines.set_window(u64::MAX);
+            }
+            deadlines.renew_here(id, || now_ms)
+        });
+        if let Some(Some(ttl_s)) = on_shard {
+            self.shard_renewals += 1;
+            let _ = tx.send(Ok(ttl_s));
+        } else {
+            world.nodes[member]
+                .queries
+                .push(Query::KeepAlive { id, reply: tx });
+        }
         self.clients[c].pending = Some(Pending::KeepAlive {
             sent_ms: world.now_ms,
             member,

@@ -72,6 +72,7 @@ struct Report {
     compactions: u64,
     leases_granted: u64,
     keepalives: u64,
+    shard_renewals: u64,
     leases_expired: u64,
     watch_events_checked: u64,
     simulated_ms: u64,
@@ -208,6 +209,7 @@ fn run_seed(members: usize, seed: u64, bug: Bug) -> Result<Report, String> {
         compactions: clients.compactions,
         leases_granted: lease_clients.granted,
         keepalives: lease_clients.keepalives,
+        shard_renewals: lease_clients.shard_renewals,
         leases_expired: lease_clients.expired,
         watch_events_checked: world.events_checked,
         simulated_ms: world.now_ms,
@@ -468,6 +470,10 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
             "no delta checkpoint was written, or none reached a follower: {:?}",
             total.counts
         );
+        assert!(
+            total.shard_renewals > 0,
+            "no keep-alive was renewed on a shard"
+        );
     }
 }
 
@@ -499,6 +505,7 @@ fn add(total: &mut Report, r: &Report) {
     total.compactions += r.compactions;
     total.leases_granted += r.leases_granted;
     total.keepalives += r.keepalives;
+    total.shard_renewals += r.shard_renewals;
     total.leases_expired += r.leases_expired;
     total.watch_events_checked += r.watch_events_checked;
     total.simulated_ms += r.simulated_ms;
@@ -545,6 +552,18 @@ fn the_checks_catch_vouching_before_the_wal_is_durable() {
     let seed = first_failing_seed(3, Bug::SendBeforePersist, 0..200);
     eprintln!("send-before-persist: first caught by seed {seed:?}");
     assert!(seed.is_some(), "200 seeds never caught send-before-persist");
+}
+
+/// The checks can fail: shards that renew leases whatever the member's window says (a
+/// deposed or cut-off leader's among them) keep leases alive that the cluster revoked.
+#[test]
+fn the_checks_catch_shards_renewing_leases_without_the_window() {
+    let seed = first_failing_seed(3, Bug::ShardRenewsAnywhere, 0..200);
+    eprintln!("shard renews anywhere: first caught by seed {seed:?}");
+    assert!(
+        seed.is_some(),
+        "200 seeds never caught shards renewing anywhere"
+    );
 }
 
 /// The checks can fail: a member that answers linearizable reads from its own store serves

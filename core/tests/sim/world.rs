@@ -68,6 +68,9 @@ pub enum Bug {
     /// Never tells a removed member that dials in that it was removed (the peer transport of
     /// builds before the removed notice): such a member lingers.
     NoRemovedNotice,
+    /// A shard renews leases whether or not the member's window is open (see
+    /// `LeaseDeadlines::renew_here`): on followers and on a leader cut off from its quorum.
+    ShardRenewsAnywhere,
 }
 
 /// The knobs one seed draws.
@@ -926,7 +929,10 @@ impl World {
                     self.send_raft(i, m);
                 }
             }
-            Bug::None | Bug::LocalLinearizableReads | Bug::NoRemovedNotice => {}
+            Bug::None
+            | Bug::LocalLinearizableReads
+            | Bug::NoRemovedNotice
+            | Bug::ShardRenewsAnywhere => {}
         }
         self.progress_io(i)
     }
@@ -1104,6 +1110,8 @@ impl World {
             return;
         };
         let effects = run.member.take_effects();
+        // As production's `publish`: the shards' lease window follows every turn.
+        run.member.publish_lease_window();
         let (is_leader, term) = (run.member.is_leader(), run.member.raft_term());
         let mut members_changed = false;
         for effect in effects {
