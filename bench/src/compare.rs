@@ -99,6 +99,9 @@ pub struct CompareArgs {
     /// Watchers per stream in the watch row (default 100 x 100 = 10,000 watchers)
     #[arg(long, default_value_t = 100)]
     pub watch_watchers_per_stream: usize,
+    /// Watchers in the watch row watch a prefix of the put key (a range) instead of the key
+    #[arg(long)]
+    pub watch_prefix: bool,
     /// Puts in the watch row
     #[arg(long, default_value_t = 100)]
     pub watch_puts: u64,
@@ -450,6 +453,7 @@ async fn run_workloads(
                 put_rate: args.watch_put_rate,
                 key_size: 32,
                 val_size: 32,
+                prefix: args.watch_prefix,
             },
         ),
     )

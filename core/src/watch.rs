@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_channel::oneshot;
 use futures_util::future::{select, Either};
+use indexmap::IndexSet;
 use keel_grpc::{Call, ResponseSink, Status};
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
@@ -266,15 +267,22 @@ impl Stream {
     }
 }
 
+/// The watchers one key or one interval reaches: removal is O(1) (a swap with the last), so a
+/// stream closing with 100,000 watchers on one key costs 100,000 steps, not 5 billion; matching
+/// walks one contiguous slice. Order carries no meaning (each watcher's events stay in order).
+type WatcherSet = IndexSet<(u64, i64)>;
+
 /// Range watchers indexed for matching in O(log B + matches): the key space is cut at every
 /// range boundary into elementary intervals, and each interval lists the watchers covering all
 /// of it. A key's watchers are those of the one interval that contains it. Adding a watcher
 /// touches the intervals inside its range; watchers are added far more rarely than events
-/// arrive, so the work goes there.
+/// arrive, so the work goes there. Memory is the sum over intervals of their watchers: linear
+/// for watchers sharing a range or on disjoint ranges, quadratic only for ranges that overlap
+/// without sharing boundaries (watchers from many different start keys to the end).
 #[derive(Default)]
 struct RangeIndex {
     /// Interval [key, next key) -> the watchers covering it.
-    intervals: BTreeMap<Bytes, Vec<(u64, i64)>>,
+    intervals: BTreeMap<Bytes, WatcherSet>,
 }
 
 impl RangeIndex {
@@ -320,7 +328,7 @@ impl RangeIndex {
             self.intervals
                 .get_mut(&k)
                 .expect("listed key")
-                .push(watcher);
+                .insert(watcher);
         }
     }
 
@@ -329,32 +337,34 @@ impl RangeIndex {
             self.intervals
                 .get_mut(&k)
                 .expect("listed key")
-                .retain(|w| *w != watcher);
+                .swap_remove(&watcher);
         }
         // Merge boundaries that no longer separate different watcher sets, so the index stays
-        // as small as the live ranges need.
+        // as small as the live ranges need. Compared in place (sets of different sizes differ
+        // at once): a copy of the interval before would cost its whole size per removal.
         let mut candidates = vec![start.clone()];
         if let Some(e) = end {
             candidates.push(e.clone());
         }
         for k in candidates {
-            let prev = self
-                .intervals
-                .range(..k.clone())
-                .next_back()
-                .map(|(_, w)| w.clone())
-                .unwrap_or_default();
-            if self.intervals.get(&k).is_some_and(|w| *w == prev) {
+            let Some(here) = self.intervals.get(&k) else {
+                continue;
+            };
+            let same_as_before = match self.intervals.range(..k.clone()).next_back() {
+                Some((_, before)) => before == here,
+                None => here.is_empty(),
+            };
+            if same_as_before {
                 self.intervals.remove(&k);
             }
         }
     }
 
-    fn covering(&self, key: &Bytes) -> &[(u64, i64)] {
+    fn covering(&self, key: &Bytes) -> &indexmap::set::Slice<(u64, i64)> {
         self.intervals
             .range(..=key.clone())
             .next_back()
-            .map_or(&[], |(_, w)| w.as_slice())
+            .map_or(indexmap::set::Slice::new(), |(_, w)| w.as_slice())
     }
 
     #[cfg(test)]
@@ -378,7 +388,7 @@ pub struct Hub {
     shared: Arc<Shared>,
     streams: RefCell<HashMap<u64, Rc<Stream>>>,
     /// Watchers on a single key, by key: matched in O(1).
-    single: RefCell<HashMap<Bytes, Vec<(u64, i64)>>>,
+    single: RefCell<HashMap<Bytes, WatcherSet>>,
     /// Watchers on ranges, by start key: matched by scanning those that start at or before the
     /// key.
     ranges: RefCell<RangeIndex>,
@@ -447,12 +457,13 @@ impl Hub {
 
     fn index_add(&self, stream: u64, id: i64, range: &KeyRange) {
         match range {
-            KeyRange::Single(k) => self
-                .single
-                .borrow_mut()
-                .entry(k.clone())
-                .or_default()
-                .push((stream, id)),
+            KeyRange::Single(k) => {
+                self.single
+                    .borrow_mut()
+                    .entry(k.clone())
+                    .or_default()
+                    .insert((stream, id));
+            }
             KeyRange::From(start) => self.ranges.borrow_mut().insert(start, None, (stream, id)),
             KeyRange::Range(start, end) => {
                 self.ranges
@@ -463,12 +474,11 @@ impl Hub {
     }
 
     fn index_remove(&self, stream: u64, id: i64, range: &KeyRange) {
-        let remove = |map_entry: &mut Vec<(u64, i64)>| map_entry.retain(|x| *x != (stream, id));
         match range {
             KeyRange::Single(k) => {
                 let mut single = self.single.borrow_mut();
                 if let Some(v) = single.get_mut(k) {
-                    remove(v);
+                    v.swap_remove(&(stream, id));
                     if v.is_empty() {
                         single.remove(k);
                     }
@@ -1358,7 +1368,7 @@ mod tests {
         idx.insert(&b("f"), None, (1, 2));
         idx.insert(&b("c"), Some(&b("g")), (2, 1));
         let at = |idx: &RangeIndex, k: &str| {
-            let mut v = idx.covering(&b(k)).to_vec();
+            let mut v = idx.covering(&b(k)).iter().copied().collect::<Vec<_>>();
             v.sort();
             v
         };
@@ -1374,6 +1384,44 @@ mod tests {
         assert_eq!(at(&idx, "z"), vec![(1, 2)]);
         idx.remove(&b("f"), None, (1, 2));
         assert_eq!(idx.len(), 0, "boundaries of removed ranges are merged away");
+    }
+
+    #[test]
+    fn many_watchers_on_one_range_leave_in_any_order_and_the_rest_stay_matched() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        let mut idx = RangeIndex::default();
+        let watchers: Vec<(u64, i64)> = (0..2_000).map(|i| (i % 7, i as i64)).collect();
+        for w in &watchers {
+            idx.insert(&b("/registry/pods/"), Some(&b("/registry/pods0")), *w);
+        }
+        idx.insert(&b("/registry/"), Some(&b("/registry0")), (9, 9));
+        // Removed in an order unlike the insertion's, as streams close: each removal swaps
+        // the last watcher into the gap, and the set must still hold exactly the others.
+        let mut order = watchers.clone();
+        order.sort_by_key(|&(s, id)| (id * 7919) % 2_000 + s as i64);
+        let (gone, kept) = order.split_at(1_500);
+        for w in gone {
+            idx.remove(&b("/registry/pods/"), Some(&b("/registry/pods0")), *w);
+        }
+        let mut matched: Vec<(u64, i64)> = idx
+            .covering(&b("/registry/pods/a"))
+            .iter()
+            .copied()
+            .collect();
+        matched.sort();
+        let mut want: Vec<(u64, i64)> = kept.iter().copied().chain([(9, 9)]).collect();
+        want.sort();
+        assert_eq!(matched, want);
+        for w in kept {
+            idx.remove(&b("/registry/pods/"), Some(&b("/registry/pods0")), *w);
+        }
+        let left: Vec<(u64, i64)> = idx
+            .covering(&b("/registry/pods/a"))
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(left, vec![(9, 9)]);
+        assert_eq!(idx.len(), 2, "only the outer range's boundaries remain");
     }
 
     #[test]
