@@ -409,6 +409,10 @@ pub struct Member {
     /// everything committed: from then on its shards may renew leases (see
     /// `publish_lease_window`). 0 when not leading.
     leases_settled_term: u64,
+    /// The commit index the messages of the last Ready could carry (raft's, when `ready`
+    /// handed them out). While apply trails it, a follower may have applied (and answered)
+    /// entries this member has not: the shards' renewal window stays closed.
+    commit_handed_out: u64,
     next_read_ctx: u64,
     next_request_id: u64,
     /// The raft index of the newest durable checkpoint (ours or a leader's snapshot).
@@ -483,6 +487,7 @@ impl Member {
             heard_from_ms: BTreeMap::new(),
             lease_clock: LeaseClock::new(),
             leases_settled_term: 0,
+            commit_handed_out: 0,
             next_read_ctx: ids_first,
             next_request_id: ids_first,
             last_checkpoint_index,
@@ -975,12 +980,15 @@ impl Member {
     }
 
     /// Until when this member's shards may renew leases themselves (see
-    /// `LeaseDeadlines::renew_here`), or 0 when they may not: `may_renew_leases` without its
-    /// momentary conditions. Applied entries trailing the commit index close nothing here,
-    /// once this leader's term is settled: an entry committed in its own term has been seen by
-    /// no one before this member applies it and sends its commit on. The window ends when the
-    /// quorum's last word is older than the lease guard, so a raft core that stops turning
-    /// stops its shards' renewals on time.
+    /// `LeaseDeadlines::renew_here`), or 0 (or a time already past) when they may not:
+    /// `may_renew_leases`, with "applied everything committed" narrowed to what others can
+    /// have seen. Once this leader's term is settled, an entry committed in it is seen by no
+    /// one until this member sends its commit index on, in a Ready's messages; so the window
+    /// closes only while apply trails the commit index the last Ready's messages could carry
+    /// (a Ready applies at most `max_apply_bytes` of what committed). A commit learnt from a
+    /// peer's answer and not yet applied, the usual state between two Readys under writes,
+    /// closes nothing. The window ends when the quorum's last word is older than the lease
+    /// guard, so a raft core that stops turning stops its shards' renewals on time.
     fn lease_window_until_ms(&mut self) -> u64 {
         let raft = self.node.raft();
         let hs = raft.hard_state();
@@ -1001,6 +1009,9 @@ impl Member {
                 return 0;
             }
             self.leases_settled_term = hs.term;
+        }
+        if self.writer.applied_index() < self.commit_handed_out {
+            return 0;
         }
         self.quorum_heard_until_ms()
     }
@@ -1033,8 +1044,9 @@ impl Member {
     }
 
     /// Opens, moves or closes the shards' lease renewal window. The driver calls this after
-    /// every step that can change leadership or the quorum's last word, and `ready` calls it
-    /// before handing out messages (a leadership transfer's among them).
+    /// each turn of its loop (leadership and the quorum's last word move as it steps
+    /// messages), and `ready` calls it before handing out messages (a leadership transfer's
+    /// among them, and the commit index).
     pub fn publish_lease_window(&mut self) {
         let until_ms = self.lease_window_until_ms();
         self.lease_clock.set_window(until_ms);
@@ -1451,7 +1463,9 @@ impl Member {
             read_states,
         });
         // Before any of this Ready's messages leave: a transfer's TimeoutNow among them ends
-        // the lease guard, so the shards stop renewing first.
+        // the lease guard, and a commit index past what this member applied lets followers
+        // apply (and answer) entries it has not, so the shards stop renewing first.
+        self.commit_handed_out = self.node.raft().hard_state().commit;
         self.publish_lease_window();
         Some(ReadyIo {
             messages: rd.messages,
@@ -1830,7 +1844,7 @@ impl Member {
 
     fn lease_applied(&mut self, op: &kv::Op, now_ms: u64) {
         match op {
-            kv::Op::LeaseGrant(g) => self.lease_clock.renew(g.id, g.ttl_s, now_ms),
+            kv::Op::LeaseGrant(g) => self.lease_clock.start(g.id, g.ttl_s, now_ms),
             kv::Op::LeaseRevoke(r) => self.lease_clock.forget(r.id),
             _ => {}
         }
@@ -2766,6 +2780,20 @@ mod tests {
         /// Members whose stores use `value_log`, and take no new writes above
         /// `sealed_backlog_bytes_max` of values waiting for the disk.
         fn with_value_log(value_log: kv::ValueLogOptions, sealed_backlog_bytes_max: u64) -> Trio {
+            Trio::build(value_log, sealed_backlog_bytes_max, 64 << 20)
+        }
+
+        /// Members whose Readys apply at most `max_apply_bytes` of committed entries each (at
+        /// least one entry).
+        fn applying_at_most(max_apply_bytes: u64) -> Trio {
+            Trio::build(kv::ValueLogOptions::default(), 64 << 20, max_apply_bytes)
+        }
+
+        fn build(
+            value_log: kv::ValueLogOptions,
+            sealed_backlog_bytes_max: u64,
+            max_apply_bytes: u64,
+        ) -> Trio {
             let infos: Vec<MemberInfo> = (1..=3)
                 .map(|id| MemberInfo {
                     id,
@@ -2781,6 +2809,7 @@ mod tests {
                     rc.heartbeat_tick = 1;
                     rc.applied = 1;
                     rc.seed = id;
+                    rc.max_apply_bytes_per_ready = max_apply_bytes;
                     let storage = MemStorage::new_with_voters(&[1, 2, 3]);
                     let node = RawNode::new(&rc, storage).expect("a valid raft configuration");
                     let (writer, _reader) = kv::Store::with_value_log(value_log);
@@ -3308,6 +3337,62 @@ mod tests {
             on_follower.renew_here(5, || now_ms),
             Some(3),
             "the new leader's shards"
+        );
+    }
+
+    #[test]
+    fn the_shards_stop_renewing_while_the_leader_hands_out_a_commit_it_has_not_applied() {
+        // A Ready applies a bounded share of what committed, but its messages carry the whole
+        // commit index: followers may then apply (and answer) a revoke the leader has not.
+        let mut trio = Trio::applying_at_most(1);
+        let leader = trio.elect();
+        let grant = pb::InternalRaftRequest {
+            lease_grant: Some(pb::LeaseGrantRequest { ttl: 30, id: 5 }),
+            ..Default::default()
+        };
+        let (p, _rx) = proposal(1, grant);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose(p, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        let on_leader = trio.members[leader].lease_deadlines();
+        assert_eq!(on_leader.renew_here(5, || trio.now_ms), Some(30));
+        let batch: Vec<Proposal> = (0..5)
+            .map(|i| proposal(10 + i, put(&format!("k{i}"))).0)
+            .collect();
+        trio.members[leader].propose_batch(batch, now_ms);
+        // Appended, then acknowledged: the leader learns the commit from the answers, which
+        // by itself closes nothing (no one else knows it yet).
+        trio.round();
+        trio.round();
+        let m = &mut trio.members[leader];
+        let (applied, committed) = (m.applied_index(), m.node.raft().hard_state().commit);
+        assert!(
+            committed >= applied + 5,
+            "five entries committed, not applied"
+        );
+        let now_ms = trio.now_ms;
+        assert_eq!(on_leader.renew_here(5, || now_ms), Some(30));
+        // Its next Ready applies one and hands out the commit of all five.
+        let io = m.ready(now_ms).expect("committed entries to apply");
+        assert!(m.applied_index() < committed);
+        assert_eq!(on_leader.window_until_ms(), 0);
+        assert_eq!(
+            on_leader.renew_here(5, || now_ms),
+            None,
+            "the raft core answers"
+        );
+        m.persisted(now_ms).expect("no snapshot");
+        drop(io);
+        while let Some(_io) = m.ready(now_ms) {
+            m.persisted(now_ms).expect("no snapshot");
+        }
+        assert!(m.applied_index() >= committed);
+        assert_eq!(
+            on_leader.renew_here(5, || now_ms),
+            Some(30),
+            "caught up: open again"
         );
     }
 

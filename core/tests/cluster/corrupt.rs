@@ -72,12 +72,15 @@ fn corrupt_members_are_refused_at_start_and_found_by_the_leader() {
     }
     // Every member refuses writes while CORRUPT is raised.
     for i in all {
-        // The member just restarted may not know the leader yet: it answers "no leader" until
-        // it does.
+        // The member just restarted may not listen yet (relaunch does not wait for it: its
+        // readiness probe fails under the alarm), nor know the leader: it refuses connections,
+        // then answers "no leader", until it does.
         let deadline = Instant::now() + Duration::from_secs(10);
         let put = loop {
             let put = c.etcdctl(i, &["put", "after", "x"]);
-            if !put.stderr.contains("etcdserver: no leader") || Instant::now() > deadline {
+            let not_yet = put.stderr.contains("etcdserver: no leader")
+                || put.stderr.contains("TransientFailure");
+            if !not_yet || Instant::now() > deadline {
                 break put;
             }
             std::thread::sleep(Duration::from_millis(100));
