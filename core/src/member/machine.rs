@@ -2916,6 +2916,21 @@ mod tests {
             }
         }
 
+        /// Grants lease `id` through the leader and rounds until every member applied it.
+        fn grant_lease(&mut self, leader: usize, id: i64, ttl_s: i64) {
+            let grant = pb::InternalRaftRequest {
+                lease_grant: Some(pb::LeaseGrantRequest { ttl: ttl_s, id }),
+                ..Default::default()
+            };
+            let (p, _rx) = proposal(1, grant);
+            let now_ms = self.now_ms;
+            self.members[leader].propose(p, now_ms);
+            for _ in 0..5 {
+                self.round();
+            }
+            assert!(self.members.iter().all(|m| m.writer().lease(id).is_some()));
+        }
+
         fn leader(&self) -> Option<usize> {
             self.members.iter().position(|m| m.is_leader())
         }
@@ -3212,17 +3227,7 @@ mod tests {
         let mut trio = Trio::new();
         let leader = trio.elect();
         let follower = (leader + 1) % 3;
-        let grant = pb::InternalRaftRequest {
-            lease_grant: Some(pb::LeaseGrantRequest { ttl: 3, id: 5 }),
-            ..Default::default()
-        };
-        let (p, _rx) = proposal(1, grant);
-        let now_ms = trio.now_ms;
-        trio.members[leader].propose(p, now_ms);
-        for _ in 0..5 {
-            trio.round();
-        }
-        assert!(trio.members[follower].writer().lease(5).is_some());
+        trio.grant_lease(leader, 5, 3);
         // Keep the lease alive from the follower past its TTL: each renewal is the leader's.
         for _ in 0..4 {
             let (reply, mut rx) = oneshot::channel();
@@ -3254,16 +3259,8 @@ mod tests {
         let mut trio = Trio::new();
         let leader = trio.elect();
         let follower = (leader + 1) % 3;
-        let grant = pb::InternalRaftRequest {
-            lease_grant: Some(pb::LeaseGrantRequest { ttl: 3, id: 5 }),
-            ..Default::default()
-        };
-        let (p, _rx) = proposal(1, grant);
+        trio.grant_lease(leader, 5, 3);
         let now_ms = trio.now_ms;
-        trio.members[leader].propose(p, now_ms);
-        for _ in 0..5 {
-            trio.round();
-        }
         let on_leader = trio.members[leader].lease_deadlines();
         let on_follower = trio.members[follower].lease_deadlines();
         assert_eq!(
@@ -3346,16 +3343,8 @@ mod tests {
         // commit index: followers may then apply (and answer) a revoke the leader has not.
         let mut trio = Trio::applying_at_most(1);
         let leader = trio.elect();
-        let grant = pb::InternalRaftRequest {
-            lease_grant: Some(pb::LeaseGrantRequest { ttl: 30, id: 5 }),
-            ..Default::default()
-        };
-        let (p, _rx) = proposal(1, grant);
+        trio.grant_lease(leader, 5, 30);
         let now_ms = trio.now_ms;
-        trio.members[leader].propose(p, now_ms);
-        for _ in 0..5 {
-            trio.round();
-        }
         let on_leader = trio.members[leader].lease_deadlines();
         assert_eq!(on_leader.renew_here(5, || trio.now_ms), Some(30));
         let batch: Vec<Proposal> = (0..5)

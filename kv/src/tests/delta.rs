@@ -52,6 +52,27 @@ fn put(k: u64, value: &[u8], lease: i64) -> Op {
     })
 }
 
+fn delete(k: u64) -> Op {
+    Op::DeleteRange(DeleteRangeRequest {
+        key: key(k),
+        ..Default::default()
+    })
+}
+
+/// Key `k`'s values at `revision` (0: the newest).
+fn values_of(r: &Reader, k: u64, revision: i64) -> Vec<Bytes> {
+    r.range(&RangeRequest {
+        key: key(k),
+        revision,
+        ..Default::default()
+    })
+    .unwrap()
+    .kvs
+    .into_iter()
+    .map(|kv| kv.value)
+    .collect()
+}
+
 /// Everything a restore must give back, as comparable values.
 fn contents(w: &Writer) -> (i64, i64, Vec<ExportVersion>, Vec<LeaseInfo>, u32) {
     let source = w.checkpoint_source();
@@ -286,49 +307,20 @@ fn a_key_deleted_and_compacted_away_after_the_base_stays_deleted() {
     w.set_delta_base_revision(source.revision());
     let base = source.delta_base();
     index += 1;
-    w.apply(
-        index,
-        &Op::DeleteRange(DeleteRangeRequest {
-            key: key(7),
-            ..Default::default()
-        }),
-    )
-    .unwrap();
+    w.apply(index, &delete(7)).unwrap();
     index += 1;
     let revision = w.current_revision();
     compact_fully(&mut w, index, revision);
     let r = delta_restored(&w, &base, &base_image, &disk);
-    let got = r
-        .range(&RangeRequest {
-            key: key(7),
-            ..Default::default()
-        })
-        .unwrap();
     assert!(
-        got.kvs.is_empty(),
+        values_of(&r, 7, 0).is_empty(),
         "the deleted key came back from the base"
     );
-    assert_eq!(
-        r.range(&RangeRequest {
-            key: key(8),
-            ..Default::default()
-        })
-        .unwrap()
-        .kvs
-        .len(),
-        1
-    );
+    assert_eq!(values_of(&r, 8, 0).len(), 1);
     // Deleted again and put back, then compacted between the two: at the compact revision
     // the key is deleted, and the base's value must not show through there either.
     index += 1;
-    w.apply(
-        index,
-        &Op::DeleteRange(DeleteRangeRequest {
-            key: key(9),
-            ..Default::default()
-        }),
-    )
-    .unwrap();
+    w.apply(index, &delete(9)).unwrap();
     index += 1;
     w.apply(index, &put(50, b"other", 0)).unwrap();
     let between = w.current_revision();
@@ -337,24 +329,11 @@ fn a_key_deleted_and_compacted_away_after_the_base_stays_deleted() {
     index += 1;
     compact_fully(&mut w, index, between);
     let r = delta_restored(&w, &base, &base_image, &disk);
-    let at_between = r
-        .range(&RangeRequest {
-            key: key(9),
-            revision: between,
-            ..Default::default()
-        })
-        .unwrap();
     assert!(
-        at_between.kvs.is_empty(),
+        values_of(&r, 9, between).is_empty(),
         "the base's value shows at the compact revision, where the key was deleted"
     );
-    let now = r
-        .range(&RangeRequest {
-            key: key(9),
-            ..Default::default()
-        })
-        .unwrap();
-    assert_eq!(now.kvs[0].value.as_ref(), b"again");
+    assert_eq!(values_of(&r, 9, 0), vec![Bytes::from_static(b"again")]);
 }
 
 #[test]
@@ -551,15 +530,7 @@ fn a_key_deleted_while_the_first_base_is_written_stays_deleted() {
     let base_image = full.serialize().unwrap();
     // While the full checkpoint is written and synced: key 7 is deleted and compacted away.
     index += 1;
-    w.apply(
-        index,
-        &Op::DeleteRange(DeleteRangeRequest {
-            key: key(7),
-            range_end: Bytes::new(),
-            prev_kv: false,
-        }),
-    )
-    .unwrap();
+    w.apply(index, &delete(7)).unwrap();
     index += 1;
     w.apply(index, &put(8, b"after the base", 0)).unwrap();
     index += 1;
@@ -572,16 +543,7 @@ fn a_key_deleted_while_the_first_base_is_written_stays_deleted() {
     let parts = delta.serialize_delta_parts(&full.delta_base()).unwrap();
     let first_free = w.segment_ids().last().unwrap() + 1;
     let (restored, reader) = restore(&parts.to_vec(), Some(&base_image), &disk, first_free);
-    let got = reader
-        .range(&RangeRequest {
-            key: key(7),
-            ..Default::default()
-        })
-        .unwrap();
-    assert!(
-        got.kvs.is_empty(),
-        "the deleted key came back: {:?}",
-        got.kvs
-    );
+    let got = values_of(&reader, 7, 0);
+    assert!(got.is_empty(), "the deleted key came back: {got:?}");
     assert_eq!(contents(&restored), contents(&w));
 }
