@@ -778,7 +778,8 @@ impl RaftCore {
         publish_store_size(&self.shared, self.member.writer());
         // Leadership or the quorum's last word may have moved: so may the shards' window for
         // renewing leases themselves.
-        self.member.publish_lease_window();
+        let now_ms = self.now_ms();
+        self.member.publish_lease_window(now_ms);
     }
 
     fn publish_members(&self) {

@@ -413,6 +413,11 @@ pub struct Member {
     /// handed them out). While apply trails it, a follower may have applied (and answered)
     /// entries this member has not: the shards' renewal window stays closed.
     commit_handed_out: u64,
+    /// No lease is renewed before this (member clock): a leadership transfer began, and its
+    /// TimeoutNow lets the target win votes the lease guard counted on, even after raft gave
+    /// the transfer up (it may still be on its way). Held an election timeout past the last
+    /// moment a transfer was under way.
+    renewals_held_until_ms: u64,
     next_read_ctx: u64,
     next_request_id: u64,
     /// The raft index of the newest durable checkpoint (ours or a leader's snapshot).
@@ -488,6 +493,7 @@ impl Member {
             lease_clock: LeaseClock::new(),
             leases_settled_term: 0,
             commit_handed_out: 0,
+            renewals_held_until_ms: 0,
             next_read_ctx: ids_first,
             next_request_id: ids_first,
             last_checkpoint_index,
@@ -940,6 +946,9 @@ impl Member {
     /// client the lease lives when it is gone.
     fn may_renew_leases(&mut self, now_ms: u64) -> bool {
         self.tick(now_ms);
+        if self.renewals_held_for_transfer(now_ms) {
+            return false;
+        }
         let raft = self.node.raft();
         let hs = raft.hard_state();
         let committed_in_term = self
@@ -952,6 +961,19 @@ impl Member {
             && committed_in_term
             && self.writer.applied_index() >= hs.commit
             && self.quorum_heard_recently(now_ms)
+    }
+
+    /// Whether renewals wait for a leadership transfer (under way, or given up less than an
+    /// election timeout ago; see `renewals_held_until_ms`).
+    fn renewals_held_for_transfer(&mut self, now_ms: u64) -> bool {
+        let raft = self.node.raft();
+        if raft.lead_transferee().is_some() {
+            let election_ms = raft.election_timeout_ticks() as u64 * self.config.tick_ms;
+            self.renewals_held_until_ms = self
+                .renewals_held_until_ms
+                .max(now_ms.saturating_add(election_ms));
+        }
+        now_ms < self.renewals_held_until_ms
     }
 
     /// Whether a quorum of voters (this member included) answered this leader within the
@@ -989,13 +1011,11 @@ impl Member {
     /// peer's answer and not yet applied, the usual state between two Readys under writes,
     /// closes nothing. The window ends when the quorum's last word is older than the lease
     /// guard, so a raft core that stops turning stops its shards' renewals on time.
-    fn lease_window_until_ms(&mut self) -> u64 {
+    fn lease_window_until_ms(&mut self, now_ms: u64) -> u64 {
+        let held = self.renewals_held_for_transfer(now_ms);
         let raft = self.node.raft();
         let hs = raft.hard_state();
-        if !self.is_leader
-            || raft.soft_state().role != Role::Leader
-            || raft.lead_transferee().is_some()
-        {
+        if !self.is_leader || raft.soft_state().role != Role::Leader || held {
             self.leases_settled_term = 0;
             return 0;
         }
@@ -1047,8 +1067,8 @@ impl Member {
     /// each turn of its loop (leadership and the quorum's last word move as it steps
     /// messages), and `ready` calls it before handing out messages (a leadership transfer's
     /// among them, and the commit index).
-    pub fn publish_lease_window(&mut self) {
-        let until_ms = self.lease_window_until_ms();
+    pub fn publish_lease_window(&mut self, now_ms: u64) {
+        let until_ms = self.lease_window_until_ms(now_ms);
         self.lease_clock.set_window(until_ms);
     }
 
@@ -1466,7 +1486,7 @@ impl Member {
         // the lease guard, and a commit index past what this member applied lets followers
         // apply (and answer) entries it has not, so the shards stop renewing first.
         self.commit_handed_out = self.node.raft().hard_state().commit;
-        self.publish_lease_window();
+        self.publish_lease_window(now_ms);
         Some(ReadyIo {
             messages: rd.messages,
             checkpoint_to_persist,
@@ -2912,7 +2932,7 @@ mod tests {
             }
             // As the driver publishes after every turn of its loop.
             for m in &mut self.members {
-                m.publish_lease_window();
+                m.publish_lease_window(now_ms);
             }
         }
 
@@ -3383,6 +3403,59 @@ mod tests {
             Some(30),
             "caught up: open again"
         );
+    }
+
+    #[test]
+    fn renewals_wait_an_election_timeout_after_a_transfer_is_given_up() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let transferee = (leader + 1) % 3;
+        trio.grant_lease(leader, 5, 30);
+        let on_leader = trio.members[leader].lease_deadlines();
+        assert_eq!(on_leader.renew_here(5, || trio.now_ms), Some(30));
+        // A transferee that hears nothing: raft gives the transfer up after an election
+        // timeout, but a TimeoutNow could still reach it after that.
+        trio.cut = Some(transferee as u64 + 1);
+        let (reply, _transferred) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[leader].query(
+            Query::TransferLeader {
+                to: transferee as u64 + 1,
+                reply,
+            },
+            now_ms,
+        );
+        trio.round();
+        assert_eq!(on_leader.window_until_ms(), 0);
+        let mut rounds = 0;
+        while trio.members[leader].node.raft().lead_transferee().is_some() {
+            trio.round();
+            rounds += 1;
+            assert!(rounds < 50, "raft gives a transfer up");
+        }
+        let given_up_ms = trio.now_ms;
+        assert!(trio.members[leader].is_leader());
+        let election_ms = 10 * TICK_MS;
+        while trio.now_ms < given_up_ms + election_ms - TICK_MS {
+            assert_eq!(
+                on_leader.window_until_ms(),
+                0,
+                "held after the transfer was given up"
+            );
+            let (reply, mut rx) = oneshot::channel();
+            let now_ms = trio.now_ms;
+            trio.members[leader].query(Query::KeepAlive { id: 5, reply }, now_ms);
+            assert!(
+                matches!(rx.try_recv(), Ok(Some(Err(_)))),
+                "the raft core holds renewals too"
+            );
+            trio.round();
+        }
+        for _ in 0..3 {
+            trio.round();
+        }
+        let now_ms = trio.now_ms;
+        assert_eq!(on_leader.renew_here(5, || now_ms), Some(30), "open again");
     }
 
     #[test]

@@ -1106,12 +1106,13 @@ impl World {
     }
 
     fn carry_out_effects(&mut self, i: usize) {
+        let now_ms = self.clock_ms(i);
         let Some(run) = self.nodes[i].run.as_mut() else {
             return;
         };
         let effects = run.member.take_effects();
         // As production's `publish`: the shards' lease window follows every turn.
-        run.member.publish_lease_window();
+        run.member.publish_lease_window(now_ms);
         let (is_leader, term) = (run.member.is_leader(), run.member.raft_term());
         let mut members_changed = false;
         for effect in effects {
