@@ -403,6 +403,10 @@ pub struct Member {
     /// When each peer last answered this member's appends or heartbeats in the current term
     /// (the leader's evidence that no other leader can exist; see `quorum_heard_recently`).
     heard_from_ms: BTreeMap<u64, u64>,
+    /// When the last Ready handed out its messages: an answer stepped now answers a message
+    /// sent no later than that. Answers that queued while the raft core stood still are
+    /// stamped with it, not with the moment they are stepped, or they would look fresh.
+    last_ready_ms: u64,
     /// When each lease expires, by the leader's clock. Only a leader expires leases.
     lease_clock: LeaseClock,
     /// The term in which this member, as leader, had committed an entry of its own and applied
@@ -490,6 +494,7 @@ impl Member {
             physical_waiting: Vec::new(),
             defrag_waiting: Vec::new(),
             heard_from_ms: BTreeMap::new(),
+            last_ready_ms: 0,
             lease_clock: LeaseClock::new(),
             leases_settled_term: 0,
             commit_handed_out: 0,
@@ -695,9 +700,11 @@ impl Member {
             MessageType::AppendResponse | MessageType::HeartbeatResponse
         ) && m.term == self.node.raft().hard_state().term
         {
-            // The follower answered this leader's append or heartbeat: it had just reset its
-            // election timer, so it votes for no one else for an election timeout.
-            self.heard_from_ms.insert(m.from, now_ms);
+            // The follower answered this leader's append or heartbeat: it reset its election
+            // timer when that arrived, so it votes for no one else for an election timeout
+            // from then. That message left no later than the last Ready.
+            self.heard_from_ms
+                .insert(m.from, now_ms.min(self.last_ready_ms));
         }
         let forwarded =
             (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
@@ -1486,6 +1493,7 @@ impl Member {
         // the lease guard, and a commit index past what this member applied lets followers
         // apply (and answer) entries it has not, so the shards stop renewing first.
         self.commit_handed_out = self.node.raft().hard_state().commit;
+        self.last_ready_ms = now_ms;
         self.publish_lease_window(now_ms);
         Some(ReadyIo {
             messages: rd.messages,
@@ -3403,6 +3411,40 @@ mod tests {
             Some(30),
             "caught up: open again"
         );
+    }
+
+    #[test]
+    fn answers_stepped_after_the_raft_core_stood_still_do_not_look_fresh() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        trio.grant_lease(leader, 5, 30);
+        let on_leader = trio.members[leader].lease_deadlines();
+        let last_round_ms = trio.now_ms;
+        assert_eq!(on_leader.renew_here(5, || last_round_ms), Some(30));
+        // The leader's loop stood still for 5 s; its followers' answers to its last heartbeats
+        // waited in its inbox and are stepped now, before it sends anything.
+        let late_ms = last_round_ms + 5_000;
+        let term = trio.members[leader].raft_term();
+        let me = leader as u64 + 1;
+        for follower in (1..=3u64).filter(|id| *id != me) {
+            let answer = keel_raft::Message {
+                msg_type: keel_raft::MessageType::HeartbeatResponse,
+                to: me,
+                from: follower,
+                term,
+                ..Default::default()
+            };
+            trio.members[leader].step(answer, late_ms);
+        }
+        trio.members[leader].publish_lease_window(late_ms);
+        assert_eq!(
+            on_leader.renew_here(5, || late_ms),
+            None,
+            "no fresh word from a quorum"
+        );
+        let (reply, mut rx) = oneshot::channel();
+        trio.members[leader].query(Query::KeepAlive { id: 5, reply }, late_ms);
+        assert!(matches!(rx.try_recv(), Ok(Some(Err(_)))));
     }
 
     #[test]
