@@ -657,10 +657,11 @@ async fn read_watch_events(
     Ok(seen)
 }
 
-/// `watch-latency`: `streams` x `watchers_per_stream` watchers on one key (or its prefix). Class "watch" is,
-/// per watcher and put, the time from the put's acknowledgement to the event reaching that
-/// watcher (etcd's definition; an event that beats the ack counts as zero); class "from-send"
-/// is the same measured from the put's (intended) send time; class "put" is the put itself.
+/// `watch-latency`: `streams` x `watchers_per_stream` watchers on one key (or its prefix).
+/// Class "watch" is, per watcher and put, the time from the put's acknowledgement to the event
+/// reaching that watcher (etcd's definition; an event that beats the ack counts as zero);
+/// class "from-send" is the same measured from the put's (intended) send time; class "put" is
+/// the put itself.
 /// The next put is sent only after every watcher got the previous one (etcd's behaviour).
 pub async fn watch_latency(target: &Target, args: &WatchLatencyArgs) -> Result<Summary, Error> {
     check_target(target)?;

@@ -401,7 +401,7 @@ pub struct Member {
     /// Defragment calls waiting for the value-log rewrite, with the store's size when each asked.
     defrag_waiting: Vec<(DefragReply, u64)>,
     /// When each peer last answered this member's appends or heartbeats in the current term
-    /// (the leader's evidence that no other leader can exist; see `quorum_heard_recently`).
+    /// (the leader's evidence that no other leader can exist; see `quorum_heard_until_ms`).
     heard_from_ms: BTreeMap<u64, u64>,
     /// When the last Ready handed out its messages: an answer stepped now answers a message
     /// sent no later than that. Answers that queued while the raft core stood still are
@@ -943,81 +943,46 @@ impl Member {
         }
     }
 
-    /// Whether this member may renew leases now. It must still lead after the ticks due by
-    /// `now_ms` (a leader resumed after a long pause steps down on them through check-quorum
-    /// before answering anything); it must have committed an entry of its own term, because
-    /// until then it does not know what is committed (a previous leader's revoke may sit
-    /// uncommitted in its log, and commit right after a renewal, as ReadIndex waits for the
-    /// same); and it must have applied everything committed (a committed revoke must not be
-    /// answered as alive). A leader that renewed a lease the cluster revokes would tell its
-    /// client the lease lives when it is gone.
+    /// Whether this member's raft core may renew leases now: inside the shards' window (see
+    /// `lease_window_until_ms`), after the ticks due by `now_ms` (a leader resumed after a long
+    /// pause steps down on them through check-quorum before answering anything), and with
+    /// everything committed applied (a committed revoke must not be answered as alive). A
+    /// leader that renewed a lease the cluster revokes would tell its client the lease lives
+    /// when it is gone.
     fn may_renew_leases(&mut self, now_ms: u64) -> bool {
         self.tick(now_ms);
-        if self.renewals_held_for_transfer(now_ms) {
-            return false;
-        }
-        let raft = self.node.raft();
-        let hs = raft.hard_state();
-        let committed_in_term = self
-            .node
-            .store()
-            .term(hs.commit)
-            .is_ok_and(|term| term == hs.term);
-        raft.soft_state().role == Role::Leader
-            && raft.lead_transferee().is_none()
-            && committed_in_term
-            && self.writer.applied_index() >= hs.commit
-            && self.quorum_heard_recently(now_ms)
+        now_ms < self.lease_window_until_ms(now_ms)
+            && self.writer.applied_index() >= self.node.raft().hard_state().commit
     }
 
     /// Whether renewals wait for a leadership transfer (under way, or given up less than an
     /// election timeout ago; see `renewals_held_until_ms`).
     fn renewals_held_for_transfer(&mut self, now_ms: u64) -> bool {
-        let raft = self.node.raft();
-        if raft.lead_transferee().is_some() {
-            let election_ms = raft.election_timeout_ticks() as u64 * self.config.tick_ms;
+        if self.node.raft().lead_transferee().is_some() {
             self.renewals_held_until_ms = self
                 .renewals_held_until_ms
-                .max(now_ms.saturating_add(election_ms));
+                .max(now_ms.saturating_add(self.election_timeout_ms()));
         }
         now_ms < self.renewals_held_until_ms
     }
 
-    /// Whether a quorum of voters (this member included) answered this leader within the
-    /// leader guard: an election timeout shrunk by `LEASE_GUARD_PERCENT`, for clocks that run
-    /// at different rates. Every member of such a quorum votes for no one else until its own
-    /// election timeout passes, and any new leader needs one of their votes, so no other
-    /// leader exists now, and one elected later restarts every lease countdown at its full
-    /// TTL. A leader cut off from its quorum (its check-quorum has not fired yet, or its clock
-    /// runs slow) stops renewing before a new leader can exist.
-    fn quorum_heard_recently(&self, now_ms: u64) -> bool {
-        let raft = self.node.raft();
-        let election_ms = raft.election_timeout_ticks() as u64 * self.config.tick_ms;
-        let guard_ms = election_ms * LEASE_GUARD_PERCENT / 100;
-        let voters = raft.conf_state().voters;
-        let heard = voters
-            .iter()
-            .filter(|&&v| {
-                v == self.config.id
-                    || self
-                        .heard_from_ms
-                        .get(&v)
-                        .is_some_and(|at| now_ms.saturating_sub(*at) <= guard_ms)
-            })
-            .count();
-        heard * 2 > voters.len()
+    fn election_timeout_ms(&self) -> u64 {
+        self.node.raft().election_timeout_ticks() as u64 * self.config.tick_ms
     }
 
     /// Until when this member's shards may renew leases themselves (see
-    /// `LeaseDeadlines::renew_here`), or 0 (or a time already past) when they may not:
-    /// `may_renew_leases`, with "applied everything committed" narrowed to what others can
-    /// have seen. Once this leader's term is settled, an entry committed in it is seen by no
-    /// one until this member sends its commit index on, in a Ready's messages; so the window
-    /// closes only while apply trails the commit index the last Ready's messages could carry
-    /// (a Ready applies at most `max_apply_bytes` of what committed). A commit learnt from a
-    /// peer's answer and not yet applied, the usual state between two Readys under writes,
-    /// closes nothing. The window ends when the quorum's last word is older than the lease
-    /// guard, so a raft core that stops turning stops its shards' renewals on time.
+    /// `LeaseDeadlines::renew_here`), or 0 (or a time already past) when they may not. It
+    /// must lead, with no transfer under way or just given up; it must have committed an entry
+    /// of its own term and applied everything committed before (until then it does not know
+    /// what is committed: a previous leader's revoke may sit uncommitted in its log, and
+    /// commit right after a renewal, as ReadIndex waits for the same). Once its term is
+    /// settled, an entry committed in it is seen by no one until this member sends its commit
+    /// index on, in a Ready's messages; so the window closes only while apply trails the
+    /// commit index the last Ready's messages could carry (a Ready applies at most
+    /// `max_apply_bytes` of what committed). A commit learnt from a peer's answer and not yet
+    /// applied, the usual state between two Readys under writes, closes nothing. The window
+    /// ends when the quorum's last word is older than the lease guard, so a raft core that
+    /// stops turning stops its shards' renewals on time.
     fn lease_window_until_ms(&mut self, now_ms: u64) -> u64 {
         let held = self.renewals_held_for_transfer(now_ms);
         let raft = self.node.raft();
@@ -1043,13 +1008,18 @@ impl Member {
         self.quorum_heard_until_ms()
     }
 
-    /// When `quorum_heard_recently` turns false if no voter answers again: the moment the
-    /// quorum's oldest last word passes the lease guard (`u64::MAX` for a lone voter).
+    /// Until when (exclusive) a quorum of voters, this member included, has answered this
+    /// leader within the lease guard, if no voter answers again (`u64::MAX` for a lone voter;
+    /// 0 or a past time when none has). The guard is an election timeout shrunk by
+    /// `LEASE_GUARD_PERCENT`, for clocks that run at different rates. Every member of such a
+    /// quorum votes for no one else until its own election timeout passes, and any new leader
+    /// needs one of their votes, so no other leader exists before then, and one elected later
+    /// restarts every lease countdown at its full TTL. A leader cut off from its quorum (its
+    /// check-quorum has not fired yet, or its clock runs slow) stops renewing before a new
+    /// leader can exist.
     fn quorum_heard_until_ms(&self) -> u64 {
-        let raft = self.node.raft();
-        let election_ms = raft.election_timeout_ticks() as u64 * self.config.tick_ms;
-        let guard_ms = election_ms * LEASE_GUARD_PERCENT / 100;
-        let voters = raft.conf_state().voters;
+        let guard_ms = self.election_timeout_ms() * LEASE_GUARD_PERCENT / 100;
+        let voters = self.node.raft().conf_state().voters;
         let mut heard_until_ms: Vec<u64> = voters
             .iter()
             .map(|v| {
@@ -1063,7 +1033,7 @@ impl Member {
             })
             .collect();
         heard_until_ms.sort_unstable_by(|a, b| b.cmp(a));
-        // `quorum_heard_recently` holds while a majority's `until` is at or after now.
+        // A majority's last word plus the guard is at or after now, until then.
         let quorum = voters.len() / 2 + 1;
         heard_until_ms
             .get(quorum - 1)
