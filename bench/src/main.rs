@@ -51,6 +51,8 @@ enum Command {
     WatchLatency(workloads::WatchLatencyArgs),
     /// Benchmark lease keepalives over a stream
     LeaseKeepalive(workloads::LeaseKeepaliveArgs),
+    /// Grant leases that stay alive (the set-up for bench/scripts/leases.sh)
+    LeaseGrant(workloads::LeaseGrantArgs),
     /// Start etcd and Keel side by side and compare them on DESIGN.md's targets
     Compare(CompareArgs),
 }
@@ -110,6 +112,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::TxnMixed(args) => workloads::txn_mixed(&target, args).await?,
         Command::WatchLatency(args) => workloads::watch_latency(&target, args).await?,
         Command::LeaseKeepalive(args) => workloads::lease_keepalive(&target, args).await?,
+        Command::LeaseGrant(args) => workloads::lease_grant(&target, args).await?,
         Command::Compare(_) => unreachable!("handled above"),
     };
     print_summary(&summary, output)?;

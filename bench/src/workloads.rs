@@ -185,6 +185,19 @@ pub struct LeaseKeepaliveArgs {
     pub rate: f64,
 }
 
+#[derive(Clone, Debug, clap::Args)]
+pub struct LeaseGrantArgs {
+    /// Total number of leases to grant
+    #[arg(long, default_value_t = 10000)]
+    pub total: u64,
+    /// TTL of each lease, in seconds
+    #[arg(long, default_value_t = 3600)]
+    pub ttl: i64,
+    /// Maximum grants per second, open loop (0 is no limit)
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+}
+
 /// Go's `binary.PutVarint` (zig-zag, then base-128) into `buf`; returns the bytes written.
 /// etcd's benchmark writes its keys this way into a zeroed buffer of --key-size bytes.
 pub fn put_varint(buf: &mut [u8], value: i64) -> Option<usize> {
@@ -609,6 +622,58 @@ pub async fn lease_keepalive(target: &Target, args: &LeaseKeepaliveArgs) -> Resu
         "lease-keepalive",
         target.conns,
         &["keepalive"],
+        ops,
+        args.total,
+        schedule,
+    )
+    .await)
+}
+
+struct GrantOp {
+    caller: Caller,
+    request: LeaseGrantRequest,
+}
+
+impl Op for GrantOp {
+    async fn call(&mut self, _index: u64) -> (usize, Result<(), Error>) {
+        let result = self
+            .caller
+            .unary::<_, LeaseGrantResponse>(client::LEASE_GRANT, &self.request)
+            .await
+            .and_then(|grant| {
+                if grant.error.is_empty() && grant.id != 0 {
+                    Ok(())
+                } else {
+                    Err(Error::Protocol(format!(
+                        "lease grant failed: {:?}",
+                        grant.error
+                    )))
+                }
+            });
+        (0, result)
+    }
+}
+
+/// `lease-grant`: grants `total` leases (the server picks the ids) and lets them live: the
+/// set-up for measuring what many leases cost a server that is otherwise idle
+/// (bench/scripts/leases.sh).
+pub async fn lease_grant(target: &Target, args: &LeaseGrantArgs) -> Result<Summary, Error> {
+    let schedule = check_rate(args.rate)?;
+    let ops = callers(target)
+        .await?
+        .into_iter()
+        .map(|caller| GrantOp {
+            caller,
+            request: LeaseGrantRequest {
+                ttl: args.ttl,
+                id: 0,
+            },
+        })
+        .collect();
+    Ok(load::run_load(
+        "lease-grant",
+        target.conns,
+        &["grant"],
         ops,
         args.total,
         schedule,

@@ -12,8 +12,16 @@
 //! deadline later, by compare-and-swap, and the raft core claims an expired lease by swapping
 //! its deadline to 0, which no renewal moves: so a renewal and the expiry never both win, and
 //! no renewal undoes another. Only a lease leaving the store stores 0 outright.
+//!
+//! Expiry does not walk every lease: the raft core keeps a queue of when to look at each lease
+//! next (`LeaseClock::due`), earliest first, as etcd's lessor keeps a heap. Renewals do not
+//! touch it (a shard cannot): a lease whose time comes up is looked at, and if it was renewed
+//! meanwhile it is queued again at its new deadline. So a check costs the leases that come
+//! due, not the leases that exist: at 1,000,000 leases the scan it replaced took half a core
+//! on an idle member (BENCHMARKS.md).
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -38,13 +46,19 @@ struct Slot {
     ttl_s: i64,
     /// When the lease expires, on the member's clock; `NOT_RENEWABLE_MS` once expired or gone.
     deadline_ms: AtomicU64,
+    /// When the raft core looks at this lease next: the time of its one live entry in
+    /// `LeaseClock::due` (any other entry of its id there is stale). Only the raft core reads
+    /// or writes it.
+    queued_ms: AtomicU64,
 }
 
 impl Slot {
     fn new(ttl_s: i64, now_ms: u64) -> Slot {
+        let deadline_ms = now_ms.saturating_add(ttl_ms(ttl_s));
         Slot {
             ttl_s,
-            deadline_ms: AtomicU64::new(now_ms.saturating_add(ttl_ms(ttl_s))),
+            deadline_ms: AtomicU64::new(deadline_ms),
+            queued_ms: AtomicU64::new(deadline_ms),
         }
     }
 }
@@ -152,6 +166,9 @@ impl LeaseDeadlines {
     }
 }
 
+/// Stale entries `LeaseClock::due` may hold beyond two per lease before it is rebuilt.
+const DUE_SLACK: usize = 1024;
+
 /// Lease countdowns by lease id (shared with the shards), and the revokes in flight.
 #[derive(Debug, Default)]
 pub struct LeaseClock {
@@ -159,6 +176,18 @@ pub struct LeaseClock {
     /// Leases whose revoke was proposed, and when. `BTreeMap`s so expiry proposes revokes in
     /// one order on every run.
     revoke_proposed_at_ms: BTreeMap<i64, u64>,
+    /// When to look at a lease next, as (time, lease id), earliest first. A lease's live entry
+    /// is the one whose time is its slot's `queued_ms`; entries of forgotten or re-queued
+    /// leases are stale and skipped when they come up. Bounded: past two entries per lease
+    /// plus `DUE_SLACK` it is rebuilt from the slots (on a follower, which never drains it,
+    /// that is how forgotten leases' entries go).
+    due: BinaryHeap<Reverse<(u64, i64)>>,
+}
+
+/// Queues the lease `id` (whose slot is `slot`) to be looked at at `at_ms`.
+fn queue(due: &mut BinaryHeap<Reverse<(u64, i64)>>, id: i64, slot: &Slot, at_ms: u64) {
+    slot.queued_ms.store(at_ms, Ordering::Relaxed);
+    due.push(Reverse((at_ms, id)));
 }
 
 impl LeaseClock {
@@ -180,8 +209,9 @@ impl LeaseClock {
     /// revokes in flight: on start and on becoming leader, since the old leader's clock is gone.
     pub fn restart(&mut self, leases: impl IntoIterator<Item = (i64, i64)>, now_ms: u64) {
         self.deadlines.clear();
+        self.due.clear();
         for (id, ttl_s) in leases {
-            self.deadlines.slots.insert(id, Slot::new(ttl_s, now_ms));
+            self.start(id, ttl_s, now_ms);
         }
         self.revoke_proposed_at_ms.clear();
     }
@@ -189,7 +219,25 @@ impl LeaseClock {
     /// Starts a lease's countdown: its grant applied. The store refuses a grant of a live id,
     /// so no slot exists for it here (one would be replaced).
     pub fn start(&mut self, id: i64, ttl_s: i64, now_ms: u64) {
-        self.deadlines.slots.insert(id, Slot::new(ttl_s, now_ms));
+        let slot = Slot::new(ttl_s, now_ms);
+        self.due
+            .push(Reverse((slot.queued_ms.load(Ordering::Relaxed), id)));
+        self.deadlines.slots.insert(id, slot);
+        self.bound_due();
+    }
+
+    /// Rebuilds `due` from the slots once stale entries outnumber the bound.
+    fn bound_due(&mut self) {
+        let live = self.deadlines.slots.len();
+        if self.due.len() <= live.saturating_mul(2).saturating_add(DUE_SLACK) {
+            return;
+        }
+        self.due = self
+            .deadlines
+            .slots
+            .iter()
+            .map(|e| Reverse((e.value().queued_ms.load(Ordering::Relaxed), *e.key())))
+            .collect();
     }
 
     /// Restarts a lease's countdown from `now_ms` (a keep-alive the raft core renews, as
@@ -221,11 +269,25 @@ impl LeaseClock {
     /// The leases past their deadline whose revoke is not in flight (or was proposed more than
     /// `REVOKE_RETRY_MS` ago), in id order. Each is claimed first: its deadline swapped to one
     /// no renewal moves, so a shard renewing it at this moment either wins (and it is not
-    /// listed) or answers that it expired.
-    pub fn expired(&self, now_ms: u64) -> Vec<i64> {
+    /// listed) or answers that it expired. Looks only at the leases `due` says are due: each
+    /// is queued again for when it must be looked at next (its deadline, if it was renewed;
+    /// the next check, if it is listed now; the retry time, while its revoke is in flight).
+    pub fn expired(&mut self, now_ms: u64) -> Vec<i64> {
         let mut out = Vec::new();
-        for entry in self.deadlines.slots.iter() {
-            let deadline = &entry.value().deadline_ms;
+        let deadlines = self.deadlines.clone();
+        while let Some(&Reverse((at_ms, id))) = self.due.peek() {
+            if at_ms > now_ms {
+                break;
+            }
+            self.due.pop();
+            let Some(entry) = deadlines.slots.get(&id) else {
+                continue; // forgotten
+            };
+            let slot = entry.value();
+            if slot.queued_ms.load(Ordering::Relaxed) != at_ms {
+                continue; // stale: the lease was queued again since
+            }
+            let deadline = &slot.deadline_ms;
             let mut deadline_ms = deadline.load(Ordering::SeqCst);
             while deadline_ms != NOT_RENEWABLE_MS && deadline_ms <= now_ms {
                 match deadline.compare_exchange(
@@ -238,15 +300,30 @@ impl LeaseClock {
                     Err(seen) => deadline_ms = seen,
                 }
             }
-            let id = *entry.key();
-            let retry_due = self
-                .revoke_proposed_at_ms
-                .get(&id)
-                .is_none_or(|at_ms| now_ms.saturating_sub(*at_ms) > REVOKE_RETRY_MS);
-            if deadline_ms <= now_ms && retry_due {
-                out.push(id);
+            if deadline_ms > now_ms {
+                queue(&mut self.due, id, slot, deadline_ms); // renewed meanwhile
+                continue;
+            }
+            match self.revoke_proposed_at_ms.get(&id) {
+                Some(&proposed_ms) if now_ms.saturating_sub(proposed_ms) <= REVOKE_RETRY_MS => {
+                    let retry_ms = proposed_ms.saturating_add(REVOKE_RETRY_MS + 1);
+                    queue(&mut self.due, id, slot, retry_ms);
+                }
+                _ => {
+                    out.push(id);
+                    // Looked at again at the next check, even one at this same time: by then
+                    // its revoke was proposed (and it waits for the retry time) or the proposal
+                    // failed (and it is listed again), as when every check walked every lease.
+                    // Queued after this loop, which would otherwise take it up again now.
+                    slot.queued_ms.store(now_ms, Ordering::Relaxed);
+                }
             }
         }
+        for &id in &out {
+            self.due.push(Reverse((now_ms, id)));
+        }
+        self.bound_due();
+        out.sort_unstable();
         out
     }
 
@@ -483,5 +560,106 @@ mod tests {
         assert_eq!(clock.expired(60_000), vec![2]);
         assert_eq!(clock.remaining_s(1, 60_000), Some(5));
         assert_eq!(clock.expired(65_000), vec![1, 2]);
+    }
+
+    /// What every check listed when it walked every lease: the leases past their deadline
+    /// (claimed or not) whose revoke is not in flight or is due again, in id order.
+    fn listed_by_a_walk(clock: &LeaseClock, now_ms: u64) -> Vec<i64> {
+        clock
+            .deadlines
+            .slots
+            .iter()
+            .filter(|e| e.value().deadline_ms.load(Ordering::SeqCst) <= now_ms)
+            .map(|e| *e.key())
+            .filter(|id| {
+                clock
+                    .revoke_proposed_at_ms
+                    .get(id)
+                    .is_none_or(|at_ms| now_ms.saturating_sub(*at_ms) > REVOKE_RETRY_MS)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_due_queue_lists_what_walking_every_lease_would() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..40u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut clock = LeaseClock::new();
+            let deadlines = clock.deadlines();
+            let mut now_ms = 1_000u64;
+            let mut listed_total = 0usize;
+            for step in 0..3_000 {
+                now_ms += rng.gen_range(0..400);
+                let id = rng.gen_range(1..60i64);
+                match rng.gen_range(0..100) {
+                    0..=19 => {
+                        if !deadlines.slots.contains_key(&id) {
+                            clock.start(id, rng.gen_range(1..6), now_ms);
+                        }
+                    }
+                    20..=34 => clock.renew(id, rng.gen_range(1..6), now_ms),
+                    35..=49 => {
+                        deadlines.set_window(now_ms + 1_000);
+                        let _ = deadlines.renew_here(id, || now_ms);
+                    }
+                    50..=57 => clock.forget(id),
+                    58 => {
+                        let leases: Vec<(i64, i64)> = deadlines
+                            .slots
+                            .iter()
+                            .map(|e| (*e.key(), e.value().ttl_s))
+                            .collect();
+                        clock.restart(leases, now_ms);
+                    }
+                    _ => {
+                        let want = listed_by_a_walk(&clock, now_ms);
+                        let got = clock.expired(now_ms);
+                        assert_eq!(got, want, "seed {seed} step {step} at {now_ms} ms");
+                        listed_total += got.len();
+                        for id in got {
+                            // Some proposals fail, and the lease is listed again next time.
+                            if rng.gen_bool(0.8) {
+                                clock.revoke_proposed(id, now_ms);
+                            }
+                            // Some revokes apply.
+                            if rng.gen_bool(0.3) {
+                                clock.forget(id);
+                            }
+                        }
+                    }
+                }
+                assert!(clock.due.len() <= 2 * deadlines.slots.len() + DUE_SLACK);
+            }
+            assert!(listed_total > 0, "seed {seed} never expired anything");
+        }
+    }
+
+    #[test]
+    fn a_follower_that_never_checks_keeps_the_due_queue_bounded() {
+        let mut clock = LeaseClock::new();
+        for id in 1..=100_000i64 {
+            clock.start(id, 60, id as u64);
+            if id > 10 {
+                clock.forget(id - 10);
+            }
+        }
+        assert_eq!(clock.deadlines.slots.len(), 10);
+        assert!(clock.due.len() <= 2 * 10 + DUE_SLACK, "{}", clock.due.len());
+        // The live leases are still queued: they expire on time once this member checks.
+        assert!(clock.expired(60_000 + 99_990).is_empty());
+        assert_eq!(clock.expired(60_000 + 100_000), (99_991..=100_000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_renewed_lease_is_looked_at_again_at_its_new_deadline_not_before() {
+        let mut clock = LeaseClock::new();
+        clock.start(1, 10, 0);
+        clock.renew(1, 10, 9_000);
+        assert!(clock.expired(10_000).is_empty());
+        assert_eq!(clock.due.len(), 1, "queued again once, at the new deadline");
+        assert_eq!(clock.due.peek(), Some(&Reverse((19_000, 1))));
+        assert!(clock.expired(18_999).is_empty());
+        assert_eq!(clock.expired(19_000), vec![1]);
     }
 }
