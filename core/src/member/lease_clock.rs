@@ -648,7 +648,10 @@ mod tests {
         assert!(clock.due.len() <= 2 * 10 + DUE_SLACK, "{}", clock.due.len());
         // The live leases are still queued: they expire on time once this member checks.
         assert!(clock.expired(60_000 + 99_990).is_empty());
-        assert_eq!(clock.expired(60_000 + 100_000), (99_991..=100_000).collect::<Vec<_>>());
+        assert_eq!(
+            clock.expired(60_000 + 100_000),
+            (99_991..=100_000).collect::<Vec<_>>()
+        );
     }
 
     #[test]
