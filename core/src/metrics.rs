@@ -362,6 +362,10 @@ pub struct Metrics {
     /// /health answers (`etcd_server_health_success` / `etcd_server_health_failures`).
     health_success: AtomicU64,
     health_failures: AtomicU64,
+    /// Keep-alives answered by the shard that took them, and by the raft core
+    /// (`keel_lease_keepalives_total`).
+    keepalives_on_shard: AtomicU64,
+    keepalives_on_raft_core: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -381,6 +385,8 @@ impl Default for Metrics {
             client_sent_bytes: AtomicU64::new(0),
             health_success: AtomicU64::new(0),
             health_failures: AtomicU64::new(0),
+            keepalives_on_shard: AtomicU64::new(0),
+            keepalives_on_raft_core: AtomicU64::new(0),
         }
     }
 }
@@ -441,6 +447,18 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one keep-alive answer: by the shard that took it (the leader renewing in its
+    /// window) or by the raft core (a follower forwarding, or a leader that cannot vouch for
+    /// its leadership now).
+    pub fn record_keepalive(&self, on_shard: bool) {
+        let counter = if on_shard {
+            &self.keepalives_on_shard
+        } else {
+            &self.keepalives_on_raft_core
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, shared: &Shared) -> String {
         let mut out = String::with_capacity(64 * 1024);
@@ -449,8 +467,26 @@ impl Metrics {
         self.render_network(&mut out, shared);
         self.render_grpc(&mut out);
         render_keel(&mut out, shared);
+        self.render_keepalives(&mut out);
         crate::procstat::render(&mut out, shared);
         out
+    }
+
+    fn render_keepalives(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP keel_lease_keepalives_total Lease keep-alives answered, by where: on the shard that took them (the leader, renewing in its window) or by the raft core.\n# TYPE keel_lease_keepalives_total counter"
+        );
+        for (answered_on, counter) in [
+            ("shard", &self.keepalives_on_shard),
+            ("raft_core", &self.keepalives_on_raft_core),
+        ] {
+            let _ = writeln!(
+                out,
+                "keel_lease_keepalives_total{{answered_on=\"{answered_on}\"}} {}",
+                counter.load(Ordering::Relaxed)
+            );
+        }
     }
 
     fn render_server(&self, out: &mut String, shared: &Shared) {

@@ -538,13 +538,19 @@ impl Api {
             // cannot vouch for its leadership now, the raft core answers (forwarding to the
             // leader from a follower).
             let ttl = match self.shared.renew_lease_here(id) {
-                Some(ttl) => ttl,
+                Some(ttl) => {
+                    self.metrics.record_keepalive(true);
+                    ttl
+                }
                 None => match self
                     .shared
                     .query(|reply| Query::KeepAlive { id, reply })
                     .await
                 {
-                    Ok(ttl) => ttl,
+                    Ok(ttl) => {
+                        self.metrics.record_keepalive(false);
+                        ttl
+                    }
                     Err(e) => return etcd(e),
                 },
             };

@@ -121,6 +121,7 @@ fn keep_alives_through_followers_reach_the_leader() {
     c.etcdctl(follower, &["put", "--lease", &id, "kept", "alive"])
         .ok();
     let until = Instant::now() + Duration::from_secs(7);
+    let mut through_follower = 0;
     while Instant::now() < until {
         let out = c
             .etcdctl(follower, &["lease", "keep-alive", "--once", &id])
@@ -129,8 +130,43 @@ fn keep_alives_through_followers_reach_the_leader() {
             out.stdout.contains("keepalived with TTL(3)"),
             "a follower must forward keep-alives to the leader: {out:?}"
         );
+        through_follower += 1;
         std::thread::sleep(Duration::from_millis(700));
     }
+    // The leader answers its own clients' keep-alives on the shard that took them (its raft
+    // core is not asked); the follower's all went through its raft core to the leader.
+    for _ in 0..5 {
+        c.etcdctl(leader, &["lease", "keep-alive", "--once", &id])
+            .ok();
+    }
+    let answered = |i: usize| -> (u64, u64) {
+        let addr = c.members[i]
+            .client_url()
+            .trim_start_matches("http://")
+            .to_string();
+        let (code, body) = crate::common::http_get(&addr, "/metrics");
+        assert_eq!(code, 200);
+        let series = |on: &str| -> u64 {
+            let name = format!("keel_lease_keepalives_total{{answered_on=\"{on}\"}} ");
+            body.lines()
+                .find_map(|l| l.strip_prefix(name.as_str()))
+                .unwrap_or_else(|| panic!("no {name} in\n{body}"))
+                .parse()
+                .expect("a number")
+        };
+        (series("shard"), series("raft_core"))
+    };
+    assert_eq!(
+        answered(follower),
+        (0, through_follower),
+        "(shard, raft core) on the follower"
+    );
+    let (on_shard, on_raft_core) = answered(leader);
+    assert_eq!(on_shard + on_raft_core, 5, "each keep-alive counted once");
+    assert!(
+        on_shard >= 1,
+        "the leader answered none of its clients' keep-alives on a shard"
+    );
     // 7 s past a 3 s TTL: only the forwarded keep-alives kept it.
     let out = c
         .etcdctl(leader, &["get", "kept", "--print-value-only"])
