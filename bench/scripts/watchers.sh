@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Many watchers on one fresh member (Keel or etcd): STREAMS x PER_STREAM watchers on one key,
-# or on its prefix (PREFIX=1, as Kubernetes watches ranges), then PUTS puts of 32 B at RATE/s,
+# or on its prefix (PREFIX=1, as Kubernetes watches ranges), or each from its own start key to
+# the end (PREFIX=from: ranges that overlap without sharing a boundary), then PUTS puts of 32 B at RATE/s,
 # each delivered to every watcher. Reports, from the server's side:
 #   - the server's CPU time to create the watchers (utime + stime from /proc/PID/stat, between
 #     the start of keel-bench and the first put; keel-bench prints when creation ended),
@@ -25,6 +26,7 @@ rate=${RATE:-10}
 conns=${CONNS:-$((streams < 100 ? streams : 100))}
 prefix_flag=()
 if [ "${PREFIX:-1}" = 1 ]; then prefix_flag=(--prefix); fi
+if [ "${PREFIX:-1}" = from ]; then prefix_flag=(--from-distinct-keys); fi
 # shellcheck source=member.sh
 source "$(dirname "$0")/member.sh"
 

@@ -454,6 +454,7 @@ async fn run_workloads(
                 key_size: 32,
                 val_size: 32,
                 prefix: args.watch_prefix,
+                from_distinct_keys: false,
             },
         ),
     )

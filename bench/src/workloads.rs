@@ -173,6 +173,11 @@ pub struct WatchLatencyArgs {
     /// the key itself
     #[arg(long)]
     pub prefix: bool,
+    /// Each watcher watches from its own start key to the end of the key space (etcdctl's
+    /// --from-key), all starts before the put key: ranges that overlap without sharing a
+    /// boundary, the worst case for an index of elementary intervals
+    #[arg(long, conflicts_with = "prefix")]
+    pub from_distinct_keys: bool,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -744,7 +749,11 @@ pub async fn watch_latency(target: &Target, args: &WatchLatencyArgs) -> Result<S
         )));
     }
     let mut rng = StdRng::seed_from_u64(3);
-    let key = random_bytes(&mut rng, args.key_size.max(1));
+    let mut key = random_bytes(&mut rng, args.key_size.max(1));
+    if args.from_distinct_keys {
+        // After every watcher's start key (0x01, then the watcher's number).
+        key = [&[0xff_u8][..], &key].concat().into();
+    }
     let value = random_bytes(&mut rng, args.val_size);
     let connections = load::connect_all(&target.endpoints, target.conns).await?;
     let t0 = Instant::now();
@@ -769,8 +778,21 @@ pub async fn watch_latency(target: &Target, args: &WatchLatencyArgs) -> Result<S
                 },
             )),
         };
-        for _ in 0..args.watchers_per_stream {
-            stream.send(&create)?;
+        for j in 0..args.watchers_per_stream {
+            if args.from_distinct_keys {
+                let number = (s as u64) * args.watchers_per_stream as u64 + j as u64;
+                stream.send(&WatchRequest {
+                    request_union: Some(watch_request::RequestUnion::CreateRequest(
+                        WatchCreateRequest {
+                            key: [&[0x01_u8][..], &number.to_be_bytes()].concat().into(),
+                            range_end: Bytes::from_static(&[0]),
+                            ..Default::default()
+                        },
+                    )),
+                })?;
+            } else {
+                stream.send(&create)?;
+            }
         }
         for _ in 0..args.watchers_per_stream {
             match stream.recv::<WatchResponse>().await? {

@@ -39,4 +39,5 @@ pub mod stats;
 pub mod tls;
 pub mod vlog_writer;
 pub mod watch;
+pub mod watch_ranges;
 pub mod watchdog;

@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_channel::oneshot;
 use futures_util::future::{select, Either};
-use indexmap::IndexSet;
 use keel_grpc::{Call, ResponseSink, Status};
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
@@ -37,6 +36,7 @@ use prost::Message;
 
 use crate::convert;
 use crate::shared::Shared;
+use crate::watch_ranges::RangeIndex;
 
 /// Encoded responses a stream may have queued before its watchers fall back to history.
 pub const STREAM_QUEUE_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -267,111 +267,8 @@ impl Stream {
     }
 }
 
-/// The watchers one key or one interval reaches: removal is O(1) (a swap with the last), so a
-/// stream closing with 100,000 watchers on one key costs 100,000 steps, not 5 billion; matching
-/// walks one contiguous slice. Order carries no meaning (each watcher's events stay in order).
-type WatcherSet = IndexSet<(u64, i64)>;
-
-/// Range watchers indexed for matching in O(log B + matches): the key space is cut at every
-/// range boundary into elementary intervals, and each interval lists the watchers covering all
-/// of it. A key's watchers are those of the one interval that contains it. Adding a watcher
-/// touches the intervals inside its range; watchers are added far more rarely than events
-/// arrive, so the work goes there. Memory is the sum over intervals of their watchers: linear
-/// for watchers sharing a range or on disjoint ranges, quadratic only for ranges that overlap
-/// without sharing boundaries (watchers from many different start keys to the end).
-#[derive(Default)]
-struct RangeIndex {
-    /// Interval [key, next key) -> the watchers covering it.
-    intervals: BTreeMap<Bytes, WatcherSet>,
-}
-
-impl RangeIndex {
-    /// Makes `at` an interval boundary, the new interval inheriting its covering watchers.
-    fn split(&mut self, at: &Bytes) {
-        if self.intervals.contains_key(at) {
-            return;
-        }
-        let covering = self
-            .intervals
-            .range(..at.clone())
-            .next_back()
-            .map(|(_, w)| w.clone())
-            .unwrap_or_default();
-        self.intervals.insert(at.clone(), covering);
-    }
-
-    fn keys_in(&self, start: &Bytes, end: Option<&Bytes>) -> Vec<Bytes> {
-        match end {
-            Some(e) => self
-                .intervals
-                .range(start.clone()..e.clone())
-                .map(|(k, _)| k.clone())
-                .collect(),
-            None => self
-                .intervals
-                .range(start.clone()..)
-                .map(|(k, _)| k.clone())
-                .collect(),
-        }
-    }
-
-    fn insert(&mut self, start: &Bytes, end: Option<&Bytes>, watcher: (u64, i64)) {
-        assert!(
-            end.is_none_or(|e| start < e),
-            "an empty range is refused before indexing"
-        );
-        self.split(start);
-        if let Some(e) = end {
-            self.split(e);
-        }
-        for k in self.keys_in(start, end) {
-            self.intervals
-                .get_mut(&k)
-                .expect("listed key")
-                .insert(watcher);
-        }
-    }
-
-    fn remove(&mut self, start: &Bytes, end: Option<&Bytes>, watcher: (u64, i64)) {
-        for k in self.keys_in(start, end) {
-            self.intervals
-                .get_mut(&k)
-                .expect("listed key")
-                .swap_remove(&watcher);
-        }
-        // Merge boundaries that no longer separate different watcher sets, so the index stays
-        // as small as the live ranges need. Compared in place (sets of different sizes differ
-        // at once): a copy of the interval before would cost its whole size per removal.
-        let mut candidates = vec![start.clone()];
-        if let Some(e) = end {
-            candidates.push(e.clone());
-        }
-        for k in candidates {
-            let Some(here) = self.intervals.get(&k) else {
-                continue;
-            };
-            let same_as_before = match self.intervals.range(..k.clone()).next_back() {
-                Some((_, before)) => before == here,
-                None => here.is_empty(),
-            };
-            if same_as_before {
-                self.intervals.remove(&k);
-            }
-        }
-    }
-
-    fn covering(&self, key: &Bytes) -> &indexmap::set::Slice<(u64, i64)> {
-        self.intervals
-            .range(..=key.clone())
-            .next_back()
-            .map_or(indexmap::set::Slice::new(), |(_, w)| w.as_slice())
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.intervals.len()
-    }
-}
+/// The watchers one key reaches (see `watch_ranges::WatcherSet`).
+type WatcherSet = crate::watch_ranges::WatcherSet;
 
 /// Internal waiters (Lock and Election): woken by any change in a key range after a revision,
 /// or by an overflow (they re-check by reading, so a spurious wake is harmless).
@@ -389,8 +286,7 @@ pub struct Hub {
     streams: RefCell<HashMap<u64, Rc<Stream>>>,
     /// Watchers on a single key, by key: matched in O(1).
     single: RefCell<HashMap<Bytes, WatcherSet>>,
-    /// Watchers on ranges, by start key: matched by scanning those that start at or before the
-    /// key.
+    /// Watchers on ranges, in an interval tree (`watch_ranges`).
     ranges: RefCell<RangeIndex>,
     waiters: RefCell<Vec<ChangeWaiter>>,
     next_stream_id: Cell<u64>,
@@ -551,12 +447,7 @@ impl Hub {
                 if let Some(ws) = single.get(&e.key) {
                     matched.extend(ws.iter().map(|&(sid, wid)| (sid, wid, i)));
                 }
-                matched.extend(
-                    ranges
-                        .covering(&e.key)
-                        .iter()
-                        .map(|&(sid, wid)| (sid, wid, i)),
-                );
+                ranges.for_each_covering(&e.key, |&(sid, wid)| matched.push((sid, wid, i)));
             }
         }
         if batch.events.len() > 1 {
@@ -1358,70 +1249,6 @@ mod tests {
         assert!(decoded[..decoded.len() - 1].iter().all(|r| r.fragment));
         assert!(!decoded.last().expect("some").fragment);
         assert_eq!(decoded.iter().map(|r| r.events.len()).sum::<usize>(), 10);
-    }
-
-    #[test]
-    fn range_index_matches_exactly_the_covering_watchers() {
-        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
-        let mut idx = RangeIndex::default();
-        idx.insert(&b("a"), Some(&b("m")), (1, 1));
-        idx.insert(&b("f"), None, (1, 2));
-        idx.insert(&b("c"), Some(&b("g")), (2, 1));
-        let at = |idx: &RangeIndex, k: &str| {
-            let mut v = idx.covering(&b(k)).iter().copied().collect::<Vec<_>>();
-            v.sort();
-            v
-        };
-        assert_eq!(at(&idx, "0"), vec![]);
-        assert_eq!(at(&idx, "a"), vec![(1, 1)]);
-        assert_eq!(at(&idx, "d"), vec![(1, 1), (2, 1)]);
-        assert_eq!(at(&idx, "f"), vec![(1, 1), (1, 2), (2, 1)]);
-        assert_eq!(at(&idx, "g"), vec![(1, 1), (1, 2)]);
-        assert_eq!(at(&idx, "z"), vec![(1, 2)]);
-        idx.remove(&b("c"), Some(&b("g")), (2, 1));
-        idx.remove(&b("a"), Some(&b("m")), (1, 1));
-        assert_eq!(at(&idx, "d"), vec![]);
-        assert_eq!(at(&idx, "z"), vec![(1, 2)]);
-        idx.remove(&b("f"), None, (1, 2));
-        assert_eq!(idx.len(), 0, "boundaries of removed ranges are merged away");
-    }
-
-    #[test]
-    fn many_watchers_on_one_range_leave_in_any_order_and_the_rest_stay_matched() {
-        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
-        let mut idx = RangeIndex::default();
-        let watchers: Vec<(u64, i64)> = (0..2_000).map(|i| (i % 7, i as i64)).collect();
-        for w in &watchers {
-            idx.insert(&b("/registry/pods/"), Some(&b("/registry/pods0")), *w);
-        }
-        idx.insert(&b("/registry/"), Some(&b("/registry0")), (9, 9));
-        // Removed in an order unlike the insertion's, as streams close: each removal swaps
-        // the last watcher into the gap, and the set must still hold exactly the others.
-        let mut order = watchers.clone();
-        order.sort_by_key(|&(s, id)| (id * 7919) % 2_000 + s as i64);
-        let (gone, kept) = order.split_at(1_500);
-        for w in gone {
-            idx.remove(&b("/registry/pods/"), Some(&b("/registry/pods0")), *w);
-        }
-        let mut matched: Vec<(u64, i64)> = idx
-            .covering(&b("/registry/pods/a"))
-            .iter()
-            .copied()
-            .collect();
-        matched.sort();
-        let mut want: Vec<(u64, i64)> = kept.iter().copied().chain([(9, 9)]).collect();
-        want.sort();
-        assert_eq!(matched, want);
-        for w in kept {
-            idx.remove(&b("/registry/pods/"), Some(&b("/registry/pods0")), *w);
-        }
-        let left: Vec<(u64, i64)> = idx
-            .covering(&b("/registry/pods/a"))
-            .iter()
-            .copied()
-            .collect();
-        assert_eq!(left, vec![(9, 9)]);
-        assert_eq!(idx.len(), 2, "only the outer range's boundaries remain");
     }
 
     #[test]
