@@ -492,7 +492,7 @@ const PER_EVENT: (&str, &str) = ("watch", "delivered event");
 
 /// Runs `workload` and records the server's CPU time over it (all threads, user + system),
 /// divided by the successful requests of the class `per.0` (the first class when empty).
-/// The /proc reads sit right around the workload, so connection setup and teardown of the
+/// The CPU clock reads sit right around the workload, so connection setup and teardown of the
 /// workload's own clients count; nothing else runs against the server meanwhile.
 async fn with_server_cpu(
     server: &Server,
@@ -672,19 +672,24 @@ impl Server {
         })
     }
 
-    /// The process's CPU time so far, all threads (live and exited) together, from
-    /// /proc/PID/stat utime and stime.
+    /// The process's CPU time so far, all threads (live and exited) together.
+    ///
+    /// The total comes from the process's CPU clock (clock_getcpuclockid), which counts in
+    /// nanoseconds. /proc/PID/stat's utime and stime count in clock ticks (10 ms here), so a
+    /// short workload of ~10 ms of server CPU could read as 0 or 20 ms; they only say how the
+    /// total splits into user and system time.
     pub fn cpu_times(&self) -> Result<CpuTimes, Error> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
         let (utime, stime) = parse_proc_stat_ticks(&stat).ok_or_else(|| Error::Server {
             label: self.label.clone(),
             reason: format!("cannot parse /proc/PID/stat: {stat:?}"),
         })?;
-        let ticks_per_s = clock_ticks_per_s()?;
-        Ok(CpuTimes {
-            user_s: utime as f64 / ticks_per_s,
-            sys_s: stime as f64 / ticks_per_s,
-        })
+        let pid = libc::pid_t::try_from(self.pid()).expect("pids fit pid_t");
+        let total_s = process_cpu_clock_s(pid).map_err(|error| Error::Server {
+            label: self.label.clone(),
+            reason: format!("cannot read the process's CPU clock: {error}"),
+        })?;
+        Ok(split_cpu_total(total_s, utime, stime))
     }
 
     /// SIGTERM, then SIGKILL after `STOP_TIMEOUT_MS`; reaps the process.
@@ -744,16 +749,41 @@ pub fn parse_proc_stat_ticks(stat: &str) -> Option<(u64, u64)> {
     Some((utime, stime))
 }
 
-/// sysconf(_SC_CLK_TCK): the unit of /proc/PID/stat's CPU times.
-fn clock_ticks_per_s() -> Result<f64, Error> {
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks <= 0 {
-        return Err(Error::Io(std::io::Error::other(
-            "sysconf(_SC_CLK_TCK) gave no clock tick rate",
-        )));
+/// Another process's CPU time (user + system, every thread it ever had) in seconds, from its
+/// CPU-time clock: Linux lets any process in the same pid namespace read it.
+fn process_cpu_clock_s(pid: libc::pid_t) -> std::io::Result<f64> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock_getcpuclockid writes one clockid_t into the variable we own.
+    let rc = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
+    if rc != 0 {
+        // It returns the error number rather than setting errno.
+        return Err(std::io::Error::from_raw_os_error(rc));
     }
-    Ok(ticks as f64)
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the variable we own.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(now.tv_sec as f64 + now.tv_nsec as f64 / 1e9)
+}
+
+/// The precise total split into user and system time in the proportion of the tick counts.
+/// With no tick counted yet the split is unknown, and it is all called user time.
+fn split_cpu_total(total_s: f64, utime_ticks: u64, stime_ticks: u64) -> CpuTimes {
+    assert!(total_s >= 0.0, "CPU time is never negative: {total_s}");
+    let ticks = utime_ticks + stime_ticks;
+    let sys_s = if ticks == 0 {
+        0.0
+    } else {
+        total_s * stime_ticks as f64 / ticks as f64
+    };
+    CpuTimes {
+        user_s: total_s - sys_s,
+        sys_s,
+    }
 }
 
 /// An O_DIRECT file descriptor, closed on drop.
@@ -1321,6 +1351,22 @@ mod tests {
     }
 
     #[test]
+    fn the_precise_total_splits_as_the_ticks_do() {
+        let cpu = split_cpu_total(0.004, 3, 1);
+        assert!((cpu.user_s - 0.003).abs() < 1e-12 && (cpu.sys_s - 0.001).abs() < 1e-12);
+        // Less than one tick so far: all of it is called user time, none is lost.
+        assert_eq!(
+            split_cpu_total(0.0042, 0, 0),
+            CpuTimes {
+                user_s: 0.0042,
+                sys_s: 0.0
+            }
+        );
+        let cpu = split_cpu_total(1.5, 0, 7);
+        assert_eq!((cpu.user_s, cpu.sys_s), (0.0, 1.5));
+    }
+
+    #[test]
     fn server_cpu_times_follow_a_busy_process() {
         // A shell that spins, then sleeps: its CPU time grows, then stops growing.
         let child = Command::new("sh")
@@ -1344,6 +1390,19 @@ mod tests {
             now = server.cpu_times().expect("still running");
         }
         assert!(now.user_s + now.sys_s >= 0.1, "{start:?} -> {now:?}");
+        // The precise clock and the tick counts describe the same time: they differ by the
+        // ticks' rounding, a few ticks at most, not by a factor.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.pid())).expect("stat");
+        let (utime, stime) = parse_proc_stat_ticks(&stat).expect("parses");
+        // SAFETY: sysconf only reads a configuration value.
+        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let ticks_s = (utime + stime) as f64 / ticks_per_s;
+        let clock_s = server.cpu_times().expect("still running");
+        let clock_s = clock_s.user_s + clock_s.sys_s;
+        assert!(
+            (clock_s - ticks_s).abs() < 0.1,
+            "clock {clock_s} s, ticks {ticks_s} s"
+        );
         let cpu = ServerCpu::between(start, now, 1000, "request");
         assert!(cpu.us_per_request.expect("requests > 0") > 0.0, "{cpu:?}");
         server.stop().expect("stops");

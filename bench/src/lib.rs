@@ -10,7 +10,7 @@
 //! (or any binary that accepts etcd's flags) on free ports, runs the DESIGN.md "Targets"
 //! workloads against each, alternating and repeated, measures the disk's O_DIRECT write +
 //! fdatasync floor in the same run, and prints Keel/etcd ratios of throughput, latency and the
-//! server's CPU per request (utime + stime from /proc/PID/stat around each workload), with the
+//! server's CPU per request (its process CPU clock read around each workload), with the
 //! spread over repeats, JSON and an SVG chart.
 //!
 //! Architecture invariant: the bench speaks only the etcd v3 gRPC wire protocol to the server;

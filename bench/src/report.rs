@@ -77,7 +77,7 @@ impl CpuUsage {
 }
 
 /// The server's CPU time over one run, per request. Only `compare` fills it in: it started the
-/// server, so it has the pid whose /proc/PID/stat it reads before and after the workload.
+/// server, so it has the pid whose CPU clock it reads before and after the workload.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ServerCpu {
     pub user_s: f64,
