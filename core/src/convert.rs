@@ -182,11 +182,70 @@ pub fn range_response(
 /// key-values a piece at a time, then `more` and `count`, which is byte for byte what prost
 /// encodes whole (fields in tag order, defaults left out). A range of any size is then sent
 /// holding one piece of its encoding, not the whole answer a second time.
+///
+/// A large range in key order (`kv::RangeSplit`) also does not hold all its key-values: the
+/// answer has the first `RANGE_FIRST_KVS_MAX`, and the rest are read from the store a batch
+/// at a time as pieces are sent, the length of their encoding having been summed from their
+/// shapes when the range was walked.
 #[derive(Debug)]
 pub struct RangePieces {
     response: pb::RangeResponse,
     /// The next key-value to encode; `None` before the header is written.
     next_kv: Option<usize>,
+    rest: Option<RangeRestPieces>,
+}
+
+/// How many key-values a range holds before the rest is read as it is sent: about 100 bytes
+/// of handles each, so a few MiB at most for an answer of any size.
+pub const RANGE_FIRST_KVS_MAX: usize = 10_000;
+
+/// The keys and values one batch of a range's rest reads at most (at least one key-value):
+/// a piece's worth, so a batch is encoded and sent before the next is read.
+const RANGE_REST_BATCH_BYTES_MAX: usize = keel_grpc::PIECE_BYTES_TARGET;
+
+/// The key-values of a range still to read, and the length their encoding was promised.
+struct RangeRestPieces {
+    reader: kv::Reader,
+    rest: kv::RangeRest,
+    promised_bytes: usize,
+    encoded_bytes: usize,
+}
+
+impl std::fmt::Debug for RangeRestPieces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RangeRestPieces")
+            .field("rest", &self.rest)
+            .field("promised_bytes", &self.promised_bytes)
+            .field("encoded_bytes", &self.encoded_bytes)
+            .finish()
+    }
+}
+
+/// The length of `RangeResponse.kvs` field entry for a key-value of this shape: the same sum
+/// prost's `encoded_len` makes (defaults left out), without the value's bytes at hand.
+pub fn range_kv_encoded_len(shape: &kv::KeyValueShape<'_>) -> usize {
+    use prost::encoding::{encoded_len_varint, int64, key_len};
+    let bytes_len = |tag: u32, len: usize| {
+        if len == 0 {
+            0
+        } else {
+            key_len(tag) + encoded_len_varint(len as u64) + len
+        }
+    };
+    let int_len = |tag: u32, value: i64| {
+        if value == 0 {
+            0
+        } else {
+            int64::encoded_len(tag, &value)
+        }
+    };
+    let message_len = bytes_len(1, shape.key.len())
+        + int_len(2, shape.create_revision)
+        + int_len(3, shape.mod_revision)
+        + int_len(4, shape.version)
+        + bytes_len(5, shape.value_len)
+        + int_len(6, shape.lease);
+    key_len(2) + encoded_len_varint(message_len as u64) + message_len
 }
 
 impl RangePieces {
@@ -194,16 +253,94 @@ impl RangePieces {
         RangePieces {
             response,
             next_kv: None,
+            rest: None,
         }
     }
+
+    /// An answer whose key-values go on in `rest`, read from `reader`; `rest_encoded_bytes`
+    /// is what their encoding adds up to (`range_kv_encoded_len` of each).
+    pub fn with_rest(
+        response: pb::RangeResponse,
+        reader: kv::Reader,
+        rest: kv::RangeRest,
+        rest_encoded_bytes: usize,
+    ) -> RangePieces {
+        assert!(rest.kvs_left() > 0, "a rest owes key-values");
+        RangePieces {
+            response,
+            next_kv: None,
+            rest: Some(RangeRestPieces {
+                reader,
+                rest,
+                promised_bytes: rest_encoded_bytes,
+                encoded_bytes: 0,
+            }),
+        }
+    }
+
+    /// Encodes the rest's key-values a batch at a time until `buf` holds `target_bytes`.
+    /// Returns true while more remain.
+    fn encode_rest(
+        rest: &mut RangeRestPieces,
+        buf: &mut bytes::BytesMut,
+        target_bytes: usize,
+    ) -> Result<bool, keel_grpc::Status> {
+        while rest.rest.kvs_left() > 0 {
+            let want_bytes = target_bytes
+                .saturating_sub(buf.len())
+                .clamp(1, RANGE_REST_BATCH_BYTES_MAX);
+            let kvs = rest
+                .reader
+                .range_rest(&mut rest.rest, want_bytes)
+                .map_err(|e| keel_grpc::Status::from(crate::shared::kv_error(e)))?;
+            if kvs.is_empty() {
+                // Keys owed but none left in the range: it would otherwise ask forever.
+                return Err(rest_mismatch(rest));
+            }
+            for kv in kvs {
+                let kv = key_value(kv);
+                rest.encoded_bytes += prost::encoding::message::encoded_len(2, &kv);
+                if rest.encoded_bytes > rest.promised_bytes {
+                    return Err(rest_mismatch(rest));
+                }
+                prost::encoding::message::encode(2, &kv, buf);
+            }
+            if buf.len() >= target_bytes && rest.rest.kvs_left() > 0 {
+                return Ok(true);
+            }
+        }
+        if rest.encoded_bytes != rest.promised_bytes {
+            return Err(rest_mismatch(rest));
+        }
+        Ok(false)
+    }
+}
+
+/// The rest read back other than its walk promised: only a compaction can trim what a range
+/// reads at its revision, and the read checks for that, so this is a broken invariant. The
+/// answer's length is already sent, so the call ends with an error rather than a wrong answer.
+fn rest_mismatch(rest: &RangeRestPieces) -> keel_grpc::Status {
+    tracing::error!(
+        promised_bytes = rest.promised_bytes,
+        encoded_bytes = rest.encoded_bytes,
+        kvs_left = rest.rest.kvs_left(),
+        revision = rest.rest.revision(),
+        "a range's rest did not read back as its walk promised; failing the call"
+    );
+    keel_grpc::Status::new(keel_grpc::Code::Internal, "range changed while it was sent")
 }
 
 impl keel_grpc::PieceEncode for RangePieces {
     fn encoded_len(&self) -> usize {
         prost::Message::encoded_len(&self.response)
+            + self.rest.as_ref().map_or(0, |rest| rest.promised_bytes)
     }
 
-    fn encode_piece(&mut self, buf: &mut bytes::BytesMut, target_bytes: usize) -> bool {
+    fn encode_piece(
+        &mut self,
+        buf: &mut bytes::BytesMut,
+        target_bytes: usize,
+    ) -> Result<bool, keel_grpc::Status> {
         use prost::encoding;
         let r = &self.response;
         let mut next = match self.next_kv {
@@ -220,7 +357,13 @@ impl keel_grpc::PieceEncode for RangePieces {
             next += 1;
             if buf.len() >= target_bytes {
                 self.next_kv = Some(next);
-                return true;
+                return Ok(true);
+            }
+        }
+        self.next_kv = Some(next);
+        if let Some(rest) = &mut self.rest {
+            if Self::encode_rest(rest, buf, target_bytes)? {
+                return Ok(true);
             }
         }
         if r.more {
@@ -229,8 +372,7 @@ impl keel_grpc::PieceEncode for RangePieces {
         if r.count != 0 {
             encoding::int64::encode(4, &r.count, buf);
         }
-        self.next_kv = Some(next);
-        false
+        Ok(false)
     }
 }
 
@@ -375,10 +517,14 @@ impl keel_grpc::PieceEncode for TxnPieces {
         self.encoded_len
     }
 
-    fn encode_piece(&mut self, buf: &mut bytes::BytesMut, target_bytes: usize) -> bool {
+    fn encode_piece(
+        &mut self,
+        buf: &mut bytes::BytesMut,
+        target_bytes: usize,
+    ) -> Result<bool, keel_grpc::Status> {
         if let Some(whole) = self.whole.take() {
             prost::Message::encode_raw(&whole, buf);
-            return false;
+            return Ok(false);
         }
         while let Some(part) = self.parts.front_mut() {
             match part {
@@ -392,16 +538,16 @@ impl keel_grpc::PieceEncode for TxnPieces {
                         }
                     }
                     if kvs.len() > 0 {
-                        return true;
+                        return Ok(true);
                     }
                 }
             }
             self.parts.pop_front();
             if buf.len() >= target_bytes {
-                return !self.parts.is_empty();
+                return Ok(!self.parts.is_empty());
             }
         }
-        false
+        Ok(false)
     }
 }
 
@@ -514,7 +660,9 @@ mod tests {
         let mut pieces = Vec::new();
         loop {
             let mut buf = bytes::BytesMut::new();
-            let more = message.encode_piece(&mut buf, target_bytes);
+            let more = message
+                .encode_piece(&mut buf, target_bytes)
+                .expect("nothing compacts the store under these answers");
             pieces.push(buf.to_vec());
             if !more {
                 return pieces;
@@ -577,6 +725,143 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A store of `n` keys with values of 0..n*3 bytes, every other one with a lease.
+    fn store_of(n: usize) -> (kv::Writer, kv::Reader) {
+        let (mut w, r) = kv::Store::with_segment_bytes(64 * 1024);
+        w.apply(
+            1,
+            &kv::Op::LeaseGrant(kv::LeaseGrantRequest { id: 77, ttl_s: 60 }),
+        )
+        .expect("grant");
+        for i in 0..n {
+            let put = kv::PutRequest {
+                key: format!("key-{i:05}").into(),
+                value: vec![i as u8; i * 3].into(),
+                lease: (i % 2) as i64 * 77,
+                ..Default::default()
+            };
+            w.apply(i as u64 + 2, &kv::Op::Put(put)).expect("put");
+        }
+        (w, r)
+    }
+
+    /// `RangePieces` of a range split after `kvs_max` key-values, as the service builds them.
+    fn split_pieces(r: &kv::Reader, req: &kv::RangeRequest, kvs_max: usize) -> RangePieces {
+        let mut rest_bytes = 0;
+        let mut on_rest = |shape: kv::KeyValueShape<'_>| rest_bytes += range_kv_encoded_len(&shape);
+        let split = kv::RangeSplit {
+            kvs_max,
+            on_rest: &mut on_rest,
+        };
+        let (answer, rest) = r.range_split(req, split).expect("range");
+        let header = Header {
+            cluster_id: 1,
+            member_id: 2,
+            raft_term: 3,
+        };
+        let revision = answer.revision;
+        let answer = range_response(answer, header.at(revision));
+        match rest {
+            Some(rest) => RangePieces::with_rest(answer, r.clone(), rest, rest_bytes),
+            None => RangePieces::new(answer),
+        }
+    }
+
+    #[test]
+    fn a_range_read_as_it_is_sent_is_byte_for_byte_the_whole_answer() {
+        use keel_grpc::PieceEncode;
+        let (_w, r) = store_of(500);
+        let header = Header {
+            cluster_id: 1,
+            member_id: 2,
+            raft_term: 3,
+        };
+        let all = kv::RangeRequest {
+            key: "key-".into(),
+            range_end: "key.".into(),
+            ..Default::default()
+        };
+        let requests = [
+            all.clone(),
+            kv::RangeRequest {
+                limit: 321,
+                ..all.clone()
+            },
+            kv::RangeRequest {
+                keys_only: true,
+                ..all.clone()
+            },
+            kv::RangeRequest {
+                key: "key-00100".into(),
+                range_end: "\0".into(),
+                revision: 300,
+                ..all.clone()
+            },
+        ];
+        for req in requests {
+            let whole = r.range(&req).expect("range");
+            let whole = prost::Message::encode_to_vec(&range_response(
+                whole.clone(),
+                header.at(whole.revision),
+            ));
+            for kvs_max in [1, 7, 100, 10_000] {
+                for target_bytes in [1, 100, 4096, 1 << 20, usize::MAX] {
+                    let mut pieces = split_pieces(&r, &req, kvs_max);
+                    assert_eq!(pieces.encoded_len(), whole.len(), "{req:?} first {kvs_max}");
+                    let pieces = all_pieces(&mut pieces, target_bytes);
+                    assert_eq!(
+                        pieces.concat(),
+                        whole,
+                        "{req:?} first {kvs_max}, target {target_bytes}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_compaction_past_a_range_being_sent_fails_it_as_compacted() {
+        use keel_grpc::PieceEncode;
+        let (mut w, r) = store_of(50);
+        let req = kv::RangeRequest {
+            key: "key-".into(),
+            range_end: "key.".into(),
+            ..Default::default()
+        };
+        let mut pieces = split_pieces(&r, &req, 10);
+        let mut buf = bytes::BytesMut::new();
+        assert_eq!(pieces.encode_piece(&mut buf, 200), Ok(true));
+        let revision = r.current_revision();
+        w.apply(
+            100,
+            &kv::Op::Put(kv::PutRequest {
+                key: "key-00049".into(),
+                value: "newer".into(),
+                ..Default::default()
+            }),
+        )
+        .expect("put");
+        w.apply(
+            101,
+            &kv::Op::Compact(kv::CompactionRequest {
+                revision: revision + 1,
+                physical: true,
+            }),
+        )
+        .expect("compact");
+        let error = loop {
+            match pieces.encode_piece(&mut buf, 200) {
+                Ok(true) => continue,
+                Ok(false) => panic!("the range ended although its revision was compacted"),
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(
+            error,
+            keel_grpc::Status::from(keel_grpc::EtcdError::Compacted)
+        );
     }
 
     /// Txn answers, small (sent whole) and large (laid out in parts), nested txns, empty

@@ -135,7 +135,7 @@ impl Api {
                 // A range may answer hundreds of MB: it goes out piece by piece.
                 unary_pieces(call, sink, |r, h| async move {
                     let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.range(r, &who).await.map(convert::RangePieces::new)
+                    this.range_pieces(r, &who).await
                 })
                 .await
             }
@@ -327,14 +327,9 @@ impl Api {
         }
     }
 
+    /// A range for the JSON gateway, which answers it whole.
     pub(crate) async fn range(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<pb::RangeResponse> {
-        let req = convert::range_request(r);
-        kv::validate_range(&req).map_err(|e| etcd(kv_error(e)))?;
-        if !req.serializable {
-            self.shared.read_barrier().await.map_err(etcd)?;
-        }
-        // etcd checks reads on the member that serves them, after the read barrier.
-        auth_api::check_read(&self.shared, who, &req.key, &req.range_end)?;
+        let req = self.range_checked(r, who).await?;
         let resp = self
             .shared
             .reader()
@@ -343,6 +338,46 @@ impl Api {
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);
         Ok(convert::range_response(resp, header))
+    }
+
+    /// A range for gRPC: a large one in key order holds only its first key-values, and reads
+    /// the rest as it is sent (`convert::RangePieces`), so its memory does not grow with it.
+    async fn range_pieces(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<convert::RangePieces> {
+        let req = self.range_checked(r, who).await?;
+        // Its own handle: a snapshot install replacing the store meanwhile leaves this range
+        // reading the store it began on.
+        let reader = kv::Reader::clone(&self.shared.reader());
+        let mut rest_encoded_bytes = 0;
+        let mut on_rest = |shape: kv::KeyValueShape<'_>| {
+            rest_encoded_bytes += convert::range_kv_encoded_len(&shape)
+        };
+        let split = kv::RangeSplit {
+            kvs_max: convert::RANGE_FIRST_KVS_MAX,
+            on_rest: &mut on_rest,
+        };
+        let (resp, rest) = reader
+            .range_split(&req, split)
+            .map_err(|e| etcd(kv_error(e)))?;
+        auth_api::check_still_current(&self.shared, who)?;
+        let header = self.shared.header(resp.revision);
+        let answer = convert::range_response(resp, header);
+        Ok(match rest {
+            None => convert::RangePieces::new(answer),
+            Some(rest) => convert::RangePieces::with_rest(answer, reader, rest, rest_encoded_bytes),
+        })
+    }
+
+    /// A range request converted and checked as etcd checks it, after the read barrier of a
+    /// linearizable one.
+    async fn range_checked(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<kv::RangeRequest> {
+        let req = convert::range_request(r);
+        kv::validate_range(&req).map_err(|e| etcd(kv_error(e)))?;
+        if !req.serializable {
+            self.shared.read_barrier().await.map_err(etcd)?;
+        }
+        // etcd checks reads on the member that serves them, after the read barrier.
+        auth_api::check_read(&self.shared, who, &req.key, &req.range_end)?;
+        Ok(req)
     }
 
     pub(crate) async fn put(&self, r: pb::PutRequest, who: &AuthInfo) -> R<pb::PutResponse> {

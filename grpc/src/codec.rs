@@ -65,8 +65,11 @@ pub trait PieceEncode {
     fn encoded_len(&self) -> usize;
     /// Appends the next part of the encoding to `buf`, stopping once `buf` holds at least
     /// `target_bytes` (a part is never split, so it may hold more) or the message is done.
-    /// Returns true while more remains.
-    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> bool;
+    /// Returns true while more remains. An error ends the call with its status: a message
+    /// read while it is sent (a range's rest) can find it no longer has what it promised.
+    /// Once part of the message was sent the stream is reset instead, as a torn message
+    /// cannot be followed by trailers.
+    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> Result<bool, Status>;
 }
 
 /// Any prost message, encoded as one piece.
@@ -78,9 +81,9 @@ impl<M: prost::Message> PieceEncode for Whole<M> {
         self.0.encoded_len()
     }
 
-    fn encode_piece(&mut self, buf: &mut BytesMut, _target_bytes: usize) -> bool {
+    fn encode_piece(&mut self, buf: &mut BytesMut, _target_bytes: usize) -> Result<bool, Status> {
         self.0.encode_raw(buf);
-        false
+        Ok(false)
     }
 }
 

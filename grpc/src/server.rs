@@ -487,7 +487,7 @@ impl ResponseSink {
             // The in-process gateway takes whole messages.
             let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
             put_prefix(&mut frame, length_bytes, self.max_send_message_bytes)?;
-            while message.encode_piece(&mut frame, usize::MAX) {}
+            while message.encode_piece(&mut frame, usize::MAX)? {}
             assert_eq!(
                 frame.len(),
                 PREFIX_BYTES + length_bytes,
@@ -504,7 +504,16 @@ impl ResponseSink {
         self.frame_torn = true;
         let mut sent_bytes = 0;
         loop {
-            let more = message.encode_piece(&mut piece, PIECE_BYTES_TARGET);
+            let more = match message.encode_piece(&mut piece, PIECE_BYTES_TARGET) {
+                Ok(more) => more,
+                Err(status) => {
+                    // Nothing of the message left yet: the status can still go in trailers.
+                    if sent_bytes == 0 {
+                        self.frame_torn = false;
+                    }
+                    return Err(status);
+                }
+            };
             let full = std::mem::replace(
                 &mut piece,
                 BytesMut::with_capacity(if more { PIECE_BYTES_TARGET } else { 0 }),

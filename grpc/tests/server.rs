@@ -184,7 +184,7 @@ impl PieceEncode for CountedPieces {
         self.answer.encoded_len()
     }
 
-    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> bool {
+    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> Result<bool, Status> {
         let before = buf.len();
         while self.next < self.answer.kvs.len() && buf.len() - before < target_bytes {
             prost::encoding::message::encode(2, &self.answer.kvs[self.next], buf);
@@ -194,7 +194,7 @@ impl PieceEncode for CountedPieces {
             prost::encoding::int64::encode(4, &self.answer.count, buf);
         }
         PIECES_ENCODED_BYTES.fetch_add(buf.len() - before, Ordering::SeqCst);
-        self.next < self.answer.kvs.len()
+        Ok(self.next < self.answer.kvs.len())
     }
 }
 

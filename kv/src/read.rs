@@ -3,7 +3,7 @@
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
-use crate::index::{for_each_in_range, live_at};
+use crate::index::{for_each_in_range, live_at, range_end, RangeEnd};
 use crate::store::Shared;
 use crate::types::{KeyValue, RangeRequest, RangeResponse, SortOrder, SortTarget};
 
@@ -15,6 +15,79 @@ pub(crate) fn range_at(
     cur_rev: i64,
     compact_rev: i64,
 ) -> Result<RangeResponse> {
+    range_split_at(shared, req, cur_rev, compact_rev, None).map(|(response, rest)| {
+        assert!(rest.is_none(), "only a split range leaves a rest");
+        response
+    })
+}
+
+/// One key-value of a range's rest, without its value: what its encoding's length depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyValueShape<'a> {
+    pub key: &'a [u8],
+    pub create_revision: i64,
+    pub mod_revision: i64,
+    pub version: i64,
+    /// 0 for a keys-only range, whose answers carry no value.
+    pub value_len: usize,
+    pub lease: i64,
+}
+
+/// How a range that may be large is split: the first `kvs_max` key-values are read into the
+/// answer, and each one after them that the answer owes is only shown to `on_rest`, to be read
+/// later a batch at a time (`Reader::range_rest`). So a range of any size holds at most
+/// `kvs_max` key-values at once, and its length is known before the rest is read.
+pub struct RangeSplit<'f> {
+    pub kvs_max: usize,
+    pub on_rest: &'f mut dyn FnMut(KeyValueShape<'_>),
+}
+
+/// Where a split range goes on: the key-values it still owes, after the last one handed out,
+/// at the revision the range read. Reading it needs no lock and holds no epoch between batches.
+#[derive(Debug)]
+pub struct RangeRest {
+    /// The last key handed out; the rest starts after it.
+    after: Box<[u8]>,
+    /// The range's end in etcd's form (never a single key's empty end).
+    range_end: Box<[u8]>,
+    rev: i64,
+    kvs_left: usize,
+    keys_only: bool,
+}
+
+impl RangeRest {
+    /// Key-values still owed.
+    pub fn kvs_left(&self) -> usize {
+        self.kvs_left
+    }
+
+    /// The revision the range reads at.
+    pub fn revision(&self) -> i64 {
+        self.rev
+    }
+}
+
+/// A range answered in key order with nothing to filter: its key-values are the first keys
+/// of the walk, so the walk can stop and resume at a key.
+fn in_walk_order(req: &RangeRequest) -> bool {
+    let filtered = req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0;
+    let key_order = req.sort_target == SortTarget::Key
+        && matches!(req.sort_order, SortOrder::None | SortOrder::Ascend);
+    key_order && !filtered && !req.count_only && !req.range_end.is_empty()
+}
+
+/// `range_at`, split as `split` says when the range is answered in walk order (otherwise the
+/// whole answer is read, as etcd sorts and filters it in memory too).
+pub(crate) fn range_split_at(
+    shared: &Shared,
+    req: &RangeRequest,
+    cur_rev: i64,
+    compact_rev: i64,
+    split: Option<RangeSplit<'_>>,
+) -> Result<(RangeResponse, Option<RangeRest>)> {
     assert!(cur_rev >= 1, "the store starts at revision 1");
     if req.revision > cur_rev {
         return Err(KvError::FutureRevision);
@@ -40,6 +113,9 @@ pub(crate) fn range_at(
             .expect("limit is positive here")
             .saturating_add(1)
     };
+    if let Some(split) = split.filter(|_| in_walk_order(req)) {
+        return Ok(range_split(shared, req, rev, cur_rev, split));
+    }
     let guard = epoch::pin();
     let mut count: i64 = 0;
     let mut kvs: Vec<KeyValue> = Vec::new();
@@ -101,10 +177,122 @@ pub(crate) fn range_at(
         kvs.len() as i64 <= count,
         "never more kvs than keys in range"
     );
-    Ok(RangeResponse {
+    Ok((
+        RangeResponse {
+            revision: cur_rev,
+            kvs,
+            more,
+            count,
+        },
+        None,
+    ))
+}
+
+/// The walk of a range in walk order: every key is counted, the first `split.kvs_max` that the
+/// answer owes are read, the others it owes are shown to `split.on_rest`.
+fn range_split(
+    shared: &Shared,
+    req: &RangeRequest,
+    rev: i64,
+    cur_rev: i64,
+    split: RangeSplit<'_>,
+) -> (RangeResponse, Option<RangeRest>) {
+    assert!(split.kvs_max > 0, "the rest resumes after a key handed out");
+    // Without filters the answer owes the first `limit` keys, and there is more when the range
+    // holds more: the same answer etcd's fetch of limit + 1 gives.
+    let owed_max = match usize::try_from(req.limit) {
+        Ok(limit) if limit > 0 => limit,
+        _ => usize::MAX,
+    };
+    let guard = epoch::pin();
+    let mut count: usize = 0;
+    let mut kvs: Vec<KeyValue> = Vec::new();
+    let mut rest_kvs: usize = 0;
+    for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
+        if let Some(v) = live_at(history.load(&guard), rev) {
+            if count < split.kvs_max.min(owed_max) {
+                // The table is loaded after the list (see `segments.rs`).
+                let mut kv = v.to_key_value(key, shared.segments.load(&guard));
+                if req.keys_only {
+                    kv.value = bytes::Bytes::new();
+                }
+                kvs.push(kv);
+            } else if count < owed_max {
+                rest_kvs += 1;
+                (split.on_rest)(KeyValueShape {
+                    key,
+                    create_revision: v.create_revision,
+                    mod_revision: v.main(),
+                    version: v.version,
+                    value_len: if req.keys_only { 0 } else { v.value_len() },
+                    lease: v.lease,
+                });
+            }
+            count += 1;
+        }
+        true
+    });
+    assert_eq!(
+        kvs.len() + rest_kvs,
+        count.min(owed_max),
+        "each owed key once"
+    );
+    let rest = kvs.last().filter(|_| rest_kvs > 0).map(|last| RangeRest {
+        after: last.key.to_vec().into_boxed_slice(),
+        range_end: req.range_end.to_vec().into_boxed_slice(),
+        rev,
+        kvs_left: rest_kvs,
+        keys_only: req.keys_only,
+    });
+    let response = RangeResponse {
         revision: cur_rev,
         kvs,
-        more,
-        count,
-    })
+        more: count > owed_max,
+        count: i64::try_from(count).expect("a count of index entries fits i64"),
+    };
+    (response, rest)
+}
+
+/// The next key-values of `rest`, in key order: at least one while any is owed, and more
+/// until they hold `bytes_max` of keys and values. The caller checks afterwards that no
+/// compaction passed the range's revision meanwhile (it may have trimmed what this read).
+pub(crate) fn range_rest_batch(
+    shared: &Shared,
+    rest: &mut RangeRest,
+    bytes_max: usize,
+) -> Vec<KeyValue> {
+    use std::ops::Bound;
+    let guard = epoch::pin();
+    let mut kvs: Vec<KeyValue> = Vec::new();
+    let mut bytes: usize = 0;
+    let mut visit = |key: &[u8], history: &crate::index::KeyHistory| {
+        if let Some(v) = live_at(history.load(&guard), rest.rev) {
+            let mut kv = v.to_key_value(key, shared.segments.load(&guard));
+            if rest.keys_only {
+                kv.value = bytes::Bytes::new();
+            }
+            bytes += kv.key.len() + kv.value.len();
+            kvs.push(kv);
+        }
+        kvs.len() < rest.kvs_left && bytes < bytes_max
+    };
+    if rest.kvs_left > 0 {
+        let start = Bound::Excluded(&rest.after[..]);
+        let entries = match range_end(&rest.range_end) {
+            RangeEnd::Single => unreachable!("a single key's range is never split"),
+            RangeEnd::Unbounded => shared.index.range::<[u8], _>((start, Bound::Unbounded)),
+            RangeEnd::Before(end) => shared.index.range::<[u8], _>((start, Bound::Excluded(end))),
+        };
+        for entry in entries {
+            if !visit(entry.key(), entry.value()) {
+                break;
+            }
+        }
+    }
+    assert!(kvs.len() <= rest.kvs_left, "never more than the range owes");
+    rest.kvs_left -= kvs.len();
+    if let Some(last) = kvs.last() {
+        rest.after = last.key.to_vec().into_boxed_slice();
+    }
+    kvs
 }

@@ -10,7 +10,7 @@ use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
 use crate::index::{for_each_in_range, live_at, Index, KeyHistory, Version, VersionKind};
-use crate::read::range_at;
+use crate::read::{range_at, range_rest_batch, range_split_at, RangeRest, RangeSplit};
 use crate::segments::{SegmentsWriter, SharedSegments};
 use crate::types::{
     Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
@@ -1236,6 +1236,30 @@ impl Reader {
         let resp = range_at(&self.shared, req, cur_rev, compact_rev)?;
         self.recheck_compacted(req.revision, cur_rev)?;
         Ok(resp)
+    }
+
+    /// `range`, split as `split` says when the range is answered in key order with nothing to
+    /// filter (see `RangeSplit`): the rest, if any, is read later with `range_rest`.
+    pub fn range_split(
+        &self,
+        req: &RangeRequest,
+        split: RangeSplit<'_>,
+    ) -> Result<(RangeResponse, Option<RangeRest>)> {
+        let cur_rev = self.current_revision();
+        let compact_rev = self.compact_revision();
+        let answer = range_split_at(&self.shared, req, cur_rev, compact_rev, Some(split))?;
+        self.recheck_compacted(req.revision, cur_rev)?;
+        Ok(answer)
+    }
+
+    /// The next key-values a split range owes, at least one while any is owed, holding about
+    /// `bytes_max` of keys and values. A compaction past the range's revision since it began
+    /// makes this fail as compacted: it may have trimmed versions the range reads, and the
+    /// caller has promised the answer's length.
+    pub fn range_rest(&self, rest: &mut RangeRest, bytes_max: usize) -> Result<Vec<KeyValue>> {
+        let kvs = range_rest_batch(&self.shared, rest, bytes_max);
+        self.recheck_compacted(rest.revision(), rest.revision())?;
+        Ok(kvs)
     }
 
     /// A compaction may have started while we read: if it now covers the revision we read at, the

@@ -6,7 +6,7 @@ use etcd_client::{
     SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
-use crate::common::{client, grpc_error, Server};
+use crate::common::{b64, client, grpc_error, json_keys, Server};
 
 fn revision_of(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.expect("KV answers carry a header").revision()
@@ -595,4 +595,128 @@ async fn a_range_of_many_megabytes_reaches_both_clients_whole() {
         assert!(kv.value() == value_of(i).as_slice(), "txn value {i}");
     }
     assert_eq!(ranges[1].kvs().len(), KEYS);
+}
+
+/// A range of more keys than a range holds at once (`convert::RANGE_FIRST_KVS_MAX`, 10,000):
+/// the rest is read from the store a batch at a time while the answer is sent. Both clients
+/// get every key in order with its value, at the latest revision and at an older one after
+/// the keys of the rest were overwritten and deleted, and limit, keys-only and count answer as
+/// etcd does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_of_more_keys_than_it_holds_at_once_reaches_both_clients_whole() {
+    const KEYS: usize = 25_000;
+    const PER_TXN: usize = 100;
+    let server = Server::under_test(&["--value-log-segment-bytes", "1048576"]);
+    let mut c = client(&server).await;
+    let key_of = |i: usize| format!("many/{i:05}");
+    let value_of = |i: usize, round: &str| format!("{round}-{i:05}-{}", "v".repeat(i % 40));
+    for first in (0..KEYS).step_by(PER_TXN) {
+        let puts = (first..first + PER_TXN)
+            .map(|i| TxnOp::put(key_of(i), value_of(i, "one"), None))
+            .collect::<Vec<_>>();
+        c.txn(Txn::new().and_then(puts)).await.expect("txn of puts");
+    }
+    let loaded = c.get(
+        "many/",
+        Some(GetOptions::new().with_prefix().with_count_only()),
+    );
+    let loaded = loaded.await.expect("count");
+    assert_eq!(loaded.count(), KEYS as i64);
+    let loaded_rev = revision_of(loaded.header());
+    // Overwrite and delete keys that only the rest reads, after the loaded revision.
+    c.txn(
+        Txn::new().and_then(
+            (20_000..20_050)
+                .map(|i| TxnOp::put(key_of(i), value_of(i, "two"), None))
+                .collect::<Vec<_>>(),
+        ),
+    )
+    .await
+    .expect("overwrite");
+    c.delete(
+        key_of(24_000),
+        Some(DeleteOptions::new().with_range(key_of(24_100))),
+    )
+    .await
+    .expect("delete");
+
+    let check = |kvs: &[etcd_client::KeyValue], expect: &dyn Fn(usize) -> Option<String>| {
+        let want: Vec<(String, String)> = (0..KEYS)
+            .filter_map(|i| expect(i).map(|v| (key_of(i), v)))
+            .collect();
+        assert_eq!(kvs.len(), want.len());
+        for (kv, (key, value)) in kvs.iter().zip(&want) {
+            assert_eq!(kv.key_str().expect("utf-8"), key);
+            assert_eq!(kv.value_str().expect("utf-8"), value);
+        }
+    };
+    let now = |i: usize| match i {
+        20_000..20_050 => Some(value_of(i, "two")),
+        24_000..24_100 => None,
+        _ => Some(value_of(i, "one")),
+    };
+    let r = c
+        .get("many/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("range of all");
+    assert_eq!((r.count(), r.more()), (KEYS as i64 - 100, false));
+    check(r.kvs(), &now);
+    let r = c
+        .get(
+            "many/",
+            Some(GetOptions::new().with_prefix().with_revision(loaded_rev)),
+        )
+        .await
+        .expect("range at the loaded revision");
+    assert_eq!(r.count(), KEYS as i64);
+    check(r.kvs(), &|i| Some(value_of(i, "one")));
+    let r = c
+        .get(
+            "many/",
+            Some(GetOptions::new().with_prefix().with_limit(20_010)),
+        )
+        .await
+        .expect("range with a limit");
+    assert_eq!(
+        (r.kvs().len(), r.more(), r.count()),
+        (20_010, true, KEYS as i64 - 100)
+    );
+    assert_eq!(
+        r.kvs()[20_009].value_str().expect("utf-8"),
+        value_of(20_009, "two")
+    );
+    let r = c
+        .get(
+            "many/",
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .expect("keys only");
+    assert_eq!(r.kvs().len(), KEYS - 100);
+    assert!(r.kvs().iter().all(|kv| kv.value().is_empty()));
+    assert_eq!(
+        r.kvs()[KEYS - 101].key_str().expect("utf-8"),
+        key_of(KEYS - 1)
+    );
+
+    let out = server
+        .etcdctl(&["get", "--prefix", "many/", "-w", "json"])
+        .ok();
+    let json = out.json();
+    assert_eq!(json["count"], KEYS - 100);
+    let keys = json_keys(&json);
+    assert_eq!(keys.len(), KEYS - 100);
+    assert_eq!(keys.last(), Some(&key_of(KEYS - 1)));
+    let last = json["kvs"]
+        .as_array()
+        .and_then(|kvs| kvs.last())
+        .expect("a last key");
+    assert_eq!(last["value"], b64(&value_of(KEYS - 1, "one")));
+    let out = server
+        .etcdctl(&["get", "--prefix", "many/", "--keys-only"])
+        .ok();
+    let keys: Vec<&str> = out.stdout.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(keys.len(), KEYS - 100);
+    assert_eq!(keys[19_999], key_of(19_999));
+    assert_eq!(keys[24_000], key_of(24_100), "the deleted keys are skipped");
 }

@@ -8,3 +8,4 @@ mod model;
 mod on_disk;
 mod scenario;
 mod space;
+mod split;
