@@ -626,8 +626,21 @@ impl ResponseSink {
                 let _ = respond.send_response(response, true);
             }
             Wire::Streaming(mut stream) if self.frame_torn => {
-                tracing::debug!(%status, "a response message was torn; resetting the stream");
-                stream.send_reset(h2::Reason::CANCEL);
+                // No trailers can follow a torn message. A deadline or the client's own reset
+                // is a cancel; anything else is the server failing part way (a range whose
+                // rest a compaction cut), which INTERNAL_ERROR makes clients report as
+                // Internal rather than as a cancel they did not ask for.
+                let reason = match status.code {
+                    Code::Canceled | Code::DeadlineExceeded => {
+                        tracing::debug!(%status, "a response message was torn; resetting the stream");
+                        h2::Reason::CANCEL
+                    }
+                    _ => {
+                        tracing::warn!(%status, "a response failed part way; resetting the stream");
+                        h2::Reason::INTERNAL_ERROR
+                    }
+                };
+                stream.send_reset(reason);
             }
             Wire::Streaming(mut stream) => {
                 let _ = stream.send_trailers(status_headers(status));

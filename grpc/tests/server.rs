@@ -198,6 +198,34 @@ impl PieceEncode for CountedPieces {
     }
 }
 
+/// `pieces_answer` encoded a piece at a time until piece `fail_at` (from 0), which fails as
+/// compacted, as a range whose rest a compaction cut does.
+struct FailingPieces {
+    answer: RangeResponse,
+    next: usize,
+    pieces: usize,
+    fail_at: usize,
+}
+
+impl PieceEncode for FailingPieces {
+    fn encoded_len(&self) -> usize {
+        self.answer.encoded_len()
+    }
+
+    fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> Result<bool, Status> {
+        if self.pieces == self.fail_at {
+            return Err(EtcdError::Compacted.into());
+        }
+        self.pieces += 1;
+        let before = buf.len();
+        while self.next < self.answer.kvs.len() && buf.len() - before < target_bytes {
+            prost::encoding::message::encode(2, &self.answer.kvs[self.next], buf);
+            self.next += 1;
+        }
+        Ok(true)
+    }
+}
+
 fn pieces_answer() -> RangeResponse {
     RangeResponse {
         kvs: (0..PIECES_KV_COUNT)
@@ -223,6 +251,21 @@ impl Handler for TestHandler {
                     Ok(CountedPieces {
                         answer: pieces_answer(),
                         next: 0,
+                    })
+                })
+                .await
+            }
+            "/test.Big/FailingPieces" => {
+                unary_pieces(call, sink, |request: RangeRequest, _| async move {
+                    Ok(FailingPieces {
+                        answer: pieces_answer(),
+                        next: 0,
+                        pieces: 0,
+                        fail_at: if request.key.as_ref() == b"first" {
+                            0
+                        } else {
+                            3
+                        },
                     })
                 })
                 .await
@@ -1265,6 +1308,55 @@ fn deadline_mid_message_resets_instead_of_trailers() {
         };
         assert_eq!(error.reason(), Some(h2::Reason::CANCEL), "{error}");
         assert!(received_bytes < BIG_VALUE_BYTES * BIG_VALUE_COUNT);
+    });
+}
+
+#[test]
+fn a_message_that_fails_before_any_byte_gets_its_status_and_part_way_a_reset() {
+    run_client(|| async {
+        let mut client = connect().await;
+        // Nothing of the message went out: the status goes in trailers, as etcd's would.
+        let (response, mut stream) = client
+            .send_request(grpc_request("/test.Big/FailingPieces", &[]), false)
+            .expect("send");
+        stream
+            .send_data(range_request(b"first"), true)
+            .expect("send data");
+        let response = response.await.expect("headers");
+        let headers = response.headers().clone();
+        let mut body = response.into_body();
+        let messages = read_messages(&mut body).await;
+        assert!(messages.is_empty());
+        let trailers = body.trailers().await.expect("trailers");
+        let status = trailers.as_ref().unwrap_or(&headers);
+        assert_eq!(status.get("grpc-status").expect("status"), "11");
+        assert_eq!(
+            status.get("grpc-message").expect("message"),
+            "etcdserver: mvcc: required revision has been compacted"
+        );
+        // Part of the message went out: no trailers can follow a torn message, and the reset
+        // says the server failed (INTERNAL_ERROR, which clients report as Internal), not that
+        // the client canceled.
+        let (response, mut stream) = client
+            .send_request(grpc_request("/test.Big/FailingPieces", &[]), false)
+            .expect("send");
+        stream
+            .send_data(range_request(b"later"), true)
+            .expect("send data");
+        let mut body = response.await.expect("headers").into_body();
+        let mut received_bytes = 0;
+        let error = loop {
+            match body.data().await {
+                Some(Ok(chunk)) => {
+                    received_bytes += chunk.len();
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                Some(Err(error)) => break error,
+                None => panic!("stream ended cleanly after a torn message"),
+            }
+        };
+        assert_eq!(error.reason(), Some(h2::Reason::INTERNAL_ERROR), "{error}");
+        assert!(received_bytes > 0 && received_bytes < pieces_answer().encoded_len());
     });
 }
 

@@ -3,7 +3,7 @@
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
-use crate::index::{for_each_in_range, live_at, range_end, RangeEnd};
+use crate::index::{for_each_in_range, live_at};
 use crate::store::Shared;
 use crate::types::{KeyValue, RangeRequest, RangeResponse, SortOrder, SortTarget};
 
@@ -42,14 +42,22 @@ pub struct RangeSplit<'f> {
     pub on_rest: &'f mut dyn FnMut(KeyValueShape<'_>),
 }
 
-/// Where a split range goes on: the key-values it still owes, after the last one handed out,
-/// at the revision the range read. Reading it needs no lock and holds no epoch between batches.
+/// Where a split range goes on: the key-values it still owes, after the last one handed out
+/// and up to the last one owed, at the revision the range read. Reading it needs no lock and
+/// holds no epoch between batches.
+///
+/// What the rest reads at its revision cannot change, but for compaction past that revision:
+/// compaction only ever cuts the oldest versions off a key's list (and may drop the key), so
+/// a key the rest reads is either still answered exactly as the walk saw it, or not at all.
+/// Bounded by the last owed key, the rest then either hands out exactly the key-values it
+/// owes or comes up short, which `range_rest` reports as compacted. A compaction that cut
+/// nothing this range reads does not disturb it.
 #[derive(Debug)]
 pub struct RangeRest {
     /// The last key handed out; the rest starts after it.
     after: Box<[u8]>,
-    /// The range's end in etcd's form (never a single key's empty end).
-    range_end: Box<[u8]>,
+    /// The last key the answer owes; the rest ends with it.
+    last: Box<[u8]>,
     rev: i64,
     kvs_left: usize,
     keys_only: bool,
@@ -208,6 +216,8 @@ fn range_split(
     let mut count: usize = 0;
     let mut kvs: Vec<KeyValue> = Vec::new();
     let mut rest_kvs: usize = 0;
+    // One buffer reused for each owed key: the walk's keys live only as long as its entry.
+    let mut last_owed: Vec<u8> = Vec::new();
     for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
         if let Some(v) = live_at(history.load(&guard), rev) {
             if count < split.kvs_max.min(owed_max) {
@@ -219,6 +229,8 @@ fn range_split(
                 kvs.push(kv);
             } else if count < owed_max {
                 rest_kvs += 1;
+                last_owed.clear();
+                last_owed.extend_from_slice(key);
                 (split.on_rest)(KeyValueShape {
                     key,
                     create_revision: v.create_revision,
@@ -237,13 +249,16 @@ fn range_split(
         count.min(owed_max),
         "each owed key once"
     );
-    let rest = kvs.last().filter(|_| rest_kvs > 0).map(|last| RangeRest {
-        after: last.key.to_vec().into_boxed_slice(),
-        range_end: req.range_end.to_vec().into_boxed_slice(),
-        rev,
-        kvs_left: rest_kvs,
-        keys_only: req.keys_only,
-    });
+    let rest = kvs
+        .last()
+        .filter(|_| rest_kvs > 0)
+        .map(|handed_out| RangeRest {
+            after: handed_out.key.to_vec().into_boxed_slice(),
+            last: last_owed.into_boxed_slice(),
+            rev,
+            kvs_left: rest_kvs,
+            keys_only: req.keys_only,
+        });
     let response = RangeResponse {
         revision: cur_rev,
         kvs,
@@ -254,45 +269,53 @@ fn range_split(
 }
 
 /// The next key-values of `rest`, in key order: at least one while any is owed, and more
-/// until they hold `bytes_max` of keys and values. The caller checks afterwards that no
-/// compaction passed the range's revision meanwhile (it may have trimmed what this read).
+/// until they hold `bytes_max` of keys and values. Fewer than owed once the walk reached the
+/// last owed key means a compaction cut what the rest reads (see `RangeRest`); the caller
+/// tells that from a broken invariant by the compact revision.
 pub(crate) fn range_rest_batch(
     shared: &Shared,
     rest: &mut RangeRest,
     bytes_max: usize,
-) -> Vec<KeyValue> {
+) -> (Vec<KeyValue>, RestWalk) {
     use std::ops::Bound;
     let guard = epoch::pin();
     let mut kvs: Vec<KeyValue> = Vec::new();
     let mut bytes: usize = 0;
-    let mut visit = |key: &[u8], history: &crate::index::KeyHistory| {
-        if let Some(v) = live_at(history.load(&guard), rest.rev) {
-            let mut kv = v.to_key_value(key, shared.segments.load(&guard));
-            if rest.keys_only {
-                kv.value = bytes::Bytes::new();
-            }
-            bytes += kv.key.len() + kv.value.len();
-            kvs.push(kv);
-        }
-        kvs.len() < rest.kvs_left && bytes < bytes_max
-    };
+    let mut walk = RestWalk::Stopped;
     if rest.kvs_left > 0 {
-        let start = Bound::Excluded(&rest.after[..]);
-        let entries = match range_end(&rest.range_end) {
-            RangeEnd::Single => unreachable!("a single key's range is never split"),
-            RangeEnd::Unbounded => shared.index.range::<[u8], _>((start, Bound::Unbounded)),
-            RangeEnd::Before(end) => shared.index.range::<[u8], _>((start, Bound::Excluded(end))),
-        };
-        for entry in entries {
-            if !visit(entry.key(), entry.value()) {
+        walk = RestWalk::ReachedLast;
+        let bounds = (
+            Bound::Excluded(&rest.after[..]),
+            Bound::Included(&rest.last[..]),
+        );
+        for entry in shared.index.range::<[u8], _>(bounds) {
+            if let Some(v) = live_at(entry.value().load(&guard), rest.rev) {
+                let mut kv = v.to_key_value(entry.key(), shared.segments.load(&guard));
+                if rest.keys_only {
+                    kv.value = bytes::Bytes::new();
+                }
+                bytes += kv.key.len() + kv.value.len();
+                kvs.push(kv);
+            }
+            if kvs.len() == rest.kvs_left || bytes >= bytes_max {
+                walk = RestWalk::Stopped;
                 break;
             }
         }
     }
     assert!(kvs.len() <= rest.kvs_left, "never more than the range owes");
     rest.kvs_left -= kvs.len();
-    if let Some(last) = kvs.last() {
-        rest.after = last.key.to_vec().into_boxed_slice();
+    if let Some(handed_out) = kvs.last() {
+        rest.after = handed_out.key.to_vec().into_boxed_slice();
     }
-    kvs
+    (kvs, walk)
+}
+
+/// How a batch of a range's rest ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RestWalk {
+    /// It held what was owed or its bytes, or nothing was owed.
+    Stopped,
+    /// It passed the last owed key: whatever is still owed is no longer there.
+    ReachedLast,
 }

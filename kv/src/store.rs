@@ -10,7 +10,7 @@ use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
 use crate::index::{for_each_in_range, live_at, Index, KeyHistory, Version, VersionKind};
-use crate::read::{range_at, range_rest_batch, range_split_at, RangeRest, RangeSplit};
+use crate::read::{range_at, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk};
 use crate::segments::{SegmentsWriter, SharedSegments};
 use crate::types::{
     Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
@@ -1253,12 +1253,21 @@ impl Reader {
     }
 
     /// The next key-values a split range owes, at least one while any is owed, holding about
-    /// `bytes_max` of keys and values. A compaction past the range's revision since it began
-    /// makes this fail as compacted: it may have trimmed versions the range reads, and the
-    /// caller has promised the answer's length.
+    /// `bytes_max` of keys and values. It fails as compacted once a compaction past the
+    /// range's revision has cut a key-value the rest owes (see `RangeRest`): the caller has
+    /// promised the answer's length and cannot hand out fewer.
     pub fn range_rest(&self, rest: &mut RangeRest, bytes_max: usize) -> Result<Vec<KeyValue>> {
-        let kvs = range_rest_batch(&self.shared, rest, bytes_max);
-        self.recheck_compacted(rest.revision(), rest.revision())?;
+        let owed = rest.kvs_left();
+        let (kvs, walk) = range_rest_batch(&self.shared, rest, bytes_max);
+        if walk == RestWalk::ReachedLast && kvs.len() < owed {
+            // Only a compaction past the revision removes what a read at it saw.
+            assert!(
+                rest.revision() < self.compact_revision(),
+                "a range's rest lost key-values at revision {} with no compaction past it",
+                rest.revision()
+            );
+            return Err(KvError::Compacted);
+        }
         Ok(kvs)
     }
 

@@ -183,23 +183,39 @@ fn sorted_filtered_and_single_key_ranges_are_not_split() {
     }
 }
 
-#[test]
-fn a_compaction_past_the_revision_fails_the_rest_as_compacted() {
-    let (mut w, r) = Store::with_segment_bytes(4096);
+fn put_at(w: &mut Writer, index: u64, i: usize, value: &'static [u8]) {
+    w.apply(
+        index,
+        &Op::Put(PutRequest {
+            key: key(i),
+            value: Bytes::from_static(value),
+            ..Default::default()
+        }),
+    )
+    .expect("put");
+}
+
+fn compact_to(w: &mut Writer, index: u64, revision: i64) {
+    w.apply(
+        index,
+        &Op::Compact(CompactionRequest {
+            revision,
+            physical: true,
+        }),
+    )
+    .expect("compact");
+    while w.compact_step(64) == CompactionStatus::Pending {}
+}
+
+/// A range of keys 0..20 split after 5, with 1 key-value of its rest read.
+fn split_range_of_twenty(w: &mut Writer, r: &Reader) -> RangeRest {
     for i in 0..20 {
-        w.apply(
-            i as u64 + 1,
-            &Op::Put(PutRequest {
-                key: key(i),
-                value: Bytes::from_static(b"v"),
-                ..Default::default()
-            }),
-        )
-        .expect("put");
+        put_at(w, i as u64 + 1, i, b"v");
     }
     let req = RangeRequest {
         key: key(0),
         range_end: Bytes::from_static(b"\0"),
+        limit: 19,
         ..Default::default()
     };
     let (answer, rest) = r
@@ -211,43 +227,136 @@ fn a_compaction_past_the_revision_fails_the_rest_as_compacted() {
             },
         )
         .expect("range");
-    assert_eq!((answer.kvs.len(), answer.count), (5, 20));
-    let mut rest = rest.expect("15 owed");
+    assert_eq!((answer.kvs.len(), answer.count, answer.more), (5, 20, true));
+    let mut rest = rest.expect("14 owed");
+    assert_eq!(rest.kvs_left(), 14);
+    assert_eq!(
+        r.range_rest(&mut rest, 1).expect("one batch")[0].key,
+        key(5)
+    );
+    rest
+}
+
+#[test]
+fn a_compaction_that_cuts_nothing_the_rest_reads_leaves_it_whole() {
+    let (mut w, r) = Store::with_segment_bytes(4096);
+    let mut rest = split_range_of_twenty(&mut w, &r);
     let revision = rest.revision();
-    assert_eq!(r.range_rest(&mut rest, 1).expect("one batch").len(), 1);
-    // Writes and a compaction up to the range's own revision change nothing it reads.
-    for (index, i) in (21..).zip(0..5) {
-        w.apply(
-            index,
-            &Op::Put(PutRequest {
-                key: key(i),
-                value: Bytes::from_static(b"newer"),
-                ..Default::default()
-            }),
-        )
-        .expect("put");
+    // Newer versions of keys already handed out, and of the key past the limit, then a
+    // compaction past the range's revision: it cuts only lists the rest does not read.
+    put_at(&mut w, 30, 0, b"newer");
+    put_at(&mut w, 31, 4, b"newer");
+    put_at(&mut w, 32, 19, b"newer");
+    compact_to(&mut w, 33, revision + 3);
+    assert!(r.compact_revision() > revision);
+    let mut keys = Vec::new();
+    while rest.kvs_left() > 0 {
+        keys.extend(r.range_rest(&mut rest, 1).expect("nothing owed was cut"));
     }
-    w.apply(
-        30,
-        &Op::Compact(CompactionRequest {
-            revision,
-            physical: true,
-        }),
-    )
-    .expect("compact");
-    while w.compact_step(64) == CompactionStatus::Pending {}
-    let kvs = r
-        .range_rest(&mut rest, 1)
-        .expect("compaction at the revision itself");
-    assert_eq!((kvs.len(), &kvs[0].key), (1, &key(6)));
-    // One past it may have trimmed what the rest reads.
-    w.apply(
-        31,
-        &Op::Compact(CompactionRequest {
-            revision: revision + 1,
-            physical: true,
-        }),
-    )
-    .expect("compact");
-    assert_eq!(r.range_rest(&mut rest, 1).err(), Some(KvError::Compacted));
+    let keys: Vec<Bytes> = keys.into_iter().map(|kv| kv.key).collect();
+    assert_eq!(keys, (6..19).map(key).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_compaction_that_cuts_what_the_rest_owes_fails_it_as_compacted() {
+    for cut in [7, 12, 18] {
+        let (mut w, r) = Store::with_segment_bytes(4096);
+        let mut rest = split_range_of_twenty(&mut w, &r);
+        let revision = rest.revision();
+        // A compaction at the range's own revision keeps what it reads.
+        compact_to(&mut w, 30, revision);
+        assert_eq!(
+            r.range_rest(&mut rest, 1).expect("at the revision")[0].key,
+            key(6)
+        );
+        // A key the rest owes is written again, and a compaction past the range's revision
+        // cuts the version the range reads: the rest can no longer be what was promised.
+        put_at(&mut w, 31, cut, b"newer");
+        compact_to(&mut w, 32, revision + 1);
+        let mut handed_out = 0;
+        let error = loop {
+            match r.range_rest(&mut rest, 1) {
+                Ok(kvs) => handed_out += kvs.len(),
+                Err(error) => break error,
+            }
+            assert!(rest.kvs_left() > 0, "cut at {cut}: the rest ended whole");
+        };
+        assert_eq!(error, KvError::Compacted, "cut at {cut}");
+        assert!(
+            handed_out <= 12,
+            "cut at {cut}: only keys before the cut were handed out"
+        );
+    }
+}
+
+#[test]
+fn writes_and_compactions_beside_a_rest_leave_it_exact_or_fail_it_as_compacted() {
+    let (mut exact, mut exact_past_compaction, mut compacted) = (0, 0, 0);
+    for seed in 0..60 {
+        let (mut w, r) = random_store(seed);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xc0ffee);
+        let req = RangeRequest {
+            key: key(rng.gen_range(0..20)),
+            range_end: Bytes::from_static(b"\0"),
+            limit: if rng.gen_bool(0.5) {
+                rng.gen_range(10..50)
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        let whole = r.range(&req).expect("whole range");
+        let (mut answer, rest) = r
+            .range_split(
+                &req,
+                RangeSplit {
+                    kvs_max: rng.gen_range(1..5),
+                    on_rest: &mut |_| {},
+                },
+            )
+            .expect("split");
+        let Some(mut rest) = rest else { continue };
+        let mut index = 1_000;
+        let outcome = loop {
+            // Between batches: a few writes, and now and then a compaction up to a revision
+            // at most a few past the range's (so it may or may not cut what the rest owes).
+            for _ in 0..rng.gen_range(0..4) {
+                index += 1;
+                let k = rng.gen_range(0..60);
+                put_at(&mut w, index, k, b"later");
+            }
+            let top = (rest.revision() + 3).min(w.current_revision());
+            let bottom = r.compact_revision().max(0) + 1;
+            if rng.gen_bool(0.3) && bottom <= top {
+                index += 1;
+                compact_to(&mut w, index, rng.gen_range(bottom..=top));
+            }
+            match r.range_rest(&mut rest, rng.gen_range(1..400)) {
+                Ok(kvs) => answer.kvs.extend(kvs),
+                Err(error) => break Err(error),
+            }
+            if rest.kvs_left() == 0 {
+                break Ok(answer);
+            }
+        };
+        match outcome {
+            Ok(answer) => {
+                exact += 1;
+                if r.compact_revision() > rest.revision() {
+                    exact_past_compaction += 1;
+                }
+                assert_eq!(answer, whole, "seed {seed}");
+            }
+            Err(error) => {
+                compacted += 1;
+                assert_eq!(error, KvError::Compacted, "seed {seed}");
+                assert!(r.compact_revision() > rest.revision(), "seed {seed}");
+            }
+        }
+    }
+    // Every outcome was reached, a whole answer beside a compaction past its revision too.
+    assert!(
+        exact_past_compaction > 0 && compacted > 0,
+        "exact {exact} ({exact_past_compaction} past a compaction), compacted {compacted}"
+    );
 }
