@@ -1278,6 +1278,22 @@ fn unary_throughput() {
     assert!(completed > 0);
 }
 
+/// Reads a body that must end in a reset after a torn message: the bytes before it and the
+/// reset's error.
+async fn read_until_reset(body: &mut h2::RecvStream) -> (usize, h2::Error) {
+    let mut received_bytes = 0;
+    loop {
+        match body.data().await {
+            Some(Ok(chunk)) => {
+                received_bytes += chunk.len();
+                let _ = body.flow_control().release_capacity(chunk.len());
+            }
+            Some(Err(error)) => return (received_bytes, error),
+            None => panic!("stream ended cleanly after a torn message"),
+        }
+    }
+}
+
 #[test]
 fn deadline_mid_message_resets_instead_of_trailers() {
     run_client(|| async {
@@ -1295,17 +1311,7 @@ fn deadline_mid_message_resets_instead_of_trailers() {
         // Not reading: the 64 KiB stream window stops the 8 MiB message part way.
         glommio::timer::sleep(Duration::from_millis(300)).await;
         let mut body = response.into_body();
-        let mut received_bytes = 0;
-        let error = loop {
-            match body.data().await {
-                Some(Ok(chunk)) => {
-                    received_bytes += chunk.len();
-                    let _ = body.flow_control().release_capacity(chunk.len());
-                }
-                Some(Err(error)) => break error,
-                None => panic!("stream ended cleanly after a torn message"),
-            }
-        };
+        let (received_bytes, error) = read_until_reset(&mut body).await;
         assert_eq!(error.reason(), Some(h2::Reason::CANCEL), "{error}");
         assert!(received_bytes < BIG_VALUE_BYTES * BIG_VALUE_COUNT);
     });
@@ -1344,17 +1350,7 @@ fn a_message_that_fails_before_any_byte_gets_its_status_and_part_way_a_reset() {
             .send_data(range_request(b"later"), true)
             .expect("send data");
         let mut body = response.await.expect("headers").into_body();
-        let mut received_bytes = 0;
-        let error = loop {
-            match body.data().await {
-                Some(Ok(chunk)) => {
-                    received_bytes += chunk.len();
-                    let _ = body.flow_control().release_capacity(chunk.len());
-                }
-                Some(Err(error)) => break error,
-                None => panic!("stream ended cleanly after a torn message"),
-            }
-        };
+        let (received_bytes, error) = read_until_reset(&mut body).await;
         assert_eq!(error.reason(), Some(h2::Reason::INTERNAL_ERROR), "{error}");
         assert!(received_bytes > 0 && received_bytes < pieces_answer().encoded_len());
     });
