@@ -747,6 +747,19 @@ mod tests {
         (w, r)
     }
 
+    const SPLIT_TEST_HEADER: Header = Header {
+        cluster_id: 1,
+        member_id: 2,
+        raft_term: 3,
+    };
+
+    /// The whole answer to `req`, encoded by prost.
+    fn whole_range_encoding(r: &kv::Reader, req: &kv::RangeRequest) -> Vec<u8> {
+        let answer = r.range(req).expect("range");
+        let revision = answer.revision;
+        prost::Message::encode_to_vec(&range_response(answer, SPLIT_TEST_HEADER.at(revision)))
+    }
+
     /// `RangePieces` of a range split after `kvs_max` key-values, as the service builds them.
     fn split_pieces(r: &kv::Reader, req: &kv::RangeRequest, kvs_max: usize) -> RangePieces {
         let mut rest_bytes = 0;
@@ -756,13 +769,8 @@ mod tests {
             on_rest: &mut on_rest,
         };
         let (answer, rest) = r.range_split(req, split).expect("range");
-        let header = Header {
-            cluster_id: 1,
-            member_id: 2,
-            raft_term: 3,
-        };
         let revision = answer.revision;
-        let answer = range_response(answer, header.at(revision));
+        let answer = range_response(answer, SPLIT_TEST_HEADER.at(revision));
         match rest {
             Some(rest) => RangePieces::with_rest(answer, r.clone(), rest, rest_bytes),
             None => RangePieces::new(answer),
@@ -773,11 +781,6 @@ mod tests {
     fn a_range_read_as_it_is_sent_is_byte_for_byte_the_whole_answer() {
         use keel_grpc::PieceEncode;
         let (_w, r) = store_of(500);
-        let header = Header {
-            cluster_id: 1,
-            member_id: 2,
-            raft_term: 3,
-        };
         let all = kv::RangeRequest {
             key: "key-".into(),
             range_end: "key.".into(),
@@ -801,11 +804,7 @@ mod tests {
             },
         ];
         for req in requests {
-            let whole = r.range(&req).expect("range");
-            let whole = prost::Message::encode_to_vec(&range_response(
-                whole.clone(),
-                header.at(whole.revision),
-            ));
+            let whole = whole_range_encoding(&r, &req);
             for kvs_max in [1, 7, 100, 10_000] {
                 for target_bytes in [1, 100, 4096, 1 << 20, usize::MAX] {
                     let mut pieces = split_pieces(&r, &req, kvs_max);
@@ -834,19 +833,7 @@ mod tests {
                 range_end: "key.".into(),
                 ..Default::default()
             };
-            let whole = prost::Message::encode_to_vec(&{
-                let answer = r.range(&req).expect("range");
-                let revision = answer.revision;
-                range_response(
-                    answer,
-                    Header {
-                        cluster_id: 1,
-                        member_id: 2,
-                        raft_term: 3,
-                    }
-                    .at(revision),
-                )
-            });
+            let whole = whole_range_encoding(&r, &req);
             let mut pieces = split_pieces(&r, &req, 10);
             let mut buf = bytes::BytesMut::new();
             assert_eq!(pieces.encode_piece(&mut buf, 200), Ok(true));

@@ -344,9 +344,7 @@ impl Api {
     /// the rest as it is sent (`convert::RangePieces`), so its memory does not grow with it.
     async fn range_pieces(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<convert::RangePieces> {
         let req = self.range_checked(r, who).await?;
-        // Its own handle: a snapshot install replacing the store meanwhile leaves this range
-        // reading the store it began on.
-        let reader = kv::Reader::clone(&self.shared.reader());
+        let reader = self.shared.reader();
         let mut rest_encoded_bytes = 0;
         let mut on_rest = |shape: kv::KeyValueShape<'_>| {
             rest_encoded_bytes += convert::range_kv_encoded_len(&shape)
@@ -363,7 +361,12 @@ impl Api {
         let answer = convert::range_response(resp, header);
         Ok(match rest {
             None => convert::RangePieces::new(answer),
-            Some(rest) => convert::RangePieces::with_rest(answer, reader, rest, rest_encoded_bytes),
+            // Its own handle, taken only for a rest: a snapshot install replacing the store
+            // meanwhile leaves this range reading the store it began on.
+            Some(rest) => {
+                let reader = kv::Reader::clone(&reader);
+                convert::RangePieces::with_rest(answer, reader, rest, rest_encoded_bytes)
+            }
         })
     }
 
