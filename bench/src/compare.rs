@@ -413,6 +413,8 @@ async fn run_workloads(
         prefix: false,
         total: args.range_total,
         rate: 0.0,
+        random_put_keys: 0,
+        put_key_size: 8,
     };
     let range_target = target(args.range_clients, args.range_conns);
     let range_serializable = with_server_cpu(
@@ -499,16 +501,22 @@ async fn with_server_cpu(
     per: (&str, &str),
     workload: impl Future<Output = Result<Summary, Error>>,
 ) -> Result<Summary, Error> {
+    // The counter is read outside the CPU clock reads: a scrape costs the server a little CPU.
+    let allocations_before = server.heap_allocations().await;
     let before = server.cpu_times()?;
     let mut summary = workload.await?;
     let after = server.cpu_times()?;
+    let allocations_after = server.heap_allocations().await;
     let class = if per.0.is_empty() {
         summary.classes.first()
     } else {
         summary.class(per.0)
     };
     let requests = class.map_or(0, |c| c.total.saturating_sub(c.errors));
-    summary.server_cpu = Some(ServerCpu::between(before, after, requests, per.1));
+    summary.server_cpu = Some(
+        ServerCpu::between(before, after, requests, per.1)
+            .with_allocations(allocations_before, allocations_after),
+    );
     Ok(summary)
 }
 
@@ -692,6 +700,23 @@ impl Server {
         Ok(split_cpu_total(total_s, utime, stime))
     }
 
+    /// The server's heap allocations so far, from its /metrics page (see
+    /// `parse_heap_allocations`); None when the page has no such counter.
+    /// A page that cannot be read gives None with a warning: the count is an extra figure,
+    /// and a stand-in server may serve no /metrics.
+    pub async fn heap_allocations(&self) -> Option<u64> {
+        match http_get(&self.endpoint, "/metrics").await {
+            Ok(page) => parse_heap_allocations(&page),
+            Err(error) => {
+                eprintln!(
+                    "{}: cannot read /metrics ({error}); no allocation count",
+                    self.label
+                );
+                None
+            }
+        }
+    }
+
     /// SIGTERM, then SIGKILL after `STOP_TIMEOUT_MS`; reaps the process.
     pub fn stop(mut self) -> Result<(), Error> {
         self.stop_inner()
@@ -724,6 +749,54 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.stop_inner();
     }
+}
+
+/// One plain HTTP/1.1 GET, the whole answer's body (both servers close after `Connection:
+/// close`). Bounded in time: a server that stops answering fails the run rather than hang it.
+async fn http_get(endpoint: &str, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(endpoint).await?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 10 s"))??;
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "no end of HTTP headers")
+    })?;
+    if !head.starts_with("HTTP/1.1 200") {
+        let status = head.lines().next().unwrap_or("").to_string();
+        return Err(std::io::Error::other(format!("answered {status:?}")));
+    }
+    // Neither server chunks /metrics (both send a Content-Length), so the body is as read.
+    Ok(body.to_string())
+}
+
+/// The heap allocations a metrics page counts: the sum of Keel's
+/// `keel_heap_allocations_total{thread=...}` series, or Go's `go_memstats_mallocs_total`
+/// (etcd). Both count allocations made, not live objects.
+pub fn parse_heap_allocations(page: &str) -> Option<u64> {
+    let mut keel: Option<u64> = None;
+    for line in page.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        // Prometheus's text format may write a counter as a float (Go does: 1.2e+07).
+        let value = || value.parse::<f64>().ok().map(|v| v as u64);
+        if series.starts_with("keel_heap_allocations_total{") {
+            keel = Some(keel.unwrap_or(0) + value()?);
+        } else if series == "go_memstats_mallocs_total" {
+            return value();
+        }
+    }
+    keel
 }
 
 /// `VmRSS:   123456 kB` → bytes.
@@ -937,6 +1010,10 @@ fn server_us(summary: &Summary) -> Option<f64> {
     summary.server_cpu.as_ref()?.us_per_request
 }
 
+fn allocations(summary: &Summary) -> Option<f64> {
+    summary.server_cpu.as_ref()?.allocations_per_request
+}
+
 /// The ratio table of DESIGN.md's "Targets", plus each workload's server CPU per request
 /// beside its throughput and latency.
 pub fn table(result: &CompareResult) -> Vec<Row> {
@@ -979,6 +1056,9 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
             server_us(&r.put_throughput)
         }),
         row("put latency p50, 1 client", "us", "", &put_p50),
+        row("  server heap allocations per put", "allocs", "", &|r| {
+            allocations(&r.put_throughput)
+        }),
         row("  server CPU per put (1 client)", "us", "", &|r| {
             server_us(&r.put_latency)
         }),
@@ -995,18 +1075,36 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         row("  server CPU per txn-put", "us", "", &|r| {
             server_us(&r.txn_put)
         }),
+        row(
+            "  server heap allocations per txn-put",
+            "allocs",
+            "",
+            &|r| allocations(&r.txn_put),
+        ),
         row("serializable range throughput", "req/s", ">= 5x", &|r| {
             throughput(&r.range_serializable)
         }),
         row("  server CPU per serializable range", "us", "", &|r| {
             server_us(&r.range_serializable)
         }),
+        row(
+            "  server heap allocations per serializable range",
+            "allocs",
+            "",
+            &|r| allocations(&r.range_serializable),
+        ),
         row("linearizable range throughput", "req/s", "", &|r| {
             throughput(&r.range_linearizable)
         }),
         row("  server CPU per linearizable range", "us", "", &|r| {
             server_us(&r.range_linearizable)
         }),
+        row(
+            "  server heap allocations per linearizable range",
+            "allocs",
+            "",
+            &|r| allocations(&r.range_linearizable),
+        ),
         row("linearizable / serializable", "x", "keel >= 0.8", &|r| {
             Some(throughput(&r.range_linearizable)? / throughput(&r.range_serializable)?)
         }),
@@ -1023,6 +1121,12 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
             server_us(&r.lease_keepalive)
         }),
         row(
+            "  server heap allocations per keep-alive",
+            "allocs",
+            "",
+            &|r| allocations(&r.lease_keepalive),
+        ),
+        row(
             "memory per stored key (RSS delta)",
             "bytes",
             "<= 0.5x",
@@ -1034,6 +1138,12 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         row("  server CPU per delivered watch event", "us", "", &|r| {
             server_us(&r.watch)
         }),
+        row(
+            "  server heap allocations per delivered watch event",
+            "allocs",
+            "",
+            &|r| allocations(&r.watch),
+        ),
     ];
     rows.push(Row {
         name: "disk floor p50 (4 KiB O_DIRECT write + fdatasync)".into(),
@@ -1411,10 +1521,30 @@ mod tests {
     #[tokio::test]
     async fn with_server_cpu_divides_by_the_chosen_class() {
         let child = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        // A metrics page whose allocation counter rises by 600 between the two reads of each
+        // measurement.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let endpoint = listener.local_addr().expect("bound").to_string();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            for count in [1000, 1600, 5000, 5600] {
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut head = [0u8; 1024];
+                let _ = stream.read(&mut head).await.expect("request");
+                let body = format!("go_memstats_mallocs_total {count}\n");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(answer.as_bytes()).await.expect("answer");
+            }
+        });
         let server = Server {
             label: "sleep".into(),
             child: Some(child),
-            endpoint: String::new(),
+            endpoint,
             log_path: PathBuf::new(),
         };
         let class = |name: &str, total: u64, errors: u64| report::ClassSummary {
@@ -1432,6 +1562,10 @@ mod tests {
             .expect("measured");
         let cpu = measured.server_cpu.expect("filled in");
         assert_eq!((cpu.requests, cpu.per.as_str()), (500, "delivered event"));
+        assert_eq!(
+            (cpu.allocations, cpu.allocations_per_request),
+            (Some(600), Some(1.2))
+        );
         let put = Summary {
             classes: vec![class("put", 100, 10)],
             ..Default::default()
@@ -1572,6 +1706,8 @@ mod tests {
                 requests: 1_000_000,
                 per: "request".into(),
                 us_per_request: Some(us),
+                allocations: Some((us * 3e6) as u64),
+                allocations_per_request: Some(us * 3.0),
             };
             for summary in [
                 &mut run.put_throughput,
@@ -1595,10 +1731,9 @@ mod tests {
             with_cpu("keel", 2, 10.0),
         ]);
         let rows = table(&result);
-        let cpu_rows: Vec<&Row> = rows
-            .iter()
-            .filter(|r| r.name.contains("server CPU per"))
-            .collect();
+        let rows_named =
+            |what: &str| -> Vec<&Row> { rows.iter().filter(|r| r.name.contains(what)).collect() };
+        let cpu_rows = rows_named("server CPU per");
         assert_eq!(cpu_rows.len(), 7, "one per workload");
         for row in &cpu_rows {
             assert_eq!(row.unit, "us");
@@ -1611,6 +1746,19 @@ mod tests {
             assert_eq!(row.ratio, Some(0.2));
             assert_eq!(row.etcd_spread, Some((40.0, 60.0)));
             assert_eq!(row.keel_spread, Some((8.0, 12.0)));
+        }
+        let allocation_rows = rows_named("server heap allocations per");
+        assert_eq!(
+            allocation_rows.len(),
+            6,
+            "one per workload but the 1-client put"
+        );
+        for row in &allocation_rows {
+            assert_eq!(row.unit, "allocs");
+            assert_eq!(
+                (row.etcd, row.keel, row.ratio),
+                (Some(150.0), Some(30.0), Some(0.2))
+            );
         }
         // Each workload's CPU row follows its throughput or latency row.
         let position = |name: &str| rows.iter().position(|r| r.name.contains(name));
@@ -1636,6 +1784,44 @@ mod tests {
         map.remove("lease_keepalive");
         let old: SystemRun = serde_json::from_value(old).expect("old results parse");
         assert_eq!(server_us(&old.txn_put), None);
+    }
+
+    #[test]
+    fn heap_allocations_are_read_from_either_servers_metrics() {
+        let keel = "# HELP keel_heap_allocations_total x\n\
+            # TYPE keel_heap_allocations_total counter\n\
+            keel_heap_allocations_total{thread=\"shard\"} 100\n\
+            keel_heap_allocations_total{thread=\"raft_core\"} 20\n\
+            keel_heap_allocations_total{thread=\"other\"} 3\n\
+            keel_heap_allocated_bytes_total{thread=\"shard\"} 999\n";
+        assert_eq!(parse_heap_allocations(keel), Some(123));
+        let go = "go_memstats_frees_total 5\ngo_memstats_mallocs_total 1.2345678e+07\n";
+        assert_eq!(parse_heap_allocations(go), Some(12_345_678));
+        assert_eq!(
+            parse_heap_allocations("process_cpu_seconds_total 1\n"),
+            None
+        );
+
+        let cpu = |requests| {
+            ServerCpu::between(
+                CpuTimes::default(),
+                CpuTimes::default(),
+                requests,
+                "request",
+            )
+        };
+        let with = cpu(40).with_allocations(Some(1000), Some(1500));
+        assert_eq!(
+            (with.allocations, with.allocations_per_request),
+            (Some(500), Some(12.5))
+        );
+        let nothing_served = cpu(0).with_allocations(Some(1000), Some(1500));
+        assert_eq!(nothing_served.allocations_per_request, None);
+        let unread = cpu(40).with_allocations(None, Some(1500));
+        assert_eq!(
+            (unread.allocations, unread.allocations_per_request),
+            (None, None)
+        );
     }
 
     #[test]

@@ -88,6 +88,14 @@ pub struct ServerCpu {
     pub per: String,
     /// (user + sys) / requests in microseconds; None when nothing succeeded (no honest figure).
     pub us_per_request: Option<f64>,
+    /// Heap allocations the server made over the run, from its /metrics: Keel's
+    /// `keel_heap_allocations_total` (all threads), Go's `go_memstats_mallocs_total` for etcd.
+    /// None where the server exports neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<u64>,
+    /// `allocations` / requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations_per_request: Option<f64>,
 }
 
 impl ServerCpu {
@@ -103,7 +111,20 @@ impl ServerCpu {
             requests,
             per: per.to_string(),
             us_per_request,
+            allocations: None,
+            allocations_per_request: None,
         }
+    }
+
+    /// Adds the heap allocations between two reads of the server's allocation counter.
+    pub fn with_allocations(mut self, start: Option<u64>, end: Option<u64>) -> ServerCpu {
+        if let (Some(start), Some(end)) = (start, end) {
+            let allocations = end.saturating_sub(start);
+            self.allocations = Some(allocations);
+            self.allocations_per_request =
+                (self.requests > 0).then(|| allocations as f64 / self.requests as f64);
+        }
+        self
     }
 }
 
@@ -228,6 +249,13 @@ impl Summary {
                 "  server CPU: user {:.2} s + sys {:.2} s over {} {}s = {per} per {}",
                 server.user_s, server.sys_s, server.requests, server.per, server.per
             );
+            if let Some(per_request) = server.allocations_per_request {
+                let _ = writeln!(
+                    out,
+                    "  server heap allocations: {per_request:.1} per {}",
+                    server.per
+                );
+            }
         }
         out
     }

@@ -94,6 +94,14 @@ pub struct RangeArgs {
     /// Maximum range requests per second, open loop (0 is no limit)
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
+    /// Instead of KEY [END], each request reads one key of the first N keys `put` writes
+    /// (`put --key-space-size N --key-size --put-key-size`), spread over them by request
+    /// number: cold reads of a large store (0: read KEY [END])
+    #[arg(long, default_value_t = 0)]
+    pub random_put_keys: usize,
+    /// The key size `put` wrote the keys with, for --random-put-keys
+    #[arg(long, default_value_t = 8)]
+    pub put_key_size: usize,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -360,10 +368,22 @@ pub async fn put(target: &Target, args: &PutArgs) -> Result<Summary, Error> {
 struct RangeOp {
     caller: Caller,
     request: RangeRequest,
+    /// With --random-put-keys: the keys one of which each request reads.
+    keys: Option<Arc<Vec<Bytes>>>,
+}
+
+/// The key request `index` of --random-put-keys reads: a multiplicative hash spreads request
+/// numbers over the keys, so neighbouring requests read keys far apart.
+fn spread_key(index: u64, keys: usize) -> usize {
+    assert!(keys > 0);
+    (index.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys as u64) as usize
 }
 
 impl Op for RangeOp {
-    async fn call(&mut self, _index: u64) -> (usize, Result<(), Error>) {
+    async fn call(&mut self, index: u64) -> (usize, Result<(), Error>) {
+        if let Some(keys) = &self.keys {
+            self.request.key = keys[spread_key(index, keys.len())].clone();
+        }
         let result = self
             .caller
             .unary::<_, RangeResponse>(client::KV_RANGE, &self.request)
@@ -402,13 +422,21 @@ pub fn range_request(args: &RangeArgs) -> Result<RangeRequest, Error> {
 /// `range`: reads KEY [END] `total` times.
 pub async fn range(target: &Target, args: &RangeArgs) -> Result<Summary, Error> {
     let schedule = check_rate(args.rate)?;
-    let request = range_request(args)?;
+    let mut request = range_request(args)?;
+    let keys = match args.random_put_keys {
+        0 => None,
+        n => {
+            request.range_end = Bytes::new();
+            Some(key_space(args.put_key_size, n)?)
+        }
+    };
     let ops: Vec<RangeOp> = callers(target)
         .await?
         .into_iter()
         .map(|caller| RangeOp {
             caller,
             request: request.clone(),
+            keys: keys.clone(),
         })
         .collect();
     Ok(load::run_load("range", target.conns, &["range"], ops, args.total, schedule).await)
@@ -976,6 +1004,17 @@ mod tests {
     }
 
     #[test]
+    fn random_put_keys_spread_over_all_keys() {
+        let hits: std::collections::HashSet<usize> =
+            (0..10_000).map(|i| spread_key(i, 1000)).collect();
+        assert_eq!(hits.len(), 1000, "every key is read");
+        assert!(
+            spread_key(1, 1000).abs_diff(spread_key(2, 1000)) > 1,
+            "neighbours are far apart"
+        );
+    }
+
+    #[test]
     fn prefix_end_increments_the_last_byte() {
         assert_eq!(prefix_range_end(b"abc"), Bytes::from_static(b"abd"));
         assert_eq!(prefix_range_end(b"a\xff"), Bytes::from_static(b"b"));
@@ -994,6 +1033,8 @@ mod tests {
             prefix: true,
             total: 1,
             rate: 0.0,
+            random_put_keys: 0,
+            put_key_size: 8,
         };
         let request = range_request(&args).expect("valid");
         assert_eq!(request.range_end, Bytes::from_static(b"fop"));

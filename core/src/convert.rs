@@ -209,6 +209,15 @@ struct RangeRestPieces {
     rest: kv::RangeRest,
     promised_bytes: usize,
     encoded_bytes: usize,
+    /// With a pager, each batch is read unchecked ahead of the piece that encodes it
+    /// (`prepare`), its pages brought in by a pager thread where some are not in memory.
+    pager: Option<std::sync::Arc<crate::pager::Pager>>,
+    /// A batch read ahead, not yet checked.
+    ahead: Option<kv::Unchecked<Vec<kv::KeyValue>>>,
+    /// The read ahead failed (compacted): the next piece fails with it.
+    ahead_failed: Option<keel_grpc::Status>,
+    /// Checked key-values still to encode.
+    ready: std::vec::IntoIter<kv::KeyValue>,
 }
 
 impl std::fmt::Debug for RangeRestPieces {
@@ -274,45 +283,108 @@ impl RangePieces {
                 rest,
                 promised_bytes: rest_encoded_bytes,
                 encoded_bytes: 0,
+                pager: None,
+                ahead: None,
+                ahead_failed: None,
+                ready: Vec::new().into_iter(),
             }),
         }
     }
 
+    /// Reads the rest a batch ahead, with `pager` bringing in the pages a batch reads that
+    /// are not in memory (see `crate::pager`), so the shard sending this does not wait for
+    /// the disk.
+    pub fn paged_by(mut self, pager: std::sync::Arc<crate::pager::Pager>) -> RangePieces {
+        if let Some(rest) = &mut self.rest {
+            rest.pager = Some(pager);
+        }
+        self
+    }
+
     /// Encodes the rest's key-values a batch at a time until `buf` holds `target_bytes`.
-    /// Returns true while more remain.
+    /// Returns true while more remain. With a pager, batches come read ahead by `prepare`;
+    /// when none is ahead, the piece ends (if this call encoded anything) so that `prepare`
+    /// reads the next, else the batch is read here.
     fn encode_rest(
         rest: &mut RangeRestPieces,
         buf: &mut bytes::BytesMut,
         target_bytes: usize,
     ) -> Result<bool, keel_grpc::Status> {
-        while rest.rest.kvs_left() > 0 {
-            let want_bytes = target_bytes
-                .saturating_sub(buf.len())
-                .clamp(1, RANGE_REST_BATCH_BYTES_MAX);
-            let kvs = rest
-                .reader
-                .range_rest(&mut rest.rest, want_bytes)
-                .map_err(|e| keel_grpc::Status::from(crate::shared::kv_error(e)))?;
-            if kvs.is_empty() {
-                // Keys owed but none left in the range: it would otherwise ask forever.
-                return Err(rest_mismatch(rest));
-            }
-            for kv in kvs {
+        let len_at_start = buf.len();
+        loop {
+            for kv in rest.ready.by_ref() {
                 let kv = key_value(kv);
                 rest.encoded_bytes += prost::encoding::message::encoded_len(2, &kv);
                 if rest.encoded_bytes > rest.promised_bytes {
                     return Err(rest_mismatch(rest));
                 }
                 prost::encoding::message::encode(2, &kv, buf);
+                if buf.len() >= target_bytes {
+                    break;
+                }
             }
-            if buf.len() >= target_bytes && rest.rest.kvs_left() > 0 {
+            let done = rest.ready.len() == 0
+                && rest.ahead.is_none()
+                && rest.ahead_failed.is_none()
+                && rest.rest.kvs_left() == 0;
+            if done {
+                break;
+            }
+            // A call that encoded nothing yet goes on (a caller may pass a buffer already past
+            // the target): each call makes progress. With key-values still ready, the loop
+            // above stopped at the target having encoded one.
+            if buf.len() >= target_bytes && buf.len() > len_at_start {
                 return Ok(true);
             }
+            if let Some(status) = rest.ahead_failed.take() {
+                return Err(status);
+            }
+            let batch = match rest.ahead.take() {
+                Some(ahead) => ahead.check(),
+                None if rest.pager.is_some() && buf.len() > len_at_start => return Ok(true),
+                None => {
+                    let want_bytes = target_bytes
+                        .saturating_sub(buf.len())
+                        .clamp(1, RANGE_REST_BATCH_BYTES_MAX);
+                    rest.reader
+                        .range_rest(&mut rest.rest, want_bytes)
+                        .map_err(|e| keel_grpc::Status::from(crate::shared::kv_error(e)))?
+                }
+            };
+            if batch.is_empty() {
+                // Keys owed but none left in the range: it would otherwise ask forever.
+                return Err(rest_mismatch(rest));
+            }
+            rest.ready = batch.into_iter();
         }
         if rest.encoded_bytes != rest.promised_bytes {
             return Err(rest_mismatch(rest));
         }
         Ok(false)
+    }
+
+    /// Reads the rest's next batch unchecked while none is read ahead (the one being encoded
+    /// may still have key-values, so a piece goes on into the next batch and stays whole),
+    /// and asks the pager to bring its pages in where some are not in memory.
+    fn prepare_rest(rest: &mut RangeRestPieces) -> Option<keel_grpc::PieceWait> {
+        let pager = rest.pager.as_ref()?;
+        if rest.ahead.is_some() || rest.ahead_failed.is_some() || rest.rest.kvs_left() == 0 {
+            return None;
+        }
+        match rest
+            .reader
+            .range_rest_unchecked(&mut rest.rest, RANGE_REST_BATCH_BYTES_MAX)
+        {
+            Ok(ahead) => {
+                let wait = pager.bring_in(&ahead);
+                rest.ahead = Some(ahead);
+                wait.map(|wait| Box::pin(wait) as keel_grpc::PieceWait)
+            }
+            Err(e) => {
+                rest.ahead_failed = Some(keel_grpc::Status::from(crate::shared::kv_error(e)));
+                None
+            }
+        }
     }
 }
 
@@ -352,6 +424,7 @@ impl keel_grpc::PieceEncode for RangePieces {
                 0
             }
         };
+        let first_kvs_left = next < r.kvs.len();
         while next < r.kvs.len() {
             encoding::message::encode(2, &r.kvs[next], buf);
             next += 1;
@@ -361,6 +434,13 @@ impl keel_grpc::PieceEncode for RangePieces {
             }
         }
         self.next_kv = Some(next);
+        if let Some(rest) = &self.rest {
+            // The first key-values are all encoded: end the piece, so that `prepare` reads
+            // the rest's first batch now (not while they were sent, when it would only wait).
+            if first_kvs_left && rest.pager.is_some() && rest.ahead.is_none() {
+                return Ok(true);
+            }
+        }
         if let Some(rest) = &mut self.rest {
             if Self::encode_rest(rest, buf, target_bytes)? {
                 return Ok(true);
@@ -373,6 +453,15 @@ impl keel_grpc::PieceEncode for RangePieces {
             encoding::int64::encode(4, &r.count, buf);
         }
         Ok(false)
+    }
+
+    fn prepare(&mut self) -> Option<keel_grpc::PieceWait> {
+        // Not before the first key-values are encoded: a batch read ahead would wait in
+        // memory (its pages perhaps evicted again) while they are sent.
+        if self.next_kv != Some(self.response.kvs.len()) {
+            return None;
+        }
+        Self::prepare_rest(self.rest.as_mut()?)
     }
 }
 
@@ -659,6 +748,9 @@ mod tests {
     fn all_pieces(message: &mut impl keel_grpc::PieceEncode, target_bytes: usize) -> Vec<Vec<u8>> {
         let mut pieces = Vec::new();
         loop {
+            if let Some(wait) = message.prepare() {
+                futures_lite::future::block_on(wait);
+            }
             let mut buf = bytes::BytesMut::new();
             let more = message
                 .encode_piece(&mut buf, target_bytes)
@@ -803,20 +895,45 @@ mod tests {
                 ..all.clone()
             },
         ];
+        // Read as before, and read a batch ahead with a pager (these values are in memory,
+        // so it asks nothing of its threads; `pager.rs`'s own test does).
+        let pager = std::sync::Arc::new(crate::pager::Pager::default());
+        pager.start().expect("threads start");
         for req in requests {
             let whole = whole_range_encoding(&r, &req);
             for kvs_max in [1, 7, 100, 10_000] {
                 for target_bytes in [1, 100, 4096, 1 << 20, usize::MAX] {
-                    let mut pieces = split_pieces(&r, &req, kvs_max);
-                    assert_eq!(pieces.encoded_len(), whole.len(), "{req:?} first {kvs_max}");
-                    let pieces = all_pieces(&mut pieces, target_bytes);
-                    assert_eq!(
-                        pieces.concat(),
-                        whole,
-                        "{req:?} first {kvs_max}, target {target_bytes}"
-                    );
+                    for paged in [false, true] {
+                        let mut pieces = split_pieces(&r, &req, kvs_max);
+                        if paged {
+                            pieces = pieces.paged_by(pager.clone());
+                        }
+                        assert_eq!(pieces.encoded_len(), whole.len(), "{req:?} first {kvs_max}");
+                        let pieces = all_pieces(&mut pieces, target_bytes);
+                        assert_eq!(
+                            pieces.concat(),
+                            whole,
+                            "{req:?} first {kvs_max}, target {target_bytes}, paged {paged}"
+                        );
+                        if paged && target_bytes <= RANGE_REST_BATCH_BYTES_MAX {
+                            // Read ahead, a piece goes on into the next batch: only the one
+                            // that ends the first key-values, and the last, fall short.
+                            let (_, all_but_last) = pieces.split_last().expect("a piece");
+                            let short = all_but_last.iter().filter(|p| p.len() < target_bytes);
+                            assert!(short.count() <= 1, "{req:?} target {target_bytes}");
+                        }
+                    }
                 }
             }
+        }
+        // These values are all in memory: no read asked mincore or handed anything over.
+        let stats = &pager.stats;
+        for count in [
+            &stats.reads_in_memory,
+            &stats.reads_paged,
+            &stats.reads_unpaged,
+        ] {
+            assert_eq!(count.load(std::sync::atomic::Ordering::Relaxed), 0);
         }
     }
 
@@ -826,7 +943,11 @@ mod tests {
     #[test]
     fn a_compaction_past_a_range_being_sent_fails_it_only_if_it_cut_what_it_reads() {
         use keel_grpc::PieceEncode;
-        for (rewritten, cut) in [("key-00049", true), ("key-00002", false)] {
+        let pager = std::sync::Arc::new(crate::pager::Pager::default());
+        let cases = [("key-00049", true), ("key-00002", false)];
+        // With a pager, the rest is read a batch ahead in `prepare`: a read ahead that finds
+        // the compaction fails the next piece the same way.
+        for ((rewritten, cut), paged) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let (mut w, r) = store_of(50);
             let req = kv::RangeRequest {
                 key: "key-".into(),
@@ -835,6 +956,9 @@ mod tests {
             };
             let whole = whole_range_encoding(&r, &req);
             let mut pieces = split_pieces(&r, &req, 10);
+            if paged {
+                pieces = pieces.paged_by(pager.clone());
+            }
             let mut buf = bytes::BytesMut::new();
             assert_eq!(pieces.encode_piece(&mut buf, 200), Ok(true));
             let revision = r.current_revision();
@@ -851,6 +975,9 @@ mod tests {
             w.apply(101, &kv::Op::Compact(compact)).expect("compact");
             while w.compact_step(64) == kv::CompactionStatus::Pending {}
             let outcome = loop {
+                if let Some(wait) = pieces.prepare() {
+                    futures_lite::future::block_on(wait);
+                }
                 match pieces.encode_piece(&mut buf, 200) {
                     Ok(true) => continue,
                     Ok(false) => break Ok(buf.to_vec()),
@@ -860,10 +987,15 @@ mod tests {
             if cut {
                 assert_eq!(
                     outcome,
-                    Err(keel_grpc::Status::from(keel_grpc::EtcdError::Compacted))
+                    Err(keel_grpc::Status::from(keel_grpc::EtcdError::Compacted)),
+                    "paged {paged}"
                 );
             } else {
-                assert_eq!(outcome, Ok(whole), "{rewritten} was handed out before");
+                assert_eq!(
+                    outcome,
+                    Ok(whole),
+                    "{rewritten} was handed out before; paged {paged}"
+                );
             }
         }
     }

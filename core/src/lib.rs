@@ -1,6 +1,7 @@
 //! keel-core: the node. See ARCHITECTURE.md for the bird's-eye view.
 
 pub mod alarms;
+pub mod alloc_count;
 pub mod auth;
 pub mod checkpoint;
 pub mod checkpoint_writer;
@@ -24,6 +25,7 @@ pub mod lock;
 pub mod member;
 pub mod metrics;
 pub mod node;
+pub mod pager;
 pub mod peer;
 pub mod peer_snapshot;
 pub mod peer_tls;

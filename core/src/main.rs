@@ -1,10 +1,12 @@
 //! The `keel` binary: an etcd v3 compatible member. Accepts etcd's flags and ETCD_* variables.
 
+use keel_core::alloc_count::CountingAlloc;
 use keel_core::config::Config;
 
 // mimalloc: allocation-heavy request paths run per core without a global allocator lock.
+// Counted per thread role for keel_heap_allocations_total (a load and a store per allocation).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: CountingAlloc<mimalloc::MiMalloc> = CountingAlloc(mimalloc::MiMalloc);
 
 fn main() {
     // `keel snapshot status|restore`: etcdctl's snapshot tools, for moving from etcd.

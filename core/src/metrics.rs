@@ -473,20 +473,19 @@ impl Metrics {
     }
 
     fn render_keepalives(&self, out: &mut String) {
-        let _ = writeln!(
+        labelled_counter(
             out,
-            "# HELP keel_lease_keepalives_total Lease keep-alives answered, by where: on the shard that took them (the leader, renewing in its window) or by the raft core.\n# TYPE keel_lease_keepalives_total counter"
+            "keel_lease_keepalives_total",
+            "Lease keep-alives answered, by where: on the shard that took them (the leader, renewing in its window) or by the raft core.",
+            "answered_on",
+            &[
+                ("shard", self.keepalives_on_shard.load(Ordering::Relaxed)),
+                (
+                    "raft_core",
+                    self.keepalives_on_raft_core.load(Ordering::Relaxed),
+                ),
+            ],
         );
-        for (answered_on, counter) in [
-            ("shard", &self.keepalives_on_shard),
-            ("raft_core", &self.keepalives_on_raft_core),
-        ] {
-            let _ = writeln!(
-                out,
-                "keel_lease_keepalives_total{{answered_on=\"{answered_on}\"}} {}",
-                counter.load(Ordering::Relaxed)
-            );
-        }
     }
 
     fn render_server(&self, out: &mut String, shared: &Shared) {
@@ -850,6 +849,46 @@ fn render_keel(out: &mut String, shared: &Shared) {
         "Raft appends a follower left for the leader to send again while its values waited for the disk.",
         stats.appends_deferred.load(Ordering::Relaxed),
     );
+    render_heap_allocations(out);
+    let pager = &shared.pager.stats;
+    labelled_counter(
+        out,
+        "keel_pager_reads_total",
+        "Reads of values in mapped segment files by outcome: all pages in memory, pages brought in by a pager thread, or faults left to the shard (queue full).",
+        "outcome",
+        &[
+            ("in_memory", pager.reads_in_memory.load(Ordering::Relaxed)),
+            ("paged", pager.reads_paged.load(Ordering::Relaxed)),
+            ("unpaged", pager.reads_unpaged.load(Ordering::Relaxed)),
+        ],
+    );
+    counter(
+        out,
+        "keel_pager_pages_missing_total",
+        "Pages of values that reads found not in memory (mincore), before a pager thread brought them in.",
+        pager.pages_missing.load(Ordering::Relaxed),
+    );
+}
+
+/// Heap allocations by the threads of each role (alloc_count.rs), when the binary counts them.
+fn render_heap_allocations(out: &mut String) {
+    let Some(totals) = crate::alloc_count::totals() else {
+        return;
+    };
+    labelled_counter(
+        out,
+        "keel_heap_allocations_total",
+        "Heap allocations (alloc, alloc_zeroed, realloc) made by the threads of each role.",
+        "thread",
+        &totals.map(|(role, t)| (role.label(), t.allocations)),
+    );
+    labelled_counter(
+        out,
+        "keel_heap_allocated_bytes_total",
+        "Bytes asked for by those heap allocations.",
+        "thread",
+        &totals.map(|(role, t)| (role.label(), t.bytes)),
+    );
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
@@ -864,6 +903,14 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
         out,
         "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
     );
+}
+
+/// A counter with one series per value of `label`.
+fn labelled_counter(out: &mut String, name: &str, help: &str, label: &str, rows: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, count) in rows {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {count}");
+    }
 }
 
 /// A gauge whose one series carries its information in a label, set to 1 (etcd_server_id...).

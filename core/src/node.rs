@@ -112,6 +112,11 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         }
     }
     crate::watchdog::start(shared.clone()).map_err(|e| CoreError::Executor(e.to_string()))?;
+    // From this unpinned thread, so the pager threads may run on any CPU.
+    shared
+        .pager
+        .start()
+        .map_err(|e| CoreError::Executor(format!("cannot start the pager threads: {e}")))?;
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
     if let Some(path) = &config.config_file {

@@ -32,12 +32,16 @@ where
     Fut: Future<Output = T> + 'static,
     T: Send + 'static,
 {
+    let role = crate::alloc_count::ThreadRole::of_executor(name);
     let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpu))
         .name(name)
         .io_memory(EXECUTOR_IO_MEMORY_BYTES)
         // No spin_before_park: busy-spinning starves the kernel's io_uring fsync workers that
         // share the raft core's CPU (FIELD-NOTES: fdatasync got 4x slower).
-        .spawn(main)
+        .spawn(move || {
+            crate::alloc_count::label_this_thread(role);
+            main()
+        })
         .map_err(|e| {
             CoreError::Executor(format!("cannot start executor {name} on cpu {cpu}: {e}"))
         })?;

@@ -219,6 +219,8 @@ pub struct Shared {
     /// them while the member keeps the window open (see `renew_lease_here`).
     lease_deadlines: OnceLock<Arc<LeaseDeadlines>>,
     next_id: AtomicU64,
+    /// Takes cold reads' page faults off the shards (started by `node::run`).
+    pub pager: Arc<crate::pager::Pager>,
 }
 
 impl Shared {
@@ -273,6 +275,7 @@ impl Shared {
             peer_stats: Arc::default(),
             lease_deadlines: OnceLock::new(),
             next_id: AtomicU64::new(next_id),
+            pager: Arc::default(),
         }
     }
 
@@ -441,7 +444,11 @@ impl Shared {
             username: who.user.clone(),
             auth_revision: who.revision,
         });
-        let data = Bytes::from(request.encode_to_vec());
+        // An owner-backed Bytes, not `Bytes::from(Vec)`: the raft core clones an entry's data
+        // (the proposal kept for a refused batch, the log, followers' appends), and the first
+        // clone of a Vec-backed Bytes allocates its shared header there, on the core every
+        // write goes through; this allocation is made here, on the shard.
+        let data = Bytes::from_owner(request.encode_to_vec());
         // etcd measures the marshalled internal request against max-request-bytes.
         if data.len() > self.limits.request_bytes_max {
             return Err(EtcdError::RequestTooLarge);

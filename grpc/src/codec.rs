@@ -70,7 +70,19 @@ pub trait PieceEncode {
     /// Once part of the message was sent the stream is reset instead, as a torn message
     /// cannot be followed by trailers.
     fn encode_piece(&mut self, buf: &mut BytesMut, target_bytes: usize) -> Result<bool, Status>;
+
+    /// What to wait for before the next `encode_piece`, awaited by the sender without
+    /// blocking its thread: e.g. another thread bringing into memory the disk pages the next
+    /// piece reads. None (the default) when the next piece needs nothing. A message that
+    /// prepares may end a piece early, short of `target_bytes`, once what was prepared is
+    /// encoded, so that the next piece is prepared too.
+    fn prepare(&mut self) -> Option<PieceWait> {
+        None
+    }
 }
+
+/// A wait [`PieceEncode::prepare`] asks for.
+pub type PieceWait = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
 /// Any prost message, encoded as one piece.
 #[derive(Debug)]

@@ -50,7 +50,9 @@ pub mod http1;
 pub mod server;
 pub mod status;
 
-pub use codec::{frame_bytes, parse_grpc_timeout, PieceEncode, Whole, PIECE_BYTES_TARGET};
+pub use codec::{
+    frame_bytes, parse_grpc_timeout, PieceEncode, PieceWait, Whole, PIECE_BYTES_TARGET,
+};
 pub use error::GrpcError;
 pub use http1::{BodyStream, Http1Limits, HttpRequest, HttpResponse};
 pub use server::{

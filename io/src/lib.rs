@@ -16,7 +16,8 @@
 //!
 //! Module map: `frame` (on-disk format, pure), `wal` (batching, rotation, recovery), `store` (the
 //! seam), `dma` and `sim` (the two stores), `error` (`WalError`), `vlog` (keel-kv's value-log
-//! segment files: written once with O_DIRECT through io_uring, made durable, mapped read-only).
+//! segment files: written once with O_DIRECT through io_uring, made durable, mapped read-only),
+//! `pages` (which pages of mapped bytes are in memory, and bringing them in off the shards).
 //!
 //! Architecture invariant: an `append` returns `Ok` only after its records were written and
 //! fdatasync'ed; a failed fdatasync aborts the process, it is never retried nor reported as `Ok`.
@@ -38,6 +39,7 @@
 pub mod dma;
 pub mod error;
 pub mod frame;
+pub mod pages;
 pub mod sim;
 pub mod store;
 pub mod vlog;

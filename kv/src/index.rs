@@ -198,6 +198,40 @@ impl Version {
         self.key_value_with(Bytes::copy_from_slice(key), self.value(key, segments))
     }
 
+    /// `to_key_value` without reading a value whose record lies in a durable segment's mapped
+    /// file (whose pages may be on disk): it is a slice of its record, and the record's check
+    /// comes back to be made later (see `Unchecked`). A record in memory is checked here, as
+    /// `to_key_value` does. `with_value` false (a keys-only answer) leaves the value empty and
+    /// its record unread.
+    pub(crate) fn to_key_value_unchecked(
+        &self,
+        key: &[u8],
+        segments: &SegmentTable,
+        with_value: bool,
+    ) -> (KeyValue, Option<RecordCheck>) {
+        let mut check = None;
+        let value = if with_value && self.segment != SEGMENT_NONE {
+            let (record, on_disk) =
+                segments.record_placed(self.segment, self.offset, self.record_len(key));
+            let value = self.value_in(&record);
+            if on_disk {
+                check = Some(RecordCheck {
+                    version: self.clone(),
+                    record,
+                });
+            } else {
+                self.check_record(&record);
+            }
+            value
+        } else {
+            Bytes::new()
+        };
+        (
+            self.key_value_with(Bytes::copy_from_slice(key), value),
+            check,
+        )
+    }
+
     /// This version as a key's previous state, its value not read (see `PrevKv`).
     pub(crate) fn to_prev_kv(&self, key: &[u8], segments: &SegmentTable) -> PrevKv {
         let record = self.record(key, segments);
@@ -482,5 +516,62 @@ mod tests {
         done.store(true, Ordering::Release);
         let seen = reader.join().expect("the reader saw only whole lists");
         assert!(seen <= 3000);
+    }
+}
+
+/// One record in a durable segment's mapped file that a read handed out a value from
+/// without reading it yet: the version that names it, and its bytes (a slice of the
+/// segment's mapping, which it keeps alive).
+#[derive(Clone, Debug)]
+pub(crate) struct RecordCheck {
+    version: Version,
+    record: Bytes,
+}
+
+/// An answer whose values in durable segments' mapped files were not read yet: each is a
+/// slice of its value-log record, and `check` reads and checks every such record (its crc,
+/// and that it is the version's, stopping the process on a damaged one, naming file and
+/// offset, as any read does) before handing the answer out. Until then `records_on_disk`
+/// shows the bytes it will read, so a caller can bring their pages into memory on another
+/// thread first, and the thread that serves the answer does not wait for the disk. (Values
+/// in memory were checked as they were read: they cannot wait for the disk.)
+#[must_use = "the answer's values are served only after `check`"]
+#[derive(Debug)]
+pub struct Unchecked<T> {
+    answer: T,
+    checks: Vec<RecordCheck>,
+}
+
+impl<T> Unchecked<T> {
+    pub(crate) fn new(answer: T, checks: Vec<RecordCheck>) -> Unchecked<T> {
+        Unchecked { answer, checks }
+    }
+
+    /// The answer before its values are checked: for what a read needs besides them (how
+    /// many key-values a batch holds), never to serve.
+    pub(crate) fn unserved(&self) -> &T {
+        &self.answer
+    }
+
+    /// The records `check` will read (header, key and value), all in durable segments'
+    /// mapped files, whose pages may be on disk; each `Bytes` keeps its segment's mapping
+    /// alive, so another thread may read them.
+    pub fn records_on_disk(&self) -> impl Iterator<Item = &Bytes> + Clone + '_ {
+        self.checks.iter().map(|c| &c.record)
+    }
+
+    /// Checks every record, then hands out the answer.
+    pub fn check(self) -> T {
+        for c in &self.checks {
+            c.version.check_record(&c.record);
+        }
+        self.answer
+    }
+
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Unchecked<U> {
+        Unchecked {
+            answer: f(self.answer),
+            checks: self.checks,
+        }
     }
 }

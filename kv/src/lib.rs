@@ -57,6 +57,7 @@ pub use checkpoint::{
     HEADER_BYTES as CHECKPOINT_HEADER_BYTES, PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
+pub use index::Unchecked;
 pub use read::{KeyValueShape, RangeRest, RangeSplit};
 pub use store::{
     CompactionStatus, Reader, Store, UnreadableRecord, ValueLogOptions, Writer,

@@ -3,7 +3,7 @@
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
-use crate::index::{for_each_in_range, live_at};
+use crate::index::{for_each_in_range, live_at, RecordCheck, Unchecked};
 use crate::store::Shared;
 use crate::types::{KeyValue, RangeRequest, RangeResponse, SortOrder, SortTarget};
 
@@ -15,7 +15,8 @@ pub(crate) fn range_at(
     cur_rev: i64,
     compact_rev: i64,
 ) -> Result<RangeResponse> {
-    range_split_at(shared, req, cur_rev, compact_rev, None).map(|(response, rest)| {
+    range_split_at(shared, req, cur_rev, compact_rev, None).map(|unchecked| {
+        let (response, rest) = unchecked.check();
         assert!(rest.is_none(), "only a split range leaves a rest");
         response
     })
@@ -95,7 +96,7 @@ pub(crate) fn range_split_at(
     cur_rev: i64,
     compact_rev: i64,
     split: Option<RangeSplit<'_>>,
-) -> Result<(RangeResponse, Option<RangeRest>)> {
+) -> Result<Unchecked<(RangeResponse, Option<RangeRest>)>> {
     assert!(cur_rev >= 1, "the store starts at revision 1");
     if req.revision > cur_rev {
         return Err(KvError::FutureRevision);
@@ -126,28 +127,33 @@ pub(crate) fn range_split_at(
     }
     let guard = epoch::pin();
     let mut count: i64 = 0;
-    let mut kvs: Vec<KeyValue> = Vec::new();
+    // Each key-value with its record's check, if it has one: filters, the sort and the limit
+    // drop both together, so only what is answered is checked (and brought into memory).
+    let mut kvs: Vec<(KeyValue, Option<RecordCheck>)> = Vec::new();
+    // A keys-only answer serves no value: it reads one only to sort by it.
+    let with_value = !req.keys_only || req.sort_target == SortTarget::Value;
     for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
         if let Some(v) = live_at(history.load(&guard), rev) {
             count += 1;
             if !req.count_only && kvs.len() < fetch_max {
                 // The table is loaded after the list (see `segments.rs`).
-                kvs.push(v.to_key_value(key, shared.segments.load(&guard)));
+                let table = shared.segments.load(&guard);
+                kvs.push(v.to_key_value_unchecked(key, table, with_value));
             }
         }
         true
     });
     if req.max_mod_revision != 0 {
-        kvs.retain(|kv| kv.mod_revision <= req.max_mod_revision);
+        kvs.retain(|(kv, _)| kv.mod_revision <= req.max_mod_revision);
     }
     if req.min_mod_revision != 0 {
-        kvs.retain(|kv| kv.mod_revision >= req.min_mod_revision);
+        kvs.retain(|(kv, _)| kv.mod_revision >= req.min_mod_revision);
     }
     if req.max_create_revision != 0 {
-        kvs.retain(|kv| kv.create_revision <= req.max_create_revision);
+        kvs.retain(|(kv, _)| kv.create_revision <= req.max_create_revision);
     }
     if req.min_create_revision != 0 {
-        kvs.retain(|kv| kv.create_revision >= req.min_create_revision);
+        kvs.retain(|(kv, _)| kv.create_revision >= req.min_create_revision);
     }
     let mut sort_order = req.sort_order;
     if req.sort_target != SortTarget::Key && sort_order == SortOrder::None {
@@ -162,9 +168,11 @@ pub(crate) fn range_split_at(
             SortTarget::Value => a.value.cmp(&b.value),
         };
         // A stable sort keeps ties in key order, as Go's insertion sort does for small results.
+        // (A sort by value compares values not yet checked: a damaged one still stops the
+        // reader at `check`, before anything is answered.)
         match sort_order {
-            SortOrder::Ascend => kvs.sort_by(cmp),
-            SortOrder::Descend => kvs.sort_by(|a, b| cmp(b, a)),
+            SortOrder::Ascend => kvs.sort_by(|(a, _), (b, _)| cmp(a, b)),
+            SortOrder::Descend => kvs.sort_by(|(a, _), (b, _)| cmp(b, a)),
             SortOrder::None => unreachable!("handled above"),
         }
     }
@@ -176,23 +184,31 @@ pub(crate) fn range_split_at(
             more = true;
         }
     }
-    if req.keys_only {
+    let (mut kvs, checks): (Vec<KeyValue>, Vec<Option<RecordCheck>>) = kvs.into_iter().unzip();
+    let checks: Vec<RecordCheck> = if req.keys_only {
+        // Read only to sort by: nothing of them is answered, so nothing needs checking.
         for kv in &mut kvs {
             kv.value = bytes::Bytes::new();
         }
-    }
+        Vec::new()
+    } else {
+        checks.into_iter().flatten().collect()
+    };
     assert!(
         kvs.len() as i64 <= count,
         "never more kvs than keys in range"
     );
-    Ok((
-        RangeResponse {
-            revision: cur_rev,
-            kvs,
-            more,
-            count,
-        },
-        None,
+    Ok(Unchecked::new(
+        (
+            RangeResponse {
+                revision: cur_rev,
+                kvs,
+                more,
+                count,
+            },
+            None,
+        ),
+        checks,
     ))
 }
 
@@ -204,7 +220,7 @@ fn range_split(
     rev: i64,
     cur_rev: i64,
     split: RangeSplit<'_>,
-) -> (RangeResponse, Option<RangeRest>) {
+) -> Unchecked<(RangeResponse, Option<RangeRest>)> {
     assert!(split.kvs_max > 0, "the rest resumes after a key handed out");
     // Without filters the answer owes the first `limit` keys, and there is more when the range
     // holds more: the same answer etcd's fetch of limit + 1 gives.
@@ -216,17 +232,17 @@ fn range_split(
     let mut count: usize = 0;
     let mut kvs: Vec<KeyValue> = Vec::new();
     let mut rest_kvs: usize = 0;
+    let mut checks: Vec<RecordCheck> = Vec::new();
     // One buffer reused for each owed key: the walk's keys live only as long as its entry.
     let mut last_owed: Vec<u8> = Vec::new();
     for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
         if let Some(v) = live_at(history.load(&guard), rev) {
             if count < split.kvs_max.min(owed_max) {
                 // The table is loaded after the list (see `segments.rs`).
-                let mut kv = v.to_key_value(key, shared.segments.load(&guard));
-                if req.keys_only {
-                    kv.value = bytes::Bytes::new();
-                }
+                let table = shared.segments.load(&guard);
+                let (kv, check) = v.to_key_value_unchecked(key, table, !req.keys_only);
                 kvs.push(kv);
+                checks.extend(check);
             } else if count < owed_max {
                 rest_kvs += 1;
                 last_owed.clear();
@@ -265,7 +281,7 @@ fn range_split(
         more: count > owed_max,
         count: i64::try_from(count).expect("a count of index entries fits i64"),
     };
-    (response, rest)
+    Unchecked::new((response, rest), checks)
 }
 
 /// The next key-values of `rest`, in key order: at least one while any is owed, and more
@@ -276,10 +292,11 @@ pub(crate) fn range_rest_batch(
     shared: &Shared,
     rest: &mut RangeRest,
     bytes_max: usize,
-) -> (Vec<KeyValue>, RestWalk) {
+) -> (Unchecked<Vec<KeyValue>>, RestWalk) {
     use std::ops::Bound;
     let guard = epoch::pin();
     let mut kvs: Vec<KeyValue> = Vec::new();
+    let mut checks: Vec<RecordCheck> = Vec::new();
     let mut bytes: usize = 0;
     let mut walk = RestWalk::Stopped;
     if rest.kvs_left > 0 {
@@ -290,10 +307,9 @@ pub(crate) fn range_rest_batch(
         );
         for entry in shared.index.range::<[u8], _>(bounds) {
             if let Some(v) = live_at(entry.value().load(&guard), rest.rev) {
-                let mut kv = v.to_key_value(entry.key(), shared.segments.load(&guard));
-                if rest.keys_only {
-                    kv.value = bytes::Bytes::new();
-                }
+                let table = shared.segments.load(&guard);
+                let (kv, check) = v.to_key_value_unchecked(entry.key(), table, !rest.keys_only);
+                checks.extend(check);
                 bytes += kv.key.len() + kv.value.len();
                 kvs.push(kv);
             }
@@ -308,7 +324,7 @@ pub(crate) fn range_rest_batch(
     if let Some(handed_out) = kvs.last() {
         rest.after = handed_out.key.to_vec().into_boxed_slice();
     }
-    (kvs, walk)
+    (Unchecked::new(kvs, checks), walk)
 }
 
 /// How a batch of a range's rest ended.

@@ -133,8 +133,10 @@ pub(crate) unsafe fn written_bytes(segment: &Arc<OpenSegment>, start: usize, end
 pub(crate) enum SegmentBytes {
     /// The open segment: readers take one record at a time.
     Open(Arc<OpenSegment>),
-    /// A sealed segment's records in memory, or a durable segment's mapped file.
+    /// A sealed segment's records in memory.
     Frozen(Bytes),
+    /// A durable segment's file, mapped: a read of a page not in memory waits for the disk.
+    Durable(Bytes),
 }
 
 impl SegmentBytes {
@@ -146,11 +148,16 @@ impl SegmentBytes {
                 // SAFETY: a published version's record is written and never changes.
                 unsafe { written_bytes(segment, offset, end) }
             }
-            SegmentBytes::Frozen(bytes) => {
+            SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes) => {
                 assert!(end <= bytes.len(), "a record ends within its segment");
                 bytes.slice(offset..end)
             }
         }
+    }
+
+    /// Whether a read of these bytes may wait for the disk (see `Unchecked`).
+    fn on_disk(&self) -> bool {
+        matches!(self, SegmentBytes::Durable(_))
     }
 }
 
@@ -172,10 +179,16 @@ impl SegmentTable {
     /// The record of `len` bytes at `offset` in segment `id`; every published version's
     /// segment is here (see the module's description), so a miss is a broken invariant.
     pub(crate) fn record(&self, id: u32, offset: u32, len: usize) -> Bytes {
+        self.record_placed(id, offset, len).0
+    }
+
+    /// `record`, and whether it lies in a durable segment's mapped file, whose pages may be
+    /// on disk rather than in memory.
+    pub(crate) fn record_placed(&self, id: u32, offset: u32, len: usize) -> (Bytes, bool) {
         let segment = self.get(id).unwrap_or_else(|| {
             panic!("value-log segment {id:08x}.seg is named by a version but not in the table")
         });
-        segment.record(offset as usize, len)
+        (segment.record(offset as usize, len), segment.on_disk())
     }
 }
 

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
-use crate::index::{for_each_in_range, live_at, Index, KeyHistory, Version, VersionKind};
+use crate::index::{
+    for_each_in_range, live_at, Index, KeyHistory, Unchecked, Version, VersionKind,
+};
 use crate::read::{range_at, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk};
 use crate::segments::{SegmentsWriter, SharedSegments};
 use crate::types::{
@@ -545,18 +547,9 @@ impl Writer {
             placed.segment,
             placed.offset,
         );
-        let kv = version.fresh_key_value(key_bytes.clone(), self.vlog.table());
-        match &entry {
-            Some(e) => e.value().push(version, &guard),
-            None => {
-                self.shared
-                    .index
-                    .insert(Box::from(key), KeyHistory::new(vec![version]));
-            }
-        }
         if let Some(p) = &prev {
             if p.lease() != 0 {
-                self.detach(p.lease(), &key_bytes);
+                self.detach(p.lease(), key);
             }
         }
         if lease != 0 {
@@ -564,7 +557,18 @@ impl Writer {
                 .leases
                 .get_mut(&lease)
                 .expect("a put's lease is checked before apply");
-            entry.keys.insert(key_bytes);
+            entry.keys.insert(key_bytes.clone());
+        }
+        // The event takes the copy itself when no lease shares it: the first clone of a
+        // Vec-backed Bytes allocates, once per put on the raft core.
+        let kv = version.fresh_key_value(key_bytes, self.vlog.table());
+        match &entry {
+            Some(e) => e.value().push(version, &guard),
+            None => {
+                self.shared
+                    .index
+                    .insert(Box::from(key), KeyHistory::new(vec![version]));
+            }
         }
         ctx.writes += 1;
         ctx.events.push(Event {
@@ -1231,11 +1235,19 @@ impl Reader {
     /// A range at the published revision (or an older one), without locks. Values are slices of the
     /// value log, not copies.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
+        self.range_unchecked(req).map(Unchecked::check)
+    }
+
+    /// `range`, its values not yet read (see `Unchecked`).
+    pub fn range_unchecked(&self, req: &RangeRequest) -> Result<Unchecked<RangeResponse>> {
         let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
-        let resp = range_at(&self.shared, req, cur_rev, compact_rev)?;
+        let answer = range_split_at(&self.shared, req, cur_rev, compact_rev, None)?;
         self.recheck_compacted(req.revision, cur_rev)?;
-        Ok(resp)
+        Ok(answer.map(|(resp, rest)| {
+            assert!(rest.is_none(), "only a split range leaves a rest");
+            resp
+        }))
     }
 
     /// `range`, split as `split` says when the range is answered in key order with nothing to
@@ -1245,6 +1257,15 @@ impl Reader {
         req: &RangeRequest,
         split: RangeSplit<'_>,
     ) -> Result<(RangeResponse, Option<RangeRest>)> {
+        self.range_split_unchecked(req, split).map(Unchecked::check)
+    }
+
+    /// `range_split`, its values not yet read (see `Unchecked`).
+    pub fn range_split_unchecked(
+        &self,
+        req: &RangeRequest,
+        split: RangeSplit<'_>,
+    ) -> Result<Unchecked<(RangeResponse, Option<RangeRest>)>> {
         let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
         let answer = range_split_at(&self.shared, req, cur_rev, compact_rev, Some(split))?;
@@ -1257,9 +1278,19 @@ impl Reader {
     /// range's revision has cut a key-value the rest owes (see `RangeRest`): the caller has
     /// promised the answer's length and cannot hand out fewer.
     pub fn range_rest(&self, rest: &mut RangeRest, bytes_max: usize) -> Result<Vec<KeyValue>> {
+        self.range_rest_unchecked(rest, bytes_max)
+            .map(Unchecked::check)
+    }
+
+    /// `range_rest`, its values not yet read (see `Unchecked`).
+    pub fn range_rest_unchecked(
+        &self,
+        rest: &mut RangeRest,
+        bytes_max: usize,
+    ) -> Result<Unchecked<Vec<KeyValue>>> {
         let owed = rest.kvs_left();
         let (kvs, walk) = range_rest_batch(&self.shared, rest, bytes_max);
-        if walk == RestWalk::ReachedLast && kvs.len() < owed {
+        if walk == RestWalk::ReachedLast && kvs.unserved().len() < owed {
             // Only a compaction past the revision removes what a read at it saw.
             assert!(
                 rest.revision() < self.compact_revision(),

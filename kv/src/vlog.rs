@@ -250,7 +250,7 @@ impl ValueLog {
             },
         );
         assert!(previous.is_none(), "a segment is loaded once");
-        self.table.set(segment.id, SegmentBytes::Frozen(file));
+        self.table.set(segment.id, SegmentBytes::Durable(file));
         self.all_bytes_total += segment.value_bytes;
         self.all_record_bytes += segment.record_bytes;
     }
@@ -403,7 +403,7 @@ impl ValueLog {
             stats.record_bytes
         );
         stats.durable = true;
-        self.table.set(id, SegmentBytes::Frozen(file));
+        self.table.set(id, SegmentBytes::Durable(file));
         self.table.drain_retired();
         self.table.publish();
         true
@@ -415,7 +415,7 @@ impl ValueLog {
             return None;
         }
         match self.table().get(id) {
-            Some(SegmentBytes::Frozen(file)) => Some(file),
+            Some(SegmentBytes::Durable(file)) => Some(file),
             _ => unreachable!("a durable segment's table entry is its file"),
         }
     }
@@ -426,7 +426,9 @@ impl ValueLog {
         assert!(id != self.open_id, "the open segment is not frozen");
         let end = self.segments[&id].record_bytes as usize;
         match self.table().get(id) {
-            Some(SegmentBytes::Frozen(bytes)) => bytes.slice(..end.min(bytes.len())),
+            Some(SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes)) => {
+                bytes.slice(..end.min(bytes.len()))
+            }
             _ => unreachable!("a frozen segment's table entry is its bytes"),
         }
     }

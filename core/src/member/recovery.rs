@@ -41,37 +41,45 @@ pub fn ready_records(
     if durability != Durability::Sync {
         return Vec::new();
     }
-    let mut records = Vec::with_capacity(entries.len() + 2);
+    // All of a Ready's records are encoded into one buffer, and each record's payload is a
+    // slice of it: one allocation per Ready rather than one per entry (on the raft core,
+    // which every write goes through).
+    let mut spans: Vec<(u8, u64, usize, usize)> = Vec::with_capacity(entries.len() + 2);
+    let entry_bytes: usize = entries
+        .iter()
+        .map(|e| e.data.len() + ENTRY_HEAD_BYTES)
+        .sum();
+    let mut buf = Vec::with_capacity(entry_bytes + 2 * META_RECORD_BYTES);
+    let mut encode = |kind: u8, index: u64, write: &dyn Fn(&mut Vec<u8>)| {
+        let start = buf.len();
+        write(&mut buf);
+        spans.push((kind, index, start, buf.len()));
+    };
     if let Some(meta) = snapshot {
-        let mut buf = Vec::new();
-        meta.encode(&mut buf);
-        records.push(Record {
-            kind: WAL_KIND_SNAPSHOT,
-            index: meta.index,
-            payload: buf.into(),
-        });
+        encode(WAL_KIND_SNAPSHOT, meta.index, &|b| meta.encode(b));
     }
     for e in entries {
-        let mut buf = Vec::with_capacity(e.data.len() + 32);
-        e.encode(&mut buf);
-        records.push(Record {
-            kind: WAL_KIND_ENTRY,
-            index: e.index,
-            payload: buf.into(),
-        });
+        encode(WAL_KIND_ENTRY, e.index, &|b| e.encode(b));
     }
     if let Some(hs) = hard_state {
-        let mut buf = Vec::new();
-        hs.encode(&mut buf);
         let index = entries.last().map_or(last_index, |e| e.index);
-        records.push(Record {
-            kind: WAL_KIND_HARD_STATE,
-            index,
-            payload: buf.into(),
-        });
+        encode(WAL_KIND_HARD_STATE, index, &|b| hs.encode(b));
     }
-    records
+    let all = Bytes::from(buf);
+    spans
+        .into_iter()
+        .map(|(kind, index, start, end)| Record {
+            kind,
+            index,
+            payload: all.slice(start..end),
+        })
+        .collect()
 }
+
+/// Room for an entry's encoding beyond its data (type, term, index, data length), and for a
+/// hard state or snapshot marker: what `ready_records` reserves so its buffer rarely grows.
+const ENTRY_HEAD_BYTES: usize = 32;
+const META_RECORD_BYTES: usize = 64;
 
 /// Rebuilds the raft log in `storage` (which already holds the newest checkpoint's snapshot,
 /// or the bootstrap configuration) from the WAL's records, oldest first. Entries apply as raft

@@ -146,13 +146,9 @@ fn keep_alives_through_followers_reach_the_leader() {
             .to_string();
         let (code, body) = crate::common::http_get(&addr, "/metrics");
         assert_eq!(code, 200);
-        let series = |on: &str| -> u64 {
-            let name = format!("keel_lease_keepalives_total{{answered_on=\"{on}\"}} ");
-            body.lines()
-                .find_map(|l| l.strip_prefix(name.as_str()))
-                .unwrap_or_else(|| panic!("no {name} in\n{body}"))
-                .parse()
-                .expect("a number")
+        let series = |on: &str| {
+            let series = format!("keel_lease_keepalives_total{{answered_on=\"{on}\"}}");
+            crate::common::metric_value(&body, &series)
         };
         (series("shard"), series("raft_core"))
     };

@@ -558,6 +558,15 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     http_request(addr, "GET", path, "")
 }
 
+/// The value of one series (its name with labels, as /metrics writes it) on a metrics page.
+pub fn metric_value(body: &str, series: &str) -> u64 {
+    body.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("/metrics lacks {series}:\n{body}"))
+        .parse()
+        .expect("a count")
+}
+
 /// One HTTP/1.1 request with `body` (Content-Length) over a fresh TCP connection
 /// (Connection: close); returns the status code and body.
 pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {

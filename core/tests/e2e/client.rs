@@ -483,6 +483,52 @@ async fn streams_are_counted_under_their_own_method_type_and_code() {
     }
 }
 
+/// Values in durable value-log segments are read through the segments' mappings, whose
+/// pages start out on disk (the segments were written with O_DIRECT): the shard hands a read
+/// whose pages are missing to a pager thread, which brings them in, and the answer is whole.
+/// A second read finds them in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_values_are_brought_in_off_the_shard_and_answer_whole() {
+    // About a hundred pages in seven segments: few enough that the shard asks mincore first.
+    const KEYS: usize = 100;
+    const VALUE_BYTES: usize = 4096;
+    let server = Server::under_test(&["--value-log-segment-bytes", "65536"]);
+    let mut c = client(&server).await;
+    let value_of = |i: usize| vec![b'a' + (i % 26) as u8; VALUE_BYTES];
+    for i in 0..KEYS {
+        c.put(format!("cold/{i:04}"), value_of(i), None)
+            .await
+            .expect("put");
+    }
+    let metric = |series: &str| crate::common::metric_value(&server.http_get("/metrics").1, series);
+    let paged = r#"keel_pager_reads_total{outcome="paged"}"#;
+    let in_memory = r#"keel_pager_reads_total{outcome="in_memory"}"#;
+    // A segment is read through its mapping once the disk has it: until then a read finds
+    // it in memory. Read until one was paged.
+    let mut reads = 0;
+    while metric(paged) == 0 {
+        assert!(reads < 50, "no read was handed to the pager");
+        reads += 1;
+        let r = c
+            .get("cold/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("range");
+        assert_eq!(r.kvs().len(), KEYS);
+        for (i, kv) in r.kvs().iter().enumerate() {
+            assert!(kv.value() == value_of(i).as_slice(), "value {i}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(metric("keel_pager_pages_missing_total") > 0);
+    let warm_before = metric(in_memory);
+    let r = c.get("cold/0007", None).await.expect("get");
+    assert!(r.kvs()[0].value() == value_of(7).as_slice());
+    assert!(
+        metric(in_memory) > warm_before,
+        "the pages stayed in memory"
+    );
+}
+
 /// A range of many megabytes (far more than one piece of `keel_grpc::PieceEncode`), most of
 /// its values in sealed value-log segments, reaches etcdctl and the etcd-client crate whole and
 /// in order; a limit, keys-only and a count over it still answer as etcd does.

@@ -542,3 +542,30 @@ fn the_rendered_mixin_matches_its_source() {
         );
     }
 }
+
+/// `keel_heap_allocations_total{thread=...}`: the keel binary counts its heap allocations by
+/// thread role (its global allocator is alloc_count's), and a write allocates on the shard
+/// that takes it and on the raft core that applies it.
+#[test]
+fn heap_allocations_are_counted_by_thread_role() {
+    let server = crate::common::Server::keel(&[]);
+    let read = || {
+        let (code, body) = server.http_get("/metrics");
+        assert_eq!(code, 200);
+        let series = |role: &str| {
+            let series = format!("keel_heap_allocations_total{{thread=\"{role}\"}}");
+            crate::common::metric_value(&body, &series)
+        };
+        (series("shard"), series("raft_core"))
+    };
+    let (shard_before, raft_before) = read();
+    const PUTS: u64 = 20;
+    for i in 0..PUTS {
+        server.etcdctl(&["put", &format!("k{i}"), "v"]).ok();
+    }
+    let (shard_after, raft_after) = read();
+    assert!(
+        shard_after >= shard_before + PUTS && raft_after >= raft_before + PUTS,
+        "shard {shard_before} -> {shard_after}, raft core {raft_before} -> {raft_after}"
+    );
+}

@@ -393,6 +393,54 @@ fn a_bit_flip_in_a_segment_file_is_never_served() {
     );
 }
 
+/// A read unchecked hands out nothing until `check`: it names the records in durable segment
+/// files (whose pages may be on disk) and not those in memory, a keys-only read names none,
+/// and `check` still refuses a damaged record, however the answer was read.
+#[test]
+fn a_read_unchecked_names_its_records_on_disk_and_check_still_refuses_damage() {
+    let (mut w, r, segment) = store_with_damaged_values(1);
+    // Two more keys, in the open segment (memory).
+    w.apply(100, &put("m0", &[7; 10])).unwrap();
+    w.apply(101, &put("m1", &[8; 10])).unwrap();
+    let range = |key: &str, end: &str, keys_only: bool| RangeRequest {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        range_end: Bytes::copy_from_slice(end.as_bytes()),
+        keys_only,
+        ..Default::default()
+    };
+    let on_disk = r.range_unchecked(&range("k01", "k05", false)).unwrap();
+    assert_eq!(on_disk.records_on_disk().count(), 4);
+    for record in on_disk.records_on_disk() {
+        let parsed = crate::vlog::record_at(record, 0).expect("a whole record");
+        assert_eq!(parsed.record_bytes, record.len());
+    }
+    let answer = on_disk.check();
+    assert_eq!(answer.kvs.len(), 4);
+    assert_eq!(answer.kvs[0].value, Bytes::from(vec![1u8; 100]));
+
+    let in_memory = r.range_unchecked(&range("m", "n", false)).unwrap();
+    assert_eq!(in_memory.records_on_disk().count(), 0);
+    assert_eq!(in_memory.check().kvs.len(), 2);
+
+    let keys_only = r.range_unchecked(&range("k", "l", true)).unwrap();
+    assert_eq!(
+        keys_only.records_on_disk().count(),
+        0,
+        "keys-only reads no value"
+    );
+    let answer = keys_only.check();
+    assert_eq!(answer.kvs.len(), 20);
+    assert!(answer.kvs.iter().all(|kv| kv.value.is_empty()));
+
+    // k00's record is damaged: reading it unchecked is harmless, checking it stops the reader.
+    let damaged = r.range_unchecked(&range("k00", "", false)).unwrap();
+    assert_eq!(damaged.records_on_disk().count(), 1);
+    let message = panic_message(|| {
+        damaged.check();
+    });
+    assert!(message.contains(&format!("{segment:08x}.seg")), "{message}");
+}
+
 /// Twenty keys k00..k19 of 100 bytes each, their segments made durable, with one bit
 /// flipped in each of the first `damaged` values on "disk" (the first records of the first
 /// segment); the damaged segment's id.

@@ -1,0 +1,239 @@
+//! Which pages of a read's bytes are in memory, and bringing them in: the value log's durable
+//! segments are mapped files, so the first read of a cold value is a page fault that blocks
+//! the reading thread for a disk read. A shard asks `pages_missing` (mincore, which never
+//! faults) and, when some are missing, has another thread call `fault_in`, so that only that
+//! thread waits for the disk while the shard serves its other connections.
+
+/// The kernel's page size (mincore and madvise work in pages).
+pub fn page_bytes() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the running kernel.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page)
+            .ok()
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096)
+    })
+}
+
+/// The pages `[first, end)` (addresses, page aligned) that `span` lies on.
+fn pages_of(span: &[u8]) -> (usize, usize) {
+    let page = page_bytes();
+    let start = span.as_ptr() as usize;
+    let first = start & !(page - 1);
+    let end = (start + span.len() + page - 1) & !(page - 1);
+    (first, end)
+}
+
+/// How many pages (each counted once where spans that follow each other share it) that the
+/// spans lie on are not in memory now. Empty spans lie on no page. Each span must be memory
+/// this process can read (a slice it holds). An address mincore refuses counts as missing:
+/// bringing it in is then left to the thread that reads it.
+pub fn pages_missing<'a>(spans: impl IntoIterator<Item = &'a [u8]> + Clone) -> usize {
+    pages_missing_within(spans, usize::MAX).expect("no bound on the pages")
+}
+
+/// `pages_missing`, or None without asking the kernel when the spans lie on more than
+/// `pages_max` pages: for a caller that bounds what it spends finding out (mincore is asked
+/// once per run of touching pages, and per `PAGES_PER_CALL` of a long run).
+pub fn pages_missing_within<'a>(
+    spans: impl IntoIterator<Item = &'a [u8]> + Clone,
+    pages_max: usize,
+) -> Option<usize> {
+    let page = page_bytes();
+    let mut pages = 0;
+    let counted = for_each_run(spans.clone(), |(first, end)| {
+        pages += (end - first) / page;
+        pages <= pages_max
+    });
+    if !counted {
+        return None;
+    }
+    let mut missing = 0;
+    for_each_run(spans, |run| {
+        missing += missing_in(run, page);
+        true
+    });
+    Some(missing)
+}
+
+/// Calls `f` with each run of touching pages the spans lie on, in order, merging a span into
+/// the run before it where their pages touch: the spans of a range in key order often follow
+/// each other in their segment. Stops, returning false, once `f` does.
+fn for_each_run<'a>(
+    spans: impl IntoIterator<Item = &'a [u8]>,
+    mut f: impl FnMut((usize, usize)) -> bool,
+) -> bool {
+    let mut run: Option<(usize, usize)> = None;
+    for span in spans {
+        if span.is_empty() {
+            continue;
+        }
+        let (first, end) = pages_of(span);
+        run = match run {
+            Some((run_first, run_end)) if first <= run_end && end >= run_first => {
+                Some((run_first.min(first), run_end.max(end)))
+            }
+            Some(done) => {
+                if !f(done) {
+                    return false;
+                }
+                Some((first, end))
+            }
+            None => Some((first, end)),
+        };
+    }
+    run.is_none_or(f)
+}
+
+/// Pages one mincore call asks about: its answer is a byte per page, on the stack.
+pub const PAGES_PER_CALL: usize = 256;
+
+/// Missing pages in `[first, end)`, asked a bounded vector's worth at a time.
+fn missing_in((first, end): (usize, usize), page: usize) -> usize {
+    let mut vec = [0u8; PAGES_PER_CALL];
+    let mut missing = 0;
+    let mut at = first;
+    while at < end {
+        let pages = ((end - at) / page).min(PAGES_PER_CALL);
+        // SAFETY: `at` is page aligned, the range lies within memory the caller holds (a
+        // span's pages), and `vec` has room for one byte per page asked.
+        let rc = unsafe { libc::mincore(at as *mut libc::c_void, pages * page, vec.as_mut_ptr()) };
+        if rc != 0 {
+            missing += pages;
+        } else {
+            missing += vec[..pages].iter().filter(|v| **v & 1 == 0).count();
+        }
+        at += pages * page;
+    }
+    missing
+}
+
+/// Brings the spans' pages into memory: first asks the kernel to read them all ahead
+/// (madvise WILLNEED, so the disk works on many at once rather than one fault at a time), then
+/// reads one byte of each page, which waits for those still on their way. Blocks the calling
+/// thread for as long as the disk takes: call it off the serving threads.
+pub fn fault_in<'a>(spans: impl IntoIterator<Item = &'a [u8]> + Clone) {
+    let page = page_bytes();
+    for_each_run(spans.clone(), |(first, end)| {
+        // SAFETY: the pages lie within memory the caller holds; WILLNEED only starts reads.
+        // Its result is advice: a failure leaves the reads below to fault as they would.
+        unsafe {
+            libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_WILLNEED);
+        }
+        true
+    });
+    for span in spans {
+        if span.is_empty() {
+            continue;
+        }
+        let start = span.as_ptr() as usize;
+        let (first, end) = pages_of(span);
+        for page_at in (first..end).step_by(page) {
+            // The span's first byte on this page: each page ends past the span's start and
+            // begins before its end.
+            let offset = page_at.max(start) - start;
+            // SAFETY: `offset` is inside `span`; a volatile read is not optimized away.
+            unsafe { std::ptr::read_volatile(span.as_ptr().add(offset)) };
+        }
+    }
+}
+
+/// Asks the kernel to drop `file`'s clean pages from the page cache (those no process has
+/// mapped in use stay): how a test or a benchmark makes a file's next reads cold.
+pub fn drop_cached(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: advice on a descriptor this process holds open; offset 0, length 0: all of it.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(rc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A synced file of `pages` pages of 7s, mapped, its pages dropped from the page cache.
+    fn cold_mapping(pages: usize) -> (tempfile::NamedTempFile, bytes::Bytes) {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        file.write_all(&vec![7u8; pages * page_bytes()])
+            .expect("write");
+        file.as_file().sync_all().expect("sync");
+        drop_cached(file.as_file()).expect("fadvise");
+        let mapped = crate::vlog::map_file(file.path()).expect("map");
+        (file, mapped)
+    }
+
+    #[test]
+    fn a_cold_mapping_reads_as_missing_until_faulted_in() {
+        let (_file, all) = cold_mapping(8);
+        let page = page_bytes();
+        // The kernel may keep some pages (another reader, readahead): all dropped is the rule
+        // on an idle file, but the test asks only that some were.
+        assert!(
+            pages_missing([&all[..]]) > 0,
+            "DONTNEED dropped the file's pages"
+        );
+        // Two spans on pages 1 and 2..3 (the second starting mid-page): three pages.
+        let spans = [&all[page..page + 10], &all[2 * page + 100..3 * page + 1]];
+        fault_in(spans);
+        assert_eq!(
+            pages_missing(spans),
+            0,
+            "every page the spans lie on came in"
+        );
+        assert_eq!(spans[1][0], 7);
+    }
+
+    #[test]
+    fn heap_memory_is_resident_and_empty_spans_lie_on_no_page() {
+        let data = vec![1u8; 3 * page_bytes() + 5];
+        assert_eq!(pages_missing([&data[..], &data[10..20], &[][..]]), 0);
+        assert_eq!(pages_missing(std::iter::empty()), 0);
+        fault_in([&data[..], &[][..]]);
+    }
+
+    #[test]
+    fn a_bound_on_pages_refuses_larger_reads_without_asking() {
+        let page = page_bytes();
+        let data = vec![1u8; 16 * page];
+        // One byte on each of four pages two apart: four pages in four runs.
+        let scattered: Vec<&[u8]> = (0..4)
+            .map(|i| &data[2 * i * page + 1..2 * i * page + 2])
+            .collect();
+        assert_eq!(pages_missing_within(scattered.iter().copied(), 3), None);
+        assert_eq!(pages_missing_within(scattered.iter().copied(), 4), Some(0));
+        // Spans on touching pages share them: 4 pages whether asked as one span or three.
+        let misalignment = data.as_ptr() as usize % page;
+        let start = if misalignment == 0 {
+            0
+        } else {
+            page - misalignment
+        };
+        let whole = &data[start..start + 4 * page];
+        let parts = [
+            &whole[..page + 10],
+            &whole[page + 10..3 * page],
+            &whole[3 * page..],
+        ];
+        assert_eq!(pages_missing_within([whole], 4), Some(0));
+        assert_eq!(pages_missing_within(parts, 4), Some(0));
+        assert_eq!(pages_missing_within(parts, 3), None);
+    }
+
+    #[test]
+    fn spans_are_rounded_out_to_whole_pages() {
+        let page = page_bytes();
+        let data = vec![0u8; 4 * page];
+        let base = data.as_ptr() as usize;
+        let (first, end) = pages_of(&data[1..2]);
+        assert_eq!(first, base & !(page - 1));
+        assert!(end > first && (end - first) % page == 0);
+        assert!(first <= base + 1 && base + 2 <= end);
+    }
+}
