@@ -21,7 +21,7 @@ url="127.0.0.1:$port"
   --advertise-client-urls "http://$url" --listen-peer-urls "http://127.0.0.1:$((port + 1))" \
   >"$dir/log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 until ETCDCTL_API=3 etcdctl --endpoints "$url" --command-timeout=1s get probe >/dev/null 2>&1; do
   sleep 0.05
 done

@@ -125,11 +125,21 @@ pub(crate) fn range_split_at(
     if let Some(split) = split.filter(|_| in_walk_order(req)) {
         return Ok(range_split(shared, req, rev, cur_rev, split));
     }
+    let mut sort_order = req.sort_order;
+    if req.sort_target != SortTarget::Key && sort_order == SortOrder::None {
+        sort_order = SortOrder::Ascend;
+    }
+    // Filters and a sort drop and move key-values, and each one's record check must go with
+    // it, so that only what is answered is checked (and brought into memory): they work on
+    // pairs. Most ranges have neither, and collect their checks as they read (the limit then
+    // drops at most the one extra key-value fetched to tell whether there is more, whose
+    // record is checked as it always was).
+    let reorders = filtered || sort_order != SortOrder::None;
     let guard = epoch::pin();
     let mut count: i64 = 0;
-    // Each key-value with its record's check, if it has one: filters, the sort and the limit
-    // drop both together, so only what is answered is checked (and brought into memory).
-    let mut kvs: Vec<(KeyValue, Option<RecordCheck>)> = Vec::new();
+    let mut kvs: Vec<KeyValue> = Vec::new();
+    let mut checks: Vec<RecordCheck> = Vec::new();
+    let mut kv_checks: Vec<Option<RecordCheck>> = Vec::new();
     // A keys-only answer serves no value: it reads one only to sort by it.
     let with_value = !req.keys_only || req.sort_target == SortTarget::Value;
     for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
@@ -138,28 +148,33 @@ pub(crate) fn range_split_at(
             if !req.count_only && kvs.len() < fetch_max {
                 // The table is loaded after the list (see `segments.rs`).
                 let table = shared.segments.load(&guard);
-                kvs.push(v.to_key_value_unchecked(key, table, with_value));
+                let (kv, check) = v.to_key_value_unchecked(key, table, with_value);
+                kvs.push(kv);
+                if reorders {
+                    kv_checks.push(check);
+                } else {
+                    checks.extend(check);
+                }
             }
         }
         true
     });
-    if req.max_mod_revision != 0 {
-        kvs.retain(|(kv, _)| kv.mod_revision <= req.max_mod_revision);
-    }
-    if req.min_mod_revision != 0 {
-        kvs.retain(|(kv, _)| kv.mod_revision >= req.min_mod_revision);
-    }
-    if req.max_create_revision != 0 {
-        kvs.retain(|(kv, _)| kv.create_revision <= req.max_create_revision);
-    }
-    if req.min_create_revision != 0 {
-        kvs.retain(|(kv, _)| kv.create_revision >= req.min_create_revision);
-    }
-    let mut sort_order = req.sort_order;
-    if req.sort_target != SortTarget::Key && sort_order == SortOrder::None {
-        sort_order = SortOrder::Ascend;
-    }
-    if sort_order != SortOrder::None {
+    let limit = usize::try_from(req.limit).ok().filter(|limit| *limit > 0);
+    if reorders {
+        let mut pairs: Vec<(KeyValue, Option<RecordCheck>)> =
+            kvs.into_iter().zip(kv_checks).collect();
+        if req.max_mod_revision != 0 {
+            pairs.retain(|(kv, _)| kv.mod_revision <= req.max_mod_revision);
+        }
+        if req.min_mod_revision != 0 {
+            pairs.retain(|(kv, _)| kv.mod_revision >= req.min_mod_revision);
+        }
+        if req.max_create_revision != 0 {
+            pairs.retain(|(kv, _)| kv.create_revision <= req.max_create_revision);
+        }
+        if req.min_create_revision != 0 {
+            pairs.retain(|(kv, _)| kv.create_revision >= req.min_create_revision);
+        }
         let cmp = |a: &KeyValue, b: &KeyValue| match req.sort_target {
             SortTarget::Key => a.key.cmp(&b.key),
             SortTarget::Version => a.version.cmp(&b.version),
@@ -171,29 +186,33 @@ pub(crate) fn range_split_at(
         // (A sort by value compares values not yet checked: a damaged one still stops the
         // reader at `check`, before anything is answered.)
         match sort_order {
-            SortOrder::Ascend => kvs.sort_by(|(a, _), (b, _)| cmp(a, b)),
-            SortOrder::Descend => kvs.sort_by(|(a, _), (b, _)| cmp(b, a)),
-            SortOrder::None => unreachable!("handled above"),
+            SortOrder::Ascend => pairs.sort_by(|(a, _), (b, _)| cmp(a, b)),
+            SortOrder::Descend => pairs.sort_by(|(a, _), (b, _)| cmp(b, a)),
+            SortOrder::None => {}
+        }
+        let answered = limit.map_or(pairs.len(), |limit| limit.min(pairs.len()));
+        kvs = Vec::with_capacity(pairs.len());
+        for (i, (kv, check)) in pairs.into_iter().enumerate() {
+            if i < answered {
+                checks.extend(check);
+            }
+            kvs.push(kv);
         }
     }
     let mut more = false;
-    if req.limit > 0 {
-        let limit = usize::try_from(req.limit).expect("limit is positive here");
+    if let Some(limit) = limit {
         if kvs.len() > limit {
             kvs.truncate(limit);
             more = true;
         }
     }
-    let (mut kvs, checks): (Vec<KeyValue>, Vec<Option<RecordCheck>>) = kvs.into_iter().unzip();
-    let checks: Vec<RecordCheck> = if req.keys_only {
-        // Read only to sort by: nothing of them is answered, so nothing needs checking.
+    if req.keys_only {
+        // Values read only to sort by: nothing of them is answered, so nothing is checked.
         for kv in &mut kvs {
             kv.value = bytes::Bytes::new();
         }
-        Vec::new()
-    } else {
-        checks.into_iter().flatten().collect()
-    };
+        checks.clear();
+    }
     assert!(
         kvs.len() as i64 <= count,
         "never more kvs than keys in range"

@@ -418,6 +418,27 @@ fn a_read_unchecked_names_its_records_on_disk_and_check_still_refuses_damage() {
     assert_eq!(answer.kvs.len(), 4);
     assert_eq!(answer.kvs[0].value, Bytes::from(vec![1u8; 100]));
 
+    // A sort and a limit, and a filter: only the records answered are to be checked.
+    let sorted = RangeRequest {
+        sort_order: SortOrder::Descend,
+        sort_target: SortTarget::Mod,
+        limit: 2,
+        ..range("k01", "k09", false)
+    };
+    let sorted = r.range_unchecked(&sorted).unwrap();
+    assert_eq!(sorted.records_on_disk().count(), 2);
+    let answer = sorted.check();
+    assert_eq!(answer.kvs.len(), 2);
+    assert_eq!(answer.kvs[0].key, Bytes::from_static(b"k08"));
+    let newest_mod = answer.kvs[0].mod_revision;
+    let filtered = RangeRequest {
+        min_mod_revision: newest_mod - 1,
+        ..range("k01", "k09", false)
+    };
+    let filtered = r.range_unchecked(&filtered).unwrap();
+    assert_eq!(filtered.records_on_disk().count(), 2);
+    assert_eq!(filtered.check().kvs.len(), 2);
+
     let in_memory = r.range_unchecked(&range("m", "n", false)).unwrap();
     assert_eq!(in_memory.records_on_disk().count(), 0);
     assert_eq!(in_memory.check().kvs.len(), 2);
