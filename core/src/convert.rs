@@ -434,14 +434,12 @@ impl keel_grpc::PieceEncode for RangePieces {
             }
         }
         self.next_kv = Some(next);
-        if let Some(rest) = &self.rest {
+        if let Some(rest) = &mut self.rest {
             // The first key-values are all encoded: end the piece, so that `prepare` reads
             // the rest's first batch now (not while they were sent, when it would only wait).
             if first_kvs_left && rest.pager.is_some() && rest.ahead.is_none() {
                 return Ok(true);
             }
-        }
-        if let Some(rest) = &mut self.rest {
             if Self::encode_rest(rest, buf, target_bytes)? {
                 return Ok(true);
             }

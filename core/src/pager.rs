@@ -5,10 +5,9 @@
 //! for the disk. On a shard that wait would hold up every connection the shard serves. So a
 //! range reads its values unchecked first (`kv::Unchecked`: slices of their records, no byte
 //! read), asks mincore whether the pages of those in mapped segment files are in memory, and
-//! when some are not, hands the
-//! records to the pager and awaits it: a pager thread asks the kernel to read them all ahead
-//! and reads one byte of each page, and the shard serves others meanwhile. The crc check that
-//! follows, on the shard, then finds the pages in memory.
+//! when some are not, hands the records to the pager and awaits it: a pager thread asks the
+//! kernel to read them all ahead and reads one byte of each page, and the shard serves others
+//! meanwhile. The crc check that follows, on the shard, then finds the pages in memory.
 //!
 //! The kernel may still drop a page between the pager's read and the shard's (under memory
 //! pressure), and then the shard faults as it did before; the pager makes the common case

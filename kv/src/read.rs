@@ -15,10 +15,21 @@ pub(crate) fn range_at(
     cur_rev: i64,
     compact_rev: i64,
 ) -> Result<RangeResponse> {
+    range_at_unchecked(shared, req, cur_rev, compact_rev).map(Unchecked::check)
+}
+
+/// `range_at`, its values in mapped segment files not yet read (see `Unchecked`).
+pub(crate) fn range_at_unchecked(
+    shared: &Shared,
+    req: &RangeRequest,
+    cur_rev: i64,
+    compact_rev: i64,
+) -> Result<Unchecked<RangeResponse>> {
     range_split_at(shared, req, cur_rev, compact_rev, None).map(|unchecked| {
-        let (response, rest) = unchecked.check();
-        assert!(rest.is_none(), "only a split range leaves a rest");
-        response
+        unchecked.map(|(response, rest)| {
+            assert!(rest.is_none(), "only a split range leaves a rest");
+            response
+        })
     })
 }
 

@@ -12,7 +12,9 @@ use crate::error::{KvError, Result};
 use crate::index::{
     for_each_in_range, live_at, Index, KeyHistory, Unchecked, Version, VersionKind,
 };
-use crate::read::{range_at, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk};
+use crate::read::{
+    range_at, range_at_unchecked, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk,
+};
 use crate::segments::{SegmentsWriter, SharedSegments};
 use crate::types::{
     Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
@@ -1242,12 +1244,9 @@ impl Reader {
     pub fn range_unchecked(&self, req: &RangeRequest) -> Result<Unchecked<RangeResponse>> {
         let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
-        let answer = range_split_at(&self.shared, req, cur_rev, compact_rev, None)?;
+        let answer = range_at_unchecked(&self.shared, req, cur_rev, compact_rev)?;
         self.recheck_compacted(req.revision, cur_rev)?;
-        Ok(answer.map(|(resp, rest)| {
-            assert!(rest.is_none(), "only a split range leaves a rest");
-            resp
-        }))
+        Ok(answer)
     }
 
     /// `range`, split as `split` says when the range is answered in key order with nothing to
