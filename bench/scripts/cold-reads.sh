@@ -47,5 +47,5 @@ cold=$!
 hot | python3 -c 'import json,sys; c=json.load(sys.stdin)["classes"][0]; l=c["latency_us"]; print("hot beside cold: p50 %d us, p99 %d us, p99.9 %d us, max %d us" % (l["p50"], l["p99"], l["p999"], l["max"]))'
 wait $cold
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["classes"][0]; l=c["latency_us"]; print("cold: %d reads in %.1f s (%.0f/s), %d errors, p50 %d us, p99 %d us, max %d us" % (c["total"], d["elapsed_s"], c["total"] / d["elapsed_s"], c["errors"], l["p50"], l["p99"], l["max"]))' "$root/cold.json"
-curl -s "$url/metrics" | grep -E '^keel_pager' || true
+curl -s "$url/metrics" | grep -E '^keel_(pager|value_cache)' || true
 echo "after: $(rss)"

@@ -30,7 +30,7 @@ use keel_grpc::EtcdError;
 use keel_proto::etcdserverpb as pb;
 use prost::Message;
 
-use crate::shared::{Outcome as Applied, Proposal, Shared};
+use crate::shared::{Proposal, Shared, Unserved};
 
 /// etcd's `revInterval`: how often the revision compactor checks the revision.
 pub const REVISION_CHECK_INTERVAL_MS: u64 = 5 * 60 * 1000;
@@ -576,7 +576,7 @@ pub struct AutoCompactor {
     epoch: Instant,
     /// The answer to the compaction in flight: `waiting` in the raft core completes it at apply,
     /// or with "request timed out".
-    answer: Option<oneshot::Receiver<Result<Applied, EtcdError>>>,
+    answer: Option<oneshot::Receiver<Result<Unserved, EtcdError>>>,
 }
 
 impl AutoCompactor {
@@ -666,7 +666,7 @@ pub fn compaction_entry(id: u64, revision: i64) -> Bytes {
 fn propose(
     shared: &Shared,
     revision: i64,
-) -> Result<oneshot::Receiver<Result<Applied, EtcdError>>, EtcdError> {
+) -> Result<oneshot::Receiver<Result<Unserved, EtcdError>>, EtcdError> {
     let id = shared.next_proposal_id();
     let (reply, answer) = oneshot::channel();
     shared

@@ -228,6 +228,12 @@ pub struct Flags {
     )]
     pub value_log_segment_bytes: usize,
 
+    /// Keel: bytes of value-log segment files this member keeps in memory (the page cache of
+    /// its mapped segments); past it, the segments least recently read are paged out. 0: no
+    /// limit. Default: a quarter of the machine's memory.
+    #[arg(long = "value-cache-bytes", env = "KEEL_VALUE_CACHE_BYTES")]
+    pub value_cache_bytes: Option<u64>,
+
     /// Keel: open client connections one shard serves at once; a connection beyond it is
     /// closed as soon as it is accepted.
     #[arg(
@@ -465,6 +471,8 @@ pub struct Config {
     pub raft_cpu: usize,
     /// Bytes in one value-log segment (`--value-log-segment-bytes`).
     pub value_log_segment_bytes: usize,
+    /// The value cache's limit (`--value-cache-bytes`; 0: none).
+    pub value_cache_bytes: u64,
     /// Compare data with the peers before serving (`--experimental-initial-corrupt-check`).
     pub initial_corrupt_check: bool,
     /// How often the leader compares members' data; None when disabled.
@@ -774,6 +782,9 @@ impl Config {
             shards,
             raft_cpu,
             value_log_segment_bytes: f.value_log_segment_bytes,
+            value_cache_bytes: f
+                .value_cache_bytes
+                .unwrap_or_else(crate::value_cache::default_limit_bytes),
             initial_corrupt_check: f.experimental_initial_corrupt_check,
             corrupt_check_interval: (!corrupt_check_interval.is_zero())
                 .then_some(corrupt_check_interval),

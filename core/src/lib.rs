@@ -39,6 +39,7 @@ pub mod shared;
 pub mod snapshot_cli;
 pub mod stats;
 pub mod tls;
+pub mod value_cache;
 pub mod vlog_writer;
 pub mod watch;
 pub mod watch_ranges;

@@ -868,6 +868,25 @@ fn render_keel(out: &mut String, shared: &Shared) {
         "Pages of values that reads found not in memory (mincore), before a pager thread brought them in.",
         pager.pages_missing.load(Ordering::Relaxed),
     );
+    let cache = &shared.value_cache;
+    gauge(
+        out,
+        "keel_value_cache_limit_bytes",
+        "The value cache's limit: bytes of mapped value-log segments kept in memory (--value-cache-bytes; 0: none).",
+        cache.limit_bytes.load(Ordering::Relaxed),
+    );
+    gauge(
+        out,
+        "keel_value_cache_resident_bytes",
+        "Bytes of mapped value-log segments in memory at the value cache's last look.",
+        cache.resident_bytes.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "keel_value_cache_paged_out_bytes_total",
+        "Bytes of mapped value-log segments the value cache paged out to keep to its limit.",
+        cache.paged_out_bytes.load(Ordering::Relaxed),
+    );
 }
 
 /// Heap allocations by the threads of each role (alloc_count.rs), when the binary counts them.

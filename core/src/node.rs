@@ -117,6 +117,8 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         .pager
         .start()
         .map_err(|e| CoreError::Executor(format!("cannot start the pager threads: {e}")))?;
+    crate::value_cache::start(shared.clone(), config.value_cache_bytes)
+        .map_err(|e| CoreError::Executor(format!("cannot start the value cache: {e}")))?;
     let metrics = Metrics::new();
     let _shards = shard::start(shared.clone(), metrics, config.shards)?;
     if let Some(path) = &config.config_file {

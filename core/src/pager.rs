@@ -76,6 +76,14 @@ impl std::fmt::Debug for Pager {
 /// The wait for a pager thread to have brought a read's pages in.
 pub struct PagerWait(oneshot::Receiver<()>);
 
+impl PagerWait {
+    /// Whether the pages are in by now (or the pager gave up on them), without waiting: for
+    /// a caller that polls between other work rather than awaiting.
+    pub fn is_done(&mut self) -> bool {
+        !matches!(self.0.try_recv(), Ok(None))
+    }
+}
+
 impl Future for PagerWait {
     type Output = ();
 
@@ -113,6 +121,15 @@ impl Pager {
     /// else the wait for a pager thread to bring them in.
     pub fn bring_in<T>(&self, unchecked: &keel_kv::Unchecked<T>) -> Option<PagerWait> {
         self.bring_in_records(unchecked.records_on_disk())
+    }
+
+    /// Serves a read: its values' pages brought in (awaiting a pager thread where some are
+    /// missing, while the calling shard serves others), then its records checked.
+    pub async fn serve<T>(&self, unchecked: keel_kv::Unchecked<T>) -> T {
+        if let Some(wait) = self.bring_in(&unchecked) {
+            wait.await;
+        }
+        unchecked.check()
     }
 
     /// `bring_in` for any bytes this process holds (a read of none asks nothing).

@@ -73,6 +73,10 @@ pub struct RaftCore {
     vlog: VlogWriter,
     /// Dead value-log segments whose files wait for the checkpoints that refer to them to go.
     dead_segments: Vec<kv::DeadSegment>,
+    /// A pager thread bringing in the segment file the next compaction step reads, and
+    /// which file (its address) was last handed to one (see `compaction_waits_for_pages`).
+    compaction_paging: Option<crate::pager::PagerWait>,
+    compaction_paged_file: usize,
     vlog_dir: PathBuf,
     /// The store's count of damaged records reclaim met, as far as this loop has logged it.
     unreadable_records_reported: u64,
@@ -314,6 +318,8 @@ impl RaftCore {
             vlog_dir,
             unreadable_records_reported: 0,
             dead_segments: Vec::new(),
+            compaction_paging: None,
+            compaction_paged_file: 0,
             shared,
             member,
             wal: Rc::new(wal),
@@ -357,7 +363,9 @@ impl RaftCore {
             // Values waiting for the disk past their bound: no new writes until it catches up
             // (proposals wait in their bounded mailbox, then clients hear "too many requests").
             let proposals_held = self.member.values_backlogged();
-            let idle = !self.member.has_work()
+            let compaction_waits = self.compaction_waits_for_pages();
+            let idle = !self.member.has_ready()
+                && (!self.member.compaction_runnable() || compaction_waits)
                 && (proposals_held || self.shared.proposals.is_empty())
                 && self.shared.reads.is_empty()
                 && self.shared.queries.is_empty()
@@ -379,6 +387,13 @@ impl RaftCore {
                         proposals.ready().await
                     }
                 };
+                let mut paging = self.compaction_paging.take();
+                let paged = async {
+                    match paging.as_mut() {
+                        Some(wait) => wait.await,
+                        None => futures_lite::future::pending::<()>().await,
+                    }
+                };
                 self.shared
                     .enter_raft_idle(self.shared.uptime_ms() + wait_ms);
                 futures_lite::future::or(
@@ -387,11 +402,15 @@ impl RaftCore {
                         futures_lite::future::or(queries.ready(), transport.inbox_ready()),
                         futures_lite::future::or(
                             futures_lite::future::or(checkpoints.ready(), segments.ready()),
-                            rt::sleep(Duration::from_millis(wait_ms)),
+                            futures_lite::future::or(
+                                paged,
+                                rt::sleep(Duration::from_millis(wait_ms)),
+                            ),
                         ),
                     ),
                 )
                 .await;
+                self.compaction_paging = paging;
                 self.shared.enter_raft_phase(LoopPhase::Working);
             }
             // Between Readies, as the member asks: a written checkpoint lets the WAL go.
@@ -422,7 +441,7 @@ impl RaftCore {
             self.publish();
             if self.member.has_ready() {
                 self.handle_ready().await?;
-            } else if self.member.compaction_runnable() {
+            } else if self.member.compaction_runnable() && !self.compaction_waits_for_pages() {
                 // Compaction runs in bounded steps between batches, never as one long pause,
                 // and waits while its rewrites are queued for the disk (the loop then idles
                 // until the value-log writer reports).
@@ -462,6 +481,44 @@ impl RaftCore {
             self.finish_checkpoint(outcome).await?;
         }
         self.wal_release.settle().await
+    }
+
+    /// Whether the next compaction step must wait for a pager thread to bring in the segment
+    /// file it reads (a reclaim of a durable segment, whose pages may be on disk): the raft
+    /// core does not wait for the disk to compact, and goes on serving meanwhile. Each file
+    /// gets one pager round: pages evicted again meanwhile (memory pressure, the value cache)
+    /// are faulted by the steps rather than waited for forever, and mincore is asked once per
+    /// file, not per step. A full queue leaves the faults to the steps, as before.
+    fn compaction_waits_for_pages(&mut self) -> bool {
+        if let Some(wait) = self.compaction_paging.as_mut() {
+            if !wait.is_done() {
+                return true;
+            }
+            self.compaction_paging = None;
+        }
+        if !self.member.compaction_runnable() {
+            return false;
+        }
+        let Some(file) = self.member.writer().reclaim_file() else {
+            return false;
+        };
+        let file_at = file.as_ptr() as usize;
+        if file_at == self.compaction_paged_file {
+            return false;
+        }
+        self.compaction_paged_file = file_at;
+        // Asked whatever the segment's size (the pager's own look is bounded): a step comes
+        // only between batches, and mincore of a segment costs far less than a fault.
+        if keel_io::pages::pages_missing([&file[..]]) == 0 {
+            return false;
+        }
+        match self.shared.pager.bring_in_records(std::iter::once(&file)) {
+            None => false,
+            Some(wait) => {
+                self.compaction_paging = Some(wait);
+                true
+            }
+        }
     }
 
     fn step_peers(&mut self) {
@@ -1000,6 +1057,7 @@ enum Removal {
 /// Publishes the store's size (Status's dbSize and dbSizeInUse; what the quota counts). etcd's
 /// is never 0 (an empty bbolt file has pages), and clients check that, so neither is ours.
 fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
+    writer.publish_size();
     shared
         .db_size_bytes
         .store(writer.size_bytes().max(4096), Ordering::Release);

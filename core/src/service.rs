@@ -336,7 +336,7 @@ impl Api {
             .reader()
             .range_unchecked(&req)
             .map_err(|e| etcd(kv_error(e)))?;
-        let resp = self.bring_in(unchecked).await;
+        let resp = self.shared.pager.serve(unchecked).await;
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);
         Ok(convert::range_response(resp, header))
@@ -358,7 +358,7 @@ impl Api {
         let unchecked = reader
             .range_split_unchecked(&req, split)
             .map_err(|e| etcd(kv_error(e)))?;
-        let (resp, rest) = self.bring_in(unchecked).await;
+        let (resp, rest) = self.shared.pager.serve(unchecked).await;
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);
         let answer = convert::range_response(resp, header);
@@ -375,14 +375,35 @@ impl Api {
         })
     }
 
-    /// Checks a read's values and hands its answer out, a pager thread having first brought
-    /// their pages into memory where some were not (see `pager`): the shard does not wait
-    /// for the disk meanwhile.
-    async fn bring_in<T>(&self, unchecked: kv::Unchecked<T>) -> T {
-        if let Some(wait) = self.shared.pager.bring_in(&unchecked) {
+    /// A txn of ranges alone, answered as etcd answers one (its `Txn` for `isTxnReadonly`): on
+    /// this member, without raft, after the read barrier unless every range is
+    /// serializable, at one revision; so it costs what its reads cost, and no write to the
+    /// log. Its values come in as a range's do.
+    async fn txn_read_only(&self, req: kv::TxnRequest, who: &AuthInfo) -> R<pb::TxnResponse> {
+        if !kv::txn_is_serializable(&req) {
+            self.shared.read_barrier().await.map_err(etcd)?;
+        }
+        auth_api::check_txn_read(&self.shared, who, &req)?;
+        let records = self.shared.reader().records_txn_reads(&req);
+        self.bring_in_records(&records).await;
+        let unchecked = self
+            .shared
+            .reader()
+            .txn_read_only_unchecked(&req)
+            .map_err(|e| etcd(kv_error(e)))?;
+        let resp = self.shared.pager.serve(unchecked).await;
+        auth_api::check_still_current(&self.shared, who)?;
+        let header = self.shared.header(resp.revision);
+        Ok(convert::txn_response(resp, header))
+    }
+
+    /// Brings in the pages of `records`: the values a request will read where it cannot
+    /// wait for the disk (the values a txn compares, the value an `ignore_value` put keeps,
+    /// see `kv::Reader::records_txn_reads`), before it is proposed or read.
+    async fn bring_in_records(&self, records: &[bytes::Bytes]) {
+        if let Some(wait) = self.shared.pager.bring_in_records(records.iter()) {
             wait.await;
         }
-        unchecked.check()
     }
 
     /// A range request converted and checked as etcd checks it, after the read barrier of a
@@ -406,6 +427,10 @@ impl Api {
             .check_quota(alarms::put_cost_bytes(&req))
             .await
             .map_err(etcd)?;
+        if req.ignore_value {
+            let records = self.shared.reader().records_put_reads(&req);
+            self.bring_in_records(&records).await;
+        }
         // Bound before awaiting: a request built in the awaited expression would stay in
         // this future (1.2 KB) until the answer comes.
         let proposed = self.shared.propose_as(
@@ -453,10 +478,15 @@ impl Api {
         let req = convert::txn_request(r.clone());
         kv::validate_txn(&req, self.shared.config.max_txn_ops as usize)
             .map_err(|e| etcd(kv_error(e)))?;
+        if kv::txn_is_read_only(&req) {
+            return self.txn_read_only(req, who).await;
+        }
         self.shared
             .check_quota(alarms::txn_cost_bytes(&req))
             .await
             .map_err(etcd)?;
+        let records = self.shared.reader().records_txn_reads(&req);
+        self.bring_in_records(&records).await;
         let proposed = self.shared.propose_as(
             pb::InternalRaftRequest {
                 txn: Some(r),

@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::ids::{Identity, Member};
 use crate::limits::Limits;
 use crate::member::lease_clock::LeaseDeadlines;
+use crate::pager::Pager;
 use crate::rt::Mailbox;
 use crate::stats::{PeerTable, RaftStats};
 use crate::watch::WatchBatch;
@@ -35,11 +36,12 @@ pub const PROPOSAL_QUEUE_MAX: usize = 16 * 1024;
 /// Linearizable reads waiting for a ReadIndex round.
 pub const READ_QUEUE_MAX: usize = 16 * 1024;
 
-/// What applying one entry answered.
+/// What applying one entry answered: as the raft core made it (`Op` an unread
+/// `kv::Unchecked<kv::OpResponse>`, see `Unserved`), or as a shard serves it.
 #[derive(Debug)]
-pub enum Answer {
+pub enum Answer<Op = kv::OpResponse> {
     /// A keel-kv operation's response.
-    Op(kv::OpResponse),
+    Op(Op),
     /// An alarm request's listed alarms.
     Alarms(Vec<AlarmMember>),
     /// An auth request's answer, at the store's revision when it applied.
@@ -48,13 +50,35 @@ pub enum Answer {
 
 /// What a committed, applied proposal answers.
 #[derive(Debug)]
-pub struct Outcome {
-    pub response: Answer,
+pub struct Outcome<Op = kv::OpResponse> {
+    pub response: Answer<Op>,
     /// The raft term the entry was applied in, for the response header.
     pub raft_term: u64,
 }
 
-pub type Reply = oneshot::Sender<Result<Outcome, EtcdError>>;
+/// What the raft core answers a proposal: the values of a keel-kv answer that lie in mapped
+/// segment files (previous key-values, a txn's ranges) are not read yet, so the raft core
+/// never waits for the disk to answer (see `kv::Unchecked`); `served` reads them.
+pub type Unserved = Outcome<kv::Unchecked<kv::OpResponse>>;
+
+pub type Reply = oneshot::Sender<Result<Unserved, EtcdError>>;
+
+impl Unserved {
+    /// The answer as a shard serves it: the pages of its unread values are brought into
+    /// memory by a pager thread where some are not (the shard serves others meanwhile), and
+    /// the values are checked.
+    pub async fn served(self, pager: &Pager) -> Outcome {
+        let response = match self.response {
+            Answer::Op(unchecked) => Answer::Op(pager.serve(unchecked).await),
+            Answer::Alarms(alarms) => Answer::Alarms(alarms),
+            Answer::Auth { reply, revision } => Answer::Auth { reply, revision },
+        };
+        Outcome {
+            response,
+            raft_term: self.raft_term,
+        }
+    }
+}
 
 /// One client write on its way into the log.
 pub struct Proposal {
@@ -220,7 +244,9 @@ pub struct Shared {
     lease_deadlines: OnceLock<Arc<LeaseDeadlines>>,
     next_id: AtomicU64,
     /// Takes cold reads' page faults off the shards (started by `node::run`).
-    pub pager: Arc<crate::pager::Pager>,
+    pub pager: Arc<Pager>,
+    /// What the value cache (`value_cache`) measured and paged out.
+    pub value_cache: crate::value_cache::ValueCacheStats,
 }
 
 impl Shared {
@@ -276,6 +302,7 @@ impl Shared {
             lease_deadlines: OnceLock::new(),
             next_id: AtomicU64::new(next_id),
             pager: Arc::default(),
+            value_cache: Default::default(),
         }
     }
 
@@ -408,7 +435,7 @@ impl Shared {
     pub fn propose(
         &self,
         request: pb::InternalRaftRequest,
-    ) -> impl Future<Output = Result<Outcome, EtcdError>> + 'static {
+    ) -> impl Future<Output = Result<Outcome, EtcdError>> + '_ {
         self.propose_as(request, &AuthInfo::default())
     }
 
@@ -419,13 +446,18 @@ impl Shared {
     /// future is first polled: the future then holds only the reply channel. An
     /// `InternalRaftRequest` is 1.2 KB, and as an `async fn` argument it made every write's
     /// call future (copied into its task per request) several KB larger.
+    ///
+    /// The answer is served (see `Unserved::served`) on the calling thread.
     pub fn propose_as(
         &self,
         request: pb::InternalRaftRequest,
         who: &AuthInfo,
-    ) -> impl Future<Output = Result<Outcome, EtcdError>> + 'static {
+    ) -> impl Future<Output = Result<Outcome, EtcdError>> + '_ {
         let submitted = self.submit(request, who);
-        async move { submitted?.await.unwrap_or(Err(EtcdError::Stopped)) }
+        async move {
+            let applied = submitted?.await.unwrap_or(Err(EtcdError::Stopped))?;
+            Ok(applied.served(&self.pager).await)
+        }
     }
 
     /// Encodes `request` with its header and queues it for the raft core.
@@ -433,7 +465,7 @@ impl Shared {
         &self,
         mut request: pb::InternalRaftRequest,
         who: &AuthInfo,
-    ) -> Result<oneshot::Receiver<Result<Outcome, EtcdError>>, EtcdError> {
+    ) -> Result<oneshot::Receiver<Result<Unserved, EtcdError>>, EtcdError> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(EtcdError::Stopped);
         }
@@ -479,7 +511,9 @@ impl Shared {
         if self.nospace.load(Ordering::Acquire) {
             return Err(EtcdError::NoSpace);
         }
-        let size_bytes = self.db_size_bytes.load(Ordering::Acquire);
+        // The store's own published size, not `db_size_bytes`: the store publishes it before
+        // an applied write's answer goes out, so a client's next write counts its last one.
+        let size_bytes = self.reader().size_bytes_published();
         if size_bytes + cost_bytes < self.config.quota_backend_bytes {
             return Ok(());
         }

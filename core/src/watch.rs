@@ -618,7 +618,7 @@ impl Hub {
                 }
             }
             if stream.unsynced.get() > 0 && stream.queue_bytes.get() < STREAM_QUEUE_BYTES_MAX / 2 {
-                self.catch_up_step(stream);
+                self.catch_up_step(stream).await;
                 futures_lite::future::yield_now().await;
                 continue;
             }
@@ -805,8 +805,10 @@ impl Hub {
         stream.push(frame_of(&resp));
     }
 
-    /// One bounded history read for each unsynced watcher of the stream.
-    fn catch_up_step(&self, stream: &Rc<Stream>) {
+    /// One bounded history read for each unsynced watcher of the stream. Values in mapped
+    /// segment files come in through the pager (see `pager`), so a catch-up from old
+    /// revisions does not stall the shard on page faults.
+    async fn catch_up_step(&self, stream: &Rc<Stream>) {
         let ids: Vec<i64> = stream
             .watchers
             .borrow()
@@ -820,12 +822,16 @@ impl Hub {
                 let Some(w) = watchers.get(&id) else { continue };
                 (w.range.clone(), w.next_rev)
             };
-            let read = self.shared.reader().range_events(
+            let read = self.shared.reader().range_events_unchecked(
                 next_rev,
                 range.start(),
                 &range.kv_end(),
                 CATCHUP_EVENTS_PER_STEP,
             );
+            let read = match read {
+                Ok(unchecked) => Ok(self.shared.pager.serve(unchecked).await),
+                Err(e) => Err(e),
+            };
             let mut watchers = stream.watchers.borrow_mut();
             let Some(w) = watchers.get_mut(&id) else {
                 continue;

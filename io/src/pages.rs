@@ -140,6 +140,37 @@ pub fn fault_in<'a>(spans: impl IntoIterator<Item = &'a [u8]> + Clone) {
     }
 }
 
+/// How many of the pages `span` lies on are in memory now: for the value cache, which asks
+/// it of whole mapped segment files, off the serving threads.
+pub fn pages_resident(span: &[u8]) -> usize {
+    if span.is_empty() {
+        return 0;
+    }
+    let page = page_bytes();
+    let run = pages_of(span);
+    (run.1 - run.0) / page - missing_in(run, page)
+}
+
+/// Asks the kernel to reclaim the pages `span` lies on (MADV_PAGEOUT, Linux 5.4 and later):
+/// clean pages of a mapped file leave this process's memory and, where no other process maps
+/// them, the page cache, so the next read of them waits for the disk again. The mapping stays
+/// valid. `span` must be a whole mapping this process holds (its pages are its own), such as
+/// a durable segment's file: the value cache's way of keeping to its byte limit.
+pub fn page_out(span: &[u8]) -> std::io::Result<()> {
+    if span.is_empty() {
+        return Ok(());
+    }
+    let (first, end) = pages_of(span);
+    // SAFETY: the pages lie within a mapping the caller holds; PAGEOUT changes only whether
+    // they are in memory, never their contents (a file mapping's pages read back from it).
+    let rc = unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_PAGEOUT) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Asks the kernel to drop `file`'s clean pages from the page cache (those no process has
 /// mapped in use stay): how a test or a benchmark makes a file's next reads cold.
 pub fn drop_cached(file: &std::fs::File) -> std::io::Result<()> {
@@ -167,6 +198,19 @@ mod tests {
         drop_cached(file.as_file()).expect("fadvise");
         let mapped = crate::vlog::map_file(file.path()).expect("map");
         (file, mapped)
+    }
+
+    #[test]
+    fn a_paged_out_mapping_is_no_longer_resident_and_reads_back_the_same() {
+        let (_file, all) = cold_mapping(8);
+        assert_eq!(pages_resident(&all), 0);
+        fault_in([&all[..]]);
+        assert_eq!(pages_resident(&all), 8);
+        page_out(&all).expect("MADV_PAGEOUT (Linux 5.4 and later)");
+        assert_eq!(pages_resident(&all), 0, "paged out of the page cache too");
+        assert!(all.iter().all(|b| *b == 7), "read back from the file");
+        assert_eq!(pages_resident(&all), 8);
+        assert_eq!(pages_resident(&all[..0]), 0);
     }
 
     #[test]

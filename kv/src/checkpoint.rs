@@ -1912,6 +1912,8 @@ where
         .store(compact_rev, std::sync::atomic::Ordering::Release);
     writer.set_delta_base_revision(delta_base_revision);
     writer.resume_compaction();
+    // Before any reader sees the store: a shard's quota check reads it.
+    writer.publish_size();
     Ok((writer, reader))
 }
 

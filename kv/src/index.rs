@@ -150,6 +150,23 @@ impl Version {
         segments.record(self.segment, self.offset, self.record_len(key))
     }
 
+    /// The value's whole record (as `record`) and whether it lies in a durable segment's
+    /// mapped file, whose pages may be on disk; `read` marks that segment as read for the
+    /// value cache (a read of the value, not a write's look at what it replaces).
+    fn record_placed(&self, key: &[u8], segments: &SegmentTable, read: bool) -> (Bytes, bool) {
+        if self.segment == SEGMENT_NONE {
+            return (Bytes::new(), false);
+        }
+        segments.record_placed(self.segment, self.offset, self.record_len(key), read)
+    }
+
+    /// This version's record when it lies in a durable segment's mapped file (whose pages
+    /// may be on disk), unread: a value about to be read.
+    pub(crate) fn record_on_disk(&self, key: &[u8], segments: &SegmentTable) -> Option<Bytes> {
+        let (record, on_disk) = self.record_placed(key, segments, true);
+        on_disk.then_some(record)
+    }
+
     /// The value in `record` (this version's, from `record`), unchecked.
     fn value_in(&self, record: &Bytes) -> Bytes {
         if record.is_empty() {
@@ -191,18 +208,13 @@ impl Version {
         self.value_in(&record)
     }
 
-    /// This version as a key-value, its value checked. `key` is copied: a clone of the
-    /// index's own key would give it a shared header for as long as it lives (see
-    /// `Writer::write_put`); keys are small, values are the ones shared.
-    pub(crate) fn to_key_value(&self, key: &[u8], segments: &SegmentTable) -> KeyValue {
-        self.key_value_with(Bytes::copy_from_slice(key), self.value(key, segments))
-    }
-
-    /// `to_key_value` without reading a value whose record lies in a durable segment's mapped
-    /// file (whose pages may be on disk): it is a slice of its record, and the record's check
-    /// comes back to be made later (see `Unchecked`). A record in memory is checked here, as
-    /// `to_key_value` does. `with_value` false (a keys-only answer) leaves the value empty and
-    /// its record unread.
+    /// This version as a key-value, without reading a value whose record lies in a durable
+    /// segment's mapped file (whose pages may be on disk): it is a slice of its record, and the
+    /// record's check comes back to be made later (see `Unchecked`). A record in memory is
+    /// checked here. `with_value` false (a keys-only answer) leaves the value empty and its
+    /// record unread. `key` is copied: a clone of the index's own key would give it a shared
+    /// header for as long as it lives (see `Writer::write_put`); keys are small, values are
+    /// the ones shared.
     pub(crate) fn to_key_value_unchecked(
         &self,
         key: &[u8],
@@ -211,13 +223,13 @@ impl Version {
     ) -> (KeyValue, Option<RecordCheck>) {
         let mut check = None;
         let value = if with_value && self.segment != SEGMENT_NONE {
-            let (record, on_disk) =
-                segments.record_placed(self.segment, self.offset, self.record_len(key));
+            let (record, on_disk) = self.record_placed(key, segments, true);
             let value = self.value_in(&record);
             if on_disk {
                 check = Some(RecordCheck {
                     version: self.clone(),
                     record,
+                    on_disk,
                 });
             } else {
                 self.check_record(&record);
@@ -234,16 +246,19 @@ impl Version {
 
     /// This version as a key's previous state, its value not read (see `PrevKv`).
     pub(crate) fn to_prev_kv(&self, key: &[u8], segments: &SegmentTable) -> PrevKv {
-        let record = self.record(key, segments);
+        let (record, on_disk) = self.record_placed(key, segments, false);
         PrevKv::unchecked(
             self.key_value_with(Bytes::copy_from_slice(key), self.value_in(&record)),
-            self.clone(),
-            record,
+            RecordCheck {
+                version: self.clone(),
+                record,
+                on_disk,
+            },
         )
     }
 
-    /// `to_key_value` for a version the writer has just written (its record is in memory and
-    /// was made a moment ago: checking it again would only cost time).
+    /// `to_key_value_unchecked` for a version the writer has just written (its record is in
+    /// memory and was made a moment ago: checking it again would only cost time).
     pub(crate) fn fresh_key_value(&self, key: Bytes, segments: &SegmentTable) -> KeyValue {
         let value = self.value_unchecked(&key, segments);
         self.key_value_with(key, value)
@@ -526,6 +541,25 @@ mod tests {
 pub(crate) struct RecordCheck {
     version: Version,
     record: Bytes,
+    /// Whether `record` lies in a durable segment's mapped file, whose pages may be on disk.
+    on_disk: bool,
+}
+
+impl RecordCheck {
+    /// Checks the record now (see `Version::check_record`).
+    pub(crate) fn check(&self) {
+        self.version.check_record(&self.record);
+    }
+
+    /// Leaves a record on disk to be checked with its answer (`checks` becomes an
+    /// `Unchecked`'s), and checks one in memory now: it cannot wait for the disk.
+    pub(crate) fn defer_or_check(self, checks: &mut Vec<RecordCheck>) {
+        if self.on_disk {
+            checks.push(self);
+        } else {
+            self.check();
+        }
+    }
 }
 
 /// An answer whose values in durable segments' mapped files were not read yet: each is a
@@ -536,7 +570,7 @@ pub(crate) struct RecordCheck {
 /// thread first, and the thread that serves the answer does not wait for the disk. (Values
 /// in memory were checked as they were read: they cannot wait for the disk.)
 #[must_use = "the answer's values are served only after `check`"]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Unchecked<T> {
     answer: T,
     checks: Vec<RecordCheck>,
@@ -563,7 +597,7 @@ impl<T> Unchecked<T> {
     /// Checks every record, then hands out the answer.
     pub fn check(self) -> T {
         for c in &self.checks {
-            c.version.check_record(&c.record);
+            c.check();
         }
         self.answer
     }
@@ -574,4 +608,19 @@ impl<T> Unchecked<T> {
             checks: self.checks,
         }
     }
+
+    /// The answer, its checks joining `checks` (for an answer made of several reads).
+    pub(crate) fn into_parts(self, checks: &mut Vec<RecordCheck>) -> T {
+        checks.extend(self.checks);
+        self.answer
+    }
 }
+
+/// Equal when the answers are, whether or not either was checked yet (as `PrevKv`).
+impl<T: PartialEq> PartialEq for Unchecked<T> {
+    fn eq(&self, other: &Unchecked<T>) -> bool {
+        self.answer == other.answer
+    }
+}
+
+impl<T: Eq> Eq for Unchecked<T> {}

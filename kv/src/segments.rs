@@ -13,7 +13,7 @@
 //! (`retire` defers it), so a reader still holding such a list also still finds the segment.
 
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -136,28 +136,70 @@ pub(crate) enum SegmentBytes {
     /// A sealed segment's records in memory.
     Frozen(Bytes),
     /// A durable segment's file, mapped: a read of a page not in memory waits for the disk.
-    Durable(Bytes),
+    /// The mark says a value was read from it since the value cache last looked (see
+    /// `MappedSegment`).
+    Durable(Bytes, ReadMark),
+}
+
+/// Set by every read of a value in a durable segment: the value cache's clock (in core)
+/// clears it, and pages out first the segments nobody read since. A read loads it and stores
+/// only when it was clear, so the shared line is written once per segment per look.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReadMark(Arc<AtomicBool>);
+
+impl ReadMark {
+    fn mark(&self) {
+        if !self.0.load(Ordering::Relaxed) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A durable segment's mapped file, as the value cache sees it (`Reader::mapped_segments`).
+#[derive(Debug)]
+pub struct MappedSegment {
+    pub id: u32,
+    /// The whole mapping; it stays mapped while this is held.
+    pub file: Bytes,
+    read: ReadMark,
+}
+
+impl MappedSegment {
+    /// Whether a value was read from this segment since the last call (or since it became
+    /// durable), clearing the mark.
+    pub fn take_read(&self) -> bool {
+        self.read.0.swap(false, Ordering::Relaxed)
+    }
 }
 
 impl SegmentBytes {
-    /// The record `offset..offset + len`, which a published version names.
-    fn record(&self, offset: usize, len: usize) -> Bytes {
+    /// The record `offset..offset + len`, which a published version names; `read` marks a
+    /// durable segment as read (for the value cache), as a read of its value does and a
+    /// write's look at the version it replaces does not.
+    fn record(&self, offset: usize, len: usize, read: bool) -> Bytes {
         let end = offset.checked_add(len).expect("a record's end fits");
         match self {
             SegmentBytes::Open(segment) => {
                 // SAFETY: a published version's record is written and never changes.
                 unsafe { written_bytes(segment, offset, end) }
             }
-            SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes) => {
+            SegmentBytes::Frozen(bytes) => {
                 assert!(end <= bytes.len(), "a record ends within its segment");
                 bytes.slice(offset..end)
+            }
+            SegmentBytes::Durable(file, mark) => {
+                assert!(end <= file.len(), "a record ends within its segment");
+                if read {
+                    mark.mark();
+                }
+                file.slice(offset..end)
             }
         }
     }
 
     /// Whether a read of these bytes may wait for the disk (see `Unchecked`).
     fn on_disk(&self) -> bool {
-        matches!(self, SegmentBytes::Durable(_))
+        matches!(self, SegmentBytes::Durable(..))
     }
 }
 
@@ -176,19 +218,43 @@ impl SegmentTable {
         self.position(id).ok().map(|at| &self.slots[at].1)
     }
 
+    /// The durable segments' mapped files, ascending.
+    pub(crate) fn mapped(&self) -> Vec<MappedSegment> {
+        self.slots
+            .iter()
+            .filter_map(|(id, bytes)| match bytes {
+                SegmentBytes::Durable(file, read) => Some(MappedSegment {
+                    id: *id,
+                    file: file.clone(),
+                    read: read.clone(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The record of `len` bytes at `offset` in segment `id`; every published version's
     /// segment is here (see the module's description), so a miss is a broken invariant.
     pub(crate) fn record(&self, id: u32, offset: u32, len: usize) -> Bytes {
-        self.record_placed(id, offset, len).0
+        self.record_placed(id, offset, len, false).0
     }
 
     /// `record`, and whether it lies in a durable segment's mapped file, whose pages may be
-    /// on disk rather than in memory.
-    pub(crate) fn record_placed(&self, id: u32, offset: u32, len: usize) -> (Bytes, bool) {
+    /// on disk rather than in memory; `read` marks the segment as read (see `ReadMark`).
+    pub(crate) fn record_placed(
+        &self,
+        id: u32,
+        offset: u32,
+        len: usize,
+        read: bool,
+    ) -> (Bytes, bool) {
         let segment = self.get(id).unwrap_or_else(|| {
             panic!("value-log segment {id:08x}.seg is named by a version but not in the table")
         });
-        (segment.record(offset as usize, len), segment.on_disk())
+        (
+            segment.record(offset as usize, len, read),
+            segment.on_disk(),
+        )
     }
 }
 
@@ -366,7 +432,7 @@ mod tests {
         // SAFETY: nothing reads the buffer yet.
         unsafe { open.write_at(0, b"hello world") };
         let segment = SegmentBytes::Open(open.clone());
-        let record = segment.record(6, 5);
+        let record = segment.record(6, 5, true);
         // SAFETY: past the record handed out.
         unsafe { open.write_at(11, b"!!!") };
         drop(segment);

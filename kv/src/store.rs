@@ -2,7 +2,7 @@
 //! `Reader`s (one per shard) that read the published state without locks.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -10,12 +10,12 @@ use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
 use crate::index::{
-    for_each_in_range, live_at, Index, KeyHistory, Unchecked, Version, VersionKind,
+    for_each_in_range, live_at, Index, KeyHistory, RecordCheck, Unchecked, Version, VersionKind,
 };
 use crate::read::{
     range_at, range_at_unchecked, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk,
 };
-use crate::segments::{SegmentsWriter, SharedSegments};
+use crate::segments::{MappedSegment, SegmentsWriter, SharedSegments};
 use crate::types::{
     Applied, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Event, EventBatch, EventKind, KeyValue,
@@ -41,6 +41,9 @@ pub const LEASE_BYTES: u64 = 64;
 /// compaction is a raft entry, so three in a row during one scan means a very busy compactor).
 pub(crate) const HASH_ATTEMPTS_MAX: usize = 3;
 
+/// Tries of a read-only txn that compactions past its revision keep overtaking.
+const TXN_READ_ATTEMPTS_MAX: usize = 3;
+
 // The writer moves to the raft core; readers are shared by every shard.
 const _: fn() = || {
     fn send<T: Send>() {}
@@ -58,6 +61,10 @@ pub(crate) struct Shared {
     pub(crate) current_rev: AtomicI64,
     /// Reads below it fail with `Compacted`.
     pub(crate) compact_rev: AtomicI64,
+    /// `Writer::size_bytes` as of the last apply (or `publish_size`): what the quota counts,
+    /// published before the applied entry's answer goes out, so the next write a client
+    /// sends after its answer is checked against a size that includes it.
+    pub(crate) size_bytes: AtomicU64,
 }
 
 /// Entry point: builds a writer and its first reader.
@@ -89,6 +96,7 @@ impl Store {
             segments: segments.clone(),
             current_rev: AtomicI64::new(REVISION_INITIAL),
             compact_rev: AtomicI64::new(COMPACT_REVISION_NONE),
+            size_bytes: AtomicU64::new(0),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -284,6 +292,10 @@ struct TxnCtx {
     begin_rev: i64,
     writes: i64,
     events: Vec<Event>,
+    /// The answer's values in durable segments' mapped files, left unread: the raft core
+    /// applies, and must not wait for the disk to fill in an answer a shard serves (the
+    /// shard brings their pages in off its own thread and checks them, see `Unchecked`).
+    checks: Vec<RecordCheck>,
 }
 
 impl TxnCtx {
@@ -292,6 +304,7 @@ impl TxnCtx {
             begin_rev,
             writes: 0,
             events: Vec::new(),
+            checks: Vec::new(),
         }
     }
 
@@ -404,6 +417,15 @@ impl Writer {
         self.vlog.record_bytes_total() + self.index_bytes + self.leases.len() as u64 * LEASE_BYTES
     }
 
+    /// Publishes `size_bytes` to readers (`Reader::size_bytes_published`). Every apply does;
+    /// the driver calls it after work that changes the size between applies (compaction,
+    /// reclaim, segments leaving).
+    pub fn publish_size(&self) {
+        self.shared
+            .size_bytes
+            .store(self.size_bytes(), Ordering::Release);
+    }
+
     /// Bytes still in use: live values' records, the index and the leases (Status's
     /// dbSizeInUse).
     pub fn size_bytes_in_use(&self) -> u64 {
@@ -450,9 +472,10 @@ impl Writer {
             Op::LeaseRevoke(req) => OpResponse::LeaseRevoke(self.lease_revoke(&mut ctx, req)?),
         };
         self.publish(&ctx);
+        self.publish_size();
         assert!(self.current_rev == rev_before + i64::from(ctx.writes > 0));
         Ok(Applied {
-            response,
+            response: Unchecked::new(response, ctx.checks),
             events: ctx.events,
         })
     }
@@ -470,9 +493,10 @@ impl Writer {
             .store(self.current_rev, Ordering::Release);
     }
 
-    fn range(&self, ctx: &TxnCtx, req: &RangeRequest) -> RangeResponse {
-        range_at(&self.shared, req, ctx.read_rev(), self.compact_rev)
+    fn range(&self, ctx: &mut TxnCtx, req: &RangeRequest) -> RangeResponse {
+        range_at_unchecked(&self.shared, req, ctx.read_rev(), self.compact_rev)
             .expect("txn ranges are checked against the compact and current revision before apply")
+            .into_parts(&mut ctx.checks)
     }
 
     /// The apply-time checks of one put: `ignore_*` needs an existing key.
@@ -509,7 +533,7 @@ impl Writer {
             (None, _, _) => panic!("ignore_* on a missing key must be rejected before apply"),
         };
         let prev_kv = if req.prev_kv {
-            prev.clone().map(PrevKv::checked)
+            prev.clone().map(|p| p.into_answer(&mut ctx.checks))
         } else {
             None
         };
@@ -608,10 +632,11 @@ impl Writer {
                 },
             );
         }
-        // Read and checked before the index changes, as put does: a damaged value stops the
-        // member before this delete half happened.
         let prev_kvs = if req.prev_kv {
-            victims.iter().cloned().map(PrevKv::checked).collect()
+            victims
+                .iter()
+                .map(|p| p.clone().into_answer(&mut ctx.checks))
+                .collect()
         } else {
             Vec::new()
         };
@@ -665,7 +690,7 @@ impl Writer {
 
     fn txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest) -> Result<TxnResponse> {
         assert!(ctx.writes == 0, "a txn starts its own write set");
-        let path = self.compare_path(req, ctx.begin_rev);
+        let path = compare_path(&self.shared, req, ctx.begin_rev, self.compact_rev);
         if txn_writes(req) {
             self.check_txn(req, &path, &mut |w, op| match op {
                 RequestOp::Put(p) => {
@@ -689,44 +714,6 @@ impl Writer {
         let mut resp = self.apply_txn(ctx, req, &path);
         resp.revision = ctx.begin_rev + i64::from(ctx.writes > 0);
         Ok(resp)
-    }
-
-    fn compare_path(&self, req: &TxnRequest, rev: i64) -> TxnPath {
-        let succeeded = req.compare.iter().all(|c| self.compare(c, rev));
-        let ops = if succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
-        let nested = ops
-            .iter()
-            .filter_map(|op| match op {
-                RequestOp::Txn(t) => Some(self.compare_path(t, rev)),
-                _ => None,
-            })
-            .collect();
-        TxnPath { succeeded, nested }
-    }
-
-    /// etcd's `applyCompare`: every key in the range must match; a missing key compares as a zero
-    /// KeyValue, except that VALUE on a missing key is always false.
-    fn compare(&self, c: &Compare, rev: i64) -> bool {
-        let req = RangeRequest {
-            key: c.key.clone(),
-            range_end: c.range_end.clone(),
-            ..RangeRequest::default()
-        };
-        let kvs = match range_at(&self.shared, &req, rev, self.compact_rev) {
-            Ok(resp) => resp.kvs,
-            Err(_) => return false,
-        };
-        if kvs.is_empty() {
-            if matches!(c.target, CompareTarget::Value(_)) {
-                return false;
-            }
-            return compare_kv(c, &KeyValue::default());
-        }
-        kvs.iter().all(|kv| compare_kv(c, kv))
     }
 
     fn check_txn(
@@ -847,6 +834,21 @@ impl Writer {
         } else {
             Reclaim::MostlyDead
         }
+    }
+
+    /// The mapped file the next compaction step reads, when it is a reclaim of a durable
+    /// segment (the walk of its records, or of the index for values still in it): its pages
+    /// may be on disk, and the raft core, which runs the steps, must not wait for them, so
+    /// its driver has them brought in first. None while the step walks only the index.
+    pub fn reclaim_file(&self) -> Option<Bytes> {
+        let segment = match &self.reclaim {
+            Some(cursor) => cursor.segment,
+            None if self.compaction.is_none() => {
+                self.vlog.reclaim_candidate(self.reclaim_mode())?
+            }
+            None => return None,
+        };
+        self.vlog.durable_file(segment).cloned()
     }
 
     /// Whether background compaction work remains.
@@ -1208,6 +1210,74 @@ fn txn_writes(req: &TxnRequest) -> bool {
         })
 }
 
+/// Which branch each txn takes (see `TxnPath`), comparing against the state at `rev` with
+/// `compact_rev` the oldest readable revision.
+fn compare_path(shared: &Shared, req: &TxnRequest, rev: i64, compact_rev: i64) -> TxnPath {
+    let succeeded = req
+        .compare
+        .iter()
+        .all(|c| compare(shared, c, rev, compact_rev));
+    let ops = if succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let nested = ops
+        .iter()
+        .filter_map(|op| match op {
+            RequestOp::Txn(t) => Some(compare_path(shared, t, rev, compact_rev)),
+            _ => None,
+        })
+        .collect();
+    TxnPath { succeeded, nested }
+}
+
+/// etcd's `applyCompare`: every key in the range must match; a missing key compares as a zero
+/// KeyValue, except that VALUE on a missing key is always false.
+fn compare(shared: &Shared, c: &Compare, rev: i64, compact_rev: i64) -> bool {
+    let req = compare_range(c);
+    let kvs = match range_at(shared, &req, rev, compact_rev) {
+        Ok(resp) => resp.kvs,
+        Err(_) => return false,
+    };
+    if kvs.is_empty() {
+        if matches!(c.target, CompareTarget::Value(_)) {
+            return false;
+        }
+        return compare_kv(c, &KeyValue::default());
+    }
+    kvs.iter().all(|kv| compare_kv(c, kv))
+}
+
+/// The read a compare makes: values only when it compares them, so a compare of revisions
+/// or versions (as a kube-apiserver update's) reads none.
+fn compare_range(c: &Compare) -> RangeRequest {
+    RangeRequest {
+        key: c.key.clone(),
+        range_end: c.range_end.clone(),
+        keys_only: !matches!(c.target, CompareTarget::Value(_)),
+        ..RangeRequest::default()
+    }
+}
+
+/// etcd's `isTxnReadonly`: every op of both branches is a range (a nested txn is not, even one
+/// that only reads). etcd answers such a txn on the member that received it, without raft.
+pub fn txn_is_read_only(req: &TxnRequest) -> bool {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .all(|op| matches!(op, RequestOp::Range(_)))
+}
+
+/// etcd's `isTxnSerializable`: every op of both branches is a serializable range (so a txn of
+/// compares alone is), and a read-only txn needs no read barrier.
+pub fn txn_is_serializable(req: &TxnRequest) -> bool {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .all(|op| matches!(op, RequestOp::Range(r) if r.serializable))
+}
+
 fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
     let ordering = match &c.target {
         CompareTarget::Value(v) => kv.value.as_ref().cmp(v.as_ref()),
@@ -1225,6 +1295,11 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
 }
 
 impl Reader {
+    /// The store's size (`Writer::size_bytes`) as last published: what the quota counts.
+    pub fn size_bytes_published(&self) -> u64 {
+        self.shared.size_bytes.load(Ordering::Acquire)
+    }
+
     /// The newest completely applied revision.
     pub fn current_revision(&self) -> i64 {
         self.shared.current_rev.load(Ordering::Acquire)
@@ -1257,6 +1332,131 @@ impl Reader {
         split: RangeSplit<'_>,
     ) -> Result<(RangeResponse, Option<RangeRest>)> {
         self.range_split_unchecked(req, split).map(Unchecked::check)
+    }
+
+    /// A read-only txn (`txn_is_read_only`), answered from the published state as etcd
+    /// answers one on the member that received it: its compares and ranges all at one
+    /// revision, the current one, which the answer's revision is. Its ranges' values are not
+    /// read yet (see `Unchecked`); the values it compares are (see `records_txn_reads`).
+    pub fn txn_read_only_unchecked(&self, req: &TxnRequest) -> Result<Unchecked<TxnResponse>> {
+        assert!(
+            txn_is_read_only(req),
+            "only a read-only txn is answered by a reader"
+        );
+        // etcd reads a txn in one view that no compaction changes; here a compaction past
+        // the revision read at can land meanwhile and cut what a compare saw (a compare
+        // that fails to read counts as false), so such a read is made again at the newer
+        // revision. Compactions past the current revision are rare: a few tries suffice.
+        for _ in 0..TXN_READ_ATTEMPTS_MAX {
+            let cur_rev = self.current_revision();
+            let answer = self.txn_read_only_at(req, cur_rev);
+            if self.compact_revision() <= cur_rev {
+                return answer;
+            }
+        }
+        Err(KvError::Compacted)
+    }
+
+    fn txn_read_only_at(&self, req: &TxnRequest, cur_rev: i64) -> Result<Unchecked<TxnResponse>> {
+        let compact_rev = self.compact_revision();
+        let path = compare_path(&self.shared, req, cur_rev, compact_rev);
+        assert!(path.nested.is_empty(), "a read-only txn has no nested txn");
+        let ops = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut checks = Vec::new();
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let RequestOp::Range(r) = op else {
+                unreachable!("a read-only txn holds only ranges")
+            };
+            // etcd's checkRequests (it checks every range before reading any, which answers
+            // the same: the first error wins either way, and reads have no effect).
+            if r.revision > cur_rev {
+                return Err(KvError::FutureRevision);
+            }
+            if r.revision > 0 && r.revision < compact_rev {
+                return Err(KvError::Compacted);
+            }
+            let range = range_at_unchecked(&self.shared, r, cur_rev, compact_rev)?;
+            self.recheck_compacted(r.revision, cur_rev)?;
+            responses.push(ResponseOp::Range(range.into_parts(&mut checks)));
+        }
+        Ok(Unchecked::new(
+            TxnResponse {
+                revision: cur_rev,
+                succeeded: path.succeeded,
+                responses,
+            },
+            checks,
+        ))
+    }
+
+    /// The records of values in durable segments' mapped files that applying the txn `req`
+    /// would read as the store is now: the values its compares compare (every compare, in any
+    /// branch) and the old values its `ignore_value` puts keep. The raft core needs those
+    /// bytes to apply, so it cannot leave them to a shard as it leaves the answer's values; a
+    /// shard brings their pages in before proposing, so the raft core almost always finds
+    /// them in memory (only a write between the two, or the kernel evicting them, makes it
+    /// wait).
+    pub fn records_txn_reads(&self, req: &TxnRequest) -> Vec<Bytes> {
+        let mut records = Vec::new();
+        self.txn_reads(req, self.current_revision(), &mut records);
+        records
+    }
+
+    /// `records_txn_reads` for a put: the old value an `ignore_value` put keeps.
+    pub fn records_put_reads(&self, req: &PutRequest) -> Vec<Bytes> {
+        let mut records = Vec::new();
+        self.put_reads(req, self.current_revision(), &mut records);
+        records
+    }
+
+    fn txn_reads(&self, req: &TxnRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
+        for c in &req.compare {
+            if matches!(c.target, CompareTarget::Value(_)) {
+                self.records_of(&c.key, &c.range_end, cur_rev, records);
+            }
+        }
+        for op in req.success.iter().chain(req.failure.iter()) {
+            match op {
+                RequestOp::Put(p) => self.put_reads(p, cur_rev, records),
+                RequestOp::Txn(t) => self.txn_reads(t, cur_rev, records),
+                _ => {}
+            }
+        }
+    }
+
+    fn put_reads(&self, req: &PutRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
+        if req.ignore_value {
+            self.records_of(&req.key, &[], cur_rev, records);
+        }
+    }
+
+    /// The records in durable segments' mapped files of the values live in [key, range_end)
+    /// at `rev`, unread.
+    fn records_of(&self, key: &[u8], range_end: &[u8], rev: i64, records: &mut Vec<Bytes>) {
+        let guard = epoch::pin();
+        for_each_in_range(&self.shared.index, key, range_end, |key, history| {
+            let versions = history.load(&guard);
+            // The table after the list (see `segments.rs`): every segment it names is in it.
+            let segments = self.shared.segments.load(&guard);
+            if let Some(record) =
+                live_at(versions, rev).and_then(|v| v.record_on_disk(key, segments))
+            {
+                records.push(record);
+            }
+            true
+        });
+    }
+
+    /// The durable segments' mapped files, ascending by id, with their read marks: what the
+    /// value cache pages out (core's `value_cache`).
+    pub fn mapped_segments(&self) -> Vec<MappedSegment> {
+        let guard = epoch::pin();
+        self.shared.segments.load(&guard).mapped()
     }
 
     /// `range_split`, its values not yet read (see `Unchecked`).
@@ -1321,6 +1521,19 @@ impl Reader {
         range_end: &[u8],
         events_max: usize,
     ) -> Result<EventBatch> {
+        self.range_events_unchecked(start_rev, key, range_end, events_max)
+            .map(Unchecked::check)
+    }
+
+    /// `range_events`, the values of its put events not yet read (see `Unchecked`; previous
+    /// states are `PrevKv`s, read by a watcher that asks for them).
+    pub fn range_events_unchecked(
+        &self,
+        start_rev: i64,
+        key: &[u8],
+        range_end: &[u8],
+        events_max: usize,
+    ) -> Result<Unchecked<EventBatch>> {
         assert!(events_max > 0, "a batch must be able to hold an event");
         let cur_rev = self.current_revision();
         let start_rev = start_rev.max(1);
@@ -1328,7 +1541,9 @@ impl Reader {
             return Err(KvError::Compacted);
         }
         let guard = epoch::pin();
-        let mut events: Vec<(Revision, Event)> = Vec::new();
+        // Each event with the check of its value, if that is on disk: a batch cut below drops
+        // both, so only what is handed out is read.
+        let mut events: Vec<(Revision, Event, Option<RecordCheck>)> = Vec::new();
         for_each_in_range(&self.shared.index, key, range_end, |key, history| {
             let versions = history.load(&guard);
             let first = versions.partition_point(|v| v.main() < start_rev);
@@ -1342,28 +1557,36 @@ impl Reader {
                     .map(|p| &versions[p])
                     .filter(|p| p.kind() == VersionKind::Put)
                     .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)));
-                let event = match v.kind() {
-                    VersionKind::Put => Event {
-                        kind: EventKind::Put,
-                        kv: v.to_key_value(key, self.shared.segments.load(&guard)),
-                        prev_kv,
-                    },
-                    VersionKind::Tombstone => Event {
-                        kind: EventKind::Delete,
-                        kv: KeyValue {
-                            key: Bytes::copy_from_slice(key),
-                            mod_revision: v.main(),
-                            ..KeyValue::default()
-                        },
-                        prev_kv,
-                    },
+                let (event, check) = match v.kind() {
+                    VersionKind::Put => {
+                        let segments = self.shared.segments.load(&guard);
+                        let (kv, check) = v.to_key_value_unchecked(key, segments, true);
+                        let event = Event {
+                            kind: EventKind::Put,
+                            kv,
+                            prev_kv,
+                        };
+                        (event, check)
+                    }
+                    VersionKind::Tombstone => {
+                        let event = Event {
+                            kind: EventKind::Delete,
+                            kv: KeyValue {
+                                key: Bytes::copy_from_slice(key),
+                                mod_revision: v.main(),
+                                ..KeyValue::default()
+                            },
+                            prev_kv,
+                        };
+                        (event, None)
+                    }
                 };
-                events.push((v.rev(), event));
+                events.push((v.rev(), event, check));
             }
             true
         });
         self.recheck_compacted(start_rev, cur_rev)?;
-        events.sort_by_key(|(rev, _)| *rev);
+        events.sort_by_key(|(rev, _, _)| *rev);
         // A watcher asking from the future stays there; otherwise it continues after what we read.
         let mut next_rev = (cur_rev + 1).max(start_rev);
         if events.len() > events_max {
@@ -1373,18 +1596,23 @@ impl Reader {
             let cut_main = if cut_main == first_main {
                 events
                     .iter()
-                    .find(|(r, _)| r.main > first_main)
-                    .map_or(cur_rev + 1, |(r, _)| r.main)
+                    .find(|(r, _, _)| r.main > first_main)
+                    .map_or(cur_rev + 1, |(r, _, _)| r.main)
             } else {
                 cut_main
             };
-            events.retain(|(r, _)| r.main < cut_main);
+            events.retain(|(r, _, _)| r.main < cut_main);
             next_rev = cut_main;
         }
-        Ok(EventBatch {
-            events: events.into_iter().map(|(_, e)| e).collect(),
-            next_rev,
-        })
+        let mut checks = Vec::new();
+        let events = events
+            .into_iter()
+            .map(|(_, event, check)| {
+                checks.extend(check);
+                event
+            })
+            .collect();
+        Ok(Unchecked::new(EventBatch { events, next_rev }, checks))
     }
 
     /// The HashKV hash at `revision` (0 = current): CRC-32 (IEEE, as crc32fast computes it) over every

@@ -43,23 +43,24 @@ pub struct Event {
 
 /// A key's previous state as a write found it, its value not yet checked. Checking a value
 /// reads all of it, and a value in a mapped segment file may have to be faulted in from disk:
-/// the raft core, which applies writes, must not wait for that only to fill in watch events
-/// few watchers ask for. So a write carries the previous version unread, and whoever hands
-/// the value out (a watcher that asked for prev_kv, on its shard) checks it with `checked`.
+/// the raft core, which applies writes, must not wait for that only to fill in answers and
+/// watch events. So a write carries the previous version unread, and whoever hands the value
+/// out checks it: a watcher that asked for prev_kv, on its shard, with `checked`; a write's
+/// answer (`into_answer`) on the shard that serves it.
 #[derive(Debug, Clone)]
 pub struct PrevKv {
     /// Everything but the value is in the index; the value here is unchecked.
     kv: KeyValue,
-    /// The version and its record, which vouches for the value; `None` once checked or when
-    /// the value never left memory.
-    unchecked: Option<(crate::index::Version, Bytes)>,
+    /// The version and its record, which vouches for the value; `None` when the value
+    /// needs no check (built by a test or a model).
+    unchecked: Option<crate::index::RecordCheck>,
 }
 
 impl PrevKv {
-    pub(crate) fn unchecked(kv: KeyValue, version: crate::index::Version, record: Bytes) -> PrevKv {
+    pub(crate) fn unchecked(kv: KeyValue, check: crate::index::RecordCheck) -> PrevKv {
         PrevKv {
             kv,
-            unchecked: Some((version, record)),
+            unchecked: Some(check),
         }
     }
 
@@ -96,8 +97,19 @@ impl PrevKv {
     /// that fails the check stops the process, naming the segment file and offset, as every
     /// read does: a member never hands out a value it cannot vouch for.
     pub fn checked(self) -> KeyValue {
-        if let Some((version, record)) = &self.unchecked {
-            version.check_record(record);
+        if let Some(check) = &self.unchecked {
+            check.check();
+        }
+        self.kv
+    }
+
+    /// The whole previous state for a write's answer, which the raft core builds and a
+    /// shard hands out: a value in a durable segment's mapped file is left unread and its
+    /// check joins `checks`, to be made where the answer is served (see `Unchecked`); one
+    /// in memory is checked here, as it cannot wait for the disk.
+    pub(crate) fn into_answer(self, checks: &mut Vec<crate::index::RecordCheck>) -> KeyValue {
+        if let Some(check) = self.unchecked {
+            check.defer_or_check(checks);
         }
         self.kv
     }
@@ -312,7 +324,9 @@ pub enum OpResponse {
 /// What applying one op produced: the response and the watch events, in revision order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
-    pub response: OpResponse,
+    /// Its values in mapped segment files are read and checked where it is served, not on
+    /// the raft core that applies (see `Unchecked`).
+    pub response: crate::index::Unchecked<OpResponse>,
     pub events: Vec<Event>,
 }
 

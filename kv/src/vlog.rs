@@ -25,7 +25,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::segments::{written_bytes, OpenSegment, SegmentBytes, SegmentTable, SegmentsWriter};
+use crate::segments::{
+    written_bytes, OpenSegment, ReadMark, SegmentBytes, SegmentTable, SegmentsWriter,
+};
 use crate::types::Revision;
 
 /// Default size of one value-log segment.
@@ -250,7 +252,8 @@ impl ValueLog {
             },
         );
         assert!(previous.is_none(), "a segment is loaded once");
-        self.table.set(segment.id, SegmentBytes::Durable(file));
+        self.table
+            .set(segment.id, SegmentBytes::Durable(file, ReadMark::default()));
         self.all_bytes_total += segment.value_bytes;
         self.all_record_bytes += segment.record_bytes;
     }
@@ -403,7 +406,8 @@ impl ValueLog {
             stats.record_bytes
         );
         stats.durable = true;
-        self.table.set(id, SegmentBytes::Durable(file));
+        self.table
+            .set(id, SegmentBytes::Durable(file, ReadMark::default()));
         self.table.drain_retired();
         self.table.publish();
         true
@@ -415,7 +419,7 @@ impl ValueLog {
             return None;
         }
         match self.table().get(id) {
-            Some(SegmentBytes::Durable(file)) => Some(file),
+            Some(SegmentBytes::Durable(file, _)) => Some(file),
             _ => unreachable!("a durable segment's table entry is its file"),
         }
     }
@@ -426,7 +430,7 @@ impl ValueLog {
         assert!(id != self.open_id, "the open segment is not frozen");
         let end = self.segments[&id].record_bytes as usize;
         match self.table().get(id) {
-            Some(SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes)) => {
+            Some(SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes, _)) => {
                 bytes.slice(..end.min(bytes.len()))
             }
             _ => unreachable!("a frozen segment's table entry is its bytes"),

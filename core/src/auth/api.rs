@@ -63,6 +63,15 @@ pub fn check_read(shared: &Shared, who: &AuthInfo, key: &[u8], range_end: &[u8])
         .map_err(etcd)
 }
 
+/// etcd's checkTxnAuth for a read-only txn served on this member, against the published store.
+pub fn check_txn_read(shared: &Shared, who: &AuthInfo, req: &keel_kv::TxnRequest) -> R<()> {
+    let auth = shared.auth();
+    if !auth.enabled() {
+        return Ok(());
+    }
+    super::apply::check_txn(&auth, who, req).map_err(etcd)
+}
+
 /// etcd's doSerialize: a read served while the auth store changed answers "old revision".
 pub fn check_still_current(shared: &Shared, who: &AuthInfo) -> R<()> {
     if who.revision != 0 && who.revision != shared.auth().revision() {

@@ -41,7 +41,7 @@ use crate::member::membership::{self, Plan};
 use crate::member::{recovery, LeaseClock, Waiters};
 use crate::shared::{
     kv_error, Answer, LeaseStatus, MemberChange, Outcome, Proposal, Query, ReadWait, Reply,
-    SnapshotSource,
+    SnapshotSource, Unserved,
 };
 use crate::stats::RaftStats;
 
@@ -397,7 +397,7 @@ pub struct Member {
     /// Reads whose ReadIndex is known, waiting for apply to reach it (ascending index).
     reads_to_apply: VecDeque<(u64, Vec<ReadWait>)>,
     /// Physical compactions applied, answered once the compaction has finished.
-    physical_waiting: Vec<(Reply, Result<Outcome, EtcdError>)>,
+    physical_waiting: Vec<(Reply, Result<Unserved, EtcdError>)>,
     /// Defragment calls waiting for the value-log rewrite, with the store's size when each asked.
     defrag_waiting: Vec<(DefragReply, u64)>,
     /// When each peer last answered this member's appends or heartbeats in the current term
@@ -2281,7 +2281,7 @@ mod tests {
     fn proposal(
         id: u64,
         req: pb::InternalRaftRequest,
-    ) -> (Proposal, oneshot::Receiver<Result<Outcome, EtcdError>>) {
+    ) -> (Proposal, oneshot::Receiver<Result<Unserved, EtcdError>>) {
         let (reply, rx) = oneshot::channel();
         let mut req = req;
         req.header = Some(pb::RequestHeader {
@@ -2300,7 +2300,7 @@ mod tests {
     fn sized_put(
         id: u64,
         value_bytes: usize,
-    ) -> (Proposal, oneshot::Receiver<Result<Outcome, EtcdError>>) {
+    ) -> (Proposal, oneshot::Receiver<Result<Unserved, EtcdError>>) {
         proposal(
             id,
             pb::InternalRaftRequest {
@@ -2379,7 +2379,7 @@ mod tests {
         req: pb::InternalRaftRequest,
         user: &str,
         revision: u64,
-    ) -> Result<Outcome, EtcdError> {
+    ) -> Result<Unserved, EtcdError> {
         let (reply, mut rx) = oneshot::channel();
         let mut req = auth_entry(req, user, revision);
         req.header.as_mut().expect("set above").id = id;
@@ -3512,7 +3512,7 @@ mod tests {
         req
     }
 
-    type WriteAnswer = oneshot::Receiver<Result<Outcome, EtcdError>>;
+    type WriteAnswer = oneshot::Receiver<Result<Unserved, EtcdError>>;
 
     /// Proposals of puts to `keys`, ids from `first_id` up, and their answers.
     fn batch_of(keys: &[String], first_id: u64) -> (Vec<Proposal>, Vec<WriteAnswer>) {

@@ -392,6 +392,59 @@ async fn lease_grant_revoke_and_errors() {
     );
 }
 
+/// A txn of ranges alone is answered as etcd answers one: on the member, without an entry in
+/// the raft log (the raft index stays), at one revision, linearizable or serializable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_txns_are_answered_without_the_log() {
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    c.put("a", "1", None).await.expect("put");
+    c.put("b", "2", None).await.expect("put");
+    let index_before = c.status().await.expect("status").raft_index();
+    for serializable in [false, true, false] {
+        let get = |key: &'static str| {
+            let options = GetOptions::new();
+            TxnOp::get(
+                key,
+                Some(if serializable {
+                    options.with_serializable()
+                } else {
+                    options
+                }),
+            )
+        };
+        let r = c
+            .txn(
+                Txn::new()
+                    .when([Compare::value("a", CompareOp::Equal, "1")])
+                    .and_then([get("a"), get("b")])
+                    .or_else([get("missing")]),
+            )
+            .await
+            .expect("txn");
+        assert!(r.succeeded());
+        assert_eq!(revision_of(r.header()), 3);
+        let values: Vec<Vec<u8>> = r
+            .op_responses()
+            .iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs()[0].value().to_vec(),
+                other => panic!("a read-only txn answered {other:?}"),
+            })
+            .collect();
+        assert_eq!(values, vec![b"1".to_vec(), b"2".to_vec()]);
+    }
+    let index_after = c.status().await.expect("status").raft_index();
+    assert_eq!(index_before, index_after, "no entry for a read-only txn");
+    // One that writes is proposed, as before.
+    let r = c
+        .txn(Txn::new().and_then([TxnOp::put("c", "3", None), TxnOp::get("a", None)]))
+        .await
+        .expect("txn");
+    assert_eq!(revision_of(r.header()), 4);
+    assert!(c.status().await.expect("status").raft_index() > index_after);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_status_and_member_list() {
     let server = Server::under_test(&[]);
@@ -527,6 +580,113 @@ async fn cold_values_are_brought_in_off_the_shard_and_answer_whole() {
         metric(in_memory) > warm_before,
         "the pages stayed in memory"
     );
+}
+
+/// The value cache keeps the bytes of mapped segments in memory under `--value-cache-bytes`,
+/// paging out segments nobody read since its last look, and paged-out values read back whole.
+/// Answers the raft core leaves unread (a txn's ranges, a put's prev_kv) are whole too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_value_cache_keeps_to_its_limit_and_paged_out_values_read_back_whole() {
+    const KEYS: usize = 200;
+    const VALUE_BYTES: usize = 4096;
+    const LIMIT_BYTES: u64 = 128 * 1024;
+    let server = Server::under_test(&[
+        "--value-log-segment-bytes",
+        "65536",
+        "--value-cache-bytes",
+        &LIMIT_BYTES.to_string(),
+    ]);
+    let mut c = client(&server).await;
+    let value_of = |i: usize| vec![b'a' + (i % 26) as u8; VALUE_BYTES];
+    for i in 0..KEYS {
+        c.put(format!("cache/{i:04}"), value_of(i), None)
+            .await
+            .expect("put");
+    }
+    let metric = |series: &str| crate::common::metric_value(&server.http_get("/metrics").1, series);
+    assert_eq!(metric("keel_value_cache_limit_bytes"), LIMIT_BYTES);
+    let read_all = |r: etcd_client::GetResponse| {
+        assert_eq!(r.kvs().len(), KEYS);
+        for (i, kv) in r.kvs().iter().enumerate() {
+            assert!(kv.value() == value_of(i).as_slice(), "value {i}");
+        }
+    };
+    // Reading everything brings about 800 KiB of segments in; the cache's looks page them
+    // out again. Read until one did.
+    let mut reads = 0;
+    while metric("keel_value_cache_paged_out_bytes_total") == 0 {
+        assert!(reads < 100, "nothing was paged out in {reads} reads");
+        reads += 1;
+        read_all(
+            c.get("cache/", Some(GetOptions::new().with_prefix()))
+                .await
+                .expect("range"),
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Left alone, the next look ends within the limit.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let resident = metric("keel_value_cache_resident_bytes");
+    assert!(resident <= LIMIT_BYTES, "{resident} bytes resident");
+    // A watch from the first put catches up through the pager, its values whole.
+    let paged = r#"keel_pager_reads_total{outcome="paged"}"#;
+    let paged_before = metric(paged);
+    let mut stream = c
+        .watch(
+            "cache/",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(2),
+            ),
+        )
+        .await
+        .expect("watch");
+    let mut seen = 0;
+    while seen < KEYS {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(20), stream.message())
+            .await
+            .expect("the history arrives in time")
+            .expect("the watch stream works")
+            .expect("the stream stays open");
+        for e in msg.events() {
+            assert!(e.kv().expect("a key-value").value() == value_of(seen).as_slice());
+            seen += 1;
+        }
+    }
+    assert!(
+        metric(paged) > paged_before,
+        "the catch-up went through the pager"
+    );
+    // Values paged out answer whole: a range, a txn that writes and reads, a put's prev_kv.
+    read_all(
+        c.get("cache/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("range"),
+    );
+    let r = c
+        .txn(Txn::new().and_then([
+            TxnOp::put("cache/new", "n", None),
+            TxnOp::get(
+                "cache/",
+                Some(GetOptions::new().with_prefix().with_limit(KEYS as i64)),
+            ),
+        ]))
+        .await
+        .expect("txn");
+    let TxnOpResponse::Get(get) = &r.op_responses()[1] else {
+        panic!("a range answers the txn's get")
+    };
+    read_all(get.clone());
+    let r = c
+        .put(
+            "cache/0003",
+            "over",
+            Some(etcd_client::PutOptions::new().with_prev_key()),
+        )
+        .await
+        .expect("put");
+    assert!(r.prev_key().expect("existed").value() == value_of(3).as_slice());
 }
 
 /// A range of many megabytes (far more than one piece of `keel_grpc::PieceEncode`), most of

@@ -459,6 +459,15 @@ async fn the_quota_refuses_the_write_that_would_pass_it_and_defragment_gives_spa
         c.get("big/0", None).await.expect("reads work").kvs().len(),
         1
     );
+    let read_only = etcd_client::Txn::new()
+        .when([etcd_client::Compare::version(
+            "big/0",
+            etcd_client::CompareOp::Greater,
+            0,
+        )])
+        .and_then([etcd_client::TxnOp::get("big/0", None)]);
+    let r = c.txn(read_only).await.expect("a read-only txn works");
+    assert!(r.succeeded());
     // etcdctl agrees, and prints the alarm as etcd does.
     let out = server.etcdctl(&["alarm", "list"]).ok();
     assert_eq!(

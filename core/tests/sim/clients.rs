@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use futures_channel::oneshot;
-use keel_core::shared::{Answer, Outcome, Proposal, ReadWait};
+use keel_core::shared::{Answer, Proposal, ReadWait, Unserved};
 use keel_grpc::EtcdError;
 use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
@@ -21,7 +21,7 @@ use crate::world::{World, MAILBOX_PROPOSALS_MAX, REQUEST_TIMEOUT_MS};
 pub const KEYS: usize = 4;
 
 enum Waiting {
-    Write(oneshot::Receiver<Result<Outcome, EtcdError>>),
+    Write(oneshot::Receiver<Result<Unserved, EtcdError>>),
     Read(oneshot::Receiver<Result<(), EtcdError>>),
 }
 
@@ -389,11 +389,11 @@ fn encode(id: u64, key: &str, input: &Input) -> Bytes {
     Bytes::from(req.encode_to_vec())
 }
 
-fn write_output(input: &Input, outcome: Outcome) -> Output {
+fn write_output(input: &Input, outcome: Unserved) -> Output {
     let Answer::Op(response) = outcome.response else {
         panic!("a key-value write answered with alarms");
     };
-    match (input, response) {
+    match (input, response.check()) {
         (Input::Put { .. }, kv::OpResponse::Put(r)) => Output::Put {
             revision: r.revision,
         },

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use futures_channel::oneshot;
-use keel_core::shared::{Outcome, Proposal, Query};
+use keel_core::shared::{Proposal, Query, Unserved};
 use keel_grpc::EtcdError;
 use keel_proto::etcdserverpb as pb;
 use prost::Message as _;
@@ -23,7 +23,7 @@ use crate::world::{member_id, Bug, World, MAILBOX_PROPOSALS_MAX};
 pub const MAX_SKEW_PPM: u64 = 50_000;
 
 enum Pending {
-    Grant(oneshot::Receiver<Result<Outcome, EtcdError>>),
+    Grant(oneshot::Receiver<Result<Unserved, EtcdError>>),
     KeepAlive {
         sent_ms: u64,
         member: usize,

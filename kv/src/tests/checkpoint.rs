@@ -59,6 +59,12 @@ fn checkpoint_round_trip() {
     let (w, r) = populated();
     let bytes = w.checkpoint();
     let (w2, r2) = Store::restore(&bytes).expect("restores");
+    assert_eq!(
+        r2.size_bytes_published(),
+        w2.size_bytes(),
+        "published before use"
+    );
+    assert!(w2.size_bytes() > 0);
     assert_eq!(w2.applied_index(), w.applied_index());
     assert_eq!(w2.current_revision(), w.current_revision());
     assert_eq!(w2.compact_revision(), 20);

@@ -189,7 +189,7 @@ impl Harness {
                 self.model.put(next, KEYS[*key], value, lease_id);
                 self.model.rev = next;
                 assert_eq!(
-                    applied.response,
+                    applied.response.check(),
                     OpResponse::Put(PutResponse {
                         revision: next,
                         prev_kv: prev
@@ -215,7 +215,7 @@ impl Harness {
                 };
                 self.model.rev = revision;
                 assert_eq!(
-                    applied.response,
+                    applied.response.check(),
                     OpResponse::DeleteRange(DeleteRangeResponse {
                         revision,
                         deleted: victims.len() as i64,
@@ -261,7 +261,7 @@ impl Harness {
                 };
                 validate_txn(&req, MAX_TXN_OPS_DEFAULT).expect("a valid txn");
                 let applied = self.apply(Op::Txn(req)).expect("txn applies");
-                let OpResponse::Txn(resp) = applied.response else {
+                let OpResponse::Txn(resp) = applied.response.check() else {
                     panic!("txn response")
                 };
                 assert_eq!(resp.succeeded, current_mod == expected_mod);

@@ -23,6 +23,19 @@ fn on_disk(first_segment_id: u32) -> ValueLogOptions {
     }
 }
 
+/// Applies, as raft entry `index`, a compaction at the store's current revision.
+fn compact_at_current(w: &mut Writer, index: u64) {
+    let rev = w.current_revision();
+    w.apply(
+        index,
+        &Op::Compact(CompactionRequest {
+            revision: rev,
+            physical: false,
+        }),
+    )
+    .unwrap();
+}
+
 /// What the server's driver does, against a map: each sealed segment's records, padded to a
 /// 4 KiB block as O_DIRECT writes it, become the segment's "file".
 fn write_sealed(w: &mut Writer, disk: &mut BTreeMap<u32, Bytes>) {
@@ -238,15 +251,7 @@ fn a_checkpoint_points_into_durable_segments_and_restores_from_them() {
 fn reclaimed_segments_are_reported_dead_and_later_checkpoints_do_not_need_them() {
     let (mut w, r, mut disk, mut index) = five_rounds_of_twenty_keys();
     index += 1;
-    let rev = w.current_revision();
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision: rev,
-            physical: false,
-        }),
-    )
-    .unwrap();
+    compact_at_current(&mut w, index);
     while w.compact_step(16) == CompactionStatus::Pending {}
     write_sealed(&mut w, &mut disk);
     let dead = w.take_dead_segments();
@@ -270,6 +275,41 @@ fn reclaimed_segments_are_reported_dead_and_later_checkpoints_do_not_need_them()
     }
 }
 
+/// A compaction step that reclaims a durable segment names its mapped file first
+/// (`reclaim_file`), so the raft core's driver can have it brought in; one that walks only the
+/// index names none.
+#[test]
+fn a_reclaim_names_the_segment_file_it_reads() {
+    let (mut w, _r, disk, mut index) = five_rounds_of_twenty_keys();
+    assert_eq!(w.reclaim_file(), None, "nothing to compact");
+    index += 1;
+    compact_at_current(&mut w, index);
+    assert_eq!(w.reclaim_file(), None, "the index walk comes first");
+    let mut named = Vec::new();
+    loop {
+        if let Some(file) = w.reclaim_file() {
+            let id = disk
+                .iter()
+                .find(|(_, f)| f.as_ptr() == file.as_ptr())
+                .map(|(id, _)| *id)
+                .expect("a durable segment's own file");
+            if named.last() != Some(&id) {
+                named.push(id);
+            }
+        }
+        if w.compact_step(16) == CompactionStatus::Idle {
+            break;
+        }
+    }
+    let dead: Vec<u32> = w.take_dead_segments().iter().map(|d| d.id).collect();
+    assert!(!named.is_empty());
+    assert!(
+        named.iter().all(|id| dead.contains(id)),
+        "named {named:?}, reclaimed {dead:?}"
+    );
+    assert_eq!(w.reclaim_file(), None, "done");
+}
+
 #[test]
 fn a_restored_store_still_knows_its_segments_dead_bytes_and_reclaims_them() {
     let (w, _r, disk, mut index) = five_rounds_of_twenty_keys();
@@ -285,15 +325,7 @@ fn a_restored_store_still_knows_its_segments_dead_bytes_and_reclaims_them() {
     // durable segments hold.
     assert!(w2.value_log_bytes() >= w.value_log_bytes() - 512);
     index += 1;
-    let rev = w2.current_revision();
-    w2.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision: rev,
-            physical: false,
-        }),
-    )
-    .unwrap();
+    compact_at_current(&mut w2, index);
     while w2.compact_step(16) == CompactionStatus::Pending {}
     assert!(
         !w2.take_dead_segments().is_empty(),
@@ -325,15 +357,7 @@ fn reclaim_walks_a_segment_file_and_a_damaged_dead_record_strands_no_live_value(
         // k00's first value (the first record of the first segment) dies; k01 and k02 beside
         // it stay live, so only defragment rewrites that segment.
         w.apply(21, &put("k00", &[99; 100])).unwrap();
-        let rev = w.current_revision();
-        w.apply(
-            22,
-            &Op::Compact(CompactionRequest {
-                revision: rev,
-                physical: false,
-            }),
-        )
-        .unwrap();
+        compact_at_current(&mut w, 22);
         while w.compact_step(16) == CompactionStatus::Pending {}
         let mut sealed = w.take_sealed_segments();
         let first = sealed.remove(0);
@@ -537,10 +561,11 @@ fn writes_over_a_key_read_its_previous_value_only_for_whoever_hands_it_out() {
         .expect("uncompacted");
     assert_eq!(batch.events.len(), 2);
     assert!(batch.events.iter().all(|e| e.prev_kv.is_some()));
-    // A request that asks for the previous value reads, and checks, it.
+    // A request that asks for the previous value gets it unread in its answer: the raft core
+    // applies without reading it, and whoever serves the answer checks it, and is stopped.
     let (mut w, _r, _) = store_with_damaged_values(2);
-    let message = panic_message(|| {
-        let _ = w.apply(
+    let applied = w
+        .apply(
             100,
             &Op::Put(PutRequest {
                 key: Bytes::from_static(b"k00"),
@@ -548,9 +573,163 @@ fn writes_over_a_key_read_its_previous_value_only_for_whoever_hands_it_out() {
                 prev_kv: true,
                 ..Default::default()
             }),
-        );
+        )
+        .expect("applies without reading the previous value");
+    assert_eq!(applied.response.records_on_disk().count(), 1);
+    let message = panic_message(|| {
+        applied.response.check();
     });
     assert!(names_it(&message), "{message}");
+    let applied = w
+        .apply(
+            101,
+            &Op::DeleteRange(DeleteRangeRequest {
+                key: Bytes::from_static(b"k00"),
+                range_end: Bytes::from_static(b"k02"),
+                prev_kv: true,
+            }),
+        )
+        .expect("applies without reading the previous values");
+    // k00's previous value is now "new", in memory and checked as it was read; k01's is on disk.
+    assert_eq!(applied.response.records_on_disk().count(), 1);
+    let message = panic_message(|| {
+        applied.response.check();
+    });
+    assert!(names_it(&message), "{message}");
+}
+
+fn txn(compare: Vec<Compare>, success: Vec<RequestOp>, failure: Vec<RequestOp>) -> TxnRequest {
+    TxnRequest {
+        compare,
+        success,
+        failure,
+    }
+}
+
+fn get(key: &str) -> RequestOp {
+    RequestOp::Range(RangeRequest {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        ..Default::default()
+    })
+}
+
+fn compare(key: &str, target: CompareTarget) -> Compare {
+    Compare {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        range_end: Bytes::new(),
+        target,
+        result: CompareResult::Equal,
+    }
+}
+
+/// A txn's ranges are answered unread, as a range is: the raft core applies a txn that writes
+/// and reads without waiting for the values it reads; a compare of revisions reads no value
+/// at all; what a compare of values and an `ignore_value` put read on the raft core is named
+/// beforehand, for a shard to bring in.
+#[test]
+fn a_txn_reads_its_values_where_it_is_served() {
+    let (mut w, r, segment) = store_with_damaged_values(1);
+    let names_it =
+        |m: &str| m.contains(&format!("{segment:08x}.seg")) && m.contains("fails its crc check");
+    let k00_mod_revision = r
+        .range(&RangeRequest {
+            key: Bytes::from_static(b"k00"),
+            keys_only: true,
+            ..Default::default()
+        })
+        .unwrap()
+        .kvs[0]
+        .mod_revision;
+    // The kube-apiserver's update: compare k00's mod revision, put, else get it.
+    let update = |mod_revision: i64| {
+        Op::Txn(txn(
+            vec![compare("k00", CompareTarget::Mod(mod_revision))],
+            vec![RequestOp::Put(PutRequest {
+                key: Bytes::from_static(b"k05"),
+                value: Bytes::from_static(b"x"),
+                ..Default::default()
+            })],
+            vec![get("k00"), get("k01")],
+        ))
+    };
+    // Failed: the else branch's gets of damaged k00 and intact k01 apply unread.
+    let applied = w
+        .apply(100, &update(k00_mod_revision + 1))
+        .expect("applies unread");
+    assert_eq!(applied.response.records_on_disk().count(), 2);
+    let message = panic_message(|| {
+        applied.response.check();
+    });
+    assert!(names_it(&message), "{message}");
+    // Succeeded: the compare read k00's metadata only, never its damaged value.
+    let applied = w
+        .apply(101, &update(k00_mod_revision))
+        .expect("compares no value");
+    let OpResponse::Txn(t) = applied.response.check() else {
+        panic!("a txn answers a txn")
+    };
+    assert!(t.succeeded);
+
+    // What applying reads on the raft core: the values compared, in any branch, and the
+    // value an ignore_value put keeps.
+    let by_value = txn(
+        vec![compare(
+            "k00",
+            CompareTarget::Value(Bytes::from_static(b"?")),
+        )],
+        vec![RequestOp::Txn(txn(
+            vec![compare("k02", CompareTarget::Value(Bytes::new()))],
+            vec![],
+            vec![],
+        ))],
+        vec![RequestOp::Put(PutRequest {
+            key: Bytes::from_static(b"k03"),
+            ignore_value: true,
+            ..Default::default()
+        })],
+    );
+    assert_eq!(r.records_txn_reads(&by_value).len(), 3);
+    let Op::Txn(update) = update(k00_mod_revision) else {
+        unreachable!("built as a txn")
+    };
+    assert_eq!(r.records_txn_reads(&update).len(), 0);
+    let keep_value = |ignore_value| PutRequest {
+        key: Bytes::from_static(b"k00"),
+        ignore_value,
+        ..Default::default()
+    };
+    assert_eq!(r.records_put_reads(&keep_value(false)).len(), 0);
+    assert_eq!(r.records_put_reads(&keep_value(true)).len(), 1);
+
+    // A read-only txn is answered by a reader at one revision, its values unread too.
+    let read_only = txn(
+        vec![compare("k00", CompareTarget::Version(1))],
+        vec![get("k00")],
+        vec![get("k01"), get("k02")],
+    );
+    assert!(txn_is_read_only(&read_only) && !txn_is_serializable(&read_only));
+    let answer = r.txn_read_only_unchecked(&read_only).expect("reads");
+    assert_eq!(answer.records_on_disk().count(), 1, "k00 is at version 1");
+    let message = panic_message(|| {
+        answer.check();
+    });
+    assert!(names_it(&message), "{message}");
+    w.apply(102, &put("k00", b"fixed")).unwrap();
+    let t = r.txn_read_only_unchecked(&read_only).unwrap().check();
+    assert!(!t.succeeded);
+    assert_eq!(t.revision, r.current_revision());
+    let values: Vec<_> = t
+        .responses
+        .iter()
+        .map(|op| match op {
+            ResponseOp::Range(range) => range.kvs[0].value.clone(),
+            _ => panic!("a read-only txn answers ranges"),
+        })
+        .collect();
+    assert_eq!(
+        values,
+        vec![Bytes::from(vec![1u8; 100]), Bytes::from(vec![2u8; 100])]
+    );
 }
 
 /// A restore that builds parts of the index on helper threads ends with the same store as one
@@ -628,4 +807,28 @@ fn a_restore_in_parts_equals_one_on_one_thread() {
         let key = format!("k{k:04}");
         assert_eq!(value_of(&parts_r, &key), value_of(&r, &key), "{key}");
     }
+}
+
+/// A read of a value in a durable segment marks the segment, for the value cache's clock; the
+/// mark is taken once, and a read of a value still in memory marks nothing.
+#[test]
+fn reads_mark_the_durable_segments_they_read() {
+    let (mut w, r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    for i in 0..20u32 {
+        w.apply(u64::from(i) + 1, &put(&format!("k{i:02}"), &[i as u8; 100]))
+            .unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let mapped = r.mapped_segments();
+    assert_eq!(
+        mapped.iter().map(|m| m.id).collect::<Vec<_>>(),
+        disk.keys().copied().collect::<Vec<_>>()
+    );
+    assert!(mapped.iter().all(|m| !m.take_read()), "unread so far");
+    assert_eq!(value_of(&r, "k00"), Some(Bytes::from(vec![0u8; 100])));
+    let read: Vec<bool> = mapped.iter().map(|m| m.take_read()).collect();
+    assert_eq!(read.iter().filter(|r| **r).count(), 1, "{read:?}");
+    assert!(read[0], "k00 is in the first segment");
+    assert!(mapped.iter().all(|m| !m.take_read()), "taken once");
 }

@@ -334,7 +334,7 @@ impl Runner {
         match self.writer.apply(self.raft_index, &op) {
             Err(e) => writeln!(out, "error: {e}").expect("String"),
             Ok(applied) => {
-                match &applied.response {
+                match &applied.response.check() {
                     OpResponse::Put(p) => fmt_put(out, "", p),
                     OpResponse::DeleteRange(d) => fmt_delete(out, "", d),
                     OpResponse::Txn(t) => fmt_txn(out, "", t),

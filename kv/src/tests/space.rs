@@ -25,10 +25,12 @@ fn compact_fully(w: &mut Writer) {
 fn size_counts_value_records_index_and_leases() {
     // What the segment files hold for a value: its record, header and key included.
     let record = |value_bytes: usize| record_bytes(1, value_bytes) as u64;
-    let (mut w, _r) = Store::with_segment_bytes(4096);
+    let (mut w, r) = Store::with_segment_bytes(4096);
     assert_eq!(w.size_bytes(), 0);
     put(&mut w, 1, "a", 100);
     assert_eq!(w.size_bytes(), record(100) + 1 + VERSION_INDEX_BYTES);
+    // Readers (a shard's quota check) see it as soon as the apply returns.
+    assert_eq!(r.size_bytes_published(), w.size_bytes());
     put(&mut w, 2, "a", 50);
     assert_eq!(
         w.size_bytes(),
@@ -36,6 +38,7 @@ fn size_counts_value_records_index_and_leases() {
     );
     w.apply(3, &Op::LeaseGrant(LeaseGrantRequest { id: 9, ttl_s: 60 }))
         .expect("grant");
+    assert_eq!(r.size_bytes_published(), w.size_bytes());
     assert_eq!(
         w.size_bytes(),
         record(100) + record(50) + 2 * (1 + VERSION_INDEX_BYTES) + LEASE_BYTES

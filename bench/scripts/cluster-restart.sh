@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# A follower of a loaded 3-member cluster killed with `kill -9` and restarted: milliseconds
+# until it answers a linearizable get again. Starts three members of Keel or etcd on
+# 127.0.0.1 (the same flags for both; Keel's raft cores spread over the CPUs), loads TOTAL
+# keys of 16 bytes with 1 KiB values through all three, waits SETTLE_S, kills a member that
+# does not lead, restarts it on its data directory and times it, then prints what the
+# restarted member's log says it replayed (Keel).
+#
+#   bench/scripts/cluster-restart.sh keel path/to/keel path/to/keel-bench
+#   bench/scripts/cluster-restart.sh etcd etcd path/to/keel-bench
+#
+# TOTAL (1000000), SETTLE_S (10), PORT (25000), DATA_ROOT (a temp dir).
+set -euo pipefail
+kind=$1
+bin=$2
+bench=$3
+total=${TOTAL:-1000000}
+port=${PORT:-25000}
+root=${DATA_ROOT:-$(mktemp -d)}
+mkdir -p "$root"
+cpus=$(nproc)
+cluster=""
+eps=""
+for i in 0 1 2; do
+  cluster+="${cluster:+,}n$i=http://127.0.0.1:$((port + 2 * i + 1))"
+  eps+="${eps:+,}127.0.0.1:$((port + 2 * i))"
+done
+pids=(0 0 0)
+start_member() {
+  local i=$1 client="http://127.0.0.1:$((port + 2 * $1))" peer="http://127.0.0.1:$((port + 2 * $1 + 1))"
+  local extra=()
+  [ "$kind" = keel ] && extra+=(--raft-cpu $((i % cpus)))
+  "$bin" --name "n$i" --data-dir "$root/$kind-n$i" \
+    --listen-client-urls "$client" --advertise-client-urls "$client" \
+    --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+    --initial-cluster "$cluster" --initial-cluster-state new \
+    --quota-backend-bytes 8589934592 "${extra[@]}" >>"$root/$kind-n$i.log" 2>&1 &
+  pids[$i]=$!
+}
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$root/$kind-n0" "$root/$kind-n1" "$root/$kind-n2"
+}
+trap cleanup EXIT
+rm -rf "$root/$kind-n0" "$root/$kind-n1" "$root/$kind-n2" "$root"/"$kind"-n?.log
+for i in 0 1 2; do start_member "$i"; done
+until ETCDCTL_API=3 etcdctl --endpoints "$eps" --command-timeout=1s get probe >/dev/null 2>&1; do
+  sleep 0.1
+done
+echo "== $kind: loading $total keys of 1 KiB into three members"
+"$bench" --endpoints "$eps" --conns 30 --clients 300 put --key-size 16 --val-size 1024 \
+  --key-space-size "$total" --sequential-keys --total "$total" | grep -E '^  put|latency' || true
+sleep "${SETTLE_S:-10}"
+victim=
+for i in 0 1 2; do
+  ep="127.0.0.1:$((port + 2 * i))"
+  is_leader=$(ETCDCTL_API=3 etcdctl --endpoints "$ep" endpoint status -w json |
+    python3 -c 'import json,sys; s=json.load(sys.stdin)[0]["Status"]; print(int(s["leader"] == s["header"]["member_id"]))')
+  if [ "$is_leader" = 0 ]; then victim=$i; break; fi
+done
+echo "kill -9 of follower n$victim"
+kill -9 "${pids[$victim]}"
+wait "${pids[$victim]}" 2>/dev/null || true
+t0=$(date +%s%N)
+start_member "$victim"
+ep="127.0.0.1:$((port + 2 * victim))"
+until ETCDCTL_API=3 etcdctl --endpoints "$ep" --command-timeout=1s get probe >/dev/null 2>&1; do
+  sleep 0.05
+done
+t1=$(date +%s%N)
+echo "$kind: follower back (linearizable get) $(((t1 - t0) / 1000000)) ms after its restart"
+grep -E 'recovered raft log|restored|opened the data directory|ready to serve' "$root/$kind-n$victim.log" | tail -4 | cut -c1-300 || true
