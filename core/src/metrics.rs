@@ -738,7 +738,7 @@ fn render_disk_and_store(out: &mut String, shared: &Shared) {
         "etcd_disk_backend_commit_duration_seconds",
         "The latency distributions of commit called by backend.",
     );
-    let size = shared.db_size_bytes.load(Ordering::Acquire);
+    let size = shared.db_size_bytes();
     gauge(
         out,
         "etcd_mvcc_db_total_size_in_bytes",

@@ -441,7 +441,7 @@ impl RaftCore {
             self.publish();
             if self.member.has_ready() {
                 self.handle_ready().await?;
-            } else if self.member.compaction_runnable() && !self.compaction_waits_for_pages() {
+            } else if self.member.compaction_runnable() && !compaction_waits {
                 // Compaction runs in bounded steps between batches, never as one long pause,
                 // and waits while its rewrites are queued for the disk (the loop then idles
                 // until the value-log writer reports).
@@ -1054,13 +1054,11 @@ enum Removal {
     Stale(u64),
 }
 
-/// Publishes the store's size (Status's dbSize and dbSizeInUse; what the quota counts). etcd's
-/// is never 0 (an empty bbolt file has pages), and clients check that, so neither is ours.
+/// Publishes the store's size (Status's dbSize and dbSizeInUse; what the quota counts) after
+/// work between applies changed it (each apply publishes dbSize itself). etcd's is never 0
+/// (an empty bbolt file has pages), and clients check that, so neither is ours.
 fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
     writer.publish_size();
-    shared
-        .db_size_bytes
-        .store(writer.size_bytes().max(4096), Ordering::Release);
     shared
         .db_size_in_use_bytes
         .store(writer.size_bytes_in_use().max(4096), Ordering::Release);

@@ -686,7 +686,7 @@ impl Api {
         Ok(pb::StatusResponse {
             header: s.header(s.reader().current_revision()),
             version: ETCD_VERSION.to_string(),
-            db_size: s.db_size_bytes.load(Ordering::Acquire) as i64,
+            db_size: s.db_size_bytes() as i64,
             leader: s.leader_id.load(Ordering::Acquire),
             raft_index: s.commit_index.load(Ordering::Acquire),
             raft_term: s.raft_term.load(Ordering::Acquire),

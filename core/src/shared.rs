@@ -206,8 +206,7 @@ pub struct Shared {
     pub raft_term: AtomicU64,
     pub commit_index: AtomicU64,
     pub applied_index: AtomicU64,
-    /// Bytes the store occupies (value log plus index estimate): Status.dbSize and the quota.
-    pub db_size_bytes: AtomicU64,
+    /// Status's dbSizeInUse (see `db_size_bytes` for dbSize).
     pub db_size_in_use_bytes: AtomicU64,
     /// The raised alarms as last applied (replicated through raft; see `alarms`).
     alarms: ArcSwap<Vec<AlarmMember>>,
@@ -282,7 +281,6 @@ impl Shared {
             raft_term: AtomicU64::new(0),
             commit_index: AtomicU64::new(0),
             applied_index: AtomicU64::new(0),
-            db_size_bytes: AtomicU64::new(0),
             db_size_in_use_bytes: AtomicU64::new(0),
             alarms: ArcSwap::from_pointee(Vec::new()),
             nospace: AtomicBool::new(false),
@@ -314,6 +312,13 @@ impl Shared {
     /// Replaces the store shards read from (snapshot install on a follower).
     pub fn replace_reader(&self, reader: kv::Reader) {
         self.reader.store(Arc::new(reader));
+    }
+
+    /// Bytes the store occupies (value log plus index estimate), as it last published them:
+    /// Status's dbSize. etcd's is never 0 (an empty bbolt file has pages), and clients check
+    /// that, so neither is ours.
+    pub fn db_size_bytes(&self) -> u64 {
+        self.reader().size_bytes_published().max(4096)
     }
 
     /// The raised alarms (lock-free; replaced whole when an alarm entry is applied).
@@ -511,8 +516,8 @@ impl Shared {
         if self.nospace.load(Ordering::Acquire) {
             return Err(EtcdError::NoSpace);
         }
-        // The store's own published size, not `db_size_bytes`: the store publishes it before
-        // an applied write's answer goes out, so a client's next write counts its last one.
+        // The store publishes its size before an applied write's answer goes out, so a
+        // client's next write counts its last one.
         let size_bytes = self.reader().size_bytes_published();
         if size_bytes + cost_bytes < self.config.quota_backend_bytes {
             return Ok(());

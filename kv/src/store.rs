@@ -1372,8 +1372,9 @@ impl Reader {
             let RequestOp::Range(r) = op else {
                 unreachable!("a read-only txn holds only ranges")
             };
-            // etcd's checkRequests (it checks every range before reading any, which answers
-            // the same: the first error wins either way, and reads have no effect).
+            // etcd's checkRequests. It checks every range before reading any; checking each
+            // just before its read answers the same, as a read changes nothing and the first
+            // failing check wins either way.
             if r.revision > cur_rev {
                 return Err(KvError::FutureRevision);
             }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::{compact, write_sealed};
 use crate::*;
 
 const KEYS_PER_TXN: usize = 8;
@@ -179,15 +180,6 @@ fn a_checkpoint_beside_reclaim_of_durable_segments_is_whole() {
     for attempt in 0..20u64 {
         let (mut w, _r) = Store::with_value_log(options(0));
         let mut disk = std::collections::BTreeMap::new();
-        let mut make_durable = |w: &mut Writer| {
-            for sealed in w.take_sealed_segments() {
-                let mut file = sealed.records.to_vec();
-                file.resize(file.len().next_multiple_of(4096), 0);
-                let file = Bytes::from(file);
-                disk.insert(sealed.id, file.clone());
-                w.segment_durable(sealed.id, sealed.bytes, file);
-            }
-        };
         let mut index = 0;
         // Round 0 everywhere, then round 1 over nine keys in ten (a tenth of round 0 stays
         // live, spread over its segments), all durable; a compaction makes round 0 dead.
@@ -196,18 +188,11 @@ fn a_checkpoint_beside_reclaim_of_durable_segments_is_whole() {
                 index += 1;
                 w.apply(index, &put(k, round)).unwrap();
             }
-            make_durable(&mut w);
+            write_sealed(&mut w, &mut disk);
         }
         index += 1;
         let revision = w.current_revision();
-        w.apply(
-            index,
-            &Op::Compact(CompactionRequest {
-                revision,
-                physical: false,
-            }),
-        )
-        .unwrap();
+        compact(&mut w, index, revision);
         // The index walk first, so only reclaim runs beside the archive.
         while w.reclaim_file().is_none() {
             assert_eq!(w.compact_step(64), CompactionStatus::Pending);

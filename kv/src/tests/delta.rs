@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
+use super::{compact, write_sealed};
 use crate::*;
 
 fn on_disk(first_segment_id: u32) -> ValueLogOptions {
@@ -13,17 +14,6 @@ fn on_disk(first_segment_id: u32) -> ValueLogOptions {
         segment_bytes: 2048,
         first_segment_id,
         on_disk: true,
-    }
-}
-
-/// The server driver's part: sealed segments become "files" and the values move into them.
-fn write_sealed(w: &mut Writer, disk: &mut BTreeMap<u32, Bytes>) {
-    for sealed in w.take_sealed_segments() {
-        let mut file: Vec<u8> = sealed.records.to_vec();
-        file.resize(file.len().next_multiple_of(4096), 0);
-        let file = Bytes::from(file);
-        disk.insert(sealed.id, file.clone());
-        w.segment_durable(sealed.id, sealed.bytes, file);
     }
 }
 
@@ -265,14 +255,7 @@ fn a_delta_over_its_base_restores_what_a_full_checkpoint_restores() {
 
 /// Compacts `w` at `revision` through raft index `index` and runs the compaction to its end.
 fn compact_fully(w: &mut Writer, index: u64, revision: i64) {
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision,
-            physical: false,
-        }),
-    )
-    .unwrap();
+    compact(w, index, revision);
     while w.compact_step(64) == CompactionStatus::Pending {}
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
+use super::{compact, write_sealed};
 use crate::*;
 
 fn put(key: &str, value: &[u8]) -> Op {
@@ -25,29 +26,8 @@ fn on_disk(first_segment_id: u32) -> ValueLogOptions {
 
 /// Applies, as raft entry `index`, a compaction at the store's current revision.
 fn compact_at_current(w: &mut Writer, index: u64) {
-    let rev = w.current_revision();
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision: rev,
-            physical: false,
-        }),
-    )
-    .unwrap();
-}
-
-/// What the server's driver does, against a map: each sealed segment's records, padded to a
-/// 4 KiB block as O_DIRECT writes it, become the segment's "file".
-fn write_sealed(w: &mut Writer, disk: &mut BTreeMap<u32, Bytes>) {
-    for sealed in w.take_sealed_segments() {
-        let mut file: Vec<u8> = sealed.records.to_vec();
-        assert_eq!(file.len() as u64, sealed.bytes);
-        file.resize(file.len().next_multiple_of(4096), 0);
-        let file = Bytes::from(file);
-        disk.insert(sealed.id, file.clone());
-        w.segment_durable(sealed.id, sealed.bytes, file);
-    }
-    assert_eq!(w.sealed_backlog_bytes(), 0);
+    let revision = w.current_revision();
+    compact(w, index, revision);
 }
 
 /// Twenty keys overwritten five times (round r writes 100 bytes of r), every sealed segment
