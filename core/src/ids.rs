@@ -188,7 +188,6 @@ pub fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), CoreEr
 
 /// As `write_durably`, for a file given as `parts` written one after the other.
 pub fn write_durably_parts(dir: &Path, path: &Path, parts: &[&[u8]]) -> Result<(), CoreError> {
-    use std::io::Write;
     let err = |source| CoreError::DataDir {
         path: path.to_path_buf(),
         source,
@@ -196,9 +195,9 @@ pub fn write_durably_parts(dir: &Path, path: &Path, parts: &[&[u8]]) -> Result<(
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    for part in parts {
-        f.write_all(part).map_err(err)?;
-    }
+    // Paced, so a checkpoint of hundreds of MB never sits dirty in the page cache for the
+    // WAL's next fdatasync to wait behind.
+    keel_io::pages::write_paced(&mut f, parts).map_err(err)?;
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)?;
     std::fs::File::open(dir)

@@ -398,8 +398,9 @@ impl Api {
     }
 
     /// Brings in the pages of `records`: the values a request will read where it cannot
-    /// wait for the disk (the values a txn compares, the value an `ignore_value` put keeps,
-    /// see `kv::Reader::records_txn_reads`), before it is proposed or read.
+    /// wait for the disk (the values a txn compares or sorts by, the value an `ignore_value`
+    /// put keeps, see `kv::Reader::records_txn_reads`; a range's sorted by value), before it
+    /// is proposed or read.
     async fn bring_in_records(&self, records: &[bytes::Bytes]) {
         if let Some(wait) = self.shared.pager.bring_in_records(records.iter()) {
             wait.await;
@@ -416,6 +417,9 @@ impl Api {
         }
         // etcd checks reads on the member that serves them, after the read barrier.
         auth_api::check_read(&self.shared, who, &req.key, &req.range_end)?;
+        // A sort by value compares values before they are checked: bring them in first.
+        let records = self.shared.reader().records_range_reads(&req);
+        self.bring_in_records(&records).await;
         Ok(req)
     }
 

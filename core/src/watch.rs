@@ -294,6 +294,9 @@ pub struct Hub {
     /// `dispatch`'s (stream, watch id, event index) list, kept between batches so its
     /// memory is reused.
     matched: Cell<Vec<(u64, i64, usize)>>,
+    /// Watchers in the index that ask for prev_kv: while there are any, a batch's previous
+    /// values on disk are brought in by the pager before it is dispatched.
+    prev_kv_watchers: Cell<usize>,
 }
 
 impl Hub {
@@ -309,6 +312,7 @@ impl Hub {
             next_stream_id: Cell::new(1),
             delivered_rev: Cell::new(rev),
             matched: Cell::new(Vec::new()),
+            prev_kv_watchers: Cell::new(0),
         })
     }
 
@@ -330,6 +334,7 @@ impl Hub {
                 if self.shared.watch_overflow[self.shard].swap(false, Ordering::AcqRel) {
                     self.overflowed();
                 }
+                self.bring_in_prev_values(&batch).await;
                 self.dispatch(&batch);
             }
         }
@@ -351,7 +356,34 @@ impl Hub {
         fence(Ordering::SeqCst);
     }
 
-    fn index_add(&self, stream: u64, id: i64, range: &KeyRange) {
+    /// A watcher whose prev_kv wants previous values may need a batch's previous values, and
+    /// the first shard that encodes an event with its previous state reads that value
+    /// (`WireEvent::with_prev`): one not written for a long time lies in a segment file and
+    /// would fault the shard. So while this hub has such watchers, the pager brings those
+    /// pages in first, and the shard serves its other connections meanwhile. Batches are
+    /// dispatched in order, so a later one waits behind it, as it waited behind the fault.
+    /// It brings in every previous value of the batch, also those only watchers without
+    /// prev_kv see: finding which events reach a prev_kv watcher is dispatch's own matching,
+    /// and a write's previous value is usually in memory anyway (mincore finds it there and
+    /// nothing waits).
+    async fn bring_in_prev_values(&self, batch: &WatchBatch) {
+        if self.prev_kv_watchers.get() == 0 {
+            return;
+        }
+        let records = batch
+            .events
+            .iter()
+            .filter(|e| e.with_prev.get().is_none())
+            .filter_map(|e| e.prev.as_ref()?.record_on_disk());
+        if let Some(wait) = self.shared.pager.bring_in_records(records) {
+            wait.await;
+        }
+    }
+
+    fn index_add(&self, stream: u64, id: i64, range: &KeyRange, prev_kv: bool) {
+        if prev_kv {
+            self.prev_kv_watchers.set(self.prev_kv_watchers.get() + 1);
+        }
         match range {
             KeyRange::Single(k) => {
                 self.single
@@ -369,7 +401,12 @@ impl Hub {
         }
     }
 
-    fn index_remove(&self, stream: u64, id: i64, range: &KeyRange) {
+    fn index_remove(&self, stream: u64, id: i64, range: &KeyRange, prev_kv: bool) {
+        if prev_kv {
+            let count = self.prev_kv_watchers.get();
+            assert!(count > 0, "a prev_kv watcher leaves the index once");
+            self.prev_kv_watchers.set(count - 1);
+        }
         match range {
             KeyRange::Single(k) => {
                 let mut single = self.single.borrow_mut();
@@ -584,7 +621,7 @@ impl Hub {
         self.streams.borrow_mut().remove(&stream.id);
         let watchers = std::mem::take(&mut *stream.watchers.borrow_mut());
         for (wid, w) in &watchers {
-            self.index_remove(stream.id, *wid, &w.range);
+            self.index_remove(stream.id, *wid, &w.range, w.prev_kv);
         }
         if !watchers.is_empty() {
             self.add_watcher_count(-(watchers.len() as isize));
@@ -672,7 +709,7 @@ impl Hub {
             Some(RequestUnion::CancelRequest(c)) => {
                 let removed = stream.watchers.borrow_mut().remove(&c.watch_id);
                 if let Some(w) = removed {
-                    self.index_remove(stream.id, c.watch_id, &w.range);
+                    self.index_remove(stream.id, c.watch_id, &w.range, w.prev_kv);
                     if !w.synced {
                         stream.unsynced.set(stream.unsynced.get() - 1);
                     }
@@ -794,7 +831,7 @@ impl Hub {
             stream.unsynced.set(stream.unsynced.get() + 1);
         }
         stream.watchers.borrow_mut().insert(id, w);
-        self.index_add(stream.id, id, &range);
+        self.index_add(stream.id, id, &range, c.prev_kv);
         // The created response goes first, before any event of this watcher.
         let resp = pb::WatchResponse {
             header: self.shared.header(current),
@@ -806,8 +843,9 @@ impl Hub {
     }
 
     /// One bounded history read for each unsynced watcher of the stream. Values in mapped
-    /// segment files come in through the pager (see `pager`), so a catch-up from old
-    /// revisions does not stall the shard on page faults.
+    /// segment files, and the previous states' for a watcher that asks for prev_kv, come in
+    /// through the pager (see `pager`), so a catch-up from old revisions does not stall the
+    /// shard on page faults.
     async fn catch_up_step(&self, stream: &Rc<Stream>) {
         let ids: Vec<i64> = stream
             .watchers
@@ -817,16 +855,17 @@ impl Hub {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            let (range, next_rev) = {
+            let (range, next_rev, prev_kv) = {
                 let watchers = stream.watchers.borrow();
                 let Some(w) = watchers.get(&id) else { continue };
-                (w.range.clone(), w.next_rev)
+                (w.range.clone(), w.next_rev, w.prev_kv)
             };
             let read = self.shared.reader().range_events_unchecked(
                 next_rev,
                 range.start(),
                 &range.kv_end(),
                 CATCHUP_EVENTS_PER_STEP,
+                prev_kv,
             );
             let read = match read {
                 Ok(unchecked) => Ok(self.shared.pager.serve(unchecked).await),
@@ -848,7 +887,7 @@ impl Hub {
                     };
                     watchers.remove(&id);
                     drop(watchers);
-                    self.index_remove(stream.id, id, &range);
+                    self.index_remove(stream.id, id, &range, prev_kv);
                     stream.unsynced.set(stream.unsynced.get() - 1);
                     self.add_watcher_count(-1);
                     stream.push(frame_of(&resp));

@@ -184,10 +184,125 @@ pub fn drop_cached(file: &std::fs::File) -> std::io::Result<()> {
     }
 }
 
+/// How much of a large file `write_paced` lets the kernel hold dirty: a chunk being written
+/// and the one before it, whose writeback is under way.
+pub const WRITEBACK_CHUNK_BYTES: usize = 8 << 20;
+
+/// Writes `parts` one after another to `file` (from its current offset, which must be 0: a
+/// new file) and starts the kernel's writeback of each `WRITEBACK_CHUNK_BYTES` as soon as it
+/// is written, waiting for the one before it to reach the disk first. Durability is still the
+/// caller's fsync; this only paces the writes, and a file system that cannot pace (EINVAL,
+/// EOPNOTSUPP, ENOSYS) is written unpaced. Any other failure is returned: an I/O error that
+/// writeback reported here may not be reported again to the fsync that follows. A checkpoint of hundreds of MB written in one
+/// go sat dirty in the page cache, and on ext4 the WAL's next fdatasync (a journal commit)
+/// then waited for much of it: puts beside a 1.13 GB checkpoint saw p99 0.9 s. Paced, the
+/// WAL's syncs wait for at most two chunks.
+pub fn write_paced(file: &mut std::fs::File, parts: &[&[u8]]) -> std::io::Result<()> {
+    write_paced_in(file, parts, WRITEBACK_CHUNK_BYTES)
+}
+
+fn write_paced_in(
+    file: &mut std::fs::File,
+    parts: &[&[u8]],
+    chunk_bytes: usize,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let range = |from: usize, to: usize, flags: libc::c_uint| {
+        // SAFETY: a request about a byte range of a descriptor this process holds open.
+        let rc = unsafe {
+            libc::sync_file_range(
+                fd,
+                from as libc::off64_t,
+                (to - from) as libc::off64_t,
+                flags,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // Written up to `written`; writeback started up to `started`, and done up to `waited`.
+    let (mut written, mut started, mut waited) = (0usize, 0usize, 0usize);
+    let mut paced = true;
+    let unsupported = |e: &std::io::Error| {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
+        )
+    };
+    for part in parts {
+        let mut rest = *part;
+        while !rest.is_empty() {
+            let take = (chunk_bytes - (written - started)).min(rest.len());
+            file.write_all(&rest[..take])?;
+            written += take;
+            rest = &rest[take..];
+            if written - started == chunk_bytes {
+                if paced {
+                    let before = if started > waited {
+                        range(
+                            waited,
+                            started,
+                            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                                | libc::SYNC_FILE_RANGE_WRITE
+                                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                        )
+                    } else {
+                        Ok(())
+                    };
+                    let outcome =
+                        before.and_then(|()| range(started, written, libc::SYNC_FILE_RANGE_WRITE));
+                    match outcome {
+                        Err(e) if unsupported(&e) => paced = false,
+                        Err(e) => return Err(e),
+                        Ok(()) => {}
+                    }
+                }
+                waited = started;
+                started = written;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// Paced writes put every part's bytes in order, across chunk boundaries that fall
+    /// inside a part, at its end, or past the last part.
+    #[test]
+    fn paced_writes_write_the_parts_in_order() {
+        let chunk = 2 * page_bytes();
+        for sizes in [
+            vec![],
+            vec![1],
+            vec![chunk],
+            vec![chunk - 1, 1, chunk + 1],
+            vec![3 * chunk + 5, 0, chunk / 2, 7 * chunk],
+        ] {
+            let parts: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (0..*n).map(|b| (b * 31 + i * 7) as u8).collect())
+                .collect();
+            let slices: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+            let file = tempfile::NamedTempFile::new().expect("temp file");
+            let mut handle = file.reopen().expect("reopen");
+            write_paced_in(&mut handle, &slices, chunk).expect("paced write");
+            assert_eq!(
+                std::fs::read(file.path()).expect("read back"),
+                parts.concat(),
+                "{sizes:?}"
+            );
+        }
+    }
 
     /// A synced file of `pages` pages of 7s, mapped, its pages dropped from the page cache.
     fn cold_mapping(pages: usize) -> (tempfile::NamedTempFile, bytes::Bytes) {

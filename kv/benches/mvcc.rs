@@ -1,5 +1,6 @@
 //! keel-kv micro-benchmark: apply throughput (puts of 256-byte values, one raft entry each, over
-//! many keys and to one key with a long history) and single-key and 100-key range throughput
+//! many keys and to one key with a long history), one DeleteRange of many keys (one apply: the
+//! raft core's longest pause in a mass delete), and single-key and 100-key range throughput
 //! from 1, 2 and 4 reader threads at once.
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-kv cargo bench -p keel-kv --bench mvcc`
@@ -18,6 +19,7 @@ const COMPACT_STEP_KEYS: usize = 1000;
 const READ_DURATION: Duration = Duration::from_secs(2);
 const HOT_PUTS: u64 = 20_000;
 const HOT_BLOCK_PUTS: u64 = 1000;
+const DELETE_KEYS: u64 = 1_000_000;
 
 fn key(i: u64) -> Bytes {
     Bytes::from(format!("/registry/pods/default/pod-{i:08}"))
@@ -160,6 +162,30 @@ fn main() {
         HOT_PUTS - HOT_BLOCK_PUTS,
         HOT_BLOCK_PUTS as f64 / last_block.as_secs_f64()
     );
+    // One DeleteRange over a million keys, as `etcdctl del --prefix` of a large directory.
+    let (mut del_writer, _del_reader) = Store::new();
+    for i in 0..DELETE_KEYS {
+        let put = Op::Put(PutRequest {
+            key: key(i),
+            value: Bytes::from_static(b"v"),
+            ..Default::default()
+        });
+        del_writer.apply(i + 1, &put).expect("put");
+    }
+    let delete = Op::DeleteRange(keel_kv::DeleteRangeRequest {
+        key: key(0),
+        range_end: key(DELETE_KEYS),
+        ..Default::default()
+    });
+    let start = Instant::now();
+    del_writer.apply(DELETE_KEYS + 1, &delete).expect("delete");
+    let elapsed = start.elapsed();
+    println!(
+        "apply: one DeleteRange of {DELETE_KEYS} keys in {:.1} ms = {:.0} ns per key",
+        elapsed.as_secs_f64() * 1e3,
+        elapsed.as_nanos() as f64 / DELETE_KEYS as f64
+    );
+    drop(del_writer);
     for span_keys in [1u64, 100] {
         for threads in [1usize, 2, 4] {
             println!(

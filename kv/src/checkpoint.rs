@@ -137,7 +137,8 @@ struct StreamTotals {
     keys: usize,
     key_bytes: usize,
     versions: usize,
-    /// Value bytes the archive holds inline (those not in a segment durable at the capture).
+    /// Value bytes the archive holds inline (those not in a segment durable at the capture,
+    /// or by the time the count reached them).
     inline_bytes: usize,
 }
 
@@ -184,7 +185,8 @@ struct CheckpointStream<'a> {
     #[rkyv(omit_bounds)]
     values: InlineValues<'a>,
     leases: Vec<LeaseRecord>,
-    segments: Vec<SegmentRecord>,
+    #[rkyv(omit_bounds)]
+    segments: SegmentRecords<'a>,
 }
 
 /// The index's keys (those with a version at or below the captured revision) as an archived
@@ -202,6 +204,8 @@ struct IndexKeys<'a> {
     /// The keys the first count found: the archived vector's length.
     count: usize,
     values: &'a std::cell::RefCell<Vec<u8>>,
+    /// Segments durable by the time the walk met a version in them, not at the capture.
+    late: &'a std::cell::RefCell<LateSegments>,
     /// Keys handed out over both walks (checked against `count` once the archive is done).
     yielded: &'a std::cell::Cell<usize>,
 }
@@ -338,9 +342,14 @@ where
                 .shared
                 .segments
                 .load(self.keys.guard);
+            let mut late = self.keys.late.borrow_mut();
             self.versions
                 .iter()
-                .map(|v| self.keys.source.version_record(key, v, table, &mut values))
+                .map(|v| {
+                    self.keys
+                        .source
+                        .version_record(key, v, table, &mut values, &mut late)
+                })
                 .collect()
         };
         Ok(KeyRecordResolver {
@@ -398,6 +407,63 @@ where
         serializer: &mut S,
     ) -> std::result::Result<rkyv::vec::VecResolver, S::Error> {
         rkyv::vec::ArchivedVec::<u8>::serialize_from_slice(&self.0.borrow(), serializer)
+    }
+}
+
+/// The segments that became durable after the capture, by id, which the walk found versions
+/// in (reclaim moved them there): the archive points into them rather than holding their
+/// values inline. Such a segment is durable before the checkpoint is written, and its file
+/// stays as long as the checkpoint does: it dies after the capture, and a dead segment's file
+/// goes only once every kept checkpoint was captured after its death.
+type LateSegments = BTreeMap<u32, DurableSegment>;
+
+/// The archive's segment list: the segments durable at the capture and those the walk found
+/// durable later, archived after the keys (rkyv writes a struct's fields' contents in order,
+/// so the walk is done by then).
+struct SegmentRecords<'a> {
+    captured: &'a [DurableSegment],
+    late: &'a std::cell::RefCell<LateSegments>,
+}
+
+impl SegmentRecords<'_> {
+    fn records(&self) -> Vec<SegmentRecord> {
+        let late = self.late.borrow();
+        let mut all: Vec<DurableSegment> = self.captured.to_vec();
+        all.extend(late.values().copied());
+        all.sort_unstable_by_key(|d| d.id);
+        all.iter()
+            .map(|d| SegmentRecord {
+                id: d.id,
+                record_bytes: d.record_bytes,
+                value_bytes: d.value_bytes,
+            })
+            .collect()
+    }
+}
+
+impl rkyv::Archive for SegmentRecords<'_> {
+    type Archived = rkyv::vec::ArchivedVec<ArchivedSegmentRecord>;
+    type Resolver = rkyv::vec::VecResolver;
+
+    fn resolve(&self, resolver: rkyv::vec::VecResolver, out: rkyv::Place<Self::Archived>) {
+        // The late segments are never among the captured ones (see `version_record`).
+        let len = self.captured.len() + self.late.borrow().len();
+        rkyv::vec::ArchivedVec::resolve_from_len(len, resolver, out);
+    }
+}
+
+impl<S> rkyv::Serialize<S> for SegmentRecords<'_>
+where
+    S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
+{
+    fn serialize(
+        &self,
+        serializer: &mut S,
+    ) -> std::result::Result<rkyv::vec::VecResolver, S::Error> {
+        rkyv::vec::ArchivedVec::<ArchivedSegmentRecord>::serialize_from_slice(
+            &self.records(),
+            serializer,
+        )
     }
 }
 
@@ -487,7 +553,8 @@ pub struct CheckpointSource {
     applied_index: u64,
     leases: Vec<(i64, i64)>,
     /// Durable segments at the capture, `(id, record_bytes)` ascending: versions in them are
-    /// written as pointers, every other value inline.
+    /// written as pointers, as are those in segments durable by the time the archive reaches
+    /// them (see `version_record`); every other value inline.
     durable_segments: Vec<DurableSegment>,
     /// The keys written since a delta base, when the writer could name them.
     dirty: Option<crate::dirty::DirtyList>,
@@ -681,6 +748,7 @@ impl CheckpointSource {
         let named = named.filter(|_| base.is_some());
         let totals = if base.is_some() { delta } else { full };
         let values = std::cell::RefCell::new(Vec::with_capacity(totals.inline_bytes));
+        let late = std::cell::RefCell::new(LateSegments::new());
         let yielded = std::cell::Cell::new(0usize);
         let stream = CheckpointStream {
             applied_index: self.applied_index,
@@ -693,13 +761,17 @@ impl CheckpointSource {
                 guard: &guard,
                 count: totals.keys,
                 values: &values,
+                late: &late,
                 yielded: &yielded,
             },
             values: InlineValues(&values),
             leases: self.lease_records(),
-            segments: self.segment_records(),
+            segments: SegmentRecords {
+                captured: &self.durable_segments,
+                late: &late,
+            },
         };
-        let bound = totals.archived_bytes_max(stream.leases.len(), stream.segments.len());
+        let bound = totals.archived_bytes_max(stream.leases.len(), self.durable_segments.len());
         let base_ref = base.map(|b| BaseRef {
             applied_index: b.applied_index,
             revision: b.revision,
@@ -725,14 +797,18 @@ impl CheckpointSource {
             2 * totals.keys,
             "without a compaction, each pass over the index finds the keys the first count found"
         );
-        // Reclaim may move a value out of a segment durable at the capture between the count
-        // and the archive (into the open segment, in memory): the archive then holds it
-        // inline, past the bound by its bytes, and the buffer grew to take them. The value is
-        // the same, so the image is still one state; nothing else may pass the bound.
+        // Reclaim may move a value out of a durable segment between the count and the
+        // archive (into the open segment, in memory): the archive then holds it inline, past
+        // the bound by its bytes, and the buffer grew to take them; and the walk may find
+        // values in segments that became durable after the count, each listed once. The
+        // values are the same, so the image is still one state; nothing else may pass the
+        // bound.
         let inline_moved = values.borrow().len().saturating_sub(totals.inline_bytes);
+        let late_listed = late.borrow().len() * std::mem::size_of::<ArchivedSegmentRecord>();
         assert!(
-            payload.len() <= prefix + bound + inline_moved + PAYLOAD_ALIGN_BYTES,
-            "the archive fits the bound it was sized for, plus the values reclaim moved inline"
+            payload.len() <= prefix + bound + inline_moved + late_listed + PAYLOAD_ALIGN_BYTES,
+            "the archive fits the bound it was sized for, plus the values reclaim moved inline \
+             and the segments that became durable"
         );
         let format = if base_ref.is_some() {
             FORMAT_VERSION_DELTA
@@ -765,10 +841,14 @@ impl CheckpointSource {
                 continue;
             }
             let kept = &list[..kept];
+            // Loaded after the list, as the walk loads it (see `KeptKey::serialize`).
+            let table = self.reader.shared.segments.load(guard);
             let inline_bytes = |versions: &[Version]| {
                 versions
                     .iter()
-                    .filter(|v| v.segment != SEGMENT_NONE && !self.is_durable(v.segment))
+                    .filter(|v| {
+                        v.segment != SEGMENT_NONE && self.durable(v.segment, table).is_none()
+                    })
                     .map(|v| v.value_len())
                     .sum::<usize>()
             };
@@ -787,22 +867,45 @@ impl CheckpointSource {
         self.dirty.is_some()
     }
 
-    fn is_durable(&self, segment: u32) -> bool {
-        self.durable_segments
+    /// Where a value in `segment` may be pointed at: the segment as the capture listed it
+    /// (`late` false), or as `table` lists it when it became durable since (`late` true; a
+    /// segment reclaim opened after the capture, or one sealed but not yet written then).
+    /// None when its file is not durable yet: the value goes inline.
+    fn durable(
+        &self,
+        segment: u32,
+        table: &crate::segments::SegmentTable,
+    ) -> Option<(DurableSegment, bool)> {
+        match self
+            .durable_segments
             .binary_search_by_key(&segment, |d| d.id)
-            .is_ok()
+        {
+            Ok(at) => Some((self.durable_segments[at], false)),
+            Err(_) => table.durable(segment).map(|d| (d, true)),
+        }
     }
 
-    /// `v` (of `key`) as the archive records it: a pointer into its segment when that segment
-    /// was durable at the capture, else its value copied (checked) to the end of `values`.
+    /// `v` (of `key`) as the archive records it: a pointer into its segment when that
+    /// segment's file is durable (listing it in `late` when it was not at the capture), else
+    /// its value copied (checked) to the end of `values`. Pointing into a segment that became
+    /// durable after the capture keeps the values reclaim moves meanwhile out of the archive:
+    /// right after a large delete and compaction those were most of the live values, and a
+    /// checkpoint that held them inline grew past a gigabyte.
     fn version_record(
         &self,
         key: &[u8],
         v: &Version,
         table: &crate::segments::SegmentTable,
         values: &mut Vec<u8>,
+        late: &mut LateSegments,
     ) -> VersionRecord {
-        let (segment, value_offset) = if v.segment != SEGMENT_NONE && self.is_durable(v.segment) {
+        let durable = (v.segment != SEGMENT_NONE)
+            .then(|| self.durable(v.segment, table))
+            .flatten();
+        let (segment, value_offset) = if let Some((segment, is_late)) = durable {
+            if is_late {
+                late.insert(segment.id, segment);
+            }
             (v.segment, u64::from(v.offset))
         } else {
             let at = values.len() as u64;
@@ -828,17 +931,6 @@ impl CheckpointSource {
             .map(|(id, ttl_s)| LeaseRecord {
                 id: *id,
                 ttl_s: *ttl_s,
-            })
-            .collect()
-    }
-
-    fn segment_records(&self) -> Vec<SegmentRecord> {
-        self.durable_segments
-            .iter()
-            .map(|d| SegmentRecord {
-                id: d.id,
-                record_bytes: d.record_bytes,
-                value_bytes: d.value_bytes,
             })
             .collect()
     }
@@ -2155,12 +2247,13 @@ mod streamed {
         let table = source.reader.shared.segments.load(&guard);
         let mut keys = Vec::new();
         let mut values = Vec::new();
+        let mut late = LateSegments::new();
         for entry in source.reader.shared.index.iter() {
             let list = entry.value().load(&guard);
             let versions: Vec<VersionRecord> = list
                 .iter()
                 .take_while(|v| v.main() <= source.revision)
-                .map(|v| source.version_record(entry.key(), v, table, &mut values))
+                .map(|v| source.version_record(entry.key(), v, table, &mut values, &mut late))
                 .collect();
             if !versions.is_empty() {
                 keys.push(KeyRecord {
@@ -2176,7 +2269,11 @@ mod streamed {
             keys,
             values,
             leases: source.lease_records(),
-            segments: source.segment_records(),
+            segments: SegmentRecords {
+                captured: &source.durable_segments,
+                late: &std::cell::RefCell::new(late),
+            }
+            .records(),
         };
         frame(&data).to_vec()
     }

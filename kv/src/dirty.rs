@@ -40,6 +40,12 @@ impl DirtyKeys {
 
     /// `key` was written at main revision `main`; the index holds `keys_held` keys.
     pub(crate) fn wrote(&mut self, key: &[u8], main: i64, keys_held: usize) {
+        if main == self.since_rev {
+            // Tracking restarted within this txn: the set names versions newer than
+            // `since_rev`, and a delete of a million keys would otherwise fill it, drop it
+            // and fill it again for each sixteenth of the index.
+            return;
+        }
         if let Some(at) = self.newest.get_mut(key) {
             *at = main;
             return;
@@ -179,6 +185,26 @@ mod tests {
         );
         d.rebase(overflow_rev + 1);
         assert!(d.since_base(overflow_rev + 1).unwrap().sorted().is_empty());
+    }
+
+    /// One txn that writes past the bound (a DeleteRange of many keys) drops the set once
+    /// and notes none of its other keys: they are all at the revision tracking restarted
+    /// from, which the set never needs to name.
+    #[test]
+    fn a_txn_past_the_bound_fills_the_set_once() {
+        let mut d = DirtyKeys::since(0);
+        for i in 0..(3 * DIRTY_KEYS_MIN) as i64 {
+            d.wrote(&i.to_be_bytes(), 1, 0);
+            assert!(d.len() <= DIRTY_KEYS_MIN);
+        }
+        assert_eq!(
+            d.len(),
+            0,
+            "the keys past the bound are at the restart revision"
+        );
+        d.wrote(b"later", 2, 0);
+        assert_eq!(d.since_base(1).unwrap().sorted(), vec![b"later".as_slice()]);
+        assert!(d.since_base(0).is_none());
     }
 
     #[test]

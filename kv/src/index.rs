@@ -436,16 +436,28 @@ pub(crate) fn for_each_in_range<F>(index: &Index, key: &[u8], end: &[u8], mut f:
 where
     F: FnMut(&[u8], &KeyHistory) -> bool,
 {
+    for_each_entry_in_range(index, key, end, |entry| f(entry.key(), entry.value()));
+}
+
+/// An index entry: it keeps its node alive (a reference count), so a writer that walked a
+/// range can write to each key it found without looking it up again.
+pub(crate) type IndexEntry<'a> = crossbeam_skiplist::map::Entry<'a, IndexKey, KeyHistory>;
+
+/// As `for_each_in_range`, handing out the entries themselves.
+pub(crate) fn for_each_entry_in_range<'a, F>(index: &'a Index, key: &[u8], end: &[u8], mut f: F)
+where
+    F: FnMut(IndexEntry<'a>) -> bool,
+{
     use std::ops::Bound;
     match range_end(end) {
         RangeEnd::Single => {
             if let Some(entry) = index.get(key) {
-                f(entry.key(), entry.value());
+                f(entry);
             }
         }
         RangeEnd::Unbounded => {
             for entry in index.range::<[u8], _>((Bound::Included(key), Bound::Unbounded)) {
-                if !f(entry.key(), entry.value()) {
+                if !f(entry) {
                     break;
                 }
             }
@@ -455,7 +467,7 @@ where
                 return;
             }
             for entry in index.range::<[u8], _>((Bound::Included(key), Bound::Excluded(end))) {
-                if !f(entry.key(), entry.value()) {
+                if !f(entry) {
                     break;
                 }
             }
@@ -549,6 +561,11 @@ impl RecordCheck {
     /// Checks the record now (see `Version::check_record`).
     pub(crate) fn check(&self) {
         self.version.check_record(&self.record);
+    }
+
+    /// The record, when it lies in a durable segment's mapped file.
+    pub(crate) fn record_on_disk(&self) -> Option<&Bytes> {
+        self.on_disk.then_some(&self.record)
     }
 
     /// Leaves a record on disk to be checked with its answer (`checks` becomes an

@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use crossbeam_epoch::{Atomic, Guard, Owned};
 
+use crate::vlog::DurableSegment;
+
 /// The open segment's buffer: the single writer appends records past the published ones,
 /// and readers read only records already published (a version naming a record is published
 /// after the record is written, with Release, and read with Acquire).
@@ -137,8 +139,9 @@ pub(crate) enum SegmentBytes {
     Frozen(Bytes),
     /// A durable segment's file, mapped: a read of a page not in memory waits for the disk.
     /// The mark says a value was read from it since the value cache last looked (see
-    /// `MappedSegment`).
-    Durable(Bytes, ReadMark),
+    /// `MappedSegment`); the sizes, fixed since it was sealed, are what a checkpoint that
+    /// points into it lists.
+    Durable(Bytes, ReadMark, DurableSegment),
 }
 
 /// Set by every read of a value in a durable segment: the value cache's clock (in core)
@@ -187,7 +190,7 @@ impl SegmentBytes {
                 assert!(end <= bytes.len(), "a record ends within its segment");
                 bytes.slice(offset..end)
             }
-            SegmentBytes::Durable(file, mark) => {
+            SegmentBytes::Durable(file, mark, _) => {
                 assert!(end <= file.len(), "a record ends within its segment");
                 if read {
                     mark.mark();
@@ -218,12 +221,21 @@ impl SegmentTable {
         self.position(id).ok().map(|at| &self.slots[at].1)
     }
 
+    /// Segment `id` as a checkpoint lists it, if its file is durable: a checkpoint may then
+    /// point into it, whether or not it was durable when the checkpoint was captured.
+    pub(crate) fn durable(&self, id: u32) -> Option<DurableSegment> {
+        match self.get(id) {
+            Some(SegmentBytes::Durable(_, _, sizes)) => Some(*sizes),
+            _ => None,
+        }
+    }
+
     /// The durable segments' mapped files, ascending.
     pub(crate) fn mapped(&self) -> Vec<MappedSegment> {
         self.slots
             .iter()
             .filter_map(|(id, bytes)| match bytes {
-                SegmentBytes::Durable(file, read) => Some(MappedSegment {
+                SegmentBytes::Durable(file, read, _) => Some(MappedSegment {
                     id: *id,
                     file: file.clone(),
                     read: read.clone(),

@@ -10,7 +10,8 @@ use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
 use crate::index::{
-    for_each_in_range, live_at, Index, KeyHistory, RecordCheck, Unchecked, Version, VersionKind,
+    for_each_entry_in_range, for_each_in_range, live_at, Index, IndexEntry, KeyHistory,
+    RecordCheck, Unchecked, Version, VersionKind,
 };
 use crate::read::{
     range_at, range_at_unchecked, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk,
@@ -21,7 +22,7 @@ use crate::types::{
     DeleteRangeRequest, DeleteRangeResponse, Event, EventBatch, EventKind, KeyValue,
     LeaseGrantRequest, LeaseGrantResponse, LeaseInfo, LeaseRevokeRequest, LeaseRevokeResponse, Op,
     OpResponse, PrevKv, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
-    ResponseOp, Revision, TxnRequest, TxnResponse,
+    ResponseOp, Revision, SortTarget, TxnRequest, TxnResponse,
 };
 use crate::validate::LEASE_TTL_MAX_S;
 use crate::vlog::{DeadSegment, Reclaim, SealedSegment, ValueLog, SEGMENT_BYTES};
@@ -617,52 +618,44 @@ impl Writer {
 
     fn delete_range(&mut self, ctx: &mut TxnCtx, req: &DeleteRangeRequest) -> DeleteRangeResponse {
         let read_rev = ctx.read_rev();
-        let mut victims: Vec<PrevKv> = Vec::new();
-        {
-            let guard = epoch::pin();
-            for_each_in_range(
-                &self.shared.index,
-                &req.key,
-                &req.range_end,
-                |key, history| {
-                    if let Some(v) = live_at(history.load(&guard), read_rev) {
-                        victims.push(v.to_prev_kv(key, self.vlog.table()));
-                    }
-                    true
-                },
-            );
-        }
-        let prev_kvs = if req.prev_kv {
-            victims
-                .iter()
-                .map(|p| p.clone().into_answer(&mut ctx.checks))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        for prev in &victims {
-            self.write_delete(ctx, prev.clone());
-        }
-        let revision = if !victims.is_empty() || ctx.writes > 0 {
+        // One walk that deletes as it goes: a delete of a million keys is one apply (the
+        // raft core's pause), so it neither looks each key up again nor gathers them first.
+        // The walk visits each key once, and a tombstone changes only its own key's list, so
+        // every key the walk reaches is as the delete found it.
+        let shared = self.shared.clone();
+        let mut prev_kvs = Vec::new();
+        let mut deleted = 0i64;
+        for_each_entry_in_range(&shared.index, &req.key, &req.range_end, |entry| {
+            let prev = {
+                let guard = epoch::pin();
+                let Some(v) = live_at(entry.value().load(&guard), read_rev) else {
+                    return true;
+                };
+                v.to_prev_kv(entry.key(), self.vlog.table())
+            };
+            if req.prev_kv {
+                prev_kvs.push(prev.clone().into_answer(&mut ctx.checks));
+            }
+            deleted += 1;
+            self.write_delete(ctx, &entry, prev);
+            true
+        });
+        let revision = if deleted > 0 || ctx.writes > 0 {
             ctx.begin_rev + 1
         } else {
             ctx.begin_rev
         };
         DeleteRangeResponse {
             revision,
-            deleted: victims.len() as i64,
+            deleted,
             prev_kvs,
         }
     }
 
-    fn write_delete(&mut self, ctx: &mut TxnCtx, prev: PrevKv) {
+    /// Writes a tombstone over `prev`, the live version of `entry`'s key.
+    fn write_delete(&mut self, ctx: &mut TxnCtx, entry: &IndexEntry<'_>, prev: PrevKv) {
         let rev = ctx.next_revision();
         let guard = epoch::pin();
-        let shared = self.shared.clone();
-        let entry = shared
-            .index
-            .get(prev.key().as_ref())
-            .expect("a live key has an index entry");
         let old = entry.value().load(&guard);
         assert!(
             old.last()
@@ -680,7 +673,8 @@ impl Writer {
         ctx.events.push(Event {
             kind: EventKind::Delete,
             kv: KeyValue {
-                key: Bytes::copy_from_slice(entry.key()),
+                // The previous state's copy of the key (never the index's own bytes).
+                key: prev.key().clone(),
                 mod_revision: rev.main,
                 ..KeyValue::default()
             },
@@ -1125,7 +1119,12 @@ impl Writer {
                 .latest(&key, ctx.read_rev())
                 .expect("a key attached to a lease is live");
             assert!(prev.lease() == req.id);
-            self.write_delete(ctx, prev);
+            let shared = self.shared.clone();
+            let entry = shared
+                .index
+                .get(key.as_ref())
+                .expect("a live key has an index entry");
+            self.write_delete(ctx, &entry, prev);
         }
         let entry = self.leases.remove(&req.id).expect("checked above");
         assert!(entry.keys.is_empty(), "revoke detached every key");
@@ -1397,11 +1396,11 @@ impl Reader {
 
     /// The records of values in durable segments' mapped files that applying the txn `req`
     /// would read as the store is now: the values its compares compare (every compare, in any
-    /// branch) and the old values its `ignore_value` puts keep. The raft core needs those
-    /// bytes to apply, so it cannot leave them to a shard as it leaves the answer's values; a
-    /// shard brings their pages in before proposing, so the raft core almost always finds
-    /// them in memory (only a write between the two, or the kernel evicting them, makes it
-    /// wait).
+    /// branch), the values its ranges sort by, and the old values its `ignore_value` puts
+    /// keep. The raft core needs those bytes to apply, so it cannot leave them to a shard as
+    /// it leaves the answer's values; a shard brings their pages in before proposing, so the
+    /// raft core almost always finds them in memory (only a write between the two, or the
+    /// kernel evicting them, makes it wait).
     pub fn records_txn_reads(&self, req: &TxnRequest) -> Vec<Bytes> {
         let mut records = Vec::new();
         self.txn_reads(req, self.current_revision(), &mut records);
@@ -1415,6 +1414,27 @@ impl Reader {
         records
     }
 
+    /// `records_txn_reads` for a range that sorts by value: the sort compares the values
+    /// where it runs, before any check could hand their reads to another thread, so a shard
+    /// brings them in first. Empty for any other range (its values are read through
+    /// `Unchecked`).
+    pub fn records_range_reads(&self, req: &RangeRequest) -> Vec<Bytes> {
+        let mut records = Vec::new();
+        self.range_reads(req, self.current_revision(), &mut records);
+        records
+    }
+
+    fn range_reads(&self, req: &RangeRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
+        if req.sort_target == SortTarget::Value && !req.count_only {
+            let rev = if req.revision > 0 {
+                req.revision
+            } else {
+                cur_rev
+            };
+            self.records_of(&req.key, &req.range_end, rev, records);
+        }
+    }
+
     fn txn_reads(&self, req: &TxnRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
         for c in &req.compare {
             if matches!(c.target, CompareTarget::Value(_)) {
@@ -1424,6 +1444,7 @@ impl Reader {
         for op in req.success.iter().chain(req.failure.iter()) {
             match op {
                 RequestOp::Put(p) => self.put_reads(p, cur_rev, records),
+                RequestOp::Range(r) => self.range_reads(r, cur_rev, records),
                 RequestOp::Txn(t) => self.txn_reads(t, cur_rev, records),
                 _ => {}
             }
@@ -1514,7 +1535,7 @@ impl Reader {
 
     /// History for a watcher catching up: events on keys in [key, range_end) with revisions from
     /// `start_rev` up to the published revision, at most `events_max` unless one revision alone has
-    /// more (a revision is never split).
+    /// more (a revision is never split). Previous states stay `PrevKv`s, read by whoever asks.
     pub fn range_events(
         &self,
         start_rev: i64,
@@ -1522,18 +1543,22 @@ impl Reader {
         range_end: &[u8],
         events_max: usize,
     ) -> Result<EventBatch> {
-        self.range_events_unchecked(start_rev, key, range_end, events_max)
+        self.range_events_unchecked(start_rev, key, range_end, events_max, false)
             .map(Unchecked::check)
     }
 
-    /// `range_events`, the values of its put events not yet read (see `Unchecked`; previous
-    /// states are `PrevKv`s, read by a watcher that asks for them).
+    /// `range_events`, the values of its put events not yet read (see `Unchecked`), and with
+    /// `with_prev` those of the previous states too, for a watcher that asks for prev_kv:
+    /// then every value the batch hands out is among its checks, and a caller that has their
+    /// pages brought in first (core's pager) never faults on them. Without `with_prev`,
+    /// previous states stay `PrevKv`s whose values nobody reads.
     pub fn range_events_unchecked(
         &self,
         start_rev: i64,
         key: &[u8],
         range_end: &[u8],
         events_max: usize,
+        with_prev: bool,
     ) -> Result<Unchecked<EventBatch>> {
         assert!(events_max > 0, "a batch must be able to hold an event");
         let cur_rev = self.current_revision();
@@ -1542,9 +1567,9 @@ impl Reader {
             return Err(KvError::Compacted);
         }
         let guard = epoch::pin();
-        // Each event with the check of its value, if that is on disk: a batch cut below drops
-        // both, so only what is handed out is read.
-        let mut events: Vec<(Revision, Event, Option<RecordCheck>)> = Vec::new();
+        // Each event with the checks of its value and its previous state's, those on disk: a
+        // batch cut below drops them with it, so only what is handed out is read.
+        let mut events: Vec<(Revision, Event, [Option<RecordCheck>; 2])> = Vec::new();
         for_each_in_range(&self.shared.index, key, range_end, |key, history| {
             let versions = history.load(&guard);
             let first = versions.partition_point(|v| v.main() < start_rev);
@@ -1553,11 +1578,16 @@ impl Reader {
                 if v.main() > cur_rev {
                     break;
                 }
+                let mut prev_check = Vec::new();
                 let prev_kv = i
                     .checked_sub(1)
                     .map(|p| &versions[p])
                     .filter(|p| p.kind() == VersionKind::Put)
-                    .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)));
+                    .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)))
+                    .map(|p| match with_prev {
+                        true => PrevKv::known(p.into_answer(&mut prev_check)),
+                        false => p,
+                    });
                 let (event, check) = match v.kind() {
                     VersionKind::Put => {
                         let segments = self.shared.segments.load(&guard);
@@ -1582,7 +1612,7 @@ impl Reader {
                         (event, None)
                     }
                 };
-                events.push((v.rev(), event, check));
+                events.push((v.rev(), event, [check, prev_check.pop()]));
             }
             true
         });
@@ -1608,8 +1638,9 @@ impl Reader {
         let mut checks = Vec::new();
         let events = events
             .into_iter()
-            .map(|(_, event, check)| {
+            .map(|(_, event, [check, prev_check])| {
                 checks.extend(check);
+                checks.extend(prev_check);
                 event
             })
             .collect();

@@ -93,6 +93,12 @@ impl PrevKv {
         self.kv.lease
     }
 
+    /// The value's record when it lies in a durable segment's mapped file, whose pages may
+    /// be on disk: what a caller has brought in before `checked` reads it.
+    pub fn record_on_disk(&self) -> Option<&Bytes> {
+        self.unchecked.as_ref()?.record_on_disk()
+    }
+
     /// The whole previous state, its value checked against its record's crc first. A value
     /// that fails the check stops the process, naming the segment file and offset, as every
     /// read does: a member never hands out a value it cannot vouch for.

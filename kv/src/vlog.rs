@@ -252,8 +252,10 @@ impl ValueLog {
             },
         );
         assert!(previous.is_none(), "a segment is loaded once");
-        self.table
-            .set(segment.id, SegmentBytes::Durable(file, ReadMark::default()));
+        self.table.set(
+            segment.id,
+            SegmentBytes::Durable(file, ReadMark::default(), segment),
+        );
         self.all_bytes_total += segment.value_bytes;
         self.all_record_bytes += segment.record_bytes;
     }
@@ -406,8 +408,13 @@ impl ValueLog {
             stats.record_bytes
         );
         stats.durable = true;
+        let sizes = DurableSegment {
+            id,
+            record_bytes: stats.record_bytes,
+            value_bytes: stats.bytes_total,
+        };
         self.table
-            .set(id, SegmentBytes::Durable(file, ReadMark::default()));
+            .set(id, SegmentBytes::Durable(file, ReadMark::default(), sizes));
         self.table.drain_retired();
         self.table.publish();
         true
@@ -419,7 +426,7 @@ impl ValueLog {
             return None;
         }
         match self.table().get(id) {
-            Some(SegmentBytes::Durable(file, _)) => Some(file),
+            Some(SegmentBytes::Durable(file, ..)) => Some(file),
             _ => unreachable!("a durable segment's table entry is its file"),
         }
     }
@@ -430,7 +437,7 @@ impl ValueLog {
         assert!(id != self.open_id, "the open segment is not frozen");
         let end = self.segments[&id].record_bytes as usize;
         match self.table().get(id) {
-            Some(SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes, _)) => {
+            Some(SegmentBytes::Frozen(bytes) | SegmentBytes::Durable(bytes, ..)) => {
                 bytes.slice(..end.min(bytes.len()))
             }
             _ => unreachable!("a frozen segment's table entry is its bytes"),

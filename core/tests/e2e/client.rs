@@ -694,6 +694,45 @@ async fn the_value_cache_keeps_to_its_limit_and_paged_out_values_read_back_whole
         .await
         .expect("put");
     assert!(r.prev_key().expect("existed").value() == value_of(3).as_slice());
+    // Watchers asking for prev_kv get previous values in segment files whole: live (the
+    // shard has the pager bring them in before it dispatches the batch) and from history
+    // (among the catch-up's reads).
+    let over_rev = r.header().expect("a header").revision();
+    let prev_kv_watch = |start_revision: i64| {
+        let mut options = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_prev_key();
+        if start_revision > 0 {
+            options = options.with_start_revision(start_revision);
+        }
+        options
+    };
+    let mut live = c
+        .watch("cache/0005", Some(prev_kv_watch(0)))
+        .await
+        .expect("watch");
+    c.put("cache/0005", "again", None).await.expect("put");
+    async fn next_event(stream: &mut etcd_client::WatchStream) -> etcd_client::Event {
+        loop {
+            let msg = tokio::time::timeout(std::time::Duration::from_secs(20), stream.message())
+                .await
+                .expect("an event in time")
+                .expect("the watch stream works")
+                .expect("the stream stays open");
+            if let Some(e) = msg.events().first() {
+                return e.clone();
+            }
+        }
+    }
+    let e = next_event(&mut live).await;
+    assert!(e.prev_kv().expect("a previous state").value() == value_of(5).as_slice());
+    let mut history = c
+        .watch("cache/", Some(prev_kv_watch(over_rev)))
+        .await
+        .expect("watch");
+    let e = next_event(&mut history).await;
+    assert_eq!(e.kv().expect("a key-value").key(), b"cache/0003");
+    assert!(e.prev_kv().expect("a previous state").value() == value_of(3).as_slice());
 }
 
 /// A range of many megabytes (far more than one piece of `keel_grpc::PieceEncode`), most of

@@ -466,6 +466,64 @@ fn a_read_unchecked_names_its_records_on_disk_and_check_still_refuses_damage() {
     assert!(message.contains(&format!("{segment:08x}.seg")), "{message}");
 }
 
+/// A range that sorts by value compares values before any check: its records on disk are
+/// named for a shard to bring in first, alone or inside a txn (whose ranges the raft core
+/// reads); any other range names none.
+#[test]
+fn a_sort_by_value_names_the_values_it_compares() {
+    let (_w, r, _disk, _index) = five_rounds_of_twenty_keys();
+    let range = |sort_target: SortTarget, count_only: bool| RangeRequest {
+        key: Bytes::from_static(b"k00"),
+        range_end: Bytes::from_static(b"k05"),
+        sort_target,
+        count_only,
+        ..Default::default()
+    };
+    assert_eq!(
+        r.records_range_reads(&range(SortTarget::Value, false))
+            .len(),
+        5
+    );
+    assert!(r
+        .records_range_reads(&range(SortTarget::Key, false))
+        .is_empty());
+    assert!(r
+        .records_range_reads(&range(SortTarget::Mod, false))
+        .is_empty());
+    assert!(r
+        .records_range_reads(&range(SortTarget::Value, true))
+        .is_empty());
+    let in_txn = TxnRequest {
+        success: vec![RequestOp::Range(range(SortTarget::Value, false))],
+        ..Default::default()
+    };
+    assert_eq!(r.records_txn_reads(&in_txn).len(), 5);
+}
+
+/// A history read for a watcher that asks for prev_kv names the previous states' records
+/// on disk beside the events' own, so a shard can have all of them brought in before it
+/// hands the events out; one for a watcher that does not names only the events' values.
+#[test]
+fn history_for_prev_kv_names_the_previous_values_on_disk() {
+    let (_w, r, _disk, _index) = five_rounds_of_twenty_keys();
+    // k00's five puts: the first has no previous state, the other four have one each.
+    let plain = r
+        .range_events_unchecked(1, b"k00", b"", 100, false)
+        .unwrap();
+    assert_eq!(plain.records_on_disk().count(), 5);
+    let with_prev = r.range_events_unchecked(1, b"k00", b"", 100, true).unwrap();
+    assert_eq!(with_prev.records_on_disk().count(), 9);
+    let batch = with_prev.check();
+    assert_eq!(batch.events.len(), 5);
+    for (round, e) in batch.events.iter().enumerate().skip(1) {
+        let prev = e.prev_kv.clone().expect("a previous state").checked();
+        assert_eq!(prev.value, Bytes::from(vec![round as u8 - 1; 100]));
+    }
+    // A batch cut short names only the records of the events it keeps.
+    let cut = r.range_events_unchecked(1, b"k00", b"", 2, true).unwrap();
+    assert_eq!(cut.records_on_disk().count(), 3);
+}
+
 /// Twenty keys k00..k19 of 100 bytes each, their segments made durable, with one bit
 /// flipped in each of the first `damaged` values on "disk" (the first records of the first
 /// segment); the damaged segment's id.
