@@ -2326,6 +2326,23 @@ mod tests {
         )
     }
 
+    /// A logical compaction at `revision`, as proposal `id`.
+    fn compaction(
+        id: u64,
+        revision: i64,
+    ) -> (Proposal, oneshot::Receiver<Result<Unserved, EtcdError>>) {
+        proposal(
+            id,
+            pb::InternalRaftRequest {
+                compaction: Some(pb::CompactionRequest {
+                    revision,
+                    physical: false,
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
     fn put(key: &str) -> pb::InternalRaftRequest {
         pb::InternalRaftRequest {
             put: Some(pb::PutRequest {
@@ -3183,16 +3200,7 @@ mod tests {
         // Every key written again, then compacted: the first round's segments die.
         write_round(&mut trio);
         let rev = trio.members[leader].writer().current_revision();
-        let (p, _rx) = proposal(
-            10_000,
-            pb::InternalRaftRequest {
-                compaction: Some(pb::CompactionRequest {
-                    revision: rev,
-                    physical: false,
-                }),
-                ..Default::default()
-            },
-        );
+        let (p, _rx) = compaction(10_000, rev);
         let now_ms = trio.now_ms;
         trio.members[leader].propose(p, now_ms);
         for _ in 0..5 {
@@ -3253,16 +3261,7 @@ mod tests {
             trio.round();
         }
         let rev = trio.members[leader].writer().current_revision();
-        let (p, rx) = proposal(
-            10_000,
-            pb::InternalRaftRequest {
-                compaction: Some(pb::CompactionRequest {
-                    revision: rev,
-                    physical: false,
-                }),
-                ..Default::default()
-            },
-        );
+        let (p, rx) = compaction(10_000, rev);
         // The leader's disk stops: what reclaim rewrites stays queued for it.
         trio.disk_stalled = Some(trio.members[leader].id());
         trio.members[leader].propose(p, trio.now_ms);

@@ -158,6 +158,47 @@ fn a_checkpoint_serialized_beside_reclaim_is_whole() {
     assert!(whole > 0, "every checkpoint raced a compaction ({raced})");
 }
 
+/// Values on disk in segments of 64 KiB, for the checkpoint-beside-reclaim tests.
+fn options(first_segment_id: u32) -> ValueLogOptions {
+    ValueLogOptions {
+        segment_bytes: 65536,
+        first_segment_id,
+        on_disk: true,
+    }
+}
+
+/// Key `k`'s value of round `round`: 2,000 bytes of it.
+fn put(k: u64, round: u8) -> Op {
+    Op::Put(PutRequest {
+        key: Bytes::from(format!("key{k:05}")),
+        value: Bytes::from(vec![round; 2000]),
+        ..Default::default()
+    })
+}
+
+/// Round 0 over `keys` keys, then round 1 over all but those with `k % 10 == kept`, each
+/// round made durable, then a compaction at the end: a tenth of round 0 stays live, spread
+/// over segments the compaction leaves mostly dead. Returns the compacted revision.
+fn two_rounds_compacted(
+    w: &mut Writer,
+    disk: &mut std::collections::BTreeMap<u32, Bytes>,
+    index: &mut u64,
+    keys: u64,
+    kept: u64,
+) -> i64 {
+    for round in 0..2u8 {
+        for k in (0..keys).filter(|k| round == 0 || k % 10 != kept) {
+            *index += 1;
+            w.apply(*index, &put(k, round)).unwrap();
+        }
+        write_sealed(w, disk);
+    }
+    *index += 1;
+    let revision = w.current_revision();
+    compact(w, *index, revision);
+    revision
+}
+
 /// A checkpoint captured before reclaim moves the live values of mostly dead segments, and
 /// archived once the segments they went to are durable, points into those segments rather
 /// than holding the values inline: it is no larger than a checkpoint captured afterwards,
@@ -166,33 +207,12 @@ fn a_checkpoint_serialized_beside_reclaim_is_whole() {
 #[test]
 fn a_checkpoint_points_into_segments_durable_since_its_capture() {
     const KEYS: u64 = 3000;
-    let options = |first_segment_id| ValueLogOptions {
-        segment_bytes: 65536,
-        first_segment_id,
-        on_disk: true,
-    };
-    let put = |k: u64, round: u8| {
-        Op::Put(PutRequest {
-            key: Bytes::from(format!("key{k:05}")),
-            value: Bytes::from(vec![round; 2000]),
-            ..Default::default()
-        })
-    };
     let (mut w, _r) = Store::with_value_log(options(0));
     let mut disk = std::collections::BTreeMap::new();
     let mut index = 0;
-    // Round 0 everywhere, then round 1 over nine keys in ten: a tenth of round 0 (600 KB)
-    // stays live, spread over segments that compaction leaves mostly dead.
-    for round in 0..2u8 {
-        for k in (0..KEYS).filter(|k| round == 0 || k % 10 != 0) {
-            index += 1;
-            w.apply(index, &put(k, round)).unwrap();
-        }
-        write_sealed(&mut w, &mut disk);
-    }
-    index += 1;
-    let revision = w.current_revision();
-    compact(&mut w, index, revision);
+    // A tenth of round 0 (600 KB) stays live, spread over segments that compaction leaves
+    // mostly dead.
+    let revision = two_rounds_compacted(&mut w, &mut disk, &mut index, KEYS, 0);
     let before = w.checkpoint_source();
     // Every segment there is now; the newest is the open one, not durable.
     let mut at_capture = w.segment_ids();
@@ -271,34 +291,11 @@ fn a_checkpoint_points_into_segments_durable_since_its_capture() {
 #[test]
 fn a_checkpoint_beside_reclaim_of_durable_segments_is_whole() {
     const KEYS: u64 = 3000;
-    let options = |first_segment_id| ValueLogOptions {
-        segment_bytes: 65536,
-        first_segment_id,
-        on_disk: true,
-    };
-    let put = |k: u64, round: u8| {
-        Op::Put(PutRequest {
-            key: Bytes::from(format!("key{k:05}")),
-            value: Bytes::from(vec![round; 2000]),
-            ..Default::default()
-        })
-    };
     for attempt in 0..20u64 {
         let (mut w, _r) = Store::with_value_log(options(0));
         let mut disk = std::collections::BTreeMap::new();
         let mut index = 0;
-        // Round 0 everywhere, then round 1 over nine keys in ten (a tenth of round 0 stays
-        // live, spread over its segments), all durable; a compaction makes round 0 dead.
-        for round in 0..2u8 {
-            for k in (0..KEYS).filter(|k| round == 0 || k % 10 != attempt % 10) {
-                index += 1;
-                w.apply(index, &put(k, round)).unwrap();
-            }
-            write_sealed(&mut w, &mut disk);
-        }
-        index += 1;
-        let revision = w.current_revision();
-        compact(&mut w, index, revision);
+        let revision = two_rounds_compacted(&mut w, &mut disk, &mut index, KEYS, attempt % 10);
         // The index walk first, so only reclaim runs beside the archive.
         while w.reclaim_file().is_none() {
             assert_eq!(w.compact_step(64), CompactionStatus::Pending);
