@@ -193,10 +193,11 @@ pub const WRITEBACK_CHUNK_BYTES: usize = 8 << 20;
 /// is written, waiting for the one before it to reach the disk first. Durability is still the
 /// caller's fsync; this only paces the writes, and a file system that cannot pace (EINVAL,
 /// EOPNOTSUPP, ENOSYS) is written unpaced. Any other failure is returned: an I/O error that
-/// writeback reported here may not be reported again to the fsync that follows. A checkpoint of hundreds of MB written in one
-/// go sat dirty in the page cache, and on ext4 the WAL's next fdatasync (a journal commit)
-/// then waited for much of it: puts beside a 1.13 GB checkpoint saw p99 0.9 s. Paced, the
-/// WAL's syncs wait for at most two chunks.
+/// writeback reported here may not be reported again to the fsync that follows.
+///
+/// A checkpoint of hundreds of MB written in one go sat dirty in the page cache, and on ext4
+/// the WAL's next fdatasync (a journal commit) then waited for much of it: puts beside a
+/// 1.13 GB checkpoint saw p99 0.9 s. Paced, the WAL's syncs wait for at most two chunks.
 pub fn write_paced(file: &mut std::fs::File, parts: &[&[u8]]) -> std::io::Result<()> {
     write_paced_in(file, parts, WRITEBACK_CHUNK_BYTES)
 }

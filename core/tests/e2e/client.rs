@@ -665,6 +665,26 @@ async fn the_value_cache_keeps_to_its_limit_and_paged_out_values_read_back_whole
         metric(paged) > paged_before,
         "the catch-up went through the pager"
     );
+    // A range sorted by value compares paged-out values (brought in before it is read) and
+    // answers them whole and in etcd's order.
+    let sorted = c
+        .get(
+            "cache/",
+            Some(GetOptions::new().with_prefix().with_sort(
+                etcd_client::SortTarget::Value,
+                etcd_client::SortOrder::Descend,
+            )),
+        )
+        .await
+        .expect("range");
+    assert_eq!(sorted.kvs().len(), KEYS);
+    for pair in sorted.kvs().windows(2) {
+        assert!(pair[0].value() >= pair[1].value(), "descending by value");
+    }
+    for kv in sorted.kvs() {
+        let i: usize = kv.key_str().unwrap()["cache/".len()..].parse().unwrap();
+        assert!(kv.value() == value_of(i).as_slice(), "value of {i}");
+    }
     // Values paged out answer whole: a range, a txn that writes and reads, a put's prev_kv.
     read_all(
         c.get("cache/", Some(GetOptions::new().with_prefix()))
