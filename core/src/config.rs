@@ -208,12 +208,14 @@ pub struct Flags {
     )]
     pub revision_compaction_interval_ms: u64,
 
-    /// Keel: number of client-serving shards, each a pinned core with its own executor
-    /// (0 = one per available core).
+    /// Keel: number of client-serving shards, each a pinned core with its own executor (0 =
+    /// one per CPU the process may run on, less the raft core's own where there are 4 or
+    /// more: measured on 4, 8 and 16 CPUs, writes went faster with the raft core alone).
     #[arg(long = "shards", env = "KEEL_SHARDS", default_value_t = 0)]
     pub shards: usize,
 
-    /// Keel: which CPU the raft core is pinned to (default: the last one). Several members on
+    /// Keel: which CPU the raft core is pinned to (default: the last one the process may run
+    /// on; shards go on the others first). Several members on
     /// one host would all take the last CPU by default and starve each other's raft cores:
     /// give member i CPU i % CPUs (deploy/local-cluster.sh and the cluster tests do).
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
@@ -467,7 +469,9 @@ pub struct Config {
     pub log_level: String,
     /// Auto-compaction's retention and mode; None when off (etcd's default).
     pub auto_compaction: Option<Retention>,
-    pub shards: usize,
+    /// The CPU each client-serving shard is pinned to, one entry per shard (`--shards`,
+    /// `--raft-cpu` and the process's CPU set; see `shard_cpus`).
+    pub shard_cpus: Vec<usize>,
     pub raft_cpu: usize,
     /// Bytes in one value-log segment (`--value-log-segment-bytes`).
     pub value_log_segment_bytes: usize,
@@ -673,9 +677,10 @@ impl Config {
             f.revision_compaction_interval_ms,
         )
         .map_err(CoreError::Config)?;
-        let cpus = available_cpus();
-        let shards = if f.shards == 0 { cpus } else { f.shards };
-        let raft_cpu = f.raft_cpu.unwrap_or(cpus - 1);
+        let cpus = crate::rt::process_cpu_list();
+        let raft_cpu = f
+            .raft_cpu
+            .unwrap_or_else(|| *cpus.last().expect("the CPU list is never empty"));
         if !(VALUE_LOG_SEGMENT_BYTES_MIN..=VALUE_LOG_SEGMENT_BYTES_MAX)
             .contains(&f.value_log_segment_bytes)
         {
@@ -684,11 +689,12 @@ impl Config {
                 f.value_log_segment_bytes
             )));
         }
-        if raft_cpu >= cpus {
+        if !cpus.contains(&raft_cpu) {
             return Err(CoreError::Config(format!(
-                "--raft-cpu {raft_cpu} is not an available CPU (have {cpus})"
+                "--raft-cpu {raft_cpu} is not a CPU this process may run on ({cpus:?})"
             )));
         }
+        let shard_cpus = shard_cpus(&cpus, raft_cpu, f.shards);
         // An empty value means the default, as etcd's flags read it (`--wal-dir ''`).
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty()).map(PathBuf::from);
         let data_dir =
@@ -779,7 +785,7 @@ impl Config {
             bcrypt_cost,
             log_level,
             auto_compaction,
-            shards,
+            shard_cpus,
             raft_cpu,
             value_log_segment_bytes: f.value_log_segment_bytes,
             value_cache_bytes: f
@@ -804,11 +810,39 @@ fn absolute_path(flag: &str, path: PathBuf) -> Result<PathBuf, CoreError> {
         .map_err(|e| CoreError::Config(format!("--{flag} {}: {e}", path.display())))
 }
 
-/// CPUs this process may run on (respects taskset/cgroup affinity).
-pub fn available_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+/// Shards by default when the process may run on `cpus` CPUs: one per CPU, less the raft
+/// core's own from 4 CPUs up. Measured with `bench/scripts/cpu-scaling.sh` on a 16-CPU machine
+/// (BENCHMARKS.md, "Shards and the raft core's CPU"): with the raft core alone on its CPU,
+/// puts at 1000 clients ran 1.5-1.7x as fast on 4 CPUs, 1.1-1.9x on 8 and 1.0-1.5x on 16, at
+/// about the same CPU per put. The price is on 4 CPUs, where serializable ranges ran
+/// 0.7-0.8x as fast; on 8 and 16 reads stayed within the run-to-run spread. On 2 CPUs the
+/// second shard doubled reads and still raised puts, so small machines keep one per CPU.
+pub fn default_shards(cpus: usize) -> usize {
+    if cpus >= 4 {
+        cpus - 1
+    } else {
+        cpus.max(1)
+    }
+}
+
+/// The CPU of each of `shards` shards (0: `default_shards`), given the process's CPUs and the
+/// raft core's: shards take the other CPUs first, in order, and share the raft core's CPU only
+/// when there are more shards than other CPUs, then wrap around.
+pub fn shard_cpus(cpus: &[usize], raft_cpu: usize, shards: usize) -> Vec<usize> {
+    let shards = if shards == 0 {
+        default_shards(cpus.len())
+    } else {
+        shards
+    };
+    let order: Vec<usize> = cpus
+        .iter()
+        .copied()
+        .filter(|&cpu| cpu != raft_cpu)
+        .chain(std::iter::once(raft_cpu))
+        .collect();
+    (0..shards)
+        .map(|shard| order[shard % order.len()])
+        .collect()
 }
 
 /// Parses an unsigned 32-bit flag value as etcd does (Go's `strconv.ParseUint(s, 0, 32)`):
@@ -1240,6 +1274,43 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<InitialMember>, CoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_leave_the_raft_core_its_cpu_from_four_cpus_up() {
+        assert_eq!(default_shards(1), 1);
+        assert_eq!(default_shards(2), 2);
+        assert_eq!(default_shards(3), 3);
+        assert_eq!(default_shards(4), 3);
+        assert_eq!(default_shards(16), 15);
+        // Defaults: the raft core on the last CPU, shards on the others.
+        assert_eq!(shard_cpus(&[0, 1, 2, 3], 3, 0), vec![0, 1, 2]);
+        assert_eq!(shard_cpus(&[0, 1], 1, 0), vec![0, 1]);
+        // A cpuset that does not start at 0 (taskset -c 4-7): its own numbers.
+        assert_eq!(shard_cpus(&[4, 5, 6, 7], 7, 0), vec![4, 5, 6]);
+        // The raft core elsewhere: shards still take the other CPUs first.
+        assert_eq!(shard_cpus(&[0, 1, 2, 3], 0, 0), vec![1, 2, 3]);
+        // More shards than CPUs: the raft core's CPU last, then around again.
+        assert_eq!(shard_cpus(&[0, 1, 2], 0, 5), vec![1, 2, 0, 1, 2]);
+        assert_eq!(shard_cpus(&[0, 1, 2, 3], 3, 1), vec![0]);
+    }
+
+    #[test]
+    fn a_raft_cpu_outside_the_process_set_is_refused() {
+        let cpus = crate::rt::process_cpu_list();
+        let outside = cpus.last().unwrap() + 1;
+        let Err(err) = parse(&["--raft-cpu", &outside.to_string()]) else {
+            panic!("a CPU the process may not run on was accepted");
+        };
+        assert!(
+            err.to_string().contains(&format!(
+                "--raft-cpu {outside} is not a CPU this process may run on"
+            )),
+            "{err}"
+        );
+        let inside = parse(&["--raft-cpu", &cpus[0].to_string()]).expect("valid");
+        assert_eq!(inside.raft_cpu, cpus[0]);
+        assert!(inside.shard_cpus.iter().all(|cpu| cpus.contains(cpu)));
+    }
 
     fn parse(args: &[&str]) -> Result<Config, CoreError> {
         let argv = normalize_go_args(

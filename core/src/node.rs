@@ -120,7 +120,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     crate::value_cache::start(shared.clone(), config.value_cache_bytes)
         .map_err(|e| CoreError::Executor(format!("cannot start the value cache: {e}")))?;
     let metrics = Metrics::new();
-    let _shards = shard::start(shared.clone(), metrics, config.shards)?;
+    let _shards = shard::start(shared.clone(), metrics, &config.shard_cpus)?;
     if let Some(path) = &config.config_file {
         // etcd's words, which operators grep for.
         tracing::info!(
@@ -140,7 +140,8 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         listen_client_urls = ?config.listen_client,
         advertise_client_urls = ?config.advertise_client_urls,
         listen_peer_urls = ?config.listen_peer,
-        shards = config.shards,
+        shards = config.shard_cpus.len(),
+        shard_cpus = ?config.shard_cpus,
         raft_cpu = config.raft_cpu,
         ignored_flags = ?config.ignored_flags,
         auto_compaction = config

@@ -266,11 +266,18 @@ pub fn restore_helper_threads() -> usize {
     process_cpus().saturating_sub(1).min(7)
 }
 
-/// The CPUs the process may run on: the main thread's set, which nothing pins (a pinned
-/// caller's own set, which `available_parallelism` reads, is one CPU).
+/// How many CPUs the process may run on (see `process_cpu_list`).
 fn process_cpus() -> usize {
+    process_cpu_list().len()
+}
+
+/// The CPUs the process may run on, by number, ascending: the main thread's set, which nothing
+/// pins (a pinned caller's own set, which `available_parallelism` reads, is one CPU). Under
+/// `taskset -c 4-7` or a cgroup cpuset these are 4..=7, not 0..=3: executors pin by number,
+/// and a CPU outside the set would refuse them. Never empty: [0] when the set cannot be read.
+pub fn process_cpu_list() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity writes at most its size.
-    unsafe {
+    let cpus: Vec<usize> = unsafe {
         let mut process: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(
             libc::getpid(),
@@ -278,9 +285,16 @@ fn process_cpus() -> usize {
             &mut process,
         ) != 0
         {
-            return 1;
+            return vec![0];
         }
-        libc::CPU_COUNT(&process).max(1) as usize
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &process))
+            .collect()
+    };
+    if cpus.is_empty() {
+        vec![0]
+    } else {
+        cpus
     }
 }
 

@@ -47,15 +47,15 @@ impl Runtime for Glommio {
     }
 }
 
-/// Starts `count` shards; returns once every shard has bound every client address (or the
+/// Starts one shard per entry of `cpus`, pinned there; returns once every shard has bound every client address (or the
 /// first bind error).
 pub fn start(
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
-    count: usize,
+    cpus: &[usize],
 ) -> Result<Vec<rt::Pinned<()>>, CoreError> {
-    assert!(count > 0, "a node needs at least one shard");
-    let cpus = crate::config::available_cpus();
+    assert!(!cpus.is_empty(), "a node needs at least one shard");
+    let count = cpus.len();
     // --auto-tls writes its certificate once, here, before any shard loads it.
     let tls_files = match &shared.config.client_tls {
         Some(settings) => {
@@ -70,18 +70,14 @@ pub fn start(
     };
     let (bound_tx, bound_rx) = mpsc::channel::<Result<(), CoreError>>();
     let mut handles = Vec::with_capacity(count);
-    for shard in 0..count {
+    for (shard, &cpu) in cpus.iter().enumerate() {
         let shared = shared.clone();
         let metrics = metrics.clone();
         let bound_tx = bound_tx.clone();
         let tls_files = tls_files.clone();
-        let handle = rt::spawn_pinned(
-            &format!("keel-shard-{shard}"),
-            shard % cpus,
-            move || async move {
-                run(shard, shared, metrics, tls_files, bound_tx).await;
-            },
-        )?;
+        let handle = rt::spawn_pinned(&format!("keel-shard-{shard}"), cpu, move || async move {
+            run(shard, shared, metrics, tls_files, bound_tx).await;
+        })?;
         handles.push(handle);
     }
     drop(bound_tx);

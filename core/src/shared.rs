@@ -260,7 +260,7 @@ impl Shared {
             .unwrap_or(0);
         let prefix = (identity.member_id & 0xffff) << 48;
         let next_id = prefix | ((now_ms & 0xff_ffff_ffff) << 8);
-        let shards = config.shards;
+        let shards = config.shard_cpus.len();
         Shared {
             limits: Limits::new(&config),
             config,

@@ -57,11 +57,12 @@ pub fn json_of(text: &str) -> Option<serde_json::Value> {
 }
 
 /// The CPU member `index` of a cluster on this host pins its raft core to (`--raft-cpu`):
-/// index % CPUs, counted as keel counts them, so the members spread over the CPUs instead of
-/// all taking the last one (keel's default) and starving each other's raft cores.
+/// the index-th of the CPUs this process may run on, round the list, counted as keel counts
+/// them, so the members spread over the CPUs instead of all taking the last one (keel's
+/// default) and starving each other's raft cores.
 pub fn raft_cpu_of(index: usize) -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    index % cpus
+    let cpus = keel_core::rt::process_cpu_list();
+    cpus[index % cpus.len()]
 }
 
 /// Ports handed out in this process, so two tests running in parallel never get the same one.

@@ -310,3 +310,65 @@ fn host_whitelist_refuses_unlisted_hosts_as_etcd_does() {
     assert_eq!(answers[0].0, 421, "Keel: {:?}", answers[0]);
     assert_eq!(answers[0], answers[1], "Keel's refusal against etcd's");
 }
+
+/// Keel pins its executors by CPU number. Started inside a CPU set that does not hold CPU 0
+/// (as `taskset -c N` or a container's cpuset gives it), its shards and raft core go on CPUs
+/// of that set: pinned to CPU 0 they would have left the set an operator gave them, or, under
+/// a cgroup cpuset, failed to start.
+#[test]
+fn shards_and_the_raft_core_stay_in_the_cpu_set_keel_is_given() {
+    let cpus = keel_core::rt::process_cpu_list();
+    let last = *cpus.last().expect("never empty");
+    if last == 0 {
+        eprintln!("one CPU: no set without CPU 0 to start keel in");
+        return;
+    }
+    // The child inherits the affinity of the thread that forks it.
+    let server = std::thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(last, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+        Server::keel(&[])
+    })
+    .join()
+    .expect("keel starts inside the set");
+    let tasks = format!("/proc/{}/task", server.pid());
+    let mut pinned = Vec::new();
+    for task in std::fs::read_dir(&tasks).expect("the task list reads") {
+        let task = task.expect("a task entry").path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let name = name.trim().to_string();
+        if !(name.starts_with("keel-shard") || name.starts_with("keel-raft")) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        let allowed = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+            .map(|list| list.trim().to_string())
+            .unwrap_or_default();
+        pinned.push((name, allowed));
+    }
+    assert!(
+        pinned
+            .iter()
+            .any(|(name, _)| name.starts_with("keel-shard"))
+            && pinned.iter().any(|(name, _)| name.starts_with("keel-raft")),
+        "shard and raft threads: {pinned:?}"
+    );
+    for (name, allowed) in &pinned {
+        assert_eq!(
+            allowed,
+            &last.to_string(),
+            "{name} left the set: {pinned:?}"
+        );
+    }
+    let put = server.etcdctl(&["put", "k", "v"]);
+    assert_eq!(put.stdout.trim(), "OK", "{}", put.stderr);
+}
