@@ -198,6 +198,7 @@ mod tests {
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
             ids_first: 1,
         };
         let members = vec![crate::ids::Member {

@@ -33,6 +33,12 @@ pub const WAL_BATCH_BYTES_DEFAULT: usize = 1 << 20;
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Uncommitted entry bytes a leader holds before it drops proposals ("too many requests").
 pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
+/// Watch events one applied entry hands the shards' watch hubs (`Writer::apply_bounded`). Only
+/// a DeleteRange or a lease revoke of many keys writes more (a txn holds at most
+/// `--max-txn-ops` ops, 128 by default). Past it the entry's events are not gathered and
+/// every hub's watchers read them from history on their own shards: gathering 2M events of a
+/// mass delete took the raft core as long as the delete itself and 600 MB.
+pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
 /// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
 /// leader no proposals, a follower no appended entries): bounds the memory that values
 /// waiting for the disk hold.

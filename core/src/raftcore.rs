@@ -300,6 +300,7 @@ impl RaftCore {
             stats: shared.raft_stats.clone(),
             auth_token_ttl_ms: shared.config.auth_token_ttl_ms,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
             // Unique across restarts: from the clock-based generator of proposal ids.
             ids_first: shared.next_proposal_id(),
         };
@@ -785,6 +786,10 @@ impl RaftCore {
                     self.shared.commit_index.store(commit, Ordering::Release);
                 }
                 Effect::Events { revision, events } => self.publish_events(revision, events),
+                Effect::EventsCut { revision } => {
+                    tracing::debug!(revision, "watch events left for history reads");
+                    self.resync_watchers();
+                }
                 Effect::StoreReplaced { reader } => {
                     if let Some(mapped) = self.placed_mapping.take() {
                         mapped.forget_resident_pages();
@@ -793,10 +798,7 @@ impl RaftCore {
                     self.shared
                         .applied_index
                         .store(self.member.applied_index(), Ordering::Release);
-                    for (shard, flag) in self.shared.watch_overflow.iter().enumerate() {
-                        flag.store(true, Ordering::Release);
-                        self.shared.watch_batches[shard].nudge();
-                    }
+                    self.resync_watchers();
                 }
                 Effect::RemoveCheckpointsBefore { index } => {
                     self.release_beside(Removal::OlderThan(index), None)
@@ -857,6 +859,15 @@ impl RaftCore {
             .members
             .lock()
             .expect("members lock is never poisoned") = members.to_vec();
+    }
+
+    /// Tells every shard's watch hub that its watchers must catch up from history: revisions
+    /// were published whose events no batch carries.
+    fn resync_watchers(&self) {
+        for (shard, flag) in self.shared.watch_overflow.iter().enumerate() {
+            flag.store(true, Ordering::Release);
+            self.shared.watch_batches[shard].nudge();
+        }
     }
 
     /// Hands the batch's events to every shard's watch hub, encoded once. A shard whose queue

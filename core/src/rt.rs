@@ -66,6 +66,8 @@ pub struct Mailbox<T> {
     queue: ArrayQueue<T>,
     waker: AtomicWaker,
     closed: AtomicBool,
+    /// Set by `nudge` until the consumer's `ready` returns for it.
+    nudged: AtomicBool,
 }
 
 impl<T> Mailbox<T> {
@@ -75,6 +77,7 @@ impl<T> Mailbox<T> {
             queue: ArrayQueue::new(capacity),
             waker: AtomicWaker::new(),
             closed: AtomicBool::new(false),
+            nudged: AtomicBool::new(false),
         })
     }
 
@@ -116,8 +119,11 @@ impl<T> Mailbox<T> {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Wakes the consumer without sending, e.g. for a state change it must look at.
+    /// Wakes the consumer without sending, e.g. for a state change it must look at: its
+    /// `ready` returns once for it, queue empty or not (a wake alone would find the queue
+    /// empty and sleep again, leaving the change unseen until the next item).
     pub fn nudge(&self) {
+        self.nudged.store(true, Ordering::Release);
         self.waker.wake();
     }
 }
@@ -130,12 +136,17 @@ impl<T> Future for MailboxReady<'_, T> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let m = self.mailbox;
-        if !m.queue.is_empty() || m.closed.load(Ordering::Acquire) {
+        let ready = || {
+            m.nudged.swap(false, Ordering::AcqRel)
+                || !m.queue.is_empty()
+                || m.closed.load(Ordering::Acquire)
+        };
+        if ready() {
             return Poll::Ready(());
         }
         // Register first, then look again: an item pushed between the two checks still wakes us.
         m.waker.register(cx.waker());
-        if !m.queue.is_empty() || m.closed.load(Ordering::Acquire) {
+        if ready() {
             return Poll::Ready(());
         }
         Poll::Pending
@@ -462,6 +473,32 @@ mod tests {
         } else {
             assert_eq!(helper_cpus, process_cpus, "one CPU: nowhere else to go");
         }
+    }
+
+    /// A nudge with nothing queued still wakes the consumer, once: the watch hubs look at
+    /// their resync flag only when `ready` returns, and a cut batch queues nothing.
+    #[test]
+    fn a_nudge_makes_ready_return_once_with_nothing_queued() {
+        let mb: Arc<Mailbox<u8>> = Mailbox::new(1);
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        let consumer = {
+            let mb = mb.clone();
+            spawn_pinned("mb-nudge", 0, move || async move {
+                mb.ready().await;
+                first_tx.send(mb.is_empty()).expect("the test waits");
+                // The nudge is used up: the next `ready` waits for an item.
+                mb.ready().await;
+                mb.try_recv()
+            })
+            .expect("executor starts")
+        };
+        mb.nudge();
+        assert!(
+            first_rx.recv().expect("ready returned"),
+            "ready returned for the nudge alone"
+        );
+        assert!(mb.try_send(7).is_ok());
+        assert_eq!(consumer.join().expect("consumer finishes"), Some(7));
     }
 
     #[test]

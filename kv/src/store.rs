@@ -22,7 +22,7 @@ use crate::types::{
     DeleteRangeRequest, DeleteRangeResponse, Event, EventBatch, EventKind, KeyValue,
     LeaseGrantRequest, LeaseGrantResponse, LeaseInfo, LeaseRevokeRequest, LeaseRevokeResponse, Op,
     OpResponse, PrevKv, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
-    ResponseOp, Revision, SortTarget, TxnRequest, TxnResponse,
+    ResponseOp, Revision, SortTarget, TxnRequest, TxnResponse, WriteCounts,
 };
 use crate::validate::LEASE_TTL_MAX_S;
 use crate::vlog::{DeadSegment, Reclaim, SealedSegment, ValueLog, SEGMENT_BYTES};
@@ -293,6 +293,11 @@ struct TxnCtx {
     begin_rev: i64,
     writes: i64,
     events: Vec<Event>,
+    /// At most this many events are kept (`apply_bounded`); past it `events` is emptied and
+    /// `events_cut` set, and nothing more is gathered.
+    events_max: usize,
+    events_cut: bool,
+    counts: WriteCounts,
     /// The answer's values in durable segments' mapped files, left unread: the raft core
     /// applies, and must not wait for the disk to fill in an answer a shard serves (the
     /// shard brings their pages in off its own thread and checks them, see `Unchecked`).
@@ -300,13 +305,37 @@ struct TxnCtx {
 }
 
 impl TxnCtx {
-    fn new(begin_rev: i64) -> Self {
+    fn new(begin_rev: i64, events_max: usize) -> Self {
         TxnCtx {
             begin_rev,
             writes: 0,
             events: Vec::new(),
+            events_max,
+            events_cut: false,
+            counts: WriteCounts::default(),
             checks: Vec::new(),
         }
+    }
+
+    /// Counts a write and keeps its event, unless the apply's events went past the bound.
+    fn push_event(&mut self, event: Event) {
+        match event.kind {
+            EventKind::Put => {
+                self.counts.puts += 1;
+                self.counts.created += u64::from(event.kv.version == 1);
+            }
+            EventKind::Delete => self.counts.deletes += 1,
+        }
+        if self.events_cut {
+            return;
+        }
+        if self.events.len() == self.events_max {
+            // Free what was gathered now: the apply may go on for millions of keys.
+            self.events = Vec::new();
+            self.events_cut = true;
+            return;
+        }
+        self.events.push(event);
     }
 
     /// The revision a read inside the txn sees: its own writes included.
@@ -451,13 +480,27 @@ impl Writer {
     /// Applies one committed entry. Deterministic: the same entries give the same state. An error
     /// leaves the state untouched (only the applied index moves) and produces no events.
     pub fn apply(&mut self, raft_index: u64, op: &Op) -> Result<Applied> {
+        self.apply_bounded(raft_index, op, usize::MAX)
+    }
+
+    /// `apply`, keeping at most `events_max` watch events. An entry that writes more (a
+    /// DeleteRange of millions of keys) hands out none and says so (`Applied::events_cut`):
+    /// gathering them costs the raft core about as much as the delete itself (300 bytes per
+    /// event, the kernel zeroing each new page), and watchers can read that revision from
+    /// history instead, on their own shards.
+    pub fn apply_bounded(
+        &mut self,
+        raft_index: u64,
+        op: &Op,
+        events_max: usize,
+    ) -> Result<Applied> {
         assert!(
             raft_index > self.applied_index,
             "raft entries are applied once, in index order"
         );
         self.applied_index = raft_index;
         let rev_before = self.current_rev;
-        let mut ctx = TxnCtx::new(self.current_rev);
+        let mut ctx = TxnCtx::new(self.current_rev, events_max);
         let response = match op {
             Op::Put(req) => {
                 if req.lease != 0 && !self.leases.contains_key(&req.lease) {
@@ -478,6 +521,8 @@ impl Writer {
         Ok(Applied {
             response: Unchecked::new(response, ctx.checks),
             events: ctx.events,
+            events_cut: ctx.events_cut,
+            counts: ctx.counts,
         })
     }
 
@@ -487,7 +532,9 @@ impl Writer {
             assert!(ctx.events.is_empty());
             return;
         }
-        assert!(ctx.events.len() as i64 == ctx.writes);
+        assert!(ctx.events_cut || ctx.events.len() as i64 == ctx.writes);
+        let counted = ctx.counts.puts + ctx.counts.deletes;
+        assert!(counted as i64 == ctx.writes, "every write is counted once");
         self.current_rev = ctx.begin_rev + 1;
         self.shared
             .current_rev
@@ -598,7 +645,7 @@ impl Writer {
             }
         }
         ctx.writes += 1;
-        ctx.events.push(Event {
+        ctx.push_event(Event {
             kind: EventKind::Put,
             kv,
             prev_kv: prev,
@@ -670,7 +717,7 @@ impl Writer {
             self.detach(prev.lease(), entry.key());
         }
         ctx.writes += 1;
-        ctx.events.push(Event {
+        ctx.push_event(Event {
             kind: EventKind::Delete,
             kv: KeyValue {
                 // The previous state's copy of the key (never the index's own bytes).

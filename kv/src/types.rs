@@ -333,7 +333,22 @@ pub struct Applied {
     /// Its values in mapped segment files are read and checked where it is served, not on
     /// the raft core that applies (see `Unchecked`).
     pub response: crate::index::Unchecked<OpResponse>,
+    /// Every write's event, or none when `events_cut`.
     pub events: Vec<Event>,
+    /// The op wrote more events than `Writer::apply_bounded` was allowed to keep: `events` is
+    /// empty, and a watcher must read this revision from history (`Reader::range_events`).
+    pub events_cut: bool,
+    /// What the op wrote, counted whether or not its events were kept (metrics).
+    pub counts: WriteCounts,
+}
+
+/// Writes of one applied op, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    pub puts: u64,
+    /// Puts that created their key (version 1).
+    pub created: u64,
+    pub deletes: u64,
 }
 
 /// A lease as the table holds it.

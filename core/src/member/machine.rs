@@ -171,6 +171,9 @@ pub struct MemberConfig {
     /// Value-log bytes sealed and not yet durable above which the member takes no new
     /// entries: as leader no new proposals, as follower no new appends (see `values_backlogged`).
     pub sealed_backlog_bytes_max: u64,
+    /// Watch events one applied entry may hand the hubs (`limits::WATCH_EVENTS_PER_APPLY_MAX`);
+    /// past it `Effect::EventsCut` instead.
+    pub watch_events_per_apply_max: usize,
     /// The first id this incarnation gives its ReadIndex rounds, forwarded keep-alives and
     /// membership requests. An answer meant for an earlier incarnation can arrive after a
     /// restart (a leader answering a read or a keep-alive sent just before the crash, over
@@ -200,6 +203,10 @@ pub enum Effect {
         revision: i64,
         events: Vec<kv::Event>,
     },
+    /// Writes applied up to `revision` made more events than one entry may hand the hubs
+    /// (`watch_events_per_apply_max`): none of them is handed out, and every hub's watchers
+    /// read them from history.
+    EventsCut { revision: i64 },
     /// A leader's snapshot replaced the store: shards read through this reader from now on and
     /// their watchers resynchronize from history.
     StoreReplaced { reader: kv::Reader },
@@ -1648,6 +1655,7 @@ impl Member {
     fn apply(&mut self, entries: Vec<Entry>, now_ms: u64) {
         let term = self.raft_term;
         let mut events = Vec::new();
+        let mut events_cut = false;
         for e in entries {
             if e.index <= self.writer.applied_index() {
                 // Already in the store (a snapshot covered it).
@@ -1727,7 +1735,10 @@ impl Member {
                             Err(refusal.expect("checked by the guard"))
                         }
                         Some(op) => {
-                            let r = self.writer.apply(e.index, &op).map_err(kv_error);
+                            let r = self
+                                .writer
+                                .apply_bounded(e.index, &op, self.config.watch_events_per_apply_max)
+                                .map_err(kv_error);
                             if r.is_ok() {
                                 self.lease_applied(&op, now_ms);
                             }
@@ -1739,8 +1750,11 @@ impl Member {
                         }
                     };
                     let result = result.map(|applied| {
-                        self.count_events(&applied.events);
-                        events.extend(applied.events);
+                        self.count_writes(applied.counts);
+                        events_cut |= applied.events_cut;
+                        if !events_cut {
+                            events.extend(applied.events);
+                        }
                         Outcome {
                             response: Answer::Op(applied.response),
                             raft_term: term,
@@ -1757,7 +1771,11 @@ impl Member {
                 }
             }
         }
-        if !events.is_empty() {
+        if events_cut {
+            self.effects.push(Effect::EventsCut {
+                revision: self.writer.current_revision(),
+            });
+        } else if !events.is_empty() {
             self.effects.push(Effect::Events {
                 revision: self.writer.current_revision(),
                 events,
@@ -2114,23 +2132,14 @@ impl Member {
 
     /// Counts what applied writes did, as etcd's mvcc counters do: each key put, each key
     /// deleted, and the live keys (a new key is one at version 1; a delete removes one).
-    fn count_events(&self, events: &[kv::Event]) {
+    fn count_writes(&self, counts: kv::WriteCounts) {
         let stats = &self.config.stats;
-        let (mut puts, mut deletes, mut created) = (0, 0, 0);
-        for e in events {
-            match e.kind {
-                kv::EventKind::Put => {
-                    puts += 1;
-                    created += i64::from(e.kv.version == 1);
-                }
-                kv::EventKind::Delete => deletes += 1,
-            }
-        }
-        RaftStats::count(&stats.puts, puts);
-        RaftStats::count(&stats.deletes, deletes);
-        stats
-            .keys
-            .fetch_add(created - deletes as i64, Ordering::Relaxed);
+        RaftStats::count(&stats.puts, counts.puts);
+        RaftStats::count(&stats.deletes, counts.deletes);
+        stats.keys.fetch_add(
+            counts.created as i64 - counts.deletes as i64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Sets the live-key gauge from the store itself (at start and when a snapshot replaced it).
@@ -2265,6 +2274,7 @@ mod tests {
             stats: Arc::default(),
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
+            watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
             ids_first: 1,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
@@ -2352,6 +2362,77 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    /// An entry that writes more events than the hubs may be handed (a DeleteRange of many
+    /// keys) hands out none: the driver is told to send every watcher to history instead, and
+    /// the write metrics still count every key.
+    #[test]
+    fn an_entry_with_more_events_than_the_bound_sends_watchers_to_history() {
+        let mut m = started_leader();
+        m.config.watch_events_per_apply_max = 3;
+        let keys = ["a", "b", "c", "d", "e"];
+        for (i, key) in keys.iter().enumerate() {
+            let (p, _rx) = proposal(10 + i as u64, put(key));
+            m.propose(p, 10);
+            settle(&mut m, 10);
+        }
+        let effects = m.take_effects();
+        let published: Vec<usize> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Events { events, .. } => Some(events.len()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            published.iter().sum::<usize>(),
+            keys.len(),
+            "puts under the bound"
+        );
+        assert!(!effects
+            .iter()
+            .any(|e| matches!(e, Effect::EventsCut { .. })));
+        let delete_all = pb::InternalRaftRequest {
+            delete_range: Some(pb::DeleteRangeRequest {
+                key: Bytes::from_static(b"a"),
+                range_end: Bytes::from_static(b"z"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (p, mut rx) = proposal(20, delete_all);
+        m.propose(p, 20);
+        settle(&mut m, 20);
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Ok(_)))),
+            "the delete applied"
+        );
+        let effects = m.take_effects();
+        assert!(!effects.iter().any(|e| matches!(e, Effect::Events { .. })));
+        let cut: Vec<i64> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::EventsCut { revision } => Some(*revision),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cut, vec![m.writer().current_revision()]);
+        let stats = &m.config.stats;
+        assert_eq!(stats.deletes.load(Ordering::Relaxed), keys.len() as u64);
+        assert_eq!(
+            stats.keys.load(Ordering::Relaxed),
+            0,
+            "the live-key gauge follows"
+        );
+        // A write under the bound hands its event out again.
+        let (p, _rx) = proposal(21, put("f"));
+        m.propose(p, 30);
+        settle(&mut m, 30);
+        let effects = m.take_effects();
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::Events { events, .. } if events.len() == 1)));
     }
 
     #[test]
@@ -2850,6 +2931,7 @@ mod tests {
                         stats: Arc::default(),
                         auth_token_ttl_ms: 300_000,
                         sealed_backlog_bytes_max,
+                        watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
                         ids_first: 1,
                     };
                     let mut m =

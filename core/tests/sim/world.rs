@@ -431,6 +431,7 @@ impl World {
             stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: keel_core::limits::SEALED_BACKLOG_BYTES_MAX,
+            watch_events_per_apply_max: keel_core::limits::WATCH_EVENTS_PER_APPLY_MAX,
             // Each incarnation of each member uses ids no other one used.
             ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
         };
@@ -1136,6 +1137,8 @@ impl World {
                     self.nodes[i].run.as_mut().expect("up").reader = reader;
                 }
                 Effect::Events { revision, events } => self.check_events(i, revision, events),
+                // Revisions up to here are left to history reads: the next batch follows them.
+                Effect::EventsCut { revision } => self.last_published[i] = Some(revision),
                 Effect::RemoveCheckpointsBefore { index } => {
                     self.nodes[i].checkpoints.retain(|k, _| *k >= index);
                 }

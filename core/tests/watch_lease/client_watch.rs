@@ -376,3 +376,72 @@ async fn resume_from_last_revision_plus_one_gets_exactly_the_missed_events() {
         before
     );
 }
+
+/// A DeleteRange of more keys than one applied entry may hand the watch hubs
+/// (`limits::WATCH_EVENTS_PER_APPLY_MAX`) reaches watchers through history instead: each sees
+/// every delete of its range, at the delete's revision, with prev_kv where asked, and then
+/// the writes after it as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_of_more_keys_than_one_entry_hands_out_reaches_every_watcher() {
+    const TXN_OPS: usize = 128;
+    let keys = keel_core::limits::WATCH_EVENTS_PER_APPLY_MAX + 10;
+    let key = |i: usize| format!("b/{i:05}");
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    for first in (0..keys).step_by(TXN_OPS) {
+        let ops: Vec<TxnOp> = (first..keys.min(first + TXN_OPS))
+            .map(|i| TxnOp::put(key(i), "v", None))
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.expect("txn of puts");
+    }
+    // Every key, without previous values (one response of about 2 MB), and the first 1,000
+    // with them.
+    let mut all = c
+        .watch("b/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    expect_created(&mut all).await;
+    let mut with_prev = c
+        .watch(
+            "b/00",
+            Some(WatchOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .expect("watch");
+    expect_created(&mut with_prev).await;
+    let mut other = c.watch("o", None).await.expect("watch");
+    expect_created(&mut other).await;
+    let deleted = c
+        .delete("b/", Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .await
+        .expect("delete");
+    assert_eq!(deleted.deleted(), keys as i64);
+    let delete_rev = deleted.header().expect("header").revision();
+    let seen = collect_events(&mut all, keys).await;
+    assert!(seen
+        .iter()
+        .all(|s| s.kind == EventType::Delete && s.mod_revision == delete_rev));
+    let seen_keys: Vec<Vec<u8>> = seen.into_iter().map(|s| s.key).collect();
+    let want: Vec<Vec<u8>> = (0..keys).map(|i| key(i).into_bytes()).collect();
+    assert_eq!(seen_keys, want, "every key once, in key order");
+    let seen = collect_events(&mut with_prev, 1000).await;
+    assert!(seen
+        .iter()
+        .enumerate()
+        .all(|(i, s)| s.key == key(i).as_bytes()
+            && s.mod_revision == delete_rev
+            && s.prev_value.as_deref() == Some(b"v".as_slice())));
+    // Writes after the delete arrive as before, on every stream.
+    let after = put_rev(&c.put("b/00000", "again", None).await.expect("put"));
+    let o = put_rev(&c.put("o", "x", None).await.expect("put"));
+    for stream in [&mut all, &mut with_prev] {
+        let seen = collect_events(stream, 1).await;
+        assert_eq!(
+            (seen[0].kind, seen[0].mod_revision),
+            (EventType::Put, after)
+        );
+    }
+    let seen = collect_events(&mut other, 1).await;
+    assert_eq!(seen[0].mod_revision, o);
+    assert_no_response(&mut all, Duration::from_millis(300)).await;
+}
