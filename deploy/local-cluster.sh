@@ -29,7 +29,11 @@ if [[ -z "$keel" || ! -x "$keel" ]]; then
 fi
 
 cluster="n1=http://127.0.0.1:2380,n2=http://127.0.0.1:22380,n3=http://127.0.0.1:32380"
-cpus="$(nproc)"
+# The CPUs this shell may run on, by number: a taskset or cpuset need not start at CPU 0.
+cpus=()
+for range in $(awk '/^Cpus_allowed_list/ { gsub(",", " ", $2); print $2 }' /proc/self/status); do
+  cpus+=($(seq "${range%-*}" "${range#*-}"))
+done
 pids=()
 
 stop() {
@@ -42,7 +46,7 @@ trap stop INT TERM EXIT
 
 start() {
   local name="$1" client="$2" peer="$3" index="$4"
-  local raft_cpu=$((index % cpus))
+  local raft_cpu=${cpus[index % ${#cpus[@]}]}
   KEEL_SHARDS="${KEEL_SHARDS:-1}" "$keel" \
     --name "$name" \
     --raft-cpu "$raft_cpu" \

@@ -22,7 +22,11 @@ clients=${CLIENTS:-100}
 conns=${CONNS:-10}
 port=${PORT:-25000}
 root=${DATA_ROOT:-$(mktemp -d)}
-cpus=$(nproc)
+# The CPUs this shell may run on, by number: a taskset or cpuset need not start at CPU 0.
+cpus=()
+for range in $(awk '/^Cpus_allowed_list/ { gsub(",", " ", $2); print $2 }' /proc/self/status); do
+  cpus+=($(seq "${range%-*}" "${range#*-}"))
+done
 extra=()
 if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<<"$EXTRA_ARGS"; fi
 
@@ -42,7 +46,7 @@ trap cleanup EXIT
 # start I STATE CLUSTER: member nI in the background, its pid appended to pids.
 start() {
   local i=$1 state=$2 cluster=$3 placement=()
-  [ "$kind" = keel ] && placement=(--raft-cpu $((i % cpus)))
+  [ "$kind" = keel ] && placement=(--raft-cpu "${cpus[i % ${#cpus[@]}]}")
   rm -rf "$root/$kind-n$i"
   "$server" --name "n$i" --data-dir "$root/$kind-n$i" \
     --listen-client-urls "$(client_url "$i")" --advertise-client-urls "$(client_url "$i")" \

@@ -27,7 +27,11 @@ stop_members() {
 }
 trap 'stop_members; rm -rf "$work"' EXIT
 tick=$(getconf CLK_TCK)
-cpus=$(nproc)
+# The CPUs this shell may run on, by number: a taskset or cpuset need not start at CPU 0.
+cpus=()
+for range in $(awk '/^Cpus_allowed_list/ { gsub(",", " ", $2); print $2 }' /proc/self/status); do
+  cpus+=($(seq "${range%-*}" "${range#*-}"))
+done
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 port=24000
 echo "label placement repeat elapsed_s puts_per_s p50_ms p99_ms errors server_cpu_s server_cpu_us_per_put client_cpu_pct_all"
@@ -49,7 +53,7 @@ for r in $(seq 1 "$REPEATS"); do
       client="http://127.0.0.1:$((port + 2 * i))"
       peer="http://127.0.0.1:$((port + 2 * i + 1))"
       extra=()
-      [ "$placement" = spread ] && extra+=(--raft-cpu $((i % cpus)))
+      [ "$placement" = spread ] && extra+=(--raft-cpu "${cpus[i % ${#cpus[@]}]}")
       [ -n "${SHARDS:-}" ] && extra+=(--shards "$SHARDS")
       "$bin" --name "n$i" --data-dir "$work/$label-$r-n$i" \
         --listen-client-urls "$client" --advertise-client-urls "$client" \

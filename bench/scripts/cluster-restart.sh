@@ -18,7 +18,11 @@ total=${TOTAL:-1000000}
 port=${PORT:-25000}
 root=${DATA_ROOT:-$(mktemp -d)}
 mkdir -p "$root"
-cpus=$(nproc)
+# The CPUs this shell may run on, by number: a taskset or cpuset need not start at CPU 0.
+cpus=()
+for range in $(awk '/^Cpus_allowed_list/ { gsub(",", " ", $2); print $2 }' /proc/self/status); do
+  cpus+=($(seq "${range%-*}" "${range#*-}"))
+done
 cluster=""
 eps=""
 for i in 0 1 2; do
@@ -29,7 +33,7 @@ pids=(0 0 0)
 start_member() {
   local i=$1 client="http://127.0.0.1:$((port + 2 * $1))" peer="http://127.0.0.1:$((port + 2 * $1 + 1))"
   local extra=()
-  [ "$kind" = keel ] && extra+=(--raft-cpu $((i % cpus)))
+  [ "$kind" = keel ] && extra+=(--raft-cpu "${cpus[i % ${#cpus[@]}]}")
   "$bin" --name "n$i" --data-dir "$root/$kind-n$i" \
     --listen-client-urls "$client" --advertise-client-urls "$client" \
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \

@@ -32,6 +32,26 @@ sizes() {
   db=$(ctl endpoint status -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["dbSize"])')
   echo "data dir $(du -sm "$data" | cut -f1) MiB, dbSize $((db / 1048576)) MiB"
 }
+# wal_fsyncs: the server's WAL fdatasync histogram (etcd_disk_wal_fsync_duration_seconds, which
+# both servers export on the client URL), one "le count" line per bucket.
+wal_fsyncs() {
+  curl -s "$url/metrics" | awk '/^etcd_disk_wal_fsync_duration_seconds_bucket/ {
+    match($0, /le="[^"]*"/); print substr($0, RSTART + 4, RLENGTH - 5), $NF }'
+}
+# wal_fsync_delta LABEL BEFORE AFTER: fdatasyncs between two wal_fsyncs readings and their p99
+# (the upper bound of the bucket that holds it).
+wal_fsync_delta() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import sys
+label, before, after = sys.argv[1:]
+parse = lambda t: [(float(l.split()[0]), float(l.split()[1])) for l in t.splitlines() if l.strip()]
+b, a = dict(parse(before)), parse(after)
+delta = [(le, n - b.get(le, 0)) for le, n in a]
+total = delta[-1][1] if delta else 0
+p99 = next((le for le, n in delta if n >= 0.99 * total), float("nan")) if total else float("nan")
+print("%s: %d WAL fdatasyncs, p99 <= %.1f ms" % (label, total, p99 * 1e3))
+PY
+}
 # fixed_rate_puts LABEL: RATE puts/s for PUT_S s over the first keys; prints p50/p99/max.
 fixed_rate_puts() {
   "$bench" --endpoints "$url" --conns 5 --clients 50 --json \
@@ -56,7 +76,10 @@ deleted=$(ctl del $'\x80' $'\xc0' | tail -n 1)
 rev=$(ctl endpoint status -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])')
 ctl compact "$rev" --physical >/dev/null
 echo "deleted $deleted keys, compacted at $rev: $(sizes)"
+fsyncs0=$(wal_fsyncs)
 fixed_rate_puts "puts alone"
+fsyncs1=$(wal_fsyncs)
+wal_fsync_delta "puts alone" "$fsyncs0" "$fsyncs1"
 (
   t0=$(date +%s%N)
   ctl defrag >/dev/null
@@ -65,6 +88,7 @@ fixed_rate_puts "puts alone"
 ) &
 defrag=$!
 fixed_rate_puts "puts beside the defragment"
+wal_fsync_delta "puts beside the defragment" "$fsyncs1" "$(wal_fsyncs)"
 wait "$defrag"
 echo "defragment returned after $(cat "$root/$kind.defrag-ms") ms: $(sizes)"
 # Keel deletes a dead segment file once the oldest checkpoint it keeps was taken after the

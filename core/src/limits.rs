@@ -33,11 +33,14 @@ pub const WAL_BATCH_BYTES_DEFAULT: usize = 1 << 20;
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Uncommitted entry bytes a leader holds before it drops proposals ("too many requests").
 pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
-/// Watch events one applied entry hands the shards' watch hubs (`Writer::apply_bounded`). Only
-/// a DeleteRange or a lease revoke of many keys writes more (a txn holds at most
-/// `--max-txn-ops` ops, 128 by default). Past it the entry's events are not gathered and
-/// every hub's watchers read them from history on their own shards: gathering 2M events of a
-/// mass delete took the raft core as long as the delete itself and 600 MB.
+/// Watch events the entries applied from one Ready hand the shards' watch hubs
+/// (`Writer::apply_bounded`). Only a DeleteRange or a lease revoke of many keys writes more
+/// (a txn holds at most `--max-txn-ops` ops, 128 by default). Past it the entries' events are
+/// not gathered and every hub's watchers read them from history on their own shards:
+/// gathering 2M events of a mass delete took the raft core as long as the delete itself and
+/// 600 MB. The cost moves to the watchers whose range covers the delete: each reads and
+/// encodes the revision's events on its shard (one revision is never split, as etcd does not
+/// split one without `fragment`), where the raft core had encoded them once for all.
 pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
 /// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
 /// leader no proposals, a follower no appended entries): bounds the memory that values

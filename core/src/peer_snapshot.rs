@@ -888,7 +888,7 @@ mod tests {
     }
 
     fn run(test: impl FnOnce() -> futures_lite::future::BoxedLocal<()> + Send + 'static) {
-        crate::rt::spawn_pinned("snapshot-test", 0, test)
+        crate::rt::spawn_pinned("snapshot-test", crate::rt::process_cpu_list()[0], test)
             .unwrap()
             .join()
             .unwrap();

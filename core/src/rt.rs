@@ -350,7 +350,7 @@ mod tests {
         let mb: Arc<Mailbox<u64>> = Mailbox::new(4);
         let consumer = {
             let mb = mb.clone();
-            spawn_pinned("mb-test", 0, move || async move {
+            spawn_pinned("mb-test", process_cpu_list()[0], move || async move {
                 let mut sum = 0;
                 let mut got = 0;
                 while got < 100 {
@@ -428,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_bound_listener_accepts_on_its_executor() {
-        let executor = spawn_pinned("listen-test", 0, || async {
+        let executor = spawn_pinned("listen-test", process_cpu_list()[0], || async {
             let listener = bind_listener("127.0.0.1:0".parse().expect("an address"))
                 .expect("an ephemeral port binds");
             let addr = listener.local_addr().expect("an address");
@@ -483,7 +483,7 @@ mod tests {
         let (first_tx, first_rx) = std::sync::mpsc::channel();
         let consumer = {
             let mb = mb.clone();
-            spawn_pinned("mb-nudge", 0, move || async move {
+            spawn_pinned("mb-nudge", process_cpu_list()[0], move || async move {
                 mb.ready().await;
                 first_tx.send(mb.is_empty()).expect("the test waits");
                 // The nudge is used up: the next `ready` waits for an item.

@@ -297,6 +297,10 @@ pub struct Hub {
     /// Watchers in the index that ask for prev_kv: while there are any, a batch's previous
     /// values on disk are brought in by the pager before it is dispatched.
     prev_kv_watchers: Cell<usize>,
+    /// How many times `overflowed` sent the watchers to history. A catch-up read that waited
+    /// (for the pager) across one may have missed the revisions that caused it, which no
+    /// batch carries: its watcher stays unsynced and reads again.
+    resyncs: Cell<u64>,
 }
 
 impl Hub {
@@ -313,6 +317,7 @@ impl Hub {
             delivered_rev: Cell::new(rev),
             matched: Cell::new(Vec::new()),
             prev_kv_watchers: Cell::new(0),
+            resyncs: Cell::new(0),
         })
     }
 
@@ -426,12 +431,15 @@ impl Hub {
         }
     }
 
-    /// The shard lost batches: every watcher catches up from history, every waiter re-checks.
+    /// Revisions were published that no batch brings this shard (a batch dropped for a slow
+    /// shard, an entry's events cut, a store replaced by a snapshot): every watcher catches up
+    /// from history, every waiter re-checks.
     fn overflowed(&self) {
-        tracing::warn!(
+        tracing::info!(
             shard = self.shard,
-            "watch batches dropped for a slow shard; watchers catch up from history"
+            "revisions without a watch batch; watchers catch up from history"
         );
+        self.resyncs.set(self.resyncs.get() + 1);
         for s in self.streams.borrow().values() {
             for w in s.watchers.borrow_mut().values_mut() {
                 s.mark_unsynced(w, self.delivered_rev.get());
@@ -860,6 +868,7 @@ impl Hub {
                 let Some(w) = watchers.get(&id) else { continue };
                 (w.range.clone(), w.next_rev, w.prev_kv)
             };
+            let resyncs_before = self.resyncs.get();
             let read = self.shared.reader().range_events_unchecked(
                 next_rev,
                 range.start(),
@@ -923,7 +932,11 @@ impl Hub {
                         w.sent_since_progress = true;
                     }
                     w.next_rev = w.next_rev.max(batch.next_rev);
-                    if w.next_rev > self.delivered_rev.get() {
+                    // Synced only if no revision without a batch was published while the read
+                    // waited: `overflowed` skipped this unsynced watcher, and the read's
+                    // snapshot may predate that revision.
+                    if w.next_rev > self.delivered_rev.get() && self.resyncs.get() == resyncs_before
+                    {
                         w.synced = true;
                         stream.unsynced.set(stream.unsynced.get() - 1);
                     }

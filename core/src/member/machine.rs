@@ -171,8 +171,8 @@ pub struct MemberConfig {
     /// Value-log bytes sealed and not yet durable above which the member takes no new
     /// entries: as leader no new proposals, as follower no new appends (see `values_backlogged`).
     pub sealed_backlog_bytes_max: u64,
-    /// Watch events one applied entry may hand the hubs (`limits::WATCH_EVENTS_PER_APPLY_MAX`);
-    /// past it `Effect::EventsCut` instead.
+    /// Watch events the entries applied from one Ready may hand the hubs
+    /// (`limits::WATCH_EVENTS_PER_APPLY_MAX`); past it `Effect::EventsCut` instead.
     pub watch_events_per_apply_max: usize,
     /// The first id this incarnation gives its ReadIndex rounds, forwarded keep-alives and
     /// membership requests. An answer meant for an earlier incarnation can arrive after a
@@ -1735,9 +1735,18 @@ impl Member {
                             Err(refusal.expect("checked by the guard"))
                         }
                         Some(op) => {
+                            // The bound holds for the whole Ready's events: what earlier
+                            // entries gathered counts, and once cut nothing more is gathered.
+                            let events_left = if events_cut {
+                                0
+                            } else {
+                                self.config
+                                    .watch_events_per_apply_max
+                                    .saturating_sub(events.len())
+                            };
                             let r = self
                                 .writer
-                                .apply_bounded(e.index, &op, self.config.watch_events_per_apply_max)
+                                .apply_bounded(e.index, &op, events_left)
                                 .map_err(kv_error);
                             if r.is_ok() {
                                 self.lease_applied(&op, now_ms);
@@ -1751,7 +1760,10 @@ impl Member {
                     };
                     let result = result.map(|applied| {
                         self.count_writes(applied.counts);
-                        events_cut |= applied.events_cut;
+                        if applied.events_cut && !events_cut {
+                            events_cut = true;
+                            events = Vec::new();
+                        }
                         if !events_cut {
                             events.extend(applied.events);
                         }
@@ -2433,6 +2445,48 @@ mod tests {
         assert!(effects
             .iter()
             .any(|e| matches!(e, Effect::Events { events, .. } if events.len() == 1)));
+    }
+
+    /// The bound holds for all the entries one Ready applies: two deletes, each under it, whose
+    /// events together pass it hand out none.
+    #[test]
+    fn the_event_bound_holds_for_the_entries_of_one_ready() {
+        let mut m = started_leader();
+        m.config.watch_events_per_apply_max = 4;
+        for (i, key) in ["a1", "a2", "a3", "b1", "b2", "b3"].iter().enumerate() {
+            let (p, _rx) = proposal(10 + i as u64, put(key));
+            m.propose(p, 10);
+            settle(&mut m, 10);
+        }
+        m.take_effects();
+        let delete = |from: &'static [u8], to: &'static [u8]| pb::InternalRaftRequest {
+            delete_range: Some(pb::DeleteRangeRequest {
+                key: Bytes::from_static(from),
+                range_end: Bytes::from_static(to),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (p1, mut rx1) = proposal(20, delete(b"a", b"b"));
+        let (p2, mut rx2) = proposal(21, delete(b"b", b"c"));
+        m.propose_batch(vec![p1, p2], 20);
+        settle(&mut m, 20);
+        assert!(matches!(rx1.try_recv(), Ok(Some(Ok(_)))));
+        assert!(matches!(rx2.try_recv(), Ok(Some(Ok(_)))));
+        let effects = m.take_effects();
+        let events: usize = effects
+            .iter()
+            .map(|e| match e {
+                Effect::Events { events, .. } => events.len(),
+                _ => 0,
+            })
+            .sum();
+        let cut = effects
+            .iter()
+            .any(|e| matches!(e, Effect::EventsCut { .. }));
+        // One batch, one entry each, applied in one Ready: six events against a bound of four.
+        assert!(cut, "the Ready's events passed the bound");
+        assert_eq!(events, 0, "none of them is handed out");
     }
 
     #[test]
