@@ -4,10 +4,7 @@
 //! loop never waits for a segment: io_uring does the writing, and the kernel's fsync workers
 //! the syncing, while the loop goes on proposing and applying.
 //!
-//! Segments are written oldest first, as many as are queued (up to `SEGMENTS_PER_SYNC_MAX`)
-//! made durable together: their fdatasyncs at once and one directory sync for all (keel-io's
-//! `write_segments`), so a burst of segments costs the journal a few commits, not two each.
-//! A segment needs no ordering against the
+//! Segments are written one at a time, oldest first. A segment needs no ordering against the
 //! WAL or against other segments: a checkpoint points only into segments already reported
 //! durable, and WAL replay rebuilds anything newer. The queue is bounded in bytes: while more
 //! than `limits::SEALED_BACKLOG_BYTES_MAX` waits (`Member::values_backlogged`), the member
@@ -30,9 +27,6 @@ use crate::rt::{self, Mailbox};
 
 /// Segments queued to the writer task, and completions queued back.
 const SEGMENTS_QUEUED_MAX: usize = 256;
-/// Segments the writer task makes durable together, at most: 16 MiB at the default segment
-/// size, a quarter of what `limits::SEALED_BACKLOG_BYTES_MAX` lets wait.
-const SEGMENTS_PER_SYNC_MAX: usize = 16;
 
 /// A segment made durable and mapped.
 pub struct Durable {
@@ -62,24 +56,16 @@ impl VlogWriter {
                 if task_todo.is_closed() && task_todo.is_empty() {
                     return;
                 }
-                loop {
-                    let batch: Vec<kv::SealedSegment> = std::iter::from_fn(|| task_todo.try_recv())
-                        .take(SEGMENTS_PER_SYNC_MAX)
-                        .collect();
-                    if batch.is_empty() {
-                        break;
-                    }
-                    for mut outcome in write(&task_dir, batch).await {
-                        // The loop drains completions before it hands over more segments, and
-                        // at most SEGMENTS_QUEUED_MAX are queued, so this waits only briefly if
-                        // ever.
-                        while let Err(back) = task_done.try_send(outcome) {
-                            outcome = back;
-                            if task_done.is_closed() {
-                                return;
-                            }
-                            rt::sleep(std::time::Duration::from_millis(1)).await;
+                while let Some(segment) = task_todo.try_recv() {
+                    let mut outcome = write(&task_dir, segment).await;
+                    // The loop drains completions before it hands over more segments, and at
+                    // most SEGMENTS_QUEUED_MAX are queued, so this waits only briefly if ever.
+                    while let Err(back) = task_done.try_send(outcome) {
+                        outcome = back;
+                        if task_done.is_closed() {
+                            return;
                         }
+                        rt::sleep(std::time::Duration::from_millis(1)).await;
                     }
                 }
             }
@@ -135,39 +121,19 @@ impl Drop for VlogWriter {
     }
 }
 
-/// Writes `batch` and makes it durable together; each segment's outcome, oldest first, or one
-/// error (which stops the member).
-async fn write(dir: &Path, batch: Vec<kv::SealedSegment>) -> Vec<Result<Durable, CoreError>> {
-    let failed = |path: PathBuf, source: std::io::Error| CoreError::DataDir { path, source };
-    let writes: Vec<keel_io::vlog::SegmentWrite<'_>> = batch
-        .iter()
-        .map(|s| keel_io::vlog::SegmentWrite {
-            id: s.id,
-            records: std::slice::from_ref(&s.records),
-            bytes: s.bytes,
-        })
-        .collect();
-    if let Err(source) = keel_io::vlog::write_segments(dir, &writes).await {
-        let path = match &batch[..] {
-            [one] => keel_io::vlog::segment_path(dir, one.id),
-            _ => dir.to_path_buf(),
-        };
-        return vec![Err(failed(path, source))];
-    }
-    drop(writes);
-    let mut outcomes = Vec::with_capacity(batch.len());
-    for kv::SealedSegment { id, records, bytes } in batch {
-        drop(records);
-        let path = keel_io::vlog::segment_path(dir, id);
-        match keel_io::vlog::map_file(&path) {
-            Ok(file) => outcomes.push(Ok(Durable { id, bytes, file })),
-            Err(source) => {
-                outcomes.push(Err(failed(path, source)));
-                break;
-            }
-        }
-    }
-    outcomes
+async fn write(dir: &Path, segment: kv::SealedSegment) -> Result<Durable, CoreError> {
+    let kv::SealedSegment { id, records, bytes } = segment;
+    let path = keel_io::vlog::segment_path(dir, id);
+    let failed = |source: std::io::Error| CoreError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    keel_io::vlog::write_segment(dir, id, std::slice::from_ref(&records), bytes)
+        .await
+        .map_err(failed)?;
+    drop(records);
+    let file = keel_io::vlog::map_file(&path).map_err(failed)?;
+    Ok(Durable { id, bytes, file })
 }
 
 /// Maps segment `id` of `dir`; the error names the file (restores and snapshots report it).

@@ -48,66 +48,11 @@ pub fn list_segments(dir: &Path) -> io::Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// One segment for `write_segments`: its id and its records, in order, `bytes` in all.
-pub struct SegmentWrite<'a> {
-    pub id: u32,
-    pub records: &'a [Bytes],
-    pub bytes: u64,
-}
-
-/// Writes segment `id` from its records (in order, `bytes` in all) and makes it durable
-/// (`write_segments` of one).
-pub async fn write_segment(dir: &Path, id: u32, records: &[Bytes], bytes: u64) -> io::Result<()> {
-    write_segments(dir, &[SegmentWrite { id, records, bytes }]).await
-}
-
-/// Writes segments and makes them durable together: each file's data in turn, then every
-/// file's fdatasync at once, then one sync of `dir` for all their names. Must run on a glommio
-/// executor. On ext4 each fdatasync of a new file commits the journal for its block
-/// allocation, and a directory sync commits it again; issued together, concurrent syncs share
-/// a commit, so a burst of segments (a defragment rewrites about 90 a second) costs the
-/// journal a few commits instead of two per segment, and the WAL's fdatasync, which waits
-/// behind any commit in progress, waits less.
-///
+/// Writes segment `id` from its records (in order, `bytes` in all) and makes it durable: the
+/// file's data with fdatasync, its name with a sync of `dir`. Must run on a glommio executor.
 /// A failed fdatasync aborts the process, as the WAL's does: after one, the kernel may have
 /// dropped the dirty pages, and retrying would report success for data that is gone.
-pub async fn write_segments(dir: &Path, segments: &[SegmentWrite<'_>]) -> io::Result<()> {
-    let mut written = Vec::with_capacity(segments.len());
-    for segment in segments {
-        written.push(write_data(dir, segment).await?);
-    }
-    let syncs: Vec<_> = written
-        .into_iter()
-        .map(|(path, file)| {
-            glommio::spawn_local(async move {
-                let synced = file.fdatasync().await;
-                (path, file, synced)
-            })
-        })
-        .collect();
-    for sync in syncs {
-        let (path, file, synced) = sync.await;
-        if let Err(error) = synced {
-            tracing::error!(file = %path.display(), %error, "value-log fdatasync failed; aborting");
-            std::process::abort();
-        }
-        file.close().await?;
-    }
-    let directory = Directory::open(dir).await?;
-    if let Err(error) = directory.sync().await {
-        tracing::error!(dir = %dir.display(), %error, "value-log directory sync failed; aborting");
-        std::process::abort();
-    }
-    directory.close().await?;
-    Ok(())
-}
-
-/// Creates a segment's file and writes its blocks with O_DIRECT, unsynced.
-async fn write_data(
-    dir: &Path,
-    segment: &SegmentWrite<'_>,
-) -> io::Result<(PathBuf, glommio::io::DmaFile)> {
-    let SegmentWrite { id, records, bytes } = *segment;
+pub async fn write_segment(dir: &Path, id: u32, records: &[Bytes], bytes: u64) -> io::Result<()> {
     assert_eq!(
         records.iter().map(|r| r.len() as u64).sum::<u64>(),
         bytes,
@@ -153,7 +98,18 @@ async fn write_data(
         offset += chunk_bytes as u64;
     }
     assert_eq!(offset as usize, total_bytes, "every block was written");
-    Ok((path, file))
+    if let Err(error) = file.fdatasync().await {
+        tracing::error!(file = %path.display(), %error, "value-log fdatasync failed; aborting");
+        std::process::abort();
+    }
+    file.close().await?;
+    let directory = Directory::open(dir).await?;
+    if let Err(error) = directory.sync().await {
+        tracing::error!(dir = %dir.display(), %error, "value-log directory sync failed; aborting");
+        std::process::abort();
+    }
+    directory.close().await?;
+    Ok(())
 }
 
 /// A read-only shared mapping of a whole file, unmapped when the last `Bytes` slice of it
@@ -300,38 +256,6 @@ mod tests {
             list_segments(&dir.path().join("absent")).unwrap(),
             Vec::<u32>::new()
         );
-    }
-
-    #[test]
-    fn segments_written_together_each_map_back_with_their_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let records: Vec<Vec<Bytes>> = (0..5u8)
-            .map(|i| vec![Bytes::from(vec![i + 1; 1000 * (i as usize + 1)])])
-            .collect();
-        let path = dir.path().to_path_buf();
-        let written = records.clone();
-        glommio::LocalExecutorBuilder::default()
-            .spawn(move || async move {
-                let segments: Vec<SegmentWrite<'_>> = written
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| SegmentWrite {
-                        id: 10 + i as u32,
-                        records: r,
-                        bytes: r[0].len() as u64,
-                    })
-                    .collect();
-                write_segments(&path, &segments).await.unwrap();
-            })
-            .unwrap()
-            .join()
-            .unwrap();
-        assert_eq!(list_segments(dir.path()).unwrap(), vec![10, 11, 12, 13, 14]);
-        for (i, r) in records.iter().enumerate() {
-            let map = map_file(&segment_path(dir.path(), 10 + i as u32)).unwrap();
-            assert_eq!(&map[..r[0].len()], &r[0][..]);
-            assert!(map[r[0].len()..].iter().all(|b| *b == 0));
-        }
     }
 
     #[test]

@@ -49,14 +49,16 @@ fn compact(w: &mut Writer, index: u64, revision: i64) {
 #[test]
 fn an_apply_past_its_event_bound_leaves_the_events_to_history() {
     use crate::{DeleteRangeRequest, EventKind, PutRequest, Store, WriteCounts};
-    let (mut w, r) = Store::new();
-    for i in 0..5u64 {
-        let put = Op::Put(PutRequest {
+    let put = |i: u64| {
+        Op::Put(PutRequest {
             key: Bytes::from(format!("k{i}")),
             value: Bytes::from_static(b"v"),
             ..Default::default()
-        });
-        let applied = w.apply_bounded(i + 1, &put, 3).expect("put");
+        })
+    };
+    let (mut w, r) = Store::new();
+    for i in 0..5u64 {
+        let applied = w.apply_bounded(i + 1, &put(i), 3).expect("put");
         assert!(!applied.events_cut);
         assert_eq!(applied.events.len(), 1);
         assert_eq!(
@@ -87,12 +89,7 @@ fn an_apply_past_its_event_bound_leaves_the_events_to_history() {
     // Exactly at the bound, every event is kept.
     let (mut w, _r) = Store::new();
     for i in 0..3u64 {
-        let put = Op::Put(PutRequest {
-            key: Bytes::from(format!("k{i}")),
-            value: Bytes::from_static(b"v"),
-            ..Default::default()
-        });
-        w.apply(i + 1, &put).expect("put");
+        w.apply(i + 1, &put(i)).expect("put");
     }
     let applied = w.apply_bounded(4, &delete, 3).expect("delete");
     assert!(!applied.events_cut);
