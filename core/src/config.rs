@@ -215,9 +215,9 @@ pub struct Flags {
     pub shards: usize,
 
     /// Keel: which CPU the raft core is pinned to (default: the last one the process may run
-    /// on; shards go on the others first). Several members on
-    /// one host would all take the last CPU by default and starve each other's raft cores:
-    /// give member i CPU i % CPUs (deploy/local-cluster.sh and the cluster tests do).
+    /// on; shards go on the others first). Several members on one host would all take the
+    /// last CPU by default and starve each other's raft cores: give member i the (i % N)-th
+    /// of the N CPUs the process may run on (deploy/local-cluster.sh and the tests do).
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 
