@@ -3,9 +3,11 @@
 # for several builds and raft-core placements, alternated so drift in the machine's load hits
 # them all alike.
 #
-# Usage: bench/scripts/cluster-put.sh LABEL=KEEL_BIN:PLACEMENT [...]
+# Usage: bench/scripts/cluster-put.sh LABEL=BIN:PLACEMENT [...]
 #   PLACEMENT: `last` (no --raft-cpu: every member pins its raft core to the last CPU, keel's
-#   default) or `spread` (member i gets --raft-cpu i % CPUs, as deploy/local-cluster.sh does).
+#   default) or `spread` (member i gets --raft-cpu i % CPUs, as deploy/local-cluster.sh does)
+#   for a keel binary; `etcd` for an etcd binary, started with the same flags less Keel's own
+#   (`--shards`, `--raft-cpu`), so the two can be compared in one run.
 # Environment: BENCH (target/release/keel-bench), REPEATS (2), TOTAL puts per run (200000),
 #   CLIENTS (1000), CONNS (100), VAL (256), SHARDS (--shards per member; unset = keel's default).
 # Load goes to all three client endpoints (keel-bench spreads connections round-robin), so
@@ -41,7 +43,7 @@ for r in $(seq 1 "$REPEATS"); do
     rest=${spec#*=}
     bin=${rest%:*}
     placement=${rest##*:}
-    case "$placement" in last | spread) ;; *) echo "placement must be last or spread: $spec" >&2; exit 1 ;; esac
+    case "$placement" in last | spread | etcd) ;; *) echo "placement must be last, spread or etcd: $spec" >&2; exit 1 ;; esac
     port=$((port + 10))
     cluster=""
     eps=""
@@ -54,7 +56,7 @@ for r in $(seq 1 "$REPEATS"); do
       peer="http://127.0.0.1:$((port + 2 * i + 1))"
       extra=()
       [ "$placement" = spread ] && extra+=(--raft-cpu "${cpus[i % ${#cpus[@]}]}")
-      [ -n "${SHARDS:-}" ] && extra+=(--shards "$SHARDS")
+      [ -n "${SHARDS:-}" ] && [ "$placement" != etcd ] && extra+=(--shards "$SHARDS")
       "$bin" --name "n$i" --data-dir "$work/$label-$r-n$i" \
         --listen-client-urls "$client" --advertise-client-urls "$client" \
         --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \

@@ -199,6 +199,7 @@ mod tests {
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
             watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
+            apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             ids_first: 1,
         };
         let members = vec![crate::ids::Member {

@@ -301,6 +301,7 @@ impl RaftCore {
             auth_token_ttl_ms: shared.config.auth_token_ttl_ms,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
             watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
+            apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             // Unique across restarts: from the clock-based generator of proposal ids.
             ids_first: shared.next_proposal_id(),
         };
@@ -363,9 +364,12 @@ impl RaftCore {
             self.wal_release.check()?;
             // Values waiting for the disk past their bound: no new writes until it catches up
             // (proposals wait in their bounded mailbox, then clients hear "too many requests").
-            let proposals_held = self.member.values_backlogged();
+            // So do they while an entry is applied in steps: raft hands out nothing behind
+            // it meanwhile, so new writes would only queue up in raft's log.
+            let proposals_held = self.member.values_backlogged() || self.member.applying_in_steps();
             let compaction_waits = self.compaction_waits_for_pages();
             let idle = !self.member.has_ready()
+                && !self.member.applying_in_steps()
                 && (!self.member.compaction_runnable() || compaction_waits)
                 && (proposals_held || self.shared.proposals.is_empty())
                 && self.shared.reads.is_empty()
@@ -442,6 +446,14 @@ impl RaftCore {
             self.publish();
             if self.member.has_ready() {
                 self.handle_ready().await?;
+            } else if self.member.applying_in_steps() {
+                // A step of an entry applied in steps (each Ready takes one too); the loop
+                // turns between steps, so peers keep hearing from this member.
+                let (applied_before, started) = (self.member.applied_index(), Instant::now());
+                self.member.apply_step(self.now_ms());
+                self.observe_apply(applied_before, started);
+                self.publish();
+                futures_lite::future::yield_now().await;
             } else if self.member.compaction_runnable() && !compaction_waits {
                 // Compaction runs in bounded steps between batches, never as one long pause,
                 // and waits while its rewrites are queued for the disk (the loop then idles
@@ -477,7 +489,9 @@ impl RaftCore {
         } else {
             self.member.applied_past_checkpoint()
         };
-        if final_due && self.start_checkpoint()? {
+        // A half-applied entry (a DeleteRange in steps) leaves no store to take an image of:
+        // the next start replays it from the WAL instead.
+        if final_due && !self.member.applying_in_steps() && self.start_checkpoint()? {
             let outcome = self.checkpoints.wait().await;
             self.finish_checkpoint(outcome).await?;
         }

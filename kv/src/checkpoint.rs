@@ -587,6 +587,8 @@ impl Writer {
     }
 
     fn capture(&self, dirty: Option<crate::dirty::DirtyList>) -> CheckpointSource {
+        // An entry applied in part has changed lease tables the image would copy.
+        self.assert_not_stepping();
         CheckpointSource {
             reader: self.reader(),
             revision: self.current_rev,

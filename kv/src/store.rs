@@ -120,6 +120,7 @@ impl Store {
             tombstones_kept_after: i64::MAX,
             dirty: crate::dirty::DirtyKeys::since(REVISION_INITIAL),
             versions_held: 0,
+            stepping: None,
         };
         (writer, Reader { shared })
     }
@@ -280,6 +281,65 @@ pub struct Writer {
     pub(crate) dirty: crate::dirty::DirtyKeys,
     /// Versions held in the index (what a full checkpoint's size grows with).
     pub(crate) versions_held: u64,
+    /// The raft index of the entry being applied in steps (`apply_in_steps`): until it
+    /// completes, nothing else may change the store, nor may a checkpoint capture it.
+    stepping: Option<u64>,
+}
+
+/// A DeleteRange being applied in steps (`Writer::apply_in_steps`): its write set so far and
+/// where its walk goes on. Its tombstones are at a revision past the published one, so no
+/// reader sees any of them until the last step publishes them all at once.
+pub struct ApplyInSteps {
+    raft_index: u64,
+    req: DeleteRangeRequest,
+    ctx: TxnCtx,
+    walk: DeleteWalk,
+    rev_before: i64,
+}
+
+impl ApplyInSteps {
+    pub fn raft_index(&self) -> u64 {
+        self.raft_index
+    }
+}
+
+/// What `Writer::apply_in_steps` and `Writer::apply_step` leave.
+pub enum Progress {
+    Done(Result<Applied>),
+    More(ApplyInSteps),
+}
+
+/// How far one DeleteRange's walk has gone.
+struct DeleteWalk {
+    /// The next key to visit, or None once the walk reached the range's end.
+    next_key: Option<Bytes>,
+    deleted: i64,
+    prev_kvs: Vec<KeyValue>,
+}
+
+impl DeleteWalk {
+    fn starting_at(key: Bytes) -> DeleteWalk {
+        DeleteWalk {
+            next_key: Some(key),
+            deleted: 0,
+            prev_kvs: Vec::new(),
+        }
+    }
+
+    /// The answer once the walk reached the range's end.
+    fn response(&mut self, ctx: &TxnCtx) -> DeleteRangeResponse {
+        assert!(self.next_key.is_none(), "the walk is complete");
+        let revision = if self.deleted > 0 || ctx.writes > 0 {
+            ctx.begin_rev + 1
+        } else {
+            ctx.begin_rev
+        };
+        DeleteRangeResponse {
+            revision,
+            deleted: self.deleted,
+            prev_kvs: std::mem::take(&mut self.prev_kvs),
+        }
+    }
 }
 
 /// A handle for lock-free reads of the published state. Cheap to clone; one per shard.
@@ -470,6 +530,7 @@ impl Writer {
 
     /// Records a raft entry that carries no store operation (empty entries, conf changes).
     pub fn apply_empty(&mut self, raft_index: u64) {
+        self.assert_not_stepping();
         assert!(
             raft_index > self.applied_index,
             "raft entries are applied once, in index order"
@@ -494,6 +555,7 @@ impl Writer {
         op: &Op,
         events_max: usize,
     ) -> Result<Applied> {
+        self.assert_not_stepping();
         assert!(
             raft_index > self.applied_index,
             "raft entries are applied once, in index order"
@@ -515,15 +577,87 @@ impl Writer {
             Op::LeaseGrant(req) => OpResponse::LeaseGrant(self.lease_grant(req)?),
             Op::LeaseRevoke(req) => OpResponse::LeaseRevoke(self.lease_revoke(&mut ctx, req)?),
         };
+        Ok(self.finish_apply(ctx, response, rev_before))
+    }
+
+    /// Publishes an applied op's writes and hands out what it produced.
+    fn finish_apply(&mut self, ctx: TxnCtx, response: OpResponse, rev_before: i64) -> Applied {
         self.publish(&ctx);
         self.publish_size();
         assert!(self.current_rev == rev_before + i64::from(ctx.writes > 0));
-        Ok(Applied {
+        Applied {
             response: Unchecked::new(response, ctx.checks),
             events: ctx.events,
             events_cut: ctx.events_cut,
             counts: ctx.counts,
-        })
+        }
+    }
+
+    /// `apply_bounded`, but an op that may write without limit (a DeleteRange of a range, of
+    /// millions of keys perhaps) visits at most `keys_max` keys per call: the caller goes on
+    /// with `apply_step` until it is `Done`, and may do other work in between (a raft core
+    /// sends heartbeats: one apply of a million deletes took 1.2-1.5 s, past an election
+    /// timeout, and cost a 3-member cluster its leader). Until then the entry is not applied:
+    /// `applied_index` stays before it and no reader sees any of its writes, and nothing else
+    /// may change the store (`apply*`, compaction) or capture it for a checkpoint. Every
+    /// other op is applied whole, as by `apply_bounded`.
+    pub fn apply_in_steps(
+        &mut self,
+        raft_index: u64,
+        op: &Op,
+        events_max: usize,
+        keys_max: usize,
+    ) -> Progress {
+        let req = match op {
+            Op::DeleteRange(req) if !req.range_end.is_empty() => req,
+            _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
+        };
+        self.assert_not_stepping();
+        assert!(
+            raft_index > self.applied_index,
+            "raft entries are applied once, in index order"
+        );
+        self.stepping = Some(raft_index);
+        let steps = ApplyInSteps {
+            raft_index,
+            walk: DeleteWalk::starting_at(req.key.clone()),
+            req: req.clone(),
+            ctx: TxnCtx::new(self.current_rev, events_max),
+            rev_before: self.current_rev,
+        };
+        self.apply_step(steps, keys_max)
+    }
+
+    /// The next step of an entry `apply_in_steps` began: at most `keys_max` more keys.
+    pub fn apply_step(&mut self, mut steps: ApplyInSteps, keys_max: usize) -> Progress {
+        assert!(keys_max > 0, "a step visits at least one key");
+        assert_eq!(
+            self.stepping,
+            Some(steps.raft_index),
+            "steps continue the entry being applied in steps"
+        );
+        self.delete_range_walk(&mut steps.ctx, &steps.req, &mut steps.walk, keys_max);
+        if steps.walk.next_key.is_some() {
+            return Progress::More(steps);
+        }
+        self.stepping = None;
+        self.applied_index = steps.raft_index;
+        let response = OpResponse::DeleteRange(steps.walk.response(&steps.ctx));
+        Progress::Done(Ok(self.finish_apply(steps.ctx, response, steps.rev_before)))
+    }
+
+    /// The raft index of the entry being applied in steps, if one is.
+    pub fn stepping(&self) -> Option<u64> {
+        self.stepping
+    }
+
+    pub(crate) fn assert_not_stepping(&self) {
+        assert!(
+            self.stepping.is_none(),
+            "the entry at index {:?} is being applied in steps: nothing else changes the store \
+             until it completes",
+            self.stepping
+        );
     }
 
     /// Makes a finished txn visible to readers: one revision bump, only if it wrote.
@@ -664,15 +798,38 @@ impl Writer {
     }
 
     fn delete_range(&mut self, ctx: &mut TxnCtx, req: &DeleteRangeRequest) -> DeleteRangeResponse {
+        let mut walk = DeleteWalk::starting_at(req.key.clone());
+        self.delete_range_walk(ctx, req, &mut walk, usize::MAX);
+        assert!(walk.next_key.is_none(), "an unbounded walk reaches the end");
+        walk.response(ctx)
+    }
+
+    /// Walks `req`'s range from `walk.next_key`, writing a tombstone over each live key, and
+    /// stops before the key past `keys_max` visited ones (left in `walk.next_key`).
+    fn delete_range_walk(
+        &mut self,
+        ctx: &mut TxnCtx,
+        req: &DeleteRangeRequest,
+        walk: &mut DeleteWalk,
+        keys_max: usize,
+    ) {
+        let Some(from) = walk.next_key.take() else {
+            return;
+        };
         let read_rev = ctx.read_rev();
-        // One walk that deletes as it goes: a delete of a million keys is one apply (the
-        // raft core's pause), so it neither looks each key up again nor gathers them first.
-        // The walk visits each key once, and a tombstone changes only its own key's list, so
-        // every key the walk reaches is as the delete found it.
+        // One walk that deletes as it goes: it neither looks each key up again nor gathers
+        // them first. It visits each key once, and a tombstone changes only its own key's
+        // list, so every key the walk reaches is as the delete found it. A walk resumed in a
+        // later step starts at the key it stopped before: the keys behind it have tombstones
+        // at this delete's revision, which the read revision (its own writes included) sees.
         let shared = self.shared.clone();
-        let mut prev_kvs = Vec::new();
-        let mut deleted = 0i64;
-        for_each_entry_in_range(&shared.index, &req.key, &req.range_end, |entry| {
+        let mut visited = 0usize;
+        for_each_entry_in_range(&shared.index, &from, &req.range_end, |entry| {
+            if visited == keys_max {
+                walk.next_key = Some(Bytes::copy_from_slice(entry.key()));
+                return false;
+            }
+            visited += 1;
             let prev = {
                 let guard = epoch::pin();
                 let Some(v) = live_at(entry.value().load(&guard), read_rev) else {
@@ -681,22 +838,13 @@ impl Writer {
                 v.to_prev_kv(entry.key(), self.vlog.table())
             };
             if req.prev_kv {
-                prev_kvs.push(prev.clone().into_answer(&mut ctx.checks));
+                walk.prev_kvs
+                    .push(prev.clone().into_answer(&mut ctx.checks));
             }
-            deleted += 1;
+            walk.deleted += 1;
             self.write_delete(ctx, &entry, prev);
             true
         });
-        let revision = if deleted > 0 || ctx.writes > 0 {
-            ctx.begin_rev + 1
-        } else {
-            ctx.begin_rev
-        };
-        DeleteRangeResponse {
-            revision,
-            deleted,
-            prev_kvs,
-        }
     }
 
     /// Writes a tombstone over `prev`, the live version of `entry`'s key.
@@ -917,6 +1065,7 @@ impl Writer {
     /// working throughout.
     pub fn compact_step(&mut self, keys_max: usize) -> CompactionStatus {
         assert!(keys_max > 0, "a step must make progress");
+        self.assert_not_stepping();
         if let Some(cursor) = self.compaction.take() {
             self.compaction = self.compact_keys(cursor, keys_max);
             return CompactionStatus::Pending;

@@ -325,10 +325,14 @@ impl<S: Storage> RaftLog<S> {
         }
     }
 
-    /// Committed, durable entries not yet handed to the application.
+    /// Committed, durable entries not yet handed to the application, once it has applied
+    /// what it was handed before (see `RawNode::advance_append`).
     pub(crate) fn next_committed_entries(&self, max_bytes: u64) -> Vec<Entry> {
         if self.unstable.snapshot.is_some() {
             return Vec::new(); // the snapshot must be installed before anything after it
+        }
+        if self.applying > self.applied {
+            return Vec::new();
         }
         let lo = (self.applying + 1).max(self.first_index());
         let hi = self.committed.min(self.persisted_last_index()) + 1;
@@ -341,6 +345,7 @@ impl<S: Storage> RaftLog<S> {
 
     pub(crate) fn has_next_committed_entries(&self) -> bool {
         self.unstable.snapshot.is_none()
+            && self.applying == self.applied
             && (self.applying + 1).max(self.first_index())
                 <= self.committed.min(self.persisted_last_index())
     }

@@ -5,7 +5,8 @@
 //! 2. write `rd.snapshot`, `rd.entries` and `rd.hard_state` in ONE WAL batch (group commit);
 //!    meanwhile send `rd.messages`;
 //! 3. after the batch is durable (fdatasync, when `rd.durability` says so) send
-//!    `rd.persisted_messages` and call `node.advance()`;
+//!    `rd.persisted_messages` and call `node.advance()` (or `advance_append()`, then
+//!    `advance_apply_to(i)` as step 4 applies);
 //! 4. apply `rd.committed_entries` (and install `rd.snapshot`) to the state machine, calling
 //!    `node.apply_conf_change` for each ConfChange entry; answer `rd.read_states` once the
 //!    applied index reaches their index.
@@ -294,9 +295,33 @@ impl<S: Storage> RawNode<S> {
         }
     }
 
-    /// The last Ready is durable (and its committed entries are being applied): record it in
-    /// storage and let the member count its own durable state (own vote, own log).
+    /// The last Ready is durable and its committed entries are applied: record it in storage
+    /// and let the member count its own durable state (own vote, own log).
     pub fn advance(&mut self) {
+        self.advance_with(true);
+    }
+
+    /// `advance`, for an application that applies committed entries later, or over several
+    /// loop turns (a delete of millions of keys): it says how far it got with
+    /// `advance_apply_to`. Until everything handed out is applied, no Ready hands out more
+    /// committed entries, so the application holds at most one Ready's worth at a time, and
+    /// a configuration change not applied yet still stops this node from campaigning.
+    pub fn advance_append(&mut self) {
+        self.advance_with(false);
+    }
+
+    /// The application has applied every committed entry up to `index`.
+    pub fn advance_apply_to(&mut self, index: u64) {
+        let log = &mut self.raft.raft_log;
+        assert!(
+            index <= log.applying,
+            "applied {index} beyond what was handed out ({})",
+            log.applying
+        );
+        log.applied = log.applied.max(index);
+    }
+
+    fn advance_with(&mut self, applied_all: bool) {
         let f = self
             .in_flight
             .take()
@@ -317,7 +342,9 @@ impl<S: Storage> RawNode<S> {
         if let Some(hs) = f.hard_state {
             log.storage.set_hard_state(hs);
         }
-        log.applied = log.applied.max(f.applying);
+        if applied_all {
+            log.applied = log.applied.max(f.applying);
+        }
         assert!(
             log.applied <= log.committed,
             "applied {} beyond commit {}",
@@ -424,6 +451,47 @@ mod tests {
         assert_eq!(rd.read_states.len(), 1);
         assert_eq!(rd.read_states[0].index, node.raft().raft_log.committed);
         node.advance();
+    }
+
+    #[test]
+    fn committed_entries_wait_until_the_application_applied_those_handed_out() {
+        let mut node = single();
+        node.campaign();
+        drain(&mut node);
+        node.propose(Bytes::from_static(b"x"))
+            .expect("leader accepts");
+        let _ = node.ready();
+        node.advance();
+        let rd = node.ready();
+        assert_eq!(rd.committed_entries.len(), 1, "x commits");
+        let x = rd.committed_entries[0].index;
+        node.advance_append();
+        assert_eq!(node.status().applied, x - 1, "not applied yet");
+        // y commits meanwhile, but is not handed out while x is being applied.
+        node.propose(Bytes::from_static(b"y"))
+            .expect("leader accepts");
+        for _ in 0..3 {
+            if !node.has_ready() {
+                break;
+            }
+            let rd = node.ready();
+            assert!(rd.committed_entries.is_empty(), "x is still being applied");
+            node.advance_append();
+        }
+        assert_eq!(node.raft().raft_log.committed, x + 1, "y is committed");
+        node.advance_apply_to(x);
+        assert!(node.has_ready());
+        let rd = node.ready();
+        assert_eq!(
+            rd.committed_entries
+                .iter()
+                .map(|e| e.data.clone())
+                .collect::<Vec<_>>(),
+            vec![Bytes::from_static(b"y")]
+        );
+        node.advance_append();
+        node.advance_apply_to(x + 1);
+        assert_eq!(node.status().applied, x + 1);
     }
 
     #[test]

@@ -174,6 +174,9 @@ pub struct MemberConfig {
     /// Watch events the entries applied from one Ready may hand the hubs
     /// (`limits::WATCH_EVENTS_PER_APPLY_MAX`); past it `Effect::EventsCut` instead.
     pub watch_events_per_apply_max: usize,
+    /// Keys one step of an entry applied in steps visits (`limits::APPLY_KEYS_PER_STEP`):
+    /// between steps the driver's loop turns (heartbeats, votes, appends).
+    pub apply_keys_per_step: usize,
     /// The first id this incarnation gives its ReadIndex rounds, forwarded keep-alives and
     /// membership requests. An answer meant for an earlier incarnation can arrive after a
     /// restart (a leader answering a read or a keep-alive sent just before the crash, over
@@ -345,6 +348,23 @@ pub struct PlacedSnapshot {
     pub base: Option<Bytes>,
 }
 
+/// An entry applied over several loop turns (`kv::Writer::apply_in_steps`), with what its
+/// completion answers.
+struct Stepping {
+    steps: kv::ApplyInSteps,
+    /// The proposal to answer once it is applied.
+    id: u64,
+    op: kv::Op,
+}
+
+/// The watch events of the entries one `apply` call applied (at most
+/// `watch_events_per_apply_max`, else `cut` and none).
+#[derive(Default)]
+struct EventBatch {
+    events: Vec<kv::Event>,
+    cut: bool,
+}
+
 /// The part of a Ready that waits for its I/O (`ready` -> `persisted`).
 struct PendingReady {
     snapshot: Option<Snapshot>,
@@ -458,6 +478,15 @@ pub struct Member {
     /// yet: at most one is in flight, and none is due meanwhile.
     checkpoint_in_flight: Option<u64>,
     pending: Option<PendingReady>,
+    /// Committed entries raft handed out and this member has not applied, oldest first: the
+    /// rest of a Ready's entries behind one applied in steps. Raft hands out no more until
+    /// these are applied (`RawNode::advance_append`), so this holds at most one Ready's.
+    to_apply: VecDeque<Entry>,
+    /// The entry being applied in steps (a DeleteRange of a range), between loop turns.
+    stepping: Option<Stepping>,
+    /// The highest index raft handed out that this member has applied (or skipped, as a
+    /// snapshot covered it): what it tells raft through `advance_apply_to`.
+    applied_through: u64,
     /// The pending snapshot as the driver placed it, until `persisted` installs it.
     placed: Option<PlacedSnapshot>,
     effects: Vec<Effect>,
@@ -526,6 +555,9 @@ impl Member {
             dead_segments: Vec::new(),
             segments_from: 0,
             pending: None,
+            to_apply: VecDeque::new(),
+            stepping: None,
+            applied_through: 0,
             placed: None,
             effects: Vec::new(),
             leader_id_logged: 0,
@@ -654,7 +686,20 @@ impl Member {
     }
     /// Whether a Ready or a compaction step is waiting (the driver must not sleep).
     pub fn has_work(&self) -> bool {
-        self.node.has_ready() || self.compaction_runnable()
+        self.node.has_ready() || self.compaction_runnable() || self.applying_in_steps()
+    }
+
+    /// Whether committed entries wait to be applied in steps (`apply_step`): the driver must
+    /// not sleep, and takes no new proposals meanwhile (they wait in its bounded mailbox, as
+    /// the entries behind this one wait in raft's log).
+    pub fn applying_in_steps(&self) -> bool {
+        self.stepping.is_some() || !self.to_apply.is_empty()
+    }
+
+    /// The next step of the entry being applied in steps, and the entries behind it once it
+    /// completes (the driver calls it between Readies while `applying_in_steps`).
+    pub fn apply_step(&mut self, now_ms: u64) {
+        self.apply(Vec::new(), now_ms);
     }
     pub fn has_ready(&self) -> bool {
         self.node.has_ready()
@@ -1520,7 +1565,9 @@ impl Member {
             .pending
             .take()
             .expect("persisted() follows a ready() that returned I/O");
-        self.node.advance();
+        // Raft learns what was applied from `apply` (`advance_apply_to`): an entry applied in
+        // steps is not, until its last step.
+        self.node.advance_append();
         if let Some(mut snap) = pending.snapshot {
             let mut files = BTreeMap::new();
             let mut base = None;
@@ -1618,6 +1665,20 @@ impl Member {
             index,
             "a snapshot's store is at the snapshot's index"
         );
+        // An entry being applied in steps, and those behind it, are covered by the snapshot
+        // (raft installs one only past its commit): the half-applied store is dropped whole.
+        // Its caller, as any whose entry a snapshot covered, hears at its deadline.
+        assert!(
+            self.to_apply.back().is_none_or(|e| e.index <= index)
+                && self
+                    .stepping
+                    .as_ref()
+                    .is_none_or(|s| s.steps.raft_index() <= index),
+            "a snapshot covers every entry handed out before it"
+        );
+        self.to_apply.clear();
+        self.stepping = None;
+        self.applied_through = self.applied_through.max(index);
         // Every segment of the replaced store dies now; its files go once no kept checkpoint
         // refers to them.
         let mut old = std::mem::replace(&mut self.writer, writer);
@@ -1652,146 +1713,202 @@ impl Member {
         Ok(())
     }
 
+    /// Applies committed entries in index order, answering their callers, and tells raft how
+    /// far it got. An entry whose op may write without limit (a DeleteRange of a range) is
+    /// applied in steps of `apply_keys_per_step` keys, one per call: it and the entries behind
+    /// it wait in `to_apply` while the driver's loop turns, and `apply_step` goes on.
     fn apply(&mut self, entries: Vec<Entry>, now_ms: u64) {
-        let term = self.raft_term;
-        let mut events = Vec::new();
-        let mut events_cut = false;
-        for e in entries {
-            if e.index <= self.writer.applied_index() {
-                // Already in the store (a snapshot covered it).
-                continue;
-            }
-            match e.entry_type {
-                EntryType::ConfChange => {
-                    self.apply_conf_change(&e);
-                    self.writer.apply_empty(e.index);
-                }
-                EntryType::Normal if e.data.is_empty() => self.writer.apply_empty(e.index),
-                EntryType::Normal => {
-                    let req = pb::InternalRaftRequest::decode(e.data.clone()).expect(
-                        "log entries are InternalRaftRequests a member encoded and checksummed",
-                    );
-                    let id = req.header.as_ref().map_or(req.id, |h| h.id);
-                    if req.keel_member_attributes.is_some() || req.keel_member_update.is_some() {
-                        self.apply_member_request(req, id);
-                        self.writer.apply_empty(e.index);
-                        continue;
+        self.to_apply.extend(entries);
+        let mut batch = EventBatch::default();
+        if let Some(Stepping { steps, id, op }) = self.stepping.take() {
+            let index = steps.raft_index();
+            match self
+                .writer
+                .apply_step(steps, self.config.apply_keys_per_step)
+            {
+                kv::Progress::More(steps) => self.stepping = Some(Stepping { steps, id, op }),
+                kv::Progress::Done(result) => {
+                    let result = result.map_err(kv_error);
+                    if result.is_ok() {
+                        self.lease_applied(&op, now_ms);
                     }
-                    if let Some(alarm) = req.alarm {
-                        let result = match AlarmAction::from_pb(alarm.action) {
-                            Some(action) => {
-                                let listed =
-                                    self.alarms.apply(action, alarm.member_id, alarm.alarm);
-                                self.effects.push(Effect::AlarmsChanged);
-                                Ok(Outcome {
-                                    response: Answer::Alarms(listed),
-                                    raft_term: term,
-                                })
-                            }
-                            None => Err(EtcdError::NotCapable),
-                        };
-                        self.writer.apply_empty(e.index);
-                        if let Some((reply, _)) = self.waiting.remove(&id) {
-                            let _ = reply.send(result);
-                        }
-                        continue;
-                    }
-                    if auth::apply::is_auth_request(&req) {
-                        let result = self.apply_auth(&req, e.index, now_ms);
-                        self.writer.apply_empty(e.index);
-                        if let Some((reply, _)) = self.waiting.remove(&id) {
-                            let _ = reply.send(result.map(|reply| Outcome {
-                                response: Answer::Auth {
-                                    reply,
-                                    revision: self.writer.current_revision(),
-                                },
-                                raft_term: term,
-                            }));
-                        }
-                        continue;
-                    }
-                    let who = auth::apply::header_info(&req);
-                    let op = request_op(req);
-                    let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
-                    // Under a raised alarm some writes are refused at apply, from the
-                    // replicated alarm set, so every member refuses the same entries. Then
-                    // a client's write needs its user's permissions as the auth store is at
-                    // this index (the member's own entries, id 0, act as root).
-                    let refusal = op.as_ref().and_then(|op| {
-                        self.alarms.refusal(op).or_else(|| {
-                            if id == 0 {
-                                return None;
-                            }
-                            let writer = &self.writer;
-                            let lease_keys = |lease: i64| {
-                                writer.lease(lease).map(|l| l.keys).unwrap_or_default()
-                            };
-                            auth::apply::check_op(&self.auth, &who, op, &lease_keys).err()
-                        })
-                    });
-                    let result = match op {
-                        Some(_) if refusal.is_some() => {
-                            self.writer.apply_empty(e.index);
-                            Err(refusal.expect("checked by the guard"))
-                        }
-                        Some(op) => {
-                            // The bound holds for the whole Ready's events: what earlier
-                            // entries gathered counts, and once cut nothing more is gathered.
-                            let events_left = if events_cut {
-                                0
-                            } else {
-                                self.config
-                                    .watch_events_per_apply_max
-                                    .saturating_sub(events.len())
-                            };
-                            let r = self
-                                .writer
-                                .apply_bounded(e.index, &op, events_left)
-                                .map_err(kv_error);
-                            if r.is_ok() {
-                                self.lease_applied(&op, now_ms);
-                            }
-                            r
-                        }
-                        None => {
-                            self.writer.apply_empty(e.index);
-                            Err(EtcdError::NotCapable)
-                        }
-                    };
-                    let result = result.map(|applied| {
-                        self.count_writes(applied.counts);
-                        if applied.events_cut && !events_cut {
-                            events_cut = true;
-                            events = Vec::new();
-                        }
-                        if !events_cut {
-                            events.extend(applied.events);
-                        }
-                        Outcome {
-                            response: Answer::Op(applied.response),
-                            raft_term: term,
-                        }
-                    });
-                    if let Some((reply, _)) = self.waiting.remove(&id) {
-                        if physical && result.is_ok() && self.writer.compaction_pending() {
-                            // etcd answers a physical compaction once it has finished.
-                            self.physical_waiting.push((reply, result));
-                        } else {
-                            let _ = reply.send(result);
-                        }
-                    }
+                    self.answer_applied(result, id, false, &mut batch);
+                    self.applied_through = index;
                 }
             }
         }
-        if events_cut {
+        while self.stepping.is_none() {
+            let Some(e) = self.to_apply.pop_front() else {
+                break;
+            };
+            let index = e.index;
+            if self.apply_entry(e, &mut batch, now_ms) {
+                self.applied_through = index;
+            }
+        }
+        if batch.cut {
             self.effects.push(Effect::EventsCut {
                 revision: self.writer.current_revision(),
             });
-        } else if !events.is_empty() {
+        } else if !batch.events.is_empty() {
             self.effects.push(Effect::Events {
                 revision: self.writer.current_revision(),
-                events,
+                events: batch.events,
             });
+        }
+        self.node.advance_apply_to(self.applied_through);
+        self.answer_reads();
+    }
+
+    /// Applies one committed entry, or begins applying it in steps (then false: it is not
+    /// applied yet, and `stepping` holds it).
+    fn apply_entry(&mut self, e: Entry, batch: &mut EventBatch, now_ms: u64) -> bool {
+        let term = self.raft_term;
+        if e.index <= self.writer.applied_index() {
+            // Already in the store (a snapshot covered it).
+            return true;
+        }
+        match e.entry_type {
+            EntryType::ConfChange => {
+                self.apply_conf_change(&e);
+                self.writer.apply_empty(e.index);
+            }
+            EntryType::Normal if e.data.is_empty() => self.writer.apply_empty(e.index),
+            EntryType::Normal => {
+                let req = pb::InternalRaftRequest::decode(e.data.clone()).expect(
+                    "log entries are InternalRaftRequests a member encoded and checksummed",
+                );
+                let id = req.header.as_ref().map_or(req.id, |h| h.id);
+                if req.keel_member_attributes.is_some() || req.keel_member_update.is_some() {
+                    self.apply_member_request(req, id);
+                    self.writer.apply_empty(e.index);
+                    return true;
+                }
+                if let Some(alarm) = req.alarm {
+                    let result = match AlarmAction::from_pb(alarm.action) {
+                        Some(action) => {
+                            let listed = self.alarms.apply(action, alarm.member_id, alarm.alarm);
+                            self.effects.push(Effect::AlarmsChanged);
+                            Ok(Outcome {
+                                response: Answer::Alarms(listed),
+                                raft_term: term,
+                            })
+                        }
+                        None => Err(EtcdError::NotCapable),
+                    };
+                    self.writer.apply_empty(e.index);
+                    if let Some((reply, _)) = self.waiting.remove(&id) {
+                        let _ = reply.send(result);
+                    }
+                    return true;
+                }
+                if auth::apply::is_auth_request(&req) {
+                    let result = self.apply_auth(&req, e.index, now_ms);
+                    self.writer.apply_empty(e.index);
+                    if let Some((reply, _)) = self.waiting.remove(&id) {
+                        let _ = reply.send(result.map(|reply| Outcome {
+                            response: Answer::Auth {
+                                reply,
+                                revision: self.writer.current_revision(),
+                            },
+                            raft_term: term,
+                        }));
+                    }
+                    return true;
+                }
+                let who = auth::apply::header_info(&req);
+                let op = request_op(req);
+                let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
+                // Under a raised alarm some writes are refused at apply, from the replicated
+                // alarm set, so every member refuses the same entries. Then a client's write
+                // needs its user's permissions as the auth store is at this index (the
+                // member's own entries, id 0, act as root).
+                let refusal = op.as_ref().and_then(|op| {
+                    self.alarms.refusal(op).or_else(|| {
+                        if id == 0 {
+                            return None;
+                        }
+                        let writer = &self.writer;
+                        let lease_keys =
+                            |lease: i64| writer.lease(lease).map(|l| l.keys).unwrap_or_default();
+                        auth::apply::check_op(&self.auth, &who, op, &lease_keys).err()
+                    })
+                });
+                let result = match op {
+                    Some(_) if refusal.is_some() => {
+                        self.writer.apply_empty(e.index);
+                        Err(refusal.expect("checked by the guard"))
+                    }
+                    Some(op) => {
+                        // The bound holds for the whole call's events: what earlier entries
+                        // gathered counts, and once cut nothing more is gathered.
+                        let events_left = if batch.cut {
+                            0
+                        } else {
+                            self.config
+                                .watch_events_per_apply_max
+                                .saturating_sub(batch.events.len())
+                        };
+                        match self.writer.apply_in_steps(
+                            e.index,
+                            &op,
+                            events_left,
+                            self.config.apply_keys_per_step,
+                        ) {
+                            kv::Progress::More(steps) => {
+                                self.stepping = Some(Stepping { steps, id, op });
+                                return false;
+                            }
+                            kv::Progress::Done(r) => {
+                                let r = r.map_err(kv_error);
+                                if r.is_ok() {
+                                    self.lease_applied(&op, now_ms);
+                                }
+                                r
+                            }
+                        }
+                    }
+                    None => {
+                        self.writer.apply_empty(e.index);
+                        Err(EtcdError::NotCapable)
+                    }
+                };
+                self.answer_applied(result, id, physical, batch);
+            }
+        }
+        true
+    }
+
+    /// Counts an applied kv op's writes, gathers its events and answers its caller.
+    fn answer_applied(
+        &mut self,
+        result: Result<kv::Applied, EtcdError>,
+        id: u64,
+        physical: bool,
+        batch: &mut EventBatch,
+    ) {
+        let term = self.raft_term;
+        let result = result.map(|applied| {
+            self.count_writes(applied.counts);
+            if applied.events_cut && !batch.cut {
+                batch.cut = true;
+                batch.events = Vec::new();
+            }
+            if !batch.cut {
+                batch.events.extend(applied.events);
+            }
+            Outcome {
+                response: Answer::Op(applied.response),
+                raft_term: term,
+            }
+        });
+        if let Some((reply, _)) = self.waiting.remove(&id) {
+            if physical && result.is_ok() && self.writer.compaction_pending() {
+                // etcd answers a physical compaction once it has finished.
+                self.physical_waiting.push((reply, result));
+            } else {
+                let _ = reply.send(result);
+            }
         }
     }
 
@@ -1892,7 +2009,8 @@ impl Member {
     /// bound that holds client writes: after a compaction that freed half of 1 GiB, unpaced
     /// rewrites held puts for up to a second at a time (p99 750 ms at 1,000 puts/s).
     pub fn compaction_runnable(&self) -> bool {
-        self.writer.compaction_pending()
+        self.stepping.is_none()
+            && self.writer.compaction_pending()
             && self.writer.sealed_backlog_bytes() <= self.config.sealed_backlog_bytes_max / 2
     }
 
@@ -1937,7 +2055,10 @@ impl Member {
         let quiet = self.applied_at_tick == self.writer.applied_index()
             && self.last_tick_ms.saturating_sub(self.applied_moved_at_ms)
                 >= IDLE_CHECKPOINT_AFTER_MS;
+        // Not while an entry is half applied: its store has changed lease tables that an
+        // image would copy.
         self.checkpoint_in_flight.is_none()
+            && self.stepping.is_none()
             && (since >= self.config.snapshot_count
                 || (quiet
                     && since > 0
@@ -2253,6 +2374,7 @@ fn request_op(req: pb::InternalRaftRequest) -> Option<kv::Op> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::APPLY_KEYS_PER_STEP;
     use crate::member::recovery::WAL_KIND_ENTRY;
     use futures_channel::oneshot;
     use keel_raft::MemStorage;
@@ -2287,6 +2409,7 @@ mod tests {
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: crate::limits::SEALED_BACKLOG_BYTES_MAX,
             watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
+            apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             ids_first: 1,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
@@ -2942,19 +3065,40 @@ mod tests {
         /// Members whose stores use `value_log`, and take no new writes above
         /// `sealed_backlog_bytes_max` of values waiting for the disk.
         fn with_value_log(value_log: kv::ValueLogOptions, sealed_backlog_bytes_max: u64) -> Trio {
-            Trio::build(value_log, sealed_backlog_bytes_max, 64 << 20)
+            Trio::build(
+                value_log,
+                sealed_backlog_bytes_max,
+                64 << 20,
+                APPLY_KEYS_PER_STEP,
+            )
         }
 
         /// Members whose Readys apply at most `max_apply_bytes` of committed entries each (at
         /// least one entry).
         fn applying_at_most(max_apply_bytes: u64) -> Trio {
-            Trio::build(kv::ValueLogOptions::default(), 64 << 20, max_apply_bytes)
+            Trio::build(
+                kv::ValueLogOptions::default(),
+                64 << 20,
+                max_apply_bytes,
+                APPLY_KEYS_PER_STEP,
+            )
+        }
+
+        /// Members that apply a range delete `keys_per_step` keys per step.
+        fn stepping(keys_per_step: usize) -> Trio {
+            Trio::build(
+                kv::ValueLogOptions::default(),
+                64 << 20,
+                64 << 20,
+                keys_per_step,
+            )
         }
 
         fn build(
             value_log: kv::ValueLogOptions,
             sealed_backlog_bytes_max: u64,
             max_apply_bytes: u64,
+            apply_keys_per_step: usize,
         ) -> Trio {
             let infos: Vec<MemberInfo> = (1..=3)
                 .map(|id| MemberInfo {
@@ -2986,6 +3130,7 @@ mod tests {
                         auth_token_ttl_ms: 300_000,
                         sealed_backlog_bytes_max,
                         watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
+                        apply_keys_per_step,
                         ids_first: 1,
                     };
                     let mut m =
@@ -3023,6 +3168,10 @@ mod tests {
                     wire.extend(io.persisted_messages);
                     self.wal[i].extend(io.wal_records);
                     m.persisted(now_ms).expect("no snapshots here");
+                }
+                if m.applying_in_steps() {
+                    // As the driver's loop does between Readies.
+                    m.apply_step(now_ms);
                 }
                 if self.disk_stalled != Some(m.id()) {
                     // The value-log driver: every sealed segment written, synced and mapped.
@@ -3748,6 +3897,95 @@ mod tests {
             .enumerate()
             .map(|(i, key)| proposal(first_id + i as u64, put(key)))
             .unzip()
+    }
+
+    /// A delete of many keys is applied a few keys per loop turn on every member: the
+    /// members keep exchanging heartbeats and answering votes meanwhile (one apply of a
+    /// million deletes had taken past an election timeout and cost a cluster its leader). No
+    /// read sees part of it, raft hands out nothing behind it until it completes, and a write
+    /// proposed meanwhile is applied after it.
+    #[test]
+    fn a_delete_of_many_keys_is_applied_over_loop_turns_without_an_election() {
+        let mut trio = Trio::stepping(4);
+        let leader = trio.elect();
+        let term = trio.members[leader].raft_term();
+        let keys: Vec<String> = (0..60).map(|i| format!("k{i:02}")).collect();
+        let (batch, _answers) = batch_of(&keys, 1_000);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose_batch(batch, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        let before = trio.members[leader].writer().current_revision();
+        assert_eq!(before, 61, "every put applied");
+        let (delete, mut deleted) = proposal(
+            2_000,
+            pb::InternalRaftRequest {
+                delete_range: Some(pb::DeleteRangeRequest {
+                    key: Bytes::from_static(b"k"),
+                    range_end: Bytes::from_static(b"l"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        trio.members[leader].propose(delete, trio.now_ms);
+        let mut rounds_stepping = 0;
+        let mut put_proposed = None;
+        for _ in 0..40 {
+            trio.round();
+            let stepping = trio.members.iter().any(|m| m.applying_in_steps());
+            if !stepping {
+                continue;
+            }
+            rounds_stepping += 1;
+            for m in &trio.members {
+                if m.applying_in_steps() {
+                    assert_eq!(
+                        m.writer().reader().current_revision(),
+                        before,
+                        "no reader sees part of the delete"
+                    );
+                }
+            }
+            if put_proposed.is_none() {
+                // Proposed while the delete is being applied: it commits behind it.
+                let (put, rx) = sized_put(3_000, 8);
+                trio.members[leader].propose(put, trio.now_ms);
+                put_proposed = Some(rx);
+            }
+        }
+        // 60 keys at 4 per step, one step per Ready and one per loop turn besides.
+        assert!(
+            rounds_stepping >= 5,
+            "the delete took {rounds_stepping} rounds in steps"
+        );
+        assert_eq!(trio.leader(), Some(leader), "the leader kept its place");
+        assert_eq!(trio.members[leader].raft_term(), term, "no election");
+        let Ok(Some(Ok(answer))) = deleted.try_recv() else {
+            panic!("the delete was answered");
+        };
+        let Answer::Op(op) = answer.response else {
+            panic!("a kv answer");
+        };
+        let kv::OpResponse::DeleteRange(r) = op.check() else {
+            panic!("a delete's answer");
+        };
+        assert_eq!((r.deleted, r.revision), (60, before + 1));
+        let Some(Ok(Some(Ok(put)))) = put_proposed.map(|mut rx| rx.try_recv()) else {
+            panic!("the put proposed during the delete was answered");
+        };
+        let Answer::Op(op) = put.response else {
+            panic!("a kv answer");
+        };
+        let kv::OpResponse::Put(p) = op.check() else {
+            panic!("a put's answer");
+        };
+        assert_eq!(p.revision, before + 2, "applied after the delete");
+        for m in &trio.members {
+            assert_eq!(m.writer().current_revision(), before + 2);
+            assert!(!m.applying_in_steps());
+        }
     }
 
     #[test]

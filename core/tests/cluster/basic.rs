@@ -211,3 +211,93 @@ fn peer_metrics_have_samples_in_a_cluster() {
         c.stop(i);
     }
 }
+
+/// Keys the mass-delete test loads: one apply of their delete took 1.1-1.5 s, past an
+/// election timeout.
+const MASS_DELETE_KEYS: usize = 1_000_000;
+/// The longest a member may spend applying without its loop turning, in the test below: a
+/// step of `limits::APPLY_KEYS_PER_STEP` keys takes tens of milliseconds. A bucket bound of
+/// `etcd_disk_backend_commit_duration_seconds`.
+const APPLY_PAUSE_MAX_S: &str = "0.512";
+
+/// A delete of a million keys costs the cluster neither its leader nor an election: each
+/// member applies it in steps, turning its raft loop between them, where one apply had
+/// stalled each member past an election timeout (in one run the cluster changed leaders
+/// three times; whether it does depends on how the stalls line up, so the test also bounds
+/// the longest apply each member timed). The delete is whole when answered, and every
+/// member agrees on what is left.
+#[test]
+fn a_delete_of_many_keys_keeps_the_leader() {
+    use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp};
+    let c = Cluster::start(3, Net::Loopback, &[]);
+    let all = [0, 1, 2];
+    let (leader, before, _) = c.wait_leader(&all, Duration::from_secs(10));
+    let url = c.members[leader].client_url();
+    let started = Instant::now();
+    let loaded_ms = crate::block_on(async {
+        let client = Client::connect([url.as_str()], None)
+            .await
+            .expect("etcd-client connects");
+        // Txns of 128 puts (etcd's --max-txn-ops), eight at a time.
+        let chunks: Vec<Vec<usize>> = (0..MASS_DELETE_KEYS)
+            .collect::<Vec<_>>()
+            .chunks(128)
+            .map(<[usize]>::to_vec)
+            .collect();
+        for group in chunks.chunks(8) {
+            let mut calls = Vec::new();
+            for chunk in group {
+                let mut kv = client.kv_client();
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|i| TxnOp::put(format!("mass/{i:07}"), "v", None))
+                    .collect();
+                calls.push(async move { kv.txn(Txn::new().and_then(ops)).await });
+            }
+            for r in futures_util::future::join_all(calls).await {
+                r.expect("a txn of puts");
+            }
+        }
+        let loaded_ms = started.elapsed().as_millis();
+        let mut kv = client.kv_client();
+        let deleted = kv
+            .delete("mass/", Some(DeleteOptions::new().with_prefix()))
+            .await
+            .expect("the delete is answered");
+        assert_eq!(deleted.deleted(), MASS_DELETE_KEYS as i64);
+        let left = kv
+            .get(
+                "mass/",
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .expect("a count");
+        assert_eq!(left.count(), 0, "the delete is whole once answered");
+        loaded_ms
+    });
+    let deleted_ms = started.elapsed().as_millis() - loaded_ms;
+    eprintln!("loaded {MASS_DELETE_KEYS} keys in {loaded_ms} ms; deleted them in {deleted_ms} ms");
+    let (after_leader, after, _) = c.wait_leader(&all, Duration::from_secs(10));
+    assert_eq!(
+        (after_leader, after.raft_term),
+        (leader, before.raft_term),
+        "the leader changed, or an election was held, during the delete\n{}",
+        c.log_tails(&all)
+    );
+    c.wait_converged(&all, Duration::from_secs(30));
+    for (i, m) in c.members.iter().enumerate() {
+        let addr = m.client_url().trim_start_matches("http://").to_string();
+        let (code, body) = crate::common::http_get(&addr, "/metrics");
+        assert_eq!(code, 200);
+        let series = "etcd_disk_backend_commit_duration_seconds";
+        let within = crate::common::metric_value(
+            &body,
+            &format!("{series}_bucket{{le=\"{APPLY_PAUSE_MAX_S}\"}}"),
+        );
+        let all_applies = crate::common::metric_value(&body, &format!("{series}_count"));
+        assert_eq!(
+            within, all_applies,
+            "member n{i} applied for longer than {APPLY_PAUSE_MAX_S} s at once"
+        );
+    }
+}

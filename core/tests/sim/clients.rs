@@ -19,6 +19,10 @@ use crate::world::{World, MAILBOX_PROPOSALS_MAX, REQUEST_TIMEOUT_MS};
 
 /// Keys the workload touches: few, so operations contend.
 pub const KEYS: usize = 4;
+/// Filler keys under each key ("k1/f0".."k1/f11"), put without waiting and never read: a delete
+/// of a key's prefix spans them, so it is applied over several loop turns (the world applies
+/// a few keys per step), and the history still sees it as a delete of the key alone.
+const FILLERS_PER_KEY: u64 = 12;
 
 enum Waiting {
     Write(oneshot::Receiver<Result<Unserved, EtcdError>>),
@@ -146,7 +150,7 @@ impl Clients {
             // checker says so).
             Err(Some(e)) if refused_before_the_log(e) => return,
             Err(_) => None,
-            Ok(Some(outcome)) => Some(write_output(&call.input, outcome)),
+            Ok(Some(outcome)) => Some(write_output(&call.input, &key, outcome)),
             Ok(None) => {
                 // The read round is done: read the member's store now, as the shard does.
                 let Some(run) = world.nodes[call.member].run.as_ref() else {
@@ -224,12 +228,17 @@ impl Clients {
             self.clients[c].next_call_ms = world.now_ms + 20;
             return;
         }
+        if roll < 8 {
+            self.put_filler(world, member, key);
+            self.clients[c].next_call_ms = world.now_ms + 5;
+            return;
+        }
         let client = &mut self.clients[c];
         client.next_value += 1;
         let value = format!("c{}-{}", client.id, client.next_value).into_bytes();
         let seen = client.seen[key].clone();
         let input = match roll {
-            3..=39 => Input::Get,
+            8..=39 => Input::Get,
             40..=69 => Input::Put { value },
             70..=79 => Input::Delete,
             80..=89 => Input::Cas {
@@ -244,6 +253,7 @@ impl Clients {
                 value,
             },
         };
+        let prefix = matches!(input, Input::Delete) && world.rng.gen_bool(0.5);
         let waiting = match &input {
             Input::Get => {
                 let (tx, rx) = oneshot::channel();
@@ -252,7 +262,7 @@ impl Clients {
             }
             _ => {
                 let id = self.proposal_id(member);
-                let data = encode(id, &key_name(key), &input);
+                let data = encode(id, &key_name(key), &input, prefix);
                 let (tx, rx) = oneshot::channel();
                 let node = &mut world.nodes[member];
                 if node.proposals.len() >= MAILBOX_PROPOSALS_MAX {
@@ -328,6 +338,35 @@ impl Clients {
     }
 }
 
+impl Clients {
+    /// Puts one of `key`'s filler keys, as a client that does not wait for the answer: the
+    /// history never sees fillers (no call reads them), only the prefix deletes that span them.
+    fn put_filler(&mut self, world: &mut World, member: usize, key: usize) {
+        let filler = format!(
+            "{}/f{}",
+            key_name(key),
+            world.rng.gen_range(0..FILLERS_PER_KEY)
+        );
+        let id = self.proposal_id(member);
+        let (tx, _rx) = oneshot::channel();
+        let node = &mut world.nodes[member];
+        if node.proposals.len() < MAILBOX_PROPOSALS_MAX {
+            node.proposals.push_back(Proposal {
+                data: encode(
+                    id,
+                    &filler,
+                    &Input::Put {
+                        value: b"filler".to_vec(),
+                    },
+                    false,
+                ),
+                id,
+                reply: tx,
+            });
+        }
+    }
+}
+
 /// Errors that mean the write never entered the log: raft refused or dropped the proposal
 /// (no leader, a leadership transfer, too much uncommitted), here or at the leader.
 fn refused_before_the_log(e: EtcdError) -> bool {
@@ -337,8 +376,9 @@ fn refused_before_the_log(e: EtcdError) -> bool {
     )
 }
 
-/// The proposal a shard would make for a write.
-fn encode(id: u64, key: &str, input: &Input) -> Bytes {
+/// The proposal a shard would make for a write; a `prefix` delete deletes the key's prefix
+/// (the key, its fillers) and asks for the deleted pairs, to tell the key's own from theirs.
+fn encode(id: u64, key: &str, input: &Input, prefix: bool) -> Bytes {
     let put = |value: &[u8]| pb::PutRequest {
         key: Bytes::copy_from_slice(key.as_bytes()),
         value: Bytes::copy_from_slice(value),
@@ -354,9 +394,17 @@ fn encode(id: u64, key: &str, input: &Input) -> Bytes {
     match input {
         Input::Put { value } => req.put = Some(put(value)),
         Input::Delete => {
-            req.delete_range = Some(pb::DeleteRangeRequest {
-                key: Bytes::copy_from_slice(key.as_bytes()),
-                ..Default::default()
+            req.delete_range = Some(if prefix {
+                pb::DeleteRangeRequest {
+                    key: Bytes::copy_from_slice(key.as_bytes()),
+                    range_end: Bytes::from(prefix_end(key)),
+                    prev_kv: true,
+                }
+            } else {
+                pb::DeleteRangeRequest {
+                    key: Bytes::copy_from_slice(key.as_bytes()),
+                    ..Default::default()
+                }
             })
         }
         Input::Cas { compare, value } => {
@@ -389,7 +437,16 @@ fn encode(id: u64, key: &str, input: &Input) -> Bytes {
     Bytes::from(req.encode_to_vec())
 }
 
-fn write_output(input: &Input, outcome: Unserved) -> Output {
+/// The end of `key`'s prefix range, as etcdctl's `--prefix` makes it.
+fn prefix_end(key: &str) -> Vec<u8> {
+    let mut end = key.as_bytes().to_vec();
+    let last = end.last_mut().expect("keys are not empty");
+    assert!(*last < 0xff, "the simulation's keys end below 0xff");
+    *last += 1;
+    end
+}
+
+fn write_output(input: &Input, key: &str, outcome: Unserved) -> Output {
     let Answer::Op(response) = outcome.response else {
         panic!("a key-value write answered with alarms");
     };
@@ -397,6 +454,16 @@ fn write_output(input: &Input, outcome: Unserved) -> Output {
         (Input::Put { .. }, kv::OpResponse::Put(r)) => Output::Put {
             revision: r.revision,
         },
+        // A prefix delete also removes fillers: its pairs say whether the key was among them.
+        (Input::Delete, kv::OpResponse::DeleteRange(r)) if !r.prev_kvs.is_empty() => {
+            Output::Delete {
+                deleted: r
+                    .prev_kvs
+                    .iter()
+                    .filter(|kv| kv.key == key.as_bytes())
+                    .count() as u64,
+            }
+        }
         (Input::Delete, kv::OpResponse::DeleteRange(r)) => Output::Delete {
             deleted: r.deleted as u64,
         },

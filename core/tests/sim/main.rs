@@ -250,6 +250,14 @@ fn inject(world: &mut World, healings: &mut Vec<(u64, Healing)>) {
     let i = world.rng.gen_range(0..n);
     match world.rng.gen_range(0..100) {
         0..=24 => {
+            // Often a member in the middle of an entry applied in steps, when there is one.
+            let stepping = (0..n).find(|&j| {
+                world.nodes[j]
+                    .run
+                    .as_ref()
+                    .is_some_and(|run| run.member.applying_in_steps())
+            });
+            let i = stepping.filter(|_| world.rng.gen_bool(0.5)).unwrap_or(i);
             if world.is_up(i) {
                 world.crash(i);
                 let down_ms = world.rng.gen_range(10..1_500);
@@ -474,6 +482,13 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
             total.shard_renewals > 0,
             "no keep-alive was renewed on a shard"
         );
+        // Prefix deletes span fillers, so entries are applied over several loop turns, and
+        // members crash in the middle of one.
+        assert!(
+            total.counts.apply_step_turns > 0 && total.counts.crashes_mid_apply > 0,
+            "no entry was applied in steps, or no member crashed during one: {:?}",
+            total.counts
+        );
     }
 }
 
@@ -500,6 +515,8 @@ fn add(total: &mut Report, r: &Report) {
     t.removed_told_by_peer += c.removed_told_by_peer;
     t.removed_applied_own += c.removed_applied_own;
     t.promotions += c.promotions;
+    t.apply_step_turns += c.apply_step_turns;
+    t.crashes_mid_apply += c.crashes_mid_apply;
     total.operations += r.operations;
     total.acknowledged_writes += r.acknowledged_writes;
     total.compactions += r.compactions;

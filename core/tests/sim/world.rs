@@ -43,6 +43,8 @@ pub const ELECTION_TICKS: usize = 10;
 pub const REQUEST_TIMEOUT_MS: u64 = 1_000;
 /// Proposals a member's mailbox holds; one more is refused as "too many requests".
 pub const MAILBOX_PROPOSALS_MAX: usize = 64;
+/// Keys per step of an entry applied in steps (production's is `limits::APPLY_KEYS_PER_STEP`).
+const APPLY_KEYS_PER_STEP: usize = 2;
 /// Messages in flight on the network; more are dropped (a full socket buffer).
 const NETWORK_IN_FLIGHT_MAX: usize = 20_000;
 /// The events kept for a failure's trace.
@@ -214,6 +216,9 @@ pub struct Counts {
     /// Removed members that stopped on applying their own removal.
     pub removed_applied_own: u64,
     pub promotions: u64,
+    /// Loop turns that found an entry being applied in steps, and crashes in the middle of one.
+    pub apply_step_turns: u64,
+    pub crashes_mid_apply: u64,
 }
 
 pub struct World {
@@ -432,6 +437,10 @@ impl World {
             auth_token_ttl_ms: 300_000,
             sealed_backlog_bytes_max: keel_core::limits::SEALED_BACKLOG_BYTES_MAX,
             watch_events_per_apply_max: keel_core::limits::WATCH_EVENTS_PER_APPLY_MAX,
+            // Range deletes span a key and its filler keys (see `clients.rs`): two keys per
+            // step makes most of them take several steps, with crashes, elections, snapshots
+            // and checkpoints falling between.
+            apply_keys_per_step: APPLY_KEYS_PER_STEP,
             // Each incarnation of each member uses ids no other one used.
             ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
         };
@@ -511,6 +520,7 @@ impl World {
         let node = &mut self.nodes[i];
         if let Some(run) = node.run.take() {
             self.counts.crashes += 1;
+            self.counts.crashes_mid_apply += u64::from(run.member.applying_in_steps());
             if run.checkpoint.is_some_and(|c| c.landed.is_none()) {
                 self.counts.checkpoints_cut_short += 1;
             }
@@ -812,13 +822,17 @@ impl World {
         let bug = self.config.bug;
         let node = &mut self.nodes[i];
         let run = node.run.as_mut().expect("up");
+        self.counts.apply_step_turns += u64::from(run.member.applying_in_steps());
         run.member.tick(now);
         for q in node.queries.drain(..) {
             run.member.query(q, now);
         }
-        // As production's raft loop: what arrived since the last turn is one raft batch.
-        run.member
-            .propose_batch(node.proposals.drain(..).collect(), now);
+        // As production's raft loop: what arrived since the last turn is one raft batch,
+        // held while an entry is applied in steps.
+        if !run.member.applying_in_steps() {
+            run.member
+                .propose_batch(node.proposals.drain(..).collect(), now);
+        }
         let reads = std::mem::take(&mut node.reads);
         if bug == Bug::LocalLinearizableReads {
             for r in reads {
@@ -834,6 +848,8 @@ impl World {
         if run.member.has_ready() {
             let io = run.member.ready(now).expect("has_ready");
             self.carry_out(i, io)?;
+        } else if run.member.applying_in_steps() {
+            run.member.apply_step(now);
         } else if run.member.compaction_runnable() {
             run.member.compact_step();
         }

@@ -95,3 +95,130 @@ fn an_apply_past_its_event_bound_leaves_the_events_to_history() {
     assert!(!applied.events_cut);
     assert_eq!(applied.events.len(), 3);
 }
+
+/// A range delete applied in steps ends as one applied whole: the same answer, events and
+/// counts, the same history, and its keys' leases let go of them. Until the last step no
+/// reader sees any of it and the entry is not applied; the event bound holds across steps.
+#[test]
+fn a_range_delete_in_steps_ends_as_the_same_delete_applied_whole() {
+    use crate::{DeleteRangeRequest, LeaseGrantRequest, Progress, PutRequest, RangeRequest, Store};
+    let setup = || {
+        let (mut w, r) = Store::new();
+        w.apply(1, &Op::LeaseGrant(LeaseGrantRequest { ttl_s: 60, id: 7 }))
+            .expect("grant");
+        for i in 0..10u64 {
+            let put = Op::Put(PutRequest {
+                key: Bytes::from(format!("k{i}")),
+                value: Bytes::from_static(b"v"),
+                lease: if i % 2 == 0 { 7 } else { 0 },
+                ..Default::default()
+            });
+            w.apply(i + 2, &put).expect("put");
+        }
+        (w, r)
+    };
+    let delete = |prev_kv| {
+        Op::DeleteRange(DeleteRangeRequest {
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::from_static(b"l"),
+            prev_kv,
+        })
+    };
+    let all = RangeRequest {
+        key: Bytes::from_static(b"k"),
+        range_end: Bytes::from_static(b"l"),
+        ..Default::default()
+    };
+    for (prev_kv, events_max) in [(true, usize::MAX), (false, 4)] {
+        let (mut whole, _) = setup();
+        let expected = whole.apply_bounded(12, &delete(prev_kv), events_max);
+        let (mut w, r) = setup();
+        let before = r.range(&all).expect("readable");
+        let mut progress = w.apply_in_steps(12, &delete(prev_kv), events_max, 3);
+        let mut steps = 1;
+        let applied = loop {
+            match progress {
+                Progress::Done(applied) => break applied,
+                Progress::More(rest) => {
+                    assert_eq!(rest.raft_index(), 12);
+                    assert_eq!(w.applied_index(), 11, "applied only once complete");
+                    assert_eq!(r.current_revision(), 11);
+                    assert_eq!(r.range(&all).expect("readable"), before);
+                    progress = w.apply_step(rest, 3);
+                    steps += 1;
+                }
+            }
+        };
+        assert_eq!(steps, 4, "ten keys, three per step");
+        assert_eq!(applied, expected);
+        let applied = applied.expect("delete");
+        assert_eq!(applied.counts.deletes, 10);
+        assert_eq!(applied.events_cut, events_max < 10);
+        assert_eq!((w.applied_index(), w.stepping()), (12, None));
+        assert_eq!(r.range(&all).expect("readable").count, 0);
+        assert_eq!(r.hash_kv(0), whole.reader().hash_kv(0));
+        assert_eq!(
+            w.lease(7).expect("lease").keys,
+            whole.lease(7).expect("lease").keys
+        );
+        assert!(w.lease(7).expect("lease").keys.is_empty());
+    }
+    // Anything but a range delete is applied whole.
+    let (mut w, _) = setup();
+    let single = Op::DeleteRange(DeleteRangeRequest {
+        key: Bytes::from_static(b"k1"),
+        ..Default::default()
+    });
+    assert!(matches!(
+        w.apply_in_steps(12, &single, usize::MAX, 1),
+        Progress::Done(Ok(_))
+    ));
+    assert_eq!(w.applied_index(), 12);
+}
+
+/// While an entry is applied in steps nothing else may change the store or capture it.
+#[test]
+fn nothing_else_is_applied_while_an_entry_is_applied_in_steps() {
+    use crate::{DeleteRangeRequest, Progress, PutRequest, Store};
+    let started = || {
+        let (mut w, _) = Store::new();
+        for i in 0..4u64 {
+            let put = Op::Put(PutRequest {
+                key: Bytes::from(format!("k{i}")),
+                value: Bytes::from_static(b"v"),
+                ..Default::default()
+            });
+            w.apply(i + 1, &put).expect("put");
+        }
+        let delete = Op::DeleteRange(DeleteRangeRequest {
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::from_static(b"l"),
+            prev_kv: false,
+        });
+        let Progress::More(rest) = w.apply_in_steps(5, &delete, usize::MAX, 1) else {
+            panic!("four keys take four steps");
+        };
+        (w, rest)
+    };
+    let panics = |f: &dyn Fn(&mut Writer)| {
+        let (mut w, _rest) = started();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut w))).is_err()
+    };
+    assert!(panics(&|w| w.apply_empty(6)));
+    assert!(panics(&|w| {
+        let _ = w.apply(
+            6,
+            &Op::Put(PutRequest {
+                key: Bytes::from_static(b"x"),
+                value: Bytes::from_static(b"v"),
+                ..Default::default()
+            }),
+        );
+    }));
+    assert!(panics(&|w| {
+        let _ = w.checkpoint_source();
+    }));
+    assert!(panics(&|w| {
+        let _ = w.compact_step(1);
+    }));
+}
