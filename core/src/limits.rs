@@ -45,7 +45,9 @@ pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
 /// Keys one step of a DeleteRange applied in steps visits (`Writer::apply_in_steps`); the
 /// raft core's loop turns between steps, so heartbeats and votes go on. One apply of a
 /// million deletes took 1.2-1.5 s, past an election timeout, and cost a 3-member cluster its
-/// leader; a step of this many keys takes 10-30 ms.
+/// leader; a step of this many keys takes 10-30 ms. Only a DeleteRange request is applied in
+/// steps: a txn holding one, and the revoke of a lease with millions of keys, are still one
+/// apply.
 pub const APPLY_KEYS_PER_STEP: usize = 16_384;
 /// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
 /// leader no proposals, a follower no appended entries): bounds the memory that values

@@ -432,7 +432,11 @@ impl RaftCore {
             self.step_peers();
             let now_ms = self.now_ms();
             self.member.tick(now_ms);
-            self.take_queries();
+            // Queries read the store (Snapshot, Hash, TimeToLive's keys) or change it
+            // (Defragment): they wait in their bounded mailbox while an entry is half applied.
+            if !self.member.applying_in_steps() {
+                self.take_queries();
+            }
             let (rev, role) = (
                 self.member.writer().current_revision(),
                 Leadership::of(self.member.is_leader()),
@@ -449,9 +453,9 @@ impl RaftCore {
             } else if self.member.applying_in_steps() {
                 // A step of an entry applied in steps (each Ready takes one too); the loop
                 // turns between steps, so peers keep hearing from this member.
-                let (applied_before, started) = (self.member.applied_index(), Instant::now());
+                let (before, started) = (self.apply_mark(), Instant::now());
                 self.member.apply_step(self.now_ms());
-                self.observe_apply(applied_before, started);
+                self.observe_apply(before, started);
                 self.publish();
                 futures_lite::future::yield_now().await;
             } else if self.member.compaction_runnable() && !compaction_waits {
@@ -643,11 +647,11 @@ impl RaftCore {
 
     async fn handle_ready(&mut self) -> Result<(), CoreError> {
         let now_ms = self.now_ms();
-        let (applied_before, started) = (self.member.applied_index(), Instant::now());
+        let (before, started) = (self.apply_mark(), Instant::now());
         let Some(io) = self.member.ready(now_ms) else {
             return Ok(());
         };
-        self.observe_apply(applied_before, started);
+        self.observe_apply(before, started);
         // Publish what the member decided (leader, term, applied writes) before waiting on I/O.
         self.publish();
         let ReadyIo {
@@ -682,9 +686,9 @@ impl RaftCore {
             self.send(m);
         }
         let now_ms = self.now_ms();
-        let (applied_before, started) = (self.member.applied_index(), Instant::now());
+        let (before, started) = (self.apply_mark(), Instant::now());
         self.member.persisted(now_ms)?;
-        self.observe_apply(applied_before, started);
+        self.observe_apply(before, started);
         self.publish();
         Ok(())
     }
@@ -704,11 +708,19 @@ impl RaftCore {
         }
     }
 
+    /// Where apply stands before a step of the member: its applied index, and whether an
+    /// entry was being applied in steps.
+    fn apply_mark(&self) -> (u64, bool) {
+        (self.member.applied_index(), self.member.applying_in_steps())
+    }
+
     /// Times a step of the member that may have applied entries (see
-    /// `RaftStats::backend_commit`); steps that applied nothing are not counted, as etcd's
-    /// backend commits only when there is work.
-    fn observe_apply(&self, applied_before: u64, started: Instant) {
-        if self.member.applied_index() <= applied_before {
+    /// `RaftStats::backend_commit`): one that moved the applied index, or took a step of an
+    /// entry applied in steps (each step is one pause of the loop). Steps that applied
+    /// nothing are not counted, as etcd's backend commits only when there is work.
+    fn observe_apply(&self, (applied_before, stepping_before): (u64, bool), started: Instant) {
+        let stepped = stepping_before || self.member.applying_in_steps();
+        if self.member.applied_index() <= applied_before && !stepped {
             return;
         }
         let stats = &self.shared.raft_stats;

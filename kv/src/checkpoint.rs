@@ -587,7 +587,9 @@ impl Writer {
     }
 
     fn capture(&self, dirty: Option<crate::dirty::DirtyList>) -> CheckpointSource {
-        // An entry applied in part has changed lease tables the image would copy.
+        // Not in the middle of an entry applied in steps: its tombstones are past the image's
+        // revision, but the counts captured here (keys, versions held) and the dirty keys a
+        // delta reads already include them.
         self.assert_not_stepping();
         CheckpointSource {
             reader: self.reader(),

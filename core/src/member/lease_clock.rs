@@ -346,6 +346,22 @@ impl LeaseClock {
         self.revoke_proposed_at_ms.insert(id, now_ms);
     }
 
+    /// Moves every countdown not yet run out `by_ms` later: the time this member could not
+    /// renew leases while it went on expiring none (an entry applied over many loop turns).
+    /// A lease already claimed by the expiry stays claimed. Queued checks that come early find
+    /// the later deadline and queue the lease again.
+    pub fn postpone(&mut self, by_ms: u64) {
+        for entry in self.deadlines.slots.iter() {
+            let _ = entry.value().deadline_ms.fetch_update(
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                |deadline_ms| {
+                    (deadline_ms != NOT_RENEWABLE_MS).then(|| deadline_ms.saturating_add(by_ms))
+                },
+            );
+        }
+    }
+
     /// Whole seconds left on a lease's countdown (0 once expired), or None without a countdown.
     pub fn remaining_s(&self, id: i64, now_ms: u64) -> Option<i64> {
         self.deadlines.slots.get(&id).map(|e| {
@@ -548,6 +564,29 @@ mod tests {
         }
         // Both outcomes happen on two cores; on one, the expiry may always win or lose.
         eprintln!("expiry won {listed_rounds} of 300 rounds");
+    }
+
+    #[test]
+    fn postponing_moves_live_countdowns_and_leaves_claimed_ones_claimed() {
+        let mut clock = LeaseClock::new();
+        clock.start(1, 1, 0);
+        clock.start(2, 5, 0);
+        assert_eq!(
+            clock.expired(1_000),
+            vec![1],
+            "lease 1 is claimed at its TTL"
+        );
+        clock.postpone(3_000);
+        assert_eq!(clock.remaining_s(2, 1_000), Some(7));
+        assert!(
+            clock.expired(5_000).contains(&1),
+            "still claimed, listed again"
+        );
+        assert!(
+            !clock.expired(7_999).contains(&2),
+            "not before its postponed deadline"
+        );
+        assert!(clock.expired(8_000).contains(&2));
     }
 
     #[test]

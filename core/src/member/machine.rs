@@ -355,6 +355,8 @@ struct Stepping {
     /// The proposal to answer once it is applied.
     id: u64,
     op: kv::Op,
+    /// When its first step ran: the lease countdowns are postponed by how long it took.
+    since_ms: u64,
 }
 
 /// The watch events of the entries one `apply` call applied (at most
@@ -892,7 +894,11 @@ impl Member {
             self.node.tick();
             self.next_tick_ms += self.config.tick_ms;
         }
-        self.expire_leases(now_ms);
+        // Not while an entry is applied in steps: no lease can be renewed meanwhile (apply
+        // trails the commit index), so none expires either; see `apply`.
+        if self.stepping.is_none() {
+            self.expire_leases(now_ms);
+        }
         self.expire_waiting(now_ms);
         if now_ms >= self.next_token_sweep_ms {
             self.next_token_sweep_ms = now_ms + TOKEN_SWEEP_INTERVAL_MS;
@@ -1139,6 +1145,12 @@ impl Member {
 
     /// A shard's query (leases, membership, snapshots, defragment, leadership transfer).
     pub fn query(&mut self, q: Query, now_ms: u64) {
+        // Snapshot and Hash capture the store, TimeToLive reads leases' key sets, Defragment
+        // starts a compaction: none of them may see an entry half applied.
+        assert!(
+            !self.applying_in_steps(),
+            "queries wait in their mailbox while an entry is applied in steps"
+        );
         let not_leader = self.not_leader();
         match q {
             Query::KeepAlive { id, reply } => {
@@ -1629,6 +1641,20 @@ impl Member {
         now_ms: u64,
     ) -> Result<(), CoreError> {
         let index = snap.metadata.index;
+        // An entry being applied in steps, and those behind it, are covered by the snapshot
+        // (raft installs one only past its commit): the half-applied store is dropped whole.
+        // Its caller, as any whose entry a snapshot covered, hears at its deadline.
+        assert!(
+            self.to_apply.back().is_none_or(|e| e.index <= index)
+                && self
+                    .stepping
+                    .as_ref()
+                    .is_none_or(|s| s.steps.raft_index() <= index),
+            "a snapshot covers every entry handed out before it"
+        );
+        self.to_apply.clear();
+        self.stepping = None;
+        self.applied_through = self.applied_through.max(index);
         if snap.data.is_empty() {
             // The bootstrap snapshot: an empty store whose membership is in the metadata.
             let members = membership::from_conf_state(&self.members, &snap.metadata.conf_state);
@@ -1665,20 +1691,6 @@ impl Member {
             index,
             "a snapshot's store is at the snapshot's index"
         );
-        // An entry being applied in steps, and those behind it, are covered by the snapshot
-        // (raft installs one only past its commit): the half-applied store is dropped whole.
-        // Its caller, as any whose entry a snapshot covered, hears at its deadline.
-        assert!(
-            self.to_apply.back().is_none_or(|e| e.index <= index)
-                && self
-                    .stepping
-                    .as_ref()
-                    .is_none_or(|s| s.steps.raft_index() <= index),
-            "a snapshot covers every entry handed out before it"
-        );
-        self.to_apply.clear();
-        self.stepping = None;
-        self.applied_through = self.applied_through.max(index);
         // Every segment of the replaced store dies now; its files go once no kept checkpoint
         // refers to them.
         let mut old = std::mem::replace(&mut self.writer, writer);
@@ -1720,14 +1732,30 @@ impl Member {
     fn apply(&mut self, entries: Vec<Entry>, now_ms: u64) {
         self.to_apply.extend(entries);
         let mut batch = EventBatch::default();
-        if let Some(Stepping { steps, id, op }) = self.stepping.take() {
+        if let Some(Stepping {
+            steps,
+            id,
+            op,
+            since_ms,
+        }) = self.stepping.take()
+        {
             let index = steps.raft_index();
             match self
                 .writer
                 .apply_step(steps, self.config.apply_keys_per_step)
             {
-                kv::Progress::More(steps) => self.stepping = Some(Stepping { steps, id, op }),
+                kv::Progress::More(steps) => {
+                    self.stepping = Some(Stepping {
+                        steps,
+                        id,
+                        op,
+                        since_ms,
+                    })
+                }
                 kv::Progress::Done(result) => {
+                    // No lease expired meanwhile, and none could be renewed (apply trailed
+                    // the commit index): their countdowns resume where they stood.
+                    self.lease_clock.postpone(now_ms.saturating_sub(since_ms));
                     let result = result.map_err(kv_error);
                     if result.is_ok() {
                         self.lease_applied(&op, now_ms);
@@ -1856,7 +1884,12 @@ impl Member {
                             self.config.apply_keys_per_step,
                         ) {
                             kv::Progress::More(steps) => {
-                                self.stepping = Some(Stepping { steps, id, op });
+                                self.stepping = Some(Stepping {
+                                    steps,
+                                    id,
+                                    op,
+                                    since_ms: now_ms,
+                                });
                                 return false;
                             }
                             kv::Progress::Done(r) => {
@@ -3986,6 +4019,60 @@ mod tests {
             assert_eq!(m.writer().current_revision(), before + 2);
             assert!(!m.applying_in_steps());
         }
+    }
+
+    /// While an entry is applied in steps no lease can be renewed (apply trails the commit
+    /// index), so none expires either: a lease with less time left than the delete takes
+    /// survives it, with the time it had left, and expires after that if nobody renews it.
+    #[test]
+    fn lease_countdowns_stand_still_while_an_entry_is_applied_in_steps() {
+        let mut trio = Trio::stepping(1);
+        let leader = trio.elect();
+        let keys: Vec<String> = (0..60).map(|i| format!("k{i:02}")).collect();
+        let (batch, _answers) = batch_of(&keys, 1_000);
+        let now_ms = trio.now_ms;
+        trio.members[leader].propose_batch(batch, now_ms);
+        for _ in 0..5 {
+            trio.round();
+        }
+        trio.grant_lease(leader, 7, 2);
+        let (delete, _rx) = proposal(
+            2_000,
+            pb::InternalRaftRequest {
+                delete_range: Some(pb::DeleteRangeRequest {
+                    key: Bytes::from_static(b"k"),
+                    range_end: Bytes::from_static(b"l"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        trio.members[leader].propose(delete, trio.now_ms);
+        let started_ms = trio.now_ms;
+        let mut rounds = 0;
+        while rounds < 100 {
+            trio.round();
+            rounds += 1;
+            if rounds > 2 && !trio.members.iter().any(|m| m.applying_in_steps()) {
+                break;
+            }
+        }
+        assert!(
+            trio.now_ms - started_ms > 2_500,
+            "the delete outlasted the lease's TTL: {} ms",
+            trio.now_ms - started_ms
+        );
+        assert!(
+            trio.members[leader].writer().lease(7).is_some(),
+            "no lease expires while none can be renewed"
+        );
+        for _ in 0..30 {
+            trio.round();
+        }
+        assert!(
+            trio.members.iter().all(|m| m.writer().lease(7).is_none()),
+            "unrenewed, it expires once its countdown resumes"
+        );
     }
 
     #[test]

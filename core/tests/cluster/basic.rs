@@ -260,10 +260,23 @@ fn a_delete_of_many_keys_keeps_the_leader() {
         }
         let loaded_ms = started.elapsed().as_millis();
         let mut kv = client.kv_client();
-        let deleted = kv
-            .delete("mass/", Some(DeleteOptions::new().with_prefix()))
-            .await
-            .expect("the delete is answered");
+        // Hash (which captures the store on the raft core, as a snapshot does) asked while the
+        // delete is half applied waits for it rather than seeing part of it.
+        let mut maintenance = client.maintenance_client();
+        let (deleted, hash) = tokio::join!(
+            kv.delete("mass/", Some(DeleteOptions::new().with_prefix())),
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                maintenance.hash().await
+            }
+        );
+        let deleted = deleted.expect("the delete is answered");
+        let hash = hash.expect("Hash is answered");
+        assert_eq!(
+            hash.header().expect("a header").revision(),
+            deleted.header().expect("a header").revision(),
+            "Hash saw the store after the whole delete"
+        );
         assert_eq!(deleted.deleted(), MASS_DELETE_KEYS as i64);
         let left = kv
             .get(

@@ -824,8 +824,11 @@ impl World {
         let run = node.run.as_mut().expect("up");
         self.counts.apply_step_turns += u64::from(run.member.applying_in_steps());
         run.member.tick(now);
-        for q in node.queries.drain(..) {
-            run.member.query(q, now);
+        // As production's loop: queries wait while an entry is half applied.
+        if !run.member.applying_in_steps() {
+            for q in node.queries.drain(..) {
+                run.member.query(q, now);
+            }
         }
         // As production's raft loop: what arrived since the last turn is one raft batch,
         // held while an entry is applied in steps.
