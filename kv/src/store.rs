@@ -286,15 +286,27 @@ pub struct Writer {
     stepping: Option<u64>,
 }
 
-/// A DeleteRange being applied in steps (`Writer::apply_in_steps`): its write set so far and
-/// where its walk goes on. Its tombstones are at a revision past the published one, so no
-/// reader sees any of them until the last step publishes them all at once.
+/// A DeleteRange or a lease revoke being applied in steps (`Writer::apply_in_steps`): its
+/// write set so far and where it goes on. Its tombstones are at a revision past the published
+/// one, so no reader sees any of them until the last step publishes them all at once.
 pub struct ApplyInSteps {
     raft_index: u64,
-    req: DeleteRangeRequest,
     ctx: TxnCtx,
-    walk: DeleteWalk,
+    what: Stepped,
     rev_before: i64,
+}
+
+/// What an entry applied in steps does.
+enum Stepped {
+    /// A range delete: its request and how far its walk got.
+    Delete {
+        req: DeleteRangeRequest,
+        walk: DeleteWalk,
+    },
+    /// The revoke of this lease: each step deletes the first keys still attached to it (a
+    /// delete detaches its key, so what is left is what the next step takes), the last one
+    /// removes the lease.
+    Revoke { id: i64 },
 }
 
 impl ApplyInSteps {
@@ -593,14 +605,15 @@ impl Writer {
         }
     }
 
-    /// `apply_bounded`, but an op that may write without limit (a DeleteRange of a range, of
-    /// millions of keys perhaps) visits at most `keys_max` keys per call: the caller goes on
+    /// `apply_bounded`, but an op that may write without limit (a DeleteRange of a range, or
+    /// the revoke of a lease, of millions of keys perhaps) visits at most `keys_max` keys per
+    /// call: the caller goes on
     /// with `apply_step` until it is `Done`, and may do other work in between (a raft core
     /// sends heartbeats: one apply of a million deletes took 1.2-1.5 s, past an election
     /// timeout, and cost a 3-member cluster its leader). Until then the entry is not applied:
     /// `applied_index` stays before it and no reader sees any of its writes, and nothing else
     /// may change the store (`apply*`, compaction) or capture it for a checkpoint. Every
-    /// other op is applied whole, as by `apply_bounded`.
+    /// other op (a txn too, whatever it deletes) is applied whole, as by `apply_bounded`.
     pub fn apply_in_steps(
         &mut self,
         raft_index: u64,
@@ -608,8 +621,14 @@ impl Writer {
         events_max: usize,
         keys_max: usize,
     ) -> Progress {
-        let req = match op {
-            Op::DeleteRange(req) if !req.range_end.is_empty() => req,
+        let what = match op {
+            Op::DeleteRange(req) if !req.range_end.is_empty() => Stepped::Delete {
+                walk: DeleteWalk::starting_at(req.key.clone()),
+                req: req.clone(),
+            },
+            Op::LeaseRevoke(req) if self.leases.contains_key(&req.id) => {
+                Stepped::Revoke { id: req.id }
+            }
             _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
         };
         self.assert_not_stepping();
@@ -620,8 +639,7 @@ impl Writer {
         self.stepping = Some(raft_index);
         let steps = ApplyInSteps {
             raft_index,
-            walk: DeleteWalk::starting_at(req.key.clone()),
-            req: req.clone(),
+            what,
             ctx: TxnCtx::new(self.current_rev, events_max),
             rev_before: self.current_rev,
         };
@@ -636,13 +654,27 @@ impl Writer {
             Some(steps.raft_index),
             "steps continue the entry being applied in steps"
         );
-        self.delete_range_walk(&mut steps.ctx, &steps.req, &mut steps.walk, keys_max);
-        if steps.walk.next_key.is_some() {
-            return Progress::More(steps);
-        }
+        let response = match &mut steps.what {
+            Stepped::Delete { req, walk } => {
+                self.delete_range_walk(&mut steps.ctx, req, walk, keys_max);
+                if walk.next_key.is_some() {
+                    return Progress::More(steps);
+                }
+                OpResponse::DeleteRange(walk.response(&steps.ctx))
+            }
+            Stepped::Revoke { id } => {
+                let req = LeaseRevokeRequest { id: *id };
+                if !self.lease_revoke_keys(&mut steps.ctx, &req, keys_max) {
+                    return Progress::More(steps);
+                }
+                OpResponse::LeaseRevoke(
+                    self.lease_revoke(&mut steps.ctx, &req)
+                        .expect("the lease is checked before the first step"),
+                )
+            }
+        };
         self.stepping = None;
         self.applied_index = steps.raft_index;
-        let response = OpResponse::DeleteRange(steps.walk.response(&steps.ctx));
         Progress::Done(Ok(self.finish_apply(steps.ctx, response, steps.rev_before)))
     }
 
@@ -1305,10 +1337,32 @@ impl Writer {
         ctx: &mut TxnCtx,
         req: &LeaseRevokeRequest,
     ) -> Result<LeaseRevokeResponse> {
-        let keys: Vec<Bytes> = match self.leases.get(&req.id) {
-            Some(entry) => entry.keys.iter().cloned().collect(),
-            None => return Err(KvError::LeaseNotFound),
-        };
+        if !self.leases.contains_key(&req.id) {
+            return Err(KvError::LeaseNotFound);
+        }
+        let all_deleted = self.lease_revoke_keys(ctx, req, usize::MAX);
+        assert!(all_deleted, "an unbounded revoke deletes every key");
+        let entry = self.leases.remove(&req.id).expect("checked above");
+        assert!(entry.keys.is_empty(), "revoke detached every key");
+        Ok(LeaseRevokeResponse {
+            revision: ctx.begin_rev + i64::from(ctx.writes > 0),
+        })
+    }
+
+    /// Deletes at most `keys_max` of the keys still attached to the lease `req` revokes;
+    /// true once none is left.
+    fn lease_revoke_keys(
+        &mut self,
+        ctx: &mut TxnCtx,
+        req: &LeaseRevokeRequest,
+        keys_max: usize,
+    ) -> bool {
+        let entry = self
+            .leases
+            .get(&req.id)
+            .expect("the lease is checked first");
+        let left = entry.keys.len();
+        let keys: Vec<Bytes> = entry.keys.iter().take(keys_max).cloned().collect();
         // Keys ascend (BTreeSet), as etcd sorts them, so every member deletes in the same order.
         for key in keys {
             let prev = self
@@ -1322,11 +1376,7 @@ impl Writer {
                 .expect("a live key has an index entry");
             self.write_delete(ctx, &entry, prev);
         }
-        let entry = self.leases.remove(&req.id).expect("checked above");
-        assert!(entry.keys.is_empty(), "revoke detached every key");
-        Ok(LeaseRevokeResponse {
-            revision: ctx.begin_rev + i64::from(ctx.writes > 0),
-        })
+        left <= keys_max
     }
 
     /// Test-only: flips the first byte of `key`'s newest value in place, outside of any

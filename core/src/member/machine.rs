@@ -484,7 +484,8 @@ pub struct Member {
     /// rest of a Ready's entries behind one applied in steps. Raft hands out no more until
     /// these are applied (`RawNode::advance_append`), so this holds at most one Ready's.
     to_apply: VecDeque<Entry>,
-    /// The entry being applied in steps (a DeleteRange of a range), between loop turns.
+    /// The entry being applied in steps (a DeleteRange of a range, a lease revoke), between
+    /// loop turns.
     stepping: Option<Stepping>,
     /// The highest index raft handed out that this member has applied (or skipped, as a
     /// snapshot covered it): what it tells raft through `advance_apply_to`.
@@ -1726,9 +1727,10 @@ impl Member {
     }
 
     /// Applies committed entries in index order, answering their callers, and tells raft how
-    /// far it got. An entry whose op may write without limit (a DeleteRange of a range) is
-    /// applied in steps of `apply_keys_per_step` keys, one per call: it and the entries behind
-    /// it wait in `to_apply` while the driver's loop turns, and `apply_step` goes on.
+    /// far it got. An entry whose op may write without limit (a DeleteRange of a range, a lease
+    /// revoke) is applied in steps of `apply_keys_per_step` keys, one per call: it and the
+    /// entries behind it wait in `to_apply` while the driver's loop turns, and `apply_step`
+    /// goes on.
     fn apply(&mut self, entries: Vec<Entry>, now_ms: u64) {
         self.to_apply.extend(entries);
         let mut batch = EventBatch::default();

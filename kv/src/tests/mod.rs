@@ -222,3 +222,54 @@ fn nothing_else_is_applied_while_an_entry_is_applied_in_steps() {
         let _ = w.compact_step(1);
     }));
 }
+
+/// A revoke of a lease with many keys is applied in steps too, and ends as the revoke applied
+/// whole: the same answer, events and hash, and the lease gone only at the last step.
+#[test]
+fn a_lease_revoke_in_steps_ends_as_the_revoke_applied_whole() {
+    use crate::{LeaseGrantRequest, LeaseRevokeRequest, Progress, PutRequest, Store};
+    let setup = || {
+        let (mut w, r) = Store::new();
+        w.apply(1, &Op::LeaseGrant(LeaseGrantRequest { ttl_s: 60, id: 7 }))
+            .expect("grant");
+        for i in 0..10u64 {
+            let put = Op::Put(PutRequest {
+                key: Bytes::from(format!("k{i}")),
+                value: Bytes::from_static(b"v"),
+                lease: 7,
+                ..Default::default()
+            });
+            w.apply(i + 2, &put).expect("put");
+        }
+        (w, r)
+    };
+    let revoke = Op::LeaseRevoke(LeaseRevokeRequest { id: 7 });
+    let (mut whole, _) = setup();
+    let expected = whole.apply(12, &revoke);
+    let (mut w, r) = setup();
+    let mut progress = w.apply_in_steps(12, &revoke, usize::MAX, 4);
+    let mut steps = 1;
+    let applied = loop {
+        match progress {
+            Progress::Done(applied) => break applied,
+            Progress::More(rest) => {
+                assert!(w.lease(7).is_some(), "the lease goes at the last step");
+                assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
+                progress = w.apply_step(rest, 4);
+                steps += 1;
+            }
+        }
+    };
+    assert_eq!(steps, 3, "ten keys, four per step");
+    assert_eq!(applied, expected);
+    assert_eq!(applied.expect("revoke").events.len(), 10);
+    assert!(w.lease(7).is_none());
+    assert_eq!(r.hash_kv(0), whole.reader().hash_kv(0));
+    // An unknown lease is refused whole, as before.
+    let (mut w, _) = setup();
+    let unknown = Op::LeaseRevoke(LeaseRevokeRequest { id: 8 });
+    assert!(matches!(
+        w.apply_in_steps(12, &unknown, usize::MAX, 4),
+        Progress::Done(Err(crate::KvError::LeaseNotFound))
+    ));
+}
