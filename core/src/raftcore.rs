@@ -493,7 +493,7 @@ impl RaftCore {
         } else {
             self.member.applied_past_checkpoint()
         };
-        // A half-applied entry (a DeleteRange in steps) leaves no store to take an image of:
+        // A half-applied entry (a DeleteRange or revoke in steps) leaves no store to image:
         // the next start replays it from the WAL instead.
         if final_due && !self.member.applying_in_steps() && self.start_checkpoint()? {
             let outcome = self.checkpoints.wait().await;
@@ -708,18 +708,18 @@ impl RaftCore {
         }
     }
 
-    /// Where apply stands before a step of the member: its applied index, and whether an
-    /// entry was being applied in steps.
-    fn apply_mark(&self) -> (u64, bool) {
-        (self.member.applied_index(), self.member.applying_in_steps())
+    /// Where apply stands before a step of the member: its applied index, and how many steps
+    /// of entries applied in steps it has taken.
+    fn apply_mark(&self) -> (u64, u64) {
+        (self.member.applied_index(), self.member.apply_steps_taken())
     }
 
     /// Times a step of the member that may have applied entries (see
     /// `RaftStats::backend_commit`): one that moved the applied index, or took a step of an
     /// entry applied in steps (each step is one pause of the loop). Steps that applied
     /// nothing are not counted, as etcd's backend commits only when there is work.
-    fn observe_apply(&self, (applied_before, stepping_before): (u64, bool), started: Instant) {
-        let stepped = stepping_before || self.member.applying_in_steps();
+    fn observe_apply(&self, (applied_before, steps_before): (u64, u64), started: Instant) {
+        let stepped = self.member.apply_steps_taken() > steps_before;
         if self.member.applied_index() <= applied_before && !stepped {
             return;
         }

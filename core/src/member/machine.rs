@@ -490,6 +490,8 @@ pub struct Member {
     /// The highest index raft handed out that this member has applied (or skipped, as a
     /// snapshot covered it): what it tells raft through `advance_apply_to`.
     applied_through: u64,
+    /// Steps taken of entries applied in steps (the driver times each as an apply).
+    apply_steps_taken: u64,
     /// The pending snapshot as the driver placed it, until `persisted` installs it.
     placed: Option<PlacedSnapshot>,
     effects: Vec<Effect>,
@@ -561,6 +563,7 @@ impl Member {
             to_apply: VecDeque::new(),
             stepping: None,
             applied_through: 0,
+            apply_steps_taken: 0,
             placed: None,
             effects: Vec::new(),
             leader_id_logged: 0,
@@ -697,6 +700,11 @@ impl Member {
     /// the entries behind this one wait in raft's log).
     pub fn applying_in_steps(&self) -> bool {
         self.stepping.is_some() || !self.to_apply.is_empty()
+    }
+
+    /// Steps taken so far of entries applied in steps.
+    pub fn apply_steps_taken(&self) -> u64 {
+        self.apply_steps_taken
     }
 
     /// The next step of the entry being applied in steps, and the entries behind it once it
@@ -1742,6 +1750,7 @@ impl Member {
         }) = self.stepping.take()
         {
             let index = steps.raft_index();
+            self.apply_steps_taken += 1;
             match self
                 .writer
                 .apply_step(steps, self.config.apply_keys_per_step)
@@ -1886,6 +1895,7 @@ impl Member {
                             self.config.apply_keys_per_step,
                         ) {
                             kv::Progress::More(steps) => {
+                                self.apply_steps_taken += 1;
                                 self.stepping = Some(Stepping {
                                     steps,
                                     id,
