@@ -3139,6 +3139,20 @@ mod tests {
             )
         }
 
+        /// `stepping`, with a leader elected (returned) and keys k00..k59 put through it.
+        fn stepping_with_keys(keys_per_step: usize) -> (Trio, usize) {
+            let mut trio = Trio::stepping(keys_per_step);
+            let leader = trio.elect();
+            let keys: Vec<String> = (0..60).map(|i| format!("k{i:02}")).collect();
+            let (batch, _answers) = batch_of(&keys, 1_000);
+            let now_ms = trio.now_ms;
+            trio.members[leader].propose_batch(batch, now_ms);
+            for _ in 0..5 {
+                trio.round();
+            }
+            (trio, leader)
+        }
+
         fn build(
             value_log: kv::ValueLogOptions,
             sealed_backlog_bytes_max: u64,
@@ -3944,26 +3958,9 @@ mod tests {
             .unzip()
     }
 
-    /// A delete of many keys is applied a few keys per loop turn on every member: the
-    /// members keep exchanging heartbeats and answering votes meanwhile (one apply of a
-    /// million deletes had taken past an election timeout and cost a cluster its leader). No
-    /// read sees part of it, raft hands out nothing behind it until it completes, and a write
-    /// proposed meanwhile is applied after it.
-    #[test]
-    fn a_delete_of_many_keys_is_applied_over_loop_turns_without_an_election() {
-        let mut trio = Trio::stepping(4);
-        let leader = trio.elect();
-        let term = trio.members[leader].raft_term();
-        let keys: Vec<String> = (0..60).map(|i| format!("k{i:02}")).collect();
-        let (batch, _answers) = batch_of(&keys, 1_000);
-        let now_ms = trio.now_ms;
-        trio.members[leader].propose_batch(batch, now_ms);
-        for _ in 0..5 {
-            trio.round();
-        }
-        let before = trio.members[leader].writer().current_revision();
-        assert_eq!(before, 61, "every put applied");
-        let (delete, mut deleted) = proposal(
+    /// A delete of every key under "k", as proposal 2,000.
+    fn delete_all_k() -> (Proposal, oneshot::Receiver<Result<Unserved, EtcdError>>) {
+        proposal(
             2_000,
             pb::InternalRaftRequest {
                 delete_range: Some(pb::DeleteRangeRequest {
@@ -3973,7 +3970,21 @@ mod tests {
                 }),
                 ..Default::default()
             },
-        );
+        )
+    }
+
+    /// A delete of many keys is applied a few keys per loop turn on every member: the
+    /// members keep exchanging heartbeats and answering votes meanwhile (one apply of a
+    /// million deletes had taken past an election timeout and cost a cluster its leader). No
+    /// read sees part of it, raft hands out nothing behind it until it completes, and a write
+    /// proposed meanwhile is applied after it.
+    #[test]
+    fn a_delete_of_many_keys_is_applied_over_loop_turns_without_an_election() {
+        let (mut trio, leader) = Trio::stepping_with_keys(4);
+        let term = trio.members[leader].raft_term();
+        let before = trio.members[leader].writer().current_revision();
+        assert_eq!(before, 61, "every put applied");
+        let (delete, mut deleted) = delete_all_k();
         trio.members[leader].propose(delete, trio.now_ms);
         let mut rounds_stepping = 0;
         let mut put_proposed = None;
@@ -4038,27 +4049,9 @@ mod tests {
     /// survives it, with the time it had left, and expires after that if nobody renews it.
     #[test]
     fn lease_countdowns_stand_still_while_an_entry_is_applied_in_steps() {
-        let mut trio = Trio::stepping(1);
-        let leader = trio.elect();
-        let keys: Vec<String> = (0..60).map(|i| format!("k{i:02}")).collect();
-        let (batch, _answers) = batch_of(&keys, 1_000);
-        let now_ms = trio.now_ms;
-        trio.members[leader].propose_batch(batch, now_ms);
-        for _ in 0..5 {
-            trio.round();
-        }
+        let (mut trio, leader) = Trio::stepping_with_keys(1);
         trio.grant_lease(leader, 7, 2);
-        let (delete, _rx) = proposal(
-            2_000,
-            pb::InternalRaftRequest {
-                delete_range: Some(pb::DeleteRangeRequest {
-                    key: Bytes::from_static(b"k"),
-                    range_end: Bytes::from_static(b"l"),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        );
+        let (delete, _rx) = delete_all_k();
         trio.members[leader].propose(delete, trio.now_ms);
         let started_ms = trio.now_ms;
         let mut rounds = 0;

@@ -96,27 +96,32 @@ fn an_apply_past_its_event_bound_leaves_the_events_to_history() {
     assert_eq!(applied.events.len(), 3);
 }
 
+/// A store with lease 7 granted at index 1 and keys k0..k9 put at indexes 2..11, those for
+/// which `leased(i)` holds attached to the lease.
+fn store_with_leased_keys(leased: fn(u64) -> bool) -> (Writer, crate::Reader) {
+    use crate::{LeaseGrantRequest, PutRequest, Store};
+    let (mut w, r) = Store::new();
+    w.apply(1, &Op::LeaseGrant(LeaseGrantRequest { ttl_s: 60, id: 7 }))
+        .expect("grant");
+    for i in 0..10u64 {
+        let put = Op::Put(PutRequest {
+            key: Bytes::from(format!("k{i}")),
+            value: Bytes::from_static(b"v"),
+            lease: if leased(i) { 7 } else { 0 },
+            ..Default::default()
+        });
+        w.apply(i + 2, &put).expect("put");
+    }
+    (w, r)
+}
+
 /// A range delete applied in steps ends as one applied whole: the same answer, events and
 /// counts, the same history, and its keys' leases let go of them. Until the last step no
 /// reader sees any of it and the entry is not applied; the event bound holds across steps.
 #[test]
 fn a_range_delete_in_steps_ends_as_the_same_delete_applied_whole() {
-    use crate::{DeleteRangeRequest, LeaseGrantRequest, Progress, PutRequest, RangeRequest, Store};
-    let setup = || {
-        let (mut w, r) = Store::new();
-        w.apply(1, &Op::LeaseGrant(LeaseGrantRequest { ttl_s: 60, id: 7 }))
-            .expect("grant");
-        for i in 0..10u64 {
-            let put = Op::Put(PutRequest {
-                key: Bytes::from(format!("k{i}")),
-                value: Bytes::from_static(b"v"),
-                lease: if i % 2 == 0 { 7 } else { 0 },
-                ..Default::default()
-            });
-            w.apply(i + 2, &put).expect("put");
-        }
-        (w, r)
-    };
+    use crate::{DeleteRangeRequest, Progress, RangeRequest};
+    let setup = || store_with_leased_keys(|i| i % 2 == 0);
     let delete = |prev_kv| {
         Op::DeleteRange(DeleteRangeRequest {
             key: Bytes::from_static(b"k"),
@@ -227,22 +232,8 @@ fn nothing_else_is_applied_while_an_entry_is_applied_in_steps() {
 /// whole: the same answer, events and hash, and the lease gone only at the last step.
 #[test]
 fn a_lease_revoke_in_steps_ends_as_the_revoke_applied_whole() {
-    use crate::{LeaseGrantRequest, LeaseRevokeRequest, Progress, PutRequest, Store};
-    let setup = || {
-        let (mut w, r) = Store::new();
-        w.apply(1, &Op::LeaseGrant(LeaseGrantRequest { ttl_s: 60, id: 7 }))
-            .expect("grant");
-        for i in 0..10u64 {
-            let put = Op::Put(PutRequest {
-                key: Bytes::from(format!("k{i}")),
-                value: Bytes::from_static(b"v"),
-                lease: 7,
-                ..Default::default()
-            });
-            w.apply(i + 2, &put).expect("put");
-        }
-        (w, r)
-    };
+    use crate::{LeaseRevokeRequest, Progress};
+    let setup = || store_with_leased_keys(|_| true);
     let revoke = Op::LeaseRevoke(LeaseRevokeRequest { id: 7 });
     let (mut whole, _) = setup();
     let expected = whole.apply(12, &revoke);
