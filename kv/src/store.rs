@@ -607,9 +607,8 @@ impl Writer {
 
     /// `apply_bounded`, but an op that may write without limit (a DeleteRange of a range, or
     /// the revoke of a lease, of millions of keys perhaps) visits at most `keys_max` keys per
-    /// call: the caller goes on
-    /// with `apply_step` until it is `Done`, and may do other work in between (a raft core
-    /// sends heartbeats: one apply of a million deletes took 1.2-1.5 s, past an election
+    /// call: the caller goes on with `apply_step` until it is `Done`, and may do other work in
+    /// between (a raft core sends heartbeats: one apply of a million deletes took 1.2-1.5 s, past an election
     /// timeout, and cost a 3-member cluster its leader). Until then the entry is not applied:
     /// `applied_index` stays before it and no reader sees any of its writes, and nothing else
     /// may change the store (`apply*`, compaction) or capture it for a checkpoint. Every
