@@ -12,9 +12,11 @@
 #   bench/scripts/mass-delete.sh cluster keel target/release/keel target/release/keel-bench
 #   bench/scripts/mass-delete.sh cluster etcd etcd target/release/keel-bench
 #   bench/scripts/mass-delete.sh single keel target/release/keel target/release/keel-bench
+#   IN_TXN=1 bench/scripts/mass-delete.sh cluster keel target/release/keel target/release/keel-bench
 #
 # TOTAL (1000000 for a cluster, 2000000 single), VAL_SIZE (16 cluster, 256 single), DATA_ROOT
-# (a temp dir under /work). The cluster uses client ports 2379, 22379 and 32379.
+# (a temp dir under /work), IN_TXN=1 (the same delete as the one op of an `etcdctl txn`
+# without compares). The cluster uses client ports 2379, 22379 and 32379.
 set -euo pipefail
 
 mode=$1
@@ -81,8 +83,15 @@ changes() {
 sleep 2
 echo "before the delete:"; changes
 if [[ $mode == cluster ]]; then range=("" --from-key); else range=($'\x80' $'\xc0'); fi
+# etcdctl txn reads its ops as lines, unquoting Go-quoted arguments: every key is >= "\x00".
+if [[ $mode == cluster ]]; then txn_op='del "\x00" --from-key'; else txn_op='del "\x80" "\xc0"'; fi
 t0=$(date +%s%N)
-out=$(ETCDCTL_API=3 etcdctl --endpoints "$leader" --command-timeout=120s del "${range[@]}" 2>&1 || true)
+if [[ ${IN_TXN:-0} == 1 ]]; then
+  out=$(printf '\n%s\n\n\n' "$txn_op" | ETCDCTL_API=3 etcdctl --endpoints "$leader" \
+    --command-timeout=120s txn -w json 2>&1 | grep -o '"deleted":[0-9]*\|Error.*' || true)
+else
+  out=$(ETCDCTL_API=3 etcdctl --endpoints "$leader" --command-timeout=120s del "${range[@]}" 2>&1 || true)
+fi
 t1=$(date +%s%N)
 echo "del answered in $(( (t1 - t0) / 1000000 )) ms: $out"
 sleep 3

@@ -42,12 +42,11 @@ pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
 /// encodes the revision's events on its shard (one revision is never split, as etcd does not
 /// split one without `fragment`), where the raft core had encoded them once for all.
 pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
-/// Keys one step of a DeleteRange or lease revoke applied in steps visits
-/// (`Writer::apply_in_steps`); the
-/// raft core's loop turns between steps, so heartbeats and votes go on. One apply of a
-/// million deletes took 1.2-1.5 s, past an election timeout, and cost a 3-member cluster its
-/// leader; a step of this many keys takes 10-30 ms. A txn is still one apply, whatever it
-/// deletes.
+/// Keys one step of a DeleteRange, a lease revoke or a txn that deletes a range, applied in
+/// steps, visits (`Writer::apply_in_steps`; a txn's other ops count one each); the raft
+/// core's loop turns between steps, so heartbeats and votes go on. One apply of a million
+/// deletes took 1.2-1.5 s, past an election timeout, and cost a 3-member cluster its leader;
+/// a step of this many keys takes 10-30 ms.
 pub const APPLY_KEYS_PER_STEP: usize = 16_384;
 /// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
 /// leader no proposals, a follower no appended entries): bounds the memory that values

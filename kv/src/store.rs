@@ -307,6 +307,25 @@ enum Stepped {
     /// delete detaches its key, so what is left is what the next step takes), the last one
     /// removes the lease.
     Revoke { id: i64 },
+    /// A txn whose chosen ops hold a range delete: the txn, the branches its compares chose
+    /// (taken, and checked, before the first step: nothing else changes the store until the
+    /// last, so they stay what they were), and how far its ops got.
+    Txn {
+        req: TxnRequest,
+        path: TxnPath,
+        progress: TxnProgress,
+    },
+}
+
+/// How far a txn's chosen ops (`chosen_ops`) have been applied.
+#[derive(Default)]
+struct TxnProgress {
+    /// The next op to apply.
+    next: usize,
+    /// The walk of the range delete at `next`, if it stopped part way.
+    walk: Option<DeleteWalk>,
+    /// The answers of the ops before `next`, in order.
+    responses: Vec<ResponseOp>,
 }
 
 impl ApplyInSteps {
@@ -611,8 +630,9 @@ impl Writer {
     /// between (a raft core sends heartbeats: one apply of a million deletes took 1.2-1.5 s, past an election
     /// timeout, and cost a 3-member cluster its leader). Until then the entry is not applied:
     /// `applied_index` stays before it and no reader sees any of its writes, and nothing else
-    /// may change the store (`apply*`, compaction) or capture it for a checkpoint. Every
-    /// other op (a txn too, whatever it deletes) is applied whole, as by `apply_bounded`.
+    /// may change the store (`apply*`, compaction) or capture it for a checkpoint. A txn
+    /// whose chosen ops hold a range delete is applied in steps too, its other ops counting
+    /// one key each. Every other op is applied whole, as by `apply_bounded`.
     pub fn apply_in_steps(
         &mut self,
         raft_index: u64,
@@ -627,6 +647,20 @@ impl Writer {
             },
             Op::LeaseRevoke(req) if self.leases.contains_key(&req.id) => {
                 Stepped::Revoke { id: req.id }
+            }
+            Op::Txn(req) if txn_deletes(req) => {
+                // A txn refused by its checks, or whose compares chose ops that delete no
+                // range, is applied whole (and the refusal answered) as before.
+                match self.txn_path(self.current_rev, req) {
+                    Ok(path) if chosen_ops(req, &path).iter().any(|op| deletes_a_range(op)) => {
+                        Stepped::Txn {
+                            req: req.clone(),
+                            path,
+                            progress: TxnProgress::default(),
+                        }
+                    }
+                    _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
+                }
             }
             _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
         };
@@ -670,6 +704,17 @@ impl Writer {
                     self.lease_revoke(&mut steps.ctx, &req)
                         .expect("the lease is checked before the first step"),
                 )
+            }
+            Stepped::Txn {
+                req,
+                path,
+                progress,
+            } => {
+                let ops = chosen_ops(req, path);
+                if !self.txn_ops(&mut steps.ctx, &ops, progress, keys_max) {
+                    return Progress::More(steps);
+                }
+                OpResponse::Txn(txn_response(req, path, progress, &steps.ctx))
             }
         };
         self.stepping = None;
@@ -836,16 +881,17 @@ impl Writer {
     }
 
     /// Walks `req`'s range from `walk.next_key`, writing a tombstone over each live key, and
-    /// stops before the key past `keys_max` visited ones (left in `walk.next_key`).
+    /// stops before the key past `keys_max` visited ones (left in `walk.next_key`). Returns
+    /// how many keys it visited.
     fn delete_range_walk(
         &mut self,
         ctx: &mut TxnCtx,
         req: &DeleteRangeRequest,
         walk: &mut DeleteWalk,
         keys_max: usize,
-    ) {
+    ) -> usize {
         let Some(from) = walk.next_key.take() else {
-            return;
+            return 0;
         };
         let read_rev = ctx.read_rev();
         // One walk that deletes as it goes: it neither looks each key up again nor gathers
@@ -876,6 +922,7 @@ impl Writer {
             self.write_delete(ctx, &entry, prev);
             true
         });
+        visited
     }
 
     /// Writes a tombstone over `prev`, the live version of `entry`'s key.
@@ -910,83 +957,85 @@ impl Writer {
 
     fn txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest) -> Result<TxnResponse> {
         assert!(ctx.writes == 0, "a txn starts its own write set");
-        let path = compare_path(&self.shared, req, ctx.begin_rev, self.compact_rev);
+        let path = self.txn_path(ctx.begin_rev, req)?;
+        let ops = chosen_ops(req, &path);
+        let mut progress = TxnProgress::default();
+        let done = self.txn_ops(ctx, &ops, &mut progress, usize::MAX);
+        assert!(done, "an unbounded txn applies all its ops");
+        Ok(txn_response(req, &path, &mut progress, ctx))
+    }
+
+    /// The branches `req`'s compares choose at `begin_rev`, once the ops on them passed the
+    /// checks that refuse a txn whole (a put's missing key or lease, a range's revision).
+    fn txn_path(&self, begin_rev: i64, req: &TxnRequest) -> Result<TxnPath> {
+        let path = compare_path(&self.shared, req, begin_rev, self.compact_rev);
+        let ops = chosen_ops(req, &path);
         if txn_writes(req) {
-            self.check_txn(req, &path, &mut |w, op| match op {
-                RequestOp::Put(p) => {
-                    w.check_put(p, ctx.begin_rev)?;
-                    if p.lease != 0 && !w.leases.contains_key(&p.lease) {
+            for op in &ops {
+                if let RequestOp::Put(p) = op {
+                    self.check_put(p, begin_rev)?;
+                    if p.lease != 0 && !self.leases.contains_key(&p.lease) {
                         return Err(KvError::LeaseNotFound);
                     }
-                    Ok(())
                 }
-                _ => Ok(()),
-            })?;
-        }
-        let (begin_rev, compact_rev) = (ctx.begin_rev, self.compact_rev);
-        self.check_txn(req, &path, &mut |_, op| match op {
-            RequestOp::Range(r) if r.revision > begin_rev => Err(KvError::FutureRevision),
-            RequestOp::Range(r) if r.revision > 0 && r.revision < compact_rev => {
-                Err(KvError::Compacted)
             }
-            _ => Ok(()),
-        })?;
-        let mut resp = self.apply_txn(ctx, req, &path);
-        resp.revision = ctx.begin_rev + i64::from(ctx.writes > 0);
-        Ok(resp)
-    }
-
-    fn check_txn(
-        &self,
-        req: &TxnRequest,
-        path: &TxnPath,
-        check: &mut dyn FnMut(&Writer, &RequestOp) -> Result<()>,
-    ) -> Result<()> {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
-        let mut nested = path.nested.iter();
-        for op in ops {
+        }
+        for op in &ops {
             match op {
-                RequestOp::Txn(t) => {
-                    let p = nested.next().expect("one path per nested txn");
-                    self.check_txn(t, p, check)?;
+                RequestOp::Range(r) if r.revision > begin_rev => {
+                    return Err(KvError::FutureRevision)
                 }
-                other => check(self, other)?,
+                RequestOp::Range(r) if r.revision > 0 && r.revision < self.compact_rev => {
+                    return Err(KvError::Compacted)
+                }
+                _ => {}
             }
         }
-        assert!(nested.next().is_none(), "every nested path is used");
-        Ok(())
+        Ok(path)
     }
 
-    fn apply_txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest, path: &TxnPath) -> TxnResponse {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
-        let mut nested = path.nested.iter();
-        let mut responses = Vec::with_capacity(ops.len());
-        for op in ops {
+    /// Applies a txn's chosen `ops` from `progress.next` on, visiting at most `keys_max` keys:
+    /// a range delete counts the keys its walk visits, any other op one. Returns true once
+    /// every op is applied; otherwise `progress` says where the next call goes on.
+    fn txn_ops(
+        &mut self,
+        ctx: &mut TxnCtx,
+        ops: &[&RequestOp],
+        progress: &mut TxnProgress,
+        keys_max: usize,
+    ) -> bool {
+        let mut keys_left = keys_max;
+        while let Some(op) = ops.get(progress.next) {
+            if keys_left == 0 {
+                return false;
+            }
             let resp = match op {
-                RequestOp::Range(r) => ResponseOp::Range(self.range(ctx, r)),
-                RequestOp::Put(p) => ResponseOp::Put(self.put(ctx, p)),
-                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete_range(ctx, d)),
-                RequestOp::Txn(t) => {
-                    let p = nested.next().expect("one path per nested txn");
-                    // etcd leaves the nested txn's own header revision unset.
-                    ResponseOp::Txn(self.apply_txn(ctx, t, p))
+                RequestOp::Range(r) => {
+                    keys_left -= 1;
+                    ResponseOp::Range(self.range(ctx, r))
                 }
+                RequestOp::Put(p) => {
+                    keys_left -= 1;
+                    ResponseOp::Put(self.put(ctx, p))
+                }
+                RequestOp::DeleteRange(d) => {
+                    let walk = progress
+                        .walk
+                        .get_or_insert_with(|| DeleteWalk::starting_at(d.key.clone()));
+                    // A delete that found no key still costs one, as every op does.
+                    keys_left -= self.delete_range_walk(ctx, d, walk, keys_left).max(1);
+                    if walk.next_key.is_some() {
+                        return false;
+                    }
+                    let mut walk = progress.walk.take().expect("the walk just ended");
+                    ResponseOp::DeleteRange(walk.response(ctx))
+                }
+                RequestOp::Txn(_) => unreachable!("chosen_ops flattens nested txns"),
             };
-            responses.push(resp);
+            progress.responses.push(resp);
+            progress.next += 1;
         }
-        TxnResponse {
-            revision: 0,
-            succeeded: path.succeeded,
-            responses,
-        }
+        true
     }
 
     fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse> {
@@ -1474,6 +1523,86 @@ fn compare_path(shared: &Shared, req: &TxnRequest, rev: i64, compact_rev: i64) -
         })
         .collect();
     TxnPath { succeeded, nested }
+}
+
+/// The ops a txn applies on the branches `path` chose, nested txns flattened into them, in the
+/// order they apply.
+fn chosen_ops<'a>(req: &'a TxnRequest, path: &TxnPath) -> Vec<&'a RequestOp> {
+    fn push<'a>(req: &'a TxnRequest, path: &TxnPath, out: &mut Vec<&'a RequestOp>) {
+        let ops = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut nested = path.nested.iter();
+        for op in ops {
+            match op {
+                RequestOp::Txn(t) => push(t, nested.next().expect("one path per nested txn"), out),
+                other => out.push(other),
+            }
+        }
+        assert!(nested.next().is_none(), "every nested path is used");
+    }
+    let mut out = Vec::with_capacity(req.success.len().max(req.failure.len()));
+    push(req, path, &mut out);
+    out
+}
+
+/// The answer of a txn whose chosen ops all applied, nested as the request is: the answers in
+/// `progress` are those of `chosen_ops`, in order.
+fn txn_response(
+    req: &TxnRequest,
+    path: &TxnPath,
+    progress: &mut TxnProgress,
+    ctx: &TxnCtx,
+) -> TxnResponse {
+    fn nest(
+        req: &TxnRequest,
+        path: &TxnPath,
+        answers: &mut std::vec::Drain<'_, ResponseOp>,
+    ) -> TxnResponse {
+        let ops = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut nested = path.nested.iter();
+        let responses = ops
+            .iter()
+            .map(|op| match op {
+                // etcd leaves the nested txn's own header revision unset.
+                RequestOp::Txn(t) => ResponseOp::Txn(nest(
+                    t,
+                    nested.next().expect("one path per nested txn"),
+                    answers,
+                )),
+                _ => answers.next().expect("one answer per op"),
+            })
+            .collect();
+        TxnResponse {
+            revision: 0,
+            succeeded: path.succeeded,
+            responses,
+        }
+    }
+    assert!(progress.walk.is_none(), "every op applied");
+    let mut answers = progress.responses.drain(..);
+    let mut resp = nest(req, path, &mut answers);
+    assert!(answers.next().is_none(), "every answer is placed");
+    resp.revision = ctx.begin_rev + i64::from(ctx.writes > 0);
+    resp
+}
+
+/// Whether any op of `req`, on any branch, deletes a range.
+fn txn_deletes(req: &TxnRequest) -> bool {
+    req.success.iter().chain(&req.failure).any(|op| match op {
+        RequestOp::Txn(t) => txn_deletes(t),
+        other => deletes_a_range(other),
+    })
+}
+
+fn deletes_a_range(op: &RequestOp) -> bool {
+    matches!(op, RequestOp::DeleteRange(d) if !d.range_end.is_empty())
 }
 
 /// etcd's `applyCompare`: every key in the range must match; a missing key compares as a zero

@@ -484,8 +484,8 @@ pub struct Member {
     /// rest of a Ready's entries behind one applied in steps. Raft hands out no more until
     /// these are applied (`RawNode::advance_append`), so this holds at most one Ready's.
     to_apply: VecDeque<Entry>,
-    /// The entry being applied in steps (a DeleteRange of a range, a lease revoke), between
-    /// loop turns.
+    /// The entry being applied in steps (a DeleteRange of a range, a lease revoke, a txn that
+    /// deletes a range), between loop turns.
     stepping: Option<Stepping>,
     /// The highest index raft handed out that this member has applied (or skipped, as a
     /// snapshot covered it): what it tells raft through `advance_apply_to`.
@@ -1736,7 +1736,8 @@ impl Member {
 
     /// Applies committed entries in index order, answering their callers, and tells raft how
     /// far it got. An entry whose op may write without limit (a DeleteRange of a range, a lease
-    /// revoke) is applied in steps of `apply_keys_per_step` keys, one per call: it and the
+    /// revoke, a txn that deletes a range) is applied in steps of `apply_keys_per_step` keys,
+    /// one per call: it and the
     /// entries behind it wait in `to_apply` while the driver's loop turns, and `apply_step`
     /// goes on.
     fn apply(&mut self, entries: Vec<Entry>, now_ms: u64) {
@@ -3959,13 +3960,33 @@ mod tests {
     }
 
     /// A delete of every key under "k", as proposal 2,000.
-    fn delete_all_k() -> (Proposal, oneshot::Receiver<Result<Unserved, EtcdError>>) {
+    fn delete_all_k() -> (Proposal, WriteAnswer) {
         proposal(
             2_000,
             pb::InternalRaftRequest {
-                delete_range: Some(pb::DeleteRangeRequest {
-                    key: Bytes::from_static(b"k"),
-                    range_end: Bytes::from_static(b"l"),
+                delete_range: Some(all_k()),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn all_k() -> pb::DeleteRangeRequest {
+        pb::DeleteRangeRequest {
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::from_static(b"l"),
+            ..Default::default()
+        }
+    }
+
+    /// The same delete in a txn (no compares), which is applied in steps as well.
+    fn delete_all_k_in_a_txn() -> (Proposal, WriteAnswer) {
+        proposal(
+            2_000,
+            pb::InternalRaftRequest {
+                txn: Some(pb::TxnRequest {
+                    success: vec![pb::RequestOp {
+                        request: Some(pb::request_op::Request::RequestDeleteRange(all_k())),
+                    }],
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -3973,18 +3994,23 @@ mod tests {
         )
     }
 
-    /// A delete of many keys is applied a few keys per loop turn on every member, so the loop
-    /// goes on between steps (this harness's clock does not run during a step, so whether
-    /// the leader survives a long apply is the cluster test's to show). No read sees part of
-    /// it, raft hands out nothing behind it until it completes, and a write proposed
-    /// meanwhile is applied after it.
+    /// A delete of many keys, alone or in a txn, is applied a few keys per loop turn on every
+    /// member, so the loop goes on between steps (this harness's clock does not run during a
+    /// step, so whether the leader survives a long apply is the cluster test's to show). No
+    /// read sees part of it, raft hands out nothing behind it until it completes, and a write
+    /// proposed meanwhile is applied after it.
     #[test]
     fn a_delete_of_many_keys_is_applied_over_loop_turns() {
+        a_delete_is_applied_over_loop_turns(delete_all_k);
+        a_delete_is_applied_over_loop_turns(delete_all_k_in_a_txn);
+    }
+
+    fn a_delete_is_applied_over_loop_turns(delete: fn() -> (Proposal, WriteAnswer)) {
         let (mut trio, leader) = Trio::stepping_with_keys(4);
         let term = trio.members[leader].raft_term();
         let before = trio.members[leader].writer().current_revision();
         assert_eq!(before, 61, "every put applied");
-        let (delete, mut deleted) = delete_all_k();
+        let (delete, mut deleted) = delete();
         trio.members[leader].propose(delete, trio.now_ms);
         let mut rounds_stepping = 0;
         let mut put_proposed = None;
@@ -4024,8 +4050,13 @@ mod tests {
         let Answer::Op(op) = answer.response else {
             panic!("a kv answer");
         };
-        let kv::OpResponse::DeleteRange(r) = op.check() else {
-            panic!("a delete's answer");
+        let r = match op.check() {
+            kv::OpResponse::DeleteRange(r) => r,
+            kv::OpResponse::Txn(mut t) => match t.responses.pop() {
+                Some(kv::ResponseOp::DeleteRange(r)) => r,
+                other => panic!("{other:?} answers no delete"),
+            },
+            other => panic!("{other:?} answers no delete"),
         };
         assert_eq!((r.deleted, r.revision), (60, before + 1));
         let Some(Ok(Some(Ok(put)))) = put_proposed.map(|mut rx| rx.try_recv()) else {

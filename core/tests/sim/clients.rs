@@ -254,6 +254,12 @@ impl Clients {
             },
         };
         let prefix = matches!(input, Input::Delete) && world.rng.gen_bool(0.5);
+        // Half the prefix deletes go in a txn, which is applied in steps as well.
+        let delete = match (prefix, prefix && world.rng.gen_bool(0.5)) {
+            (false, _) => DeleteForm::Key,
+            (true, false) => DeleteForm::Prefix,
+            (true, true) => DeleteForm::PrefixInTxn,
+        };
         let waiting = match &input {
             Input::Get => {
                 let (tx, rx) = oneshot::channel();
@@ -262,7 +268,7 @@ impl Clients {
             }
             _ => {
                 let id = self.proposal_id(member);
-                let data = encode(id, &key_name(key), &input, prefix);
+                let data = encode(id, &key_name(key), &input, delete);
                 let (tx, rx) = oneshot::channel();
                 let node = &mut world.nodes[member];
                 if node.proposals.len() >= MAILBOX_PROPOSALS_MAX {
@@ -358,7 +364,7 @@ impl Clients {
                     &Input::Put {
                         value: b"filler".to_vec(),
                     },
-                    false,
+                    DeleteForm::Key,
                 ),
                 id,
                 reply: tx,
@@ -376,9 +382,20 @@ fn refused_before_the_log(e: EtcdError) -> bool {
     )
 }
 
-/// The proposal a shard would make for a write; a `prefix` delete deletes the key's prefix
-/// (the key, its fillers) and asks for the deleted pairs, to tell the key's own from theirs.
-fn encode(id: u64, key: &str, input: &Input, prefix: bool) -> Bytes {
+/// How a delete is proposed.
+#[derive(Clone, Copy)]
+enum DeleteForm {
+    /// The key alone.
+    Key,
+    /// The key's prefix (the key, its fillers), asking for the deleted pairs, to tell the
+    /// key's own from theirs.
+    Prefix,
+    /// The same in a txn without compares.
+    PrefixInTxn,
+}
+
+/// The proposal a shard would make for a write.
+fn encode(id: u64, key: &str, input: &Input, delete: DeleteForm) -> Bytes {
     let put = |value: &[u8]| pb::PutRequest {
         key: Bytes::copy_from_slice(key.as_bytes()),
         value: Bytes::copy_from_slice(value),
@@ -394,18 +411,29 @@ fn encode(id: u64, key: &str, input: &Input, prefix: bool) -> Bytes {
     match input {
         Input::Put { value } => req.put = Some(put(value)),
         Input::Delete => {
-            req.delete_range = Some(if prefix {
-                pb::DeleteRangeRequest {
-                    key: Bytes::copy_from_slice(key.as_bytes()),
-                    range_end: Bytes::from(prefix_end(key)),
-                    prev_kv: true,
+            let prefix = pb::DeleteRangeRequest {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                range_end: Bytes::from(prefix_end(key)),
+                prev_kv: true,
+            };
+            match delete {
+                DeleteForm::Key => {
+                    req.delete_range = Some(pb::DeleteRangeRequest {
+                        key: Bytes::copy_from_slice(key.as_bytes()),
+                        ..Default::default()
+                    })
                 }
-            } else {
-                pb::DeleteRangeRequest {
-                    key: Bytes::copy_from_slice(key.as_bytes()),
-                    ..Default::default()
+                DeleteForm::Prefix => req.delete_range = Some(prefix),
+                DeleteForm::PrefixInTxn => {
+                    req.txn = Some(pb::TxnRequest {
+                        compare: Vec::new(),
+                        success: vec![pb::RequestOp {
+                            request: Some(pb::request_op::Request::RequestDeleteRange(prefix)),
+                        }],
+                        failure: Vec::new(),
+                    })
                 }
-            })
+            }
         }
         Input::Cas { compare, value } => {
             let (target, union) = match compare {
@@ -450,7 +478,17 @@ fn write_output(input: &Input, key: &str, outcome: Unserved) -> Output {
     let Answer::Op(response) = outcome.response else {
         panic!("a key-value write answered with alarms");
     };
-    match (input, response.check()) {
+    let response = match (input, response.check()) {
+        // A prefix delete in a txn answers as the delete it holds.
+        (Input::Delete, kv::OpResponse::Txn(mut r)) => match r.responses.pop() {
+            Some(kv::ResponseOp::DeleteRange(d)) if r.responses.is_empty() => {
+                kv::OpResponse::DeleteRange(d)
+            }
+            other => panic!("{other:?} does not answer a txn of one delete"),
+        },
+        (_, response) => response,
+    };
+    match (input, response) {
         (Input::Put { .. }, kv::OpResponse::Put(r)) => Output::Put {
             revision: r.revision,
         },

@@ -264,3 +264,133 @@ fn a_lease_revoke_in_steps_ends_as_the_revoke_applied_whole() {
         Progress::Done(Err(crate::KvError::LeaseNotFound))
     ));
 }
+
+/// A txn whose chosen ops hold a range delete is applied in steps too, its other ops counting
+/// one key each, and ends as the txn applied whole: the same nested answer (a range after the
+/// delete reading its own writes), events, hash and leases. A txn whose compares chose no
+/// range delete, or that its checks refuse, is applied whole.
+#[test]
+fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
+    use crate::{
+        Compare, CompareResult, CompareTarget, DeleteRangeRequest, Progress, PutRequest,
+        RangeRequest, RequestOp, TxnRequest,
+    };
+    let setup = || store_with_leased_keys(|i| i % 2 == 0);
+    let range = |key: &'static [u8], end: &'static [u8]| {
+        RequestOp::Range(RangeRequest {
+            key: Bytes::from_static(key),
+            range_end: Bytes::from_static(end),
+            ..Default::default()
+        })
+    };
+    // k0 was put at revision 2: the compare holds while nothing moved it.
+    let txn = |k0_mod: i64, lease: i64| {
+        Op::Txn(TxnRequest {
+            compare: vec![Compare {
+                result: CompareResult::Equal,
+                target: CompareTarget::Mod(k0_mod),
+                key: Bytes::from_static(b"k0"),
+                range_end: Bytes::new(),
+            }],
+            success: vec![
+                RequestOp::Put(PutRequest {
+                    key: Bytes::from_static(b"a"),
+                    value: Bytes::from_static(b"before"),
+                    lease,
+                    ..Default::default()
+                }),
+                RequestOp::Txn(TxnRequest {
+                    compare: vec![],
+                    success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
+                        key: Bytes::from_static(b"k"),
+                        range_end: Bytes::from_static(b"l"),
+                        prev_kv: true,
+                    })],
+                    failure: vec![],
+                }),
+                range(b"k", b"l"),
+                RequestOp::Put(PutRequest {
+                    key: Bytes::from_static(b"z"),
+                    value: Bytes::from_static(b"after"),
+                    ..Default::default()
+                }),
+            ],
+            failure: vec![range(b"k0", b"")],
+        })
+    };
+    let (mut whole, _) = setup();
+    let expected = whole.apply(12, &txn(2, 0));
+    let (mut w, r) = setup();
+    let before = r.range(&RangeRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        ..Default::default()
+    });
+    let mut progress = w.apply_in_steps(12, &txn(2, 0), usize::MAX, 3);
+    let mut steps = 1;
+    let applied = loop {
+        match progress {
+            Progress::Done(applied) => break applied,
+            Progress::More(rest) => {
+                assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
+                assert_eq!(
+                    r.range(&RangeRequest {
+                        key: Bytes::from_static(b"\0"),
+                        range_end: Bytes::from_static(b"\0"),
+                        ..Default::default()
+                    }),
+                    before,
+                    "no reader sees a step's writes"
+                );
+                progress = w.apply_step(rest, 3);
+                steps += 1;
+            }
+        }
+    };
+    // The put and two keys, then three keys a step (the walk's last step also takes the
+    // range), then the last put: 1 + 10 + 1 + 1 = 13 at three a step.
+    assert_eq!(steps, 5);
+    assert_eq!(applied, expected);
+    let applied = applied.expect("txn");
+    assert_eq!((applied.counts.puts, applied.counts.deletes), (2, 10));
+    let crate::OpResponse::Txn(resp) = applied.response.check() else {
+        panic!("a txn answer")
+    };
+    assert!(resp.succeeded);
+    assert_eq!(resp.revision, 12);
+    let crate::ResponseOp::Txn(inner) = &resp.responses[1] else {
+        panic!("the nested txn's answer")
+    };
+    let crate::ResponseOp::DeleteRange(deleted) = &inner.responses[0] else {
+        panic!("the delete's answer")
+    };
+    assert_eq!((deleted.deleted, deleted.prev_kvs.len()), (10, 10));
+    let crate::ResponseOp::Range(after) = &resp.responses[2] else {
+        panic!("the range's answer")
+    };
+    assert_eq!(after.count, 0, "the range reads the txn's own deletes");
+    assert_eq!((w.applied_index(), w.stepping()), (12, None));
+    assert_eq!(r.hash_kv(0), whole.reader().hash_kv(0));
+    assert!(w.lease(7).expect("lease").keys.is_empty());
+
+    // The failure branch deletes nothing: applied whole, in one call.
+    let (mut w, _) = setup();
+    let Progress::Done(Ok(failed)) = w.apply_in_steps(12, &txn(3, 0), usize::MAX, 1) else {
+        panic!("applied whole")
+    };
+    let crate::OpResponse::Txn(resp) = failed.response.check() else {
+        panic!("a txn answer")
+    };
+    assert!(!resp.succeeded);
+    assert_eq!(w.applied_index(), 12);
+    // A refused txn (its put names an unknown lease) is refused whole, and changes nothing.
+    let (mut w, r) = setup();
+    assert!(matches!(
+        w.apply_in_steps(12, &txn(2, 99), usize::MAX, 1),
+        Progress::Done(Err(crate::KvError::LeaseNotFound))
+    ));
+    assert_eq!(
+        (w.applied_index(), w.stepping(), r.current_revision()),
+        (12, None, 11)
+    );
+}

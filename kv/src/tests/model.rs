@@ -22,13 +22,15 @@ enum MOp {
         key: usize,
         end: Option<usize>,
     },
-    /// If MOD(key) == mod_revision of the latest write (or 0), put; else delete `other`.
+    /// If MOD(key) == mod_revision of the latest write (or 0), put; else delete `other`, or
+    /// the range from it to `end`, in a nested txn, and read everything.
     Txn {
         key: usize,
         expect_absent: bool,
         put: usize,
         value: Vec<u8>,
         other: usize,
+        end: Option<usize>,
     },
     Compact {
         back: i64,
@@ -47,7 +49,7 @@ fn op_strategy() -> impl Strategy<Value = MOp> {
     prop_oneof![
         6 => (key.clone(), value.clone(), any::<bool>()).prop_map(|(key, value, lease)| MOp::Put { key, value, lease }),
         2 => (key.clone(), proptest::option::of(0..=KEYS.len())).prop_map(|(key, end)| MOp::Delete { key, end }),
-        2 => (key.clone(), any::<bool>(), key.clone(), value, key).prop_map(|(key, expect_absent, put, value, other)| MOp::Txn { key, expect_absent, put, value, other }),
+        2 => (key.clone(), any::<bool>(), key.clone(), value, key, proptest::option::of(0..=KEYS.len())).prop_map(|(key, expect_absent, put, value, other, end)| MOp::Txn { key, expect_absent, put, value, other, end }),
         1 => (0i64..8).prop_map(|back| MOp::Compact { back }),
         2 => (1usize..4).prop_map(|keys_max| MOp::Steps { keys_max }),
         1 => Just(MOp::Grant),
@@ -253,7 +255,9 @@ impl Harness {
                 put,
                 value,
                 other,
+                end,
             } => {
+                let end_key: Option<&[u8]> = end.map(|e| KEYS.get(e).copied().unwrap_or(b"\xff"));
                 let current_mod = self
                     .model
                     .live(KEYS[*key], self.model.rev)
@@ -278,11 +282,26 @@ impl Harness {
                             ..Default::default()
                         }),
                     ],
-                    failure: vec![RequestOp::DeleteRange(DeleteRangeRequest {
-                        key: Bytes::from_static(KEYS[*other]),
-                        ..Default::default()
-                    })],
+                    // Applied in steps when it deletes a range: the range after the nested
+                    // txn reads what the delete left.
+                    failure: vec![
+                        RequestOp::Txn(TxnRequest {
+                            compare: vec![],
+                            success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
+                                key: Bytes::from_static(KEYS[*other]),
+                                range_end: end_key.map(Bytes::copy_from_slice).unwrap_or_default(),
+                                prev_kv: true,
+                            })],
+                            failure: vec![],
+                        }),
+                        RequestOp::Range(RangeRequest {
+                            key: Bytes::from_static(b"\0"),
+                            range_end: Bytes::from_static(b"\0"),
+                            ..Default::default()
+                        }),
+                    ],
                 };
+                let victims = self.model.range(KEYS[*other], end_key, self.model.rev);
                 validate_txn(&req, MAX_TXN_OPS_DEFAULT).expect("a valid txn");
                 let applied = self.apply(Op::Txn(req)).expect("txn applies");
                 let OpResponse::Txn(resp) = applied.response.check() else {
@@ -300,8 +319,28 @@ impl Harness {
                         self.model.range(b"\0", Some(b"\xff\xff"), next),
                         "a txn reads its own writes"
                     );
-                } else if self.model.delete(next, KEYS[*other]) {
-                    self.model.rev = next;
+                } else {
+                    for v in &victims {
+                        assert!(self.model.delete(next, &v.key));
+                    }
+                    if !victims.is_empty() {
+                        self.model.rev = next;
+                    }
+                    let ResponseOp::Txn(nested) = &resp.responses[0] else {
+                        panic!("nested txn response")
+                    };
+                    let ResponseOp::DeleteRange(d) = &nested.responses[0] else {
+                        panic!("delete response")
+                    };
+                    assert_eq!(d.prev_kvs, victims);
+                    let ResponseOp::Range(r) = &resp.responses[1] else {
+                        panic!("range response")
+                    };
+                    assert_eq!(
+                        r.kvs,
+                        self.model.range(b"\0", Some(b"\xff\xff"), self.model.rev),
+                        "a txn reads its own deletes"
+                    );
                 }
                 assert_eq!(resp.revision, self.model.rev);
             }
