@@ -652,13 +652,11 @@ impl Writer {
                 // A txn refused by its checks, or whose compares chose ops that delete no
                 // range, is applied whole (and the refusal answered) as before.
                 match self.txn_path(self.current_rev, req) {
-                    Ok(path) if chosen_ops(req, &path).iter().any(|op| deletes_a_range(op)) => {
-                        Stepped::Txn {
-                            req: req.clone(),
-                            path,
-                            progress: TxnProgress::default(),
-                        }
-                    }
+                    Ok((path, ops)) if ops.iter().any(|op| deletes_a_range(op)) => Stepped::Txn {
+                        req: req.clone(),
+                        path,
+                        progress: TxnProgress::default(),
+                    },
                     _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
                 }
             }
@@ -957,17 +955,21 @@ impl Writer {
 
     fn txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest) -> Result<TxnResponse> {
         assert!(ctx.writes == 0, "a txn starts its own write set");
-        let path = self.txn_path(ctx.begin_rev, req)?;
-        let ops = chosen_ops(req, &path);
+        let (path, ops) = self.txn_path(ctx.begin_rev, req)?;
         let mut progress = TxnProgress::default();
         let done = self.txn_ops(ctx, &ops, &mut progress, usize::MAX);
         assert!(done, "an unbounded txn applies all its ops");
         Ok(txn_response(req, &path, &mut progress, ctx))
     }
 
-    /// The branches `req`'s compares choose at `begin_rev`, once the ops on them passed the
-    /// checks that refuse a txn whole (a put's missing key or lease, a range's revision).
-    fn txn_path(&self, begin_rev: i64, req: &TxnRequest) -> Result<TxnPath> {
+    /// The branches `req`'s compares choose at `begin_rev` and the ops on them
+    /// (`chosen_ops`), once those passed the checks that refuse a txn whole (a put's missing
+    /// key or lease, a range's revision).
+    fn txn_path<'a>(
+        &self,
+        begin_rev: i64,
+        req: &'a TxnRequest,
+    ) -> Result<(TxnPath, Vec<&'a RequestOp>)> {
         let path = compare_path(&self.shared, req, begin_rev, self.compact_rev);
         let ops = chosen_ops(req, &path);
         if txn_writes(req) {
@@ -991,7 +993,7 @@ impl Writer {
                 _ => {}
             }
         }
-        Ok(path)
+        Ok((path, ops))
     }
 
     /// Applies a txn's chosen `ops` from `progress.next` on, visiting at most `keys_max` keys:
