@@ -652,7 +652,7 @@ impl Writer {
                 // A txn refused by its checks, or whose compares chose ops that delete no
                 // range, is applied whole (and the refusal answered) as before.
                 match self.txn_path(self.current_rev, req) {
-                    Ok((path, ops)) if ops.iter().any(|op| deletes_a_range(op)) => Stepped::Txn {
+                    Ok((path, ops)) if ops.iter().any(deletes_a_range) => Stepped::Txn {
                         req: req.clone(),
                         path,
                         progress: TxnProgress::default(),
@@ -969,11 +969,11 @@ impl Writer {
         &self,
         begin_rev: i64,
         req: &'a TxnRequest,
-    ) -> Result<(TxnPath, Vec<&'a RequestOp>)> {
+    ) -> Result<(TxnPath, ChosenOps<'a>)> {
         let path = compare_path(&self.shared, req, begin_rev, self.compact_rev);
         let ops = chosen_ops(req, &path);
         if txn_writes(req) {
-            for op in &ops {
+            for op in ops.iter() {
                 if let RequestOp::Put(p) = op {
                     self.check_put(p, begin_rev)?;
                     if p.lease != 0 && !self.leases.contains_key(&p.lease) {
@@ -982,7 +982,7 @@ impl Writer {
                 }
             }
         }
-        for op in &ops {
+        for op in ops.iter() {
             match op {
                 RequestOp::Range(r) if r.revision > begin_rev => {
                     return Err(KvError::FutureRevision)
@@ -1002,7 +1002,7 @@ impl Writer {
     fn txn_ops(
         &mut self,
         ctx: &mut TxnCtx,
-        ops: &[&RequestOp],
+        ops: &ChosenOps<'_>,
         progress: &mut TxnProgress,
         keys_max: usize,
     ) -> bool {
@@ -1527,17 +1527,34 @@ fn compare_path(shared: &Shared, req: &TxnRequest, rev: i64, compact_rev: i64) -
     TxnPath { succeeded, nested }
 }
 
-/// The ops a txn applies on the branches `path` chose, nested txns flattened into them, in the
-/// order they apply.
-fn chosen_ops<'a>(req: &'a TxnRequest, path: &TxnPath) -> Vec<&'a RequestOp> {
+/// The ops a txn applies on the branches its compares chose, in the order they apply.
+enum ChosenOps<'a> {
+    /// The chosen branch, which holds no nested txn: its ops as they are.
+    Branch(&'a [RequestOp]),
+    /// The chosen branches' ops, nested txns flattened into them.
+    Flattened(Vec<&'a RequestOp>),
+}
+
+impl<'a> ChosenOps<'a> {
+    fn get(&self, i: usize) -> Option<&'a RequestOp> {
+        match self {
+            ChosenOps::Branch(ops) => ops.get(i),
+            ChosenOps::Flattened(ops) => ops.get(i).copied(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'a RequestOp> + '_ {
+        (0..).map_while(|i| self.get(i))
+    }
+}
+
+/// The ops a txn applies on the branches `path` chose. Most txns nest none, and their
+/// branch is used as it is: no list is made (an apply of a txn-put makes as few allocations
+/// as it can).
+fn chosen_ops<'a>(req: &'a TxnRequest, path: &TxnPath) -> ChosenOps<'a> {
     fn push<'a>(req: &'a TxnRequest, path: &TxnPath, out: &mut Vec<&'a RequestOp>) {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
         let mut nested = path.nested.iter();
-        for op in ops {
+        for op in branch(req, path) {
             match op {
                 RequestOp::Txn(t) => push(t, nested.next().expect("one path per nested txn"), out),
                 other => out.push(other),
@@ -1545,9 +1562,21 @@ fn chosen_ops<'a>(req: &'a TxnRequest, path: &TxnPath) -> Vec<&'a RequestOp> {
         }
         assert!(nested.next().is_none(), "every nested path is used");
     }
+    if path.nested.is_empty() {
+        return ChosenOps::Branch(branch(req, path));
+    }
     let mut out = Vec::with_capacity(req.success.len().max(req.failure.len()));
     push(req, path, &mut out);
-    out
+    ChosenOps::Flattened(out)
+}
+
+/// The ops of the branch of `req` that `path` chose.
+fn branch<'a>(req: &'a TxnRequest, path: &TxnPath) -> &'a [RequestOp] {
+    if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    }
 }
 
 /// The answer of a txn whose chosen ops all applied, nested as the request is: the answers in
@@ -1563,13 +1592,8 @@ fn txn_response(
         path: &TxnPath,
         answers: &mut std::vec::Drain<'_, ResponseOp>,
     ) -> TxnResponse {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
         let mut nested = path.nested.iter();
-        let responses = ops
+        let responses = branch(req, path)
             .iter()
             .map(|op| match op {
                 // etcd leaves the nested txn's own header revision unset.
@@ -1588,9 +1612,20 @@ fn txn_response(
         }
     }
     assert!(progress.walk.is_none(), "every op applied");
-    let mut answers = progress.responses.drain(..);
-    let mut resp = nest(req, path, &mut answers);
-    assert!(answers.next().is_none(), "every answer is placed");
+    let mut resp = if path.nested.is_empty() {
+        // The answers are the branch's, as they are.
+        assert_eq!(progress.responses.len(), branch(req, path).len());
+        TxnResponse {
+            revision: 0,
+            succeeded: path.succeeded,
+            responses: std::mem::take(&mut progress.responses),
+        }
+    } else {
+        let mut answers = progress.responses.drain(..);
+        let resp = nest(req, path, &mut answers);
+        assert!(answers.next().is_none(), "every answer is placed");
+        resp
+    };
     resp.revision = ctx.begin_rev + i64::from(ctx.writes > 0);
     resp
 }
