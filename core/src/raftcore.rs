@@ -1095,6 +1095,10 @@ enum Removal {
 /// work between applies changed it (each apply publishes dbSize itself). etcd's is never 0
 /// (an empty bbolt file has pages), and clients check that, so neither is ours.
 fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
+    // An entry applied in steps publishes its size with its writes, at its last step.
+    if writer.stepping().is_some() {
+        return;
+    }
     writer.publish_size();
     shared
         .db_size_in_use_bytes

@@ -540,8 +540,13 @@ impl Writer {
 
     /// Publishes `size_bytes` to readers (`Reader::size_bytes_published`). Every apply does;
     /// the driver calls it after work that changes the size between applies (compaction,
-    /// reclaim, segments leaving).
+    /// reclaim, segments leaving). Not while an entry is applied in steps: the size then
+    /// counts what its steps wrote, which readers must not see before its last step
+    /// publishes it.
     pub fn publish_size(&self) {
+        if self.stepping.is_some() {
+            return;
+        }
         self.shared
             .size_bytes
             .store(self.size_bytes(), Ordering::Release);

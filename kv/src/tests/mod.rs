@@ -139,6 +139,7 @@ fn a_range_delete_in_steps_ends_as_the_same_delete_applied_whole() {
         let expected = whole.apply_bounded(12, &delete(prev_kv), events_max);
         let (mut w, r) = setup();
         let before = r.range(&all).expect("readable");
+        let size_before = r.size_bytes_published();
         let mut progress = w.apply_in_steps(12, &delete(prev_kv), events_max, 3);
         let mut steps = 1;
         let applied = loop {
@@ -149,6 +150,10 @@ fn a_range_delete_in_steps_ends_as_the_same_delete_applied_whole() {
                     assert_eq!(w.applied_index(), 11, "applied only once complete");
                     assert_eq!(r.current_revision(), 11);
                     assert_eq!(r.range(&all).expect("readable"), before);
+                    // Nor does the size count the steps' writes before the last.
+                    w.publish_size();
+                    assert_eq!(r.size_bytes_published(), size_before);
+                    assert!(w.size_bytes() > size_before);
                     progress = w.apply_step(rest, 3);
                     steps += 1;
                 }
@@ -160,6 +165,7 @@ fn a_range_delete_in_steps_ends_as_the_same_delete_applied_whole() {
         assert_eq!(applied.counts.deletes, 10);
         assert_eq!(applied.events_cut, events_max < 10);
         assert_eq!((w.applied_index(), w.stepping()), (12, None));
+        assert_eq!(r.size_bytes_published(), w.size_bytes());
         assert_eq!(r.range(&all).expect("readable").count, 0);
         assert_eq!(r.hash_kv(0), whole.reader().hash_kv(0));
         assert_eq!(
