@@ -94,6 +94,14 @@ impl Future for PagerWait {
     }
 }
 
+/// Whether the pages of `records` are in memory (`MemberConfig::values_resident`): what the
+/// raft core asks before it applies an entry that reads values. More pages than a shard
+/// would ask about count as missing, so the pager looks.
+pub fn values_resident(records: &[Bytes]) -> bool {
+    keel_io::pages::pages_missing_within(records.iter().map(|r| &r[..]), RESIDENCY_PAGES_MAX)
+        == Some(0)
+}
+
 impl Pager {
     /// Starts the pager threads, from a thread that is not pinned (they run on any of the
     /// process's CPUs). Calling it again does nothing.

@@ -76,6 +76,9 @@ pub struct RaftCore {
     /// A pager thread bringing in the segment file the next compaction step reads, and
     /// which file (its address) was last handed to one (see `compaction_waits_for_pages`).
     compaction_paging: Option<crate::pager::PagerWait>,
+    /// The pager bringing in the values the entry next to apply reads (its raft index):
+    /// the loop applies nothing until it is done, and goes on serving meanwhile.
+    apply_paging: Option<(u64, crate::pager::PagerWait)>,
     compaction_paged_file: usize,
     vlog_dir: PathBuf,
     /// The store's count of damaged records reclaim met, as far as this loop has logged it.
@@ -304,6 +307,7 @@ impl RaftCore {
             apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             // Unique across restarts: from the clock-based generator of proposal ids.
             ids_first: shared.next_proposal_id(),
+            values_resident: crate::pager::values_resident,
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.set_checkpoint_root(checkpoint_root);
@@ -321,6 +325,7 @@ impl RaftCore {
             unreadable_records_reported: 0,
             dead_segments: Vec::new(),
             compaction_paging: None,
+            apply_paging: None,
             compaction_paged_file: 0,
             shared,
             member,
@@ -368,8 +373,9 @@ impl RaftCore {
             // it meanwhile, so new writes would only queue up in raft's log.
             let proposals_held = self.member.values_backlogged() || self.member.applying_in_steps();
             let compaction_waits = self.compaction_waits_for_pages();
+            self.page_in_for_apply();
             let idle = !self.member.has_ready()
-                && !self.member.applying_in_steps()
+                && !self.member.apply_runnable()
                 && (!self.member.compaction_runnable() || compaction_waits)
                 && (proposals_held || self.shared.proposals.is_empty())
                 && self.shared.reads.is_empty()
@@ -393,10 +399,14 @@ impl RaftCore {
                     }
                 };
                 let mut paging = self.compaction_paging.take();
+                let mut apply_paging = self.apply_paging.take();
                 let paged = async {
-                    match paging.as_mut() {
-                        Some(wait) => wait.await,
-                        None => futures_lite::future::pending::<()>().await,
+                    match (paging.as_mut(), apply_paging.as_mut()) {
+                        (Some(wait), Some((_, apply_wait))) => {
+                            futures_lite::future::or(wait, apply_wait).await
+                        }
+                        (Some(wait), None) | (None, Some((_, wait))) => wait.await,
+                        (None, None) => futures_lite::future::pending::<()>().await,
                     }
                 };
                 self.shared
@@ -416,7 +426,9 @@ impl RaftCore {
                 )
                 .await;
                 self.compaction_paging = paging;
+                self.apply_paging = apply_paging;
                 self.shared.enter_raft_phase(LoopPhase::Working);
+                self.page_in_for_apply();
             }
             // Between Readies, as the member asks: a written checkpoint lets the WAL go.
             if let Some(outcome) = self.checkpoints.try_take() {
@@ -450,7 +462,7 @@ impl RaftCore {
             self.publish();
             if self.member.has_ready() {
                 self.handle_ready().await?;
-            } else if self.member.applying_in_steps() {
+            } else if self.member.apply_runnable() {
                 // A step of an entry applied in steps (each Ready takes one too); the loop
                 // turns between steps, so peers keep hearing from this member.
                 let (before, started) = (self.apply_mark(), Instant::now());
@@ -500,6 +512,34 @@ impl RaftCore {
             self.finish_checkpoint(outcome).await?;
         }
         self.wal_release.settle().await
+    }
+
+    /// Hands the values the entry next to apply reads to the pager (the member asks, see
+    /// `MemberConfig::values_resident`), and tells the member once they are in: the raft core
+    /// does not wait for the disk to apply, and serves peers and clients meanwhile. A full
+    /// queue leaves the faults to the apply, as before.
+    fn page_in_for_apply(&mut self) {
+        if let Some((index, wait)) = self.apply_paging.as_mut() {
+            if !wait.is_done() {
+                return;
+            }
+            let index = *index;
+            self.apply_paging = None;
+            let (before, started) = (self.apply_mark(), Instant::now());
+            self.member.pages_brought_in(index, self.now_ms());
+            self.observe_apply(before, started);
+        }
+        let Some((index, records)) = self.member.take_pages_wanted() else {
+            return;
+        };
+        match self.shared.pager.bring_in_records(records.iter()) {
+            Some(wait) => self.apply_paging = Some((index, wait)),
+            None => {
+                let (before, started) = (self.apply_mark(), Instant::now());
+                self.member.pages_brought_in(index, self.now_ms());
+                self.observe_apply(before, started);
+            }
+        }
     }
 
     /// Whether the next compaction step must wait for a pager thread to bring in the segment

@@ -186,6 +186,13 @@ pub struct MemberConfig {
     /// takes it from the clock-based id generator, as etcd's request ids; the simulation
     /// from its incarnation count.
     pub ids_first: u64,
+    /// Whether the pages of these records (values an entry will read as it is applied: a
+    /// txn's value compares, an `ignore_value` put's old value) are in memory. The server
+    /// asks mincore (`pager::values_resident`); when they are not, the entry waits for the
+    /// driver's pager (`take_pages_wanted`), so the raft core never waits for the disk. A
+    /// follower needs this most: nothing brought its copies in, and it wrote them with
+    /// O_DIRECT. A plain function, so the member stays free of I/O and clocks.
+    pub values_resident: fn(&[Bytes]) -> bool,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -359,6 +366,16 @@ struct Stepping {
     since_ms: u64,
 }
 
+/// The entry next to apply, waiting for the pages of the values it reads.
+struct PagesWait {
+    /// Its raft index.
+    index: u64,
+    /// The records whose pages it reads, until the driver takes them.
+    records: Option<Vec<Bytes>>,
+    /// When it began to wait: the lease countdowns are postponed by how long it took.
+    since_ms: u64,
+}
+
 /// The watch events of the entries one `apply` call applied (at most
 /// `watch_events_per_apply_max`, else `cut` and none).
 #[derive(Default)]
@@ -487,6 +504,11 @@ pub struct Member {
     /// The entry being applied in steps (a DeleteRange of a range, a lease revoke, a txn that
     /// deletes a range), between loop turns.
     stepping: Option<Stepping>,
+    /// The front of `to_apply`, waiting for the pages of values it reads.
+    pages_wait: Option<PagesWait>,
+    /// The entry whose pages were last brought in: it is applied without asking again (one
+    /// pager round per entry; pages evicted again meanwhile are faulted in by the raft core).
+    pages_brought_for: u64,
     /// The highest index raft handed out that this member has applied (or skipped, as a
     /// snapshot covered it): what it tells raft through `advance_apply_to`.
     applied_through: u64,
@@ -562,6 +584,8 @@ impl Member {
             pending: None,
             to_apply: VecDeque::new(),
             stepping: None,
+            pages_wait: None,
+            pages_brought_for: 0,
             applied_through: 0,
             apply_steps_taken: 0,
             placed: None,
@@ -692,7 +716,7 @@ impl Member {
     }
     /// Whether a Ready or a compaction step is waiting (the driver must not sleep).
     pub fn has_work(&self) -> bool {
-        self.node.has_ready() || self.compaction_runnable() || self.applying_in_steps()
+        self.node.has_ready() || self.compaction_runnable() || self.apply_runnable()
     }
 
     /// Whether committed entries wait to be applied in steps (`apply_step`): the driver must
@@ -700,6 +724,41 @@ impl Member {
     /// the entries behind this one wait in raft's log).
     pub fn applying_in_steps(&self) -> bool {
         self.stepping.is_some() || !self.to_apply.is_empty()
+    }
+
+    /// Whether `apply_step` has work now: entries wait to be applied, and not for pages.
+    pub fn apply_runnable(&self) -> bool {
+        self.applying_in_steps() && self.pages_wait.is_none()
+    }
+
+    /// Whether the entry next to apply waits for the pages of values it reads (see
+    /// `MemberConfig::values_resident`): until `pages_brought_in`, nothing is applied, and
+    /// the driver may sleep.
+    pub fn waiting_for_pages(&self) -> bool {
+        self.pages_wait.is_some()
+    }
+
+    /// The entry that waits for pages (its raft index) and the records whose pages it
+    /// reads, once: the driver hands them to its pager, and calls `pages_brought_in` when
+    /// the pager is done, or at once when it has no room for them.
+    pub fn take_pages_wanted(&mut self) -> Option<(u64, Vec<Bytes>)> {
+        let wait = self.pages_wait.as_mut()?;
+        Some((wait.index, wait.records.take()?))
+    }
+
+    /// The pages of the entry at `index` are in (or the driver gave up on them): it is
+    /// applied, and the entries behind it. A late call, for an entry a snapshot covered
+    /// meanwhile, does nothing.
+    pub fn pages_brought_in(&mut self, index: u64, now_ms: u64) {
+        let Some(wait) = self.pages_wait.take_if(|w| w.index == index) else {
+            return;
+        };
+        // No lease expired meanwhile, as none could be renewed (apply trailed the commit
+        // index): their countdowns resume where they stood.
+        self.lease_clock
+            .postpone(now_ms.saturating_sub(wait.since_ms));
+        self.pages_brought_for = index;
+        self.apply(Vec::new(), now_ms);
     }
 
     /// Steps taken so far of entries applied in steps.
@@ -905,7 +964,7 @@ impl Member {
         }
         // Not while an entry is applied in steps: no lease can be renewed meanwhile (apply
         // trails the commit index), so none expires either; see `apply`.
-        if self.stepping.is_none() {
+        if self.stepping.is_none() && self.pages_wait.is_none() {
             self.expire_leases(now_ms);
         }
         self.expire_waiting(now_ms);
@@ -1612,6 +1671,24 @@ impl Member {
         Ok(())
     }
 
+    /// The records of values `op` reads as it is applied (a txn's value compares, an
+    /// `ignore_value` put's old value), when their pages are not in memory and were not
+    /// brought in for this entry already.
+    fn values_to_bring_in(&self, index: u64, op: Option<&kv::Op>) -> Option<Vec<Bytes>> {
+        if index == self.pages_brought_for {
+            return None;
+        }
+        let records = match op? {
+            kv::Op::Txn(t) => self.writer.reader().records_txn_reads(t),
+            kv::Op::Put(p) if p.ignore_value => self.writer.reader().records_put_reads(p),
+            _ => return None,
+        };
+        if records.is_empty() || (self.config.values_resident)(&records) {
+            return None;
+        }
+        Some(records)
+    }
+
     fn note_read_states(&mut self, read_states: Vec<ReadState>) {
         for rs in read_states {
             let ctx = u64::from_be_bytes(
@@ -1663,6 +1740,7 @@ impl Member {
         );
         self.to_apply.clear();
         self.stepping = None;
+        self.pages_wait = None;
         self.applied_through = self.applied_through.max(index);
         if snap.data.is_empty() {
             // The bootstrap snapshot: an empty store whose membership is in the metadata.
@@ -1777,7 +1855,7 @@ impl Member {
                 }
             }
         }
-        while self.stepping.is_none() {
+        while self.stepping.is_none() && self.pages_wait.is_none() {
             let Some(e) = self.to_apply.pop_front() else {
                 break;
             };
@@ -1801,7 +1879,8 @@ impl Member {
     }
 
     /// Applies one committed entry, or begins applying it in steps (then false: it is not
-    /// applied yet, and `stepping` holds it).
+    /// applied yet, and `stepping` holds it), or puts it back at the front of `to_apply` to
+    /// wait for the pages of values it reads (then false, and `pages_wait` says so).
     fn apply_entry(&mut self, e: Entry, batch: &mut EventBatch, now_ms: u64) -> bool {
         let term = self.raft_term;
         if e.index <= self.writer.applied_index() {
@@ -1858,6 +1937,15 @@ impl Member {
                 }
                 let who = auth::apply::header_info(&req);
                 let op = request_op(req);
+                if let Some(records) = self.values_to_bring_in(e.index, op.as_ref()) {
+                    self.pages_wait = Some(PagesWait {
+                        index: e.index,
+                        records: Some(records),
+                        since_ms: now_ms,
+                    });
+                    self.to_apply.push_front(e);
+                    return false;
+                }
                 let physical = matches!(&op, Some(kv::Op::Compact(c)) if c.physical);
                 // Under a raised alarm some writes are refused at apply, from the replicated
                 // alarm set, so every member refuses the same entries. Then a client's write
@@ -2430,13 +2518,17 @@ mod tests {
 
     /// A founding single-voter member, as `raftcore::open` builds one on an empty data dir.
     fn single() -> Member {
+        single_with(kv::Store::new().0)
+    }
+
+    /// `single`, over this store.
+    fn single_with(writer: kv::Writer) -> Member {
         let storage = MemStorage::new_with_voters(&[1]);
         let mut rc = keel_raft::Config::new(1);
         rc.heartbeat_tick = 1;
         rc.applied = 1;
         rc.seed = 1;
         let node = RawNode::new(&rc, storage).expect("a valid raft configuration");
-        let (writer, _reader) = kv::Store::new();
         let members = vec![MemberInfo {
             id: 1,
             name: "one".into(),
@@ -2457,6 +2549,7 @@ mod tests {
             watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
             apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             ids_first: 1,
+            values_resident: |_| true,
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -2473,7 +2566,10 @@ mod tests {
     }
 
     fn started_leader() -> Member {
-        let mut m = single();
+        started(single())
+    }
+
+    fn started(mut m: Member) -> Member {
         m.start(0);
         settle(&mut m, 0);
         assert!(m.is_leader(), "a lone voter leads at once");
@@ -3192,6 +3288,7 @@ mod tests {
                         watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
                         apply_keys_per_step,
                         ids_first: 1,
+                        values_resident: |_| true,
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
@@ -3992,6 +4089,98 @@ mod tests {
                 ..Default::default()
             },
         )
+    }
+
+    /// An entry that reads values whose pages are not in memory (a txn comparing a value in
+    /// a durable segment, on a member whose shard never read it) waits for the driver's pager
+    /// instead of faulting on the raft core: nothing is applied behind it meanwhile, the
+    /// driver may sleep, and once the pages are in it is applied (asked once: no second
+    /// wait).
+    #[test]
+    fn an_entry_reading_values_not_in_memory_waits_for_the_pager() {
+        // Values on disk, as the server keeps them.
+        let (writer, _) = kv::Store::with_value_log(kv::ValueLogOptions {
+            on_disk: true,
+            ..Default::default()
+        });
+        let mut m = started(single_with(writer));
+        m.config.values_resident = |_| false;
+        // Three values of 400 KB fill a 1 MiB segment: the first is sealed, then durable.
+        for id in 1..=3 {
+            let (put, _rx) = sized_put(id, 400_000);
+            m.propose_batch(vec![put], 0);
+            settle(&mut m, 0);
+        }
+        let sealed = m.take_sealed_segments();
+        assert!(!sealed.is_empty(), "a segment was sealed");
+        for s in sealed {
+            let mut file = s.records.to_vec();
+            file.resize(file.len().next_multiple_of(4096), 0);
+            m.segment_durable(s.id, s.bytes, Bytes::from(file));
+        }
+        let applied_before = m.applied_index();
+        let txn = |id: u64, key: &str| {
+            proposal(
+                id,
+                pb::InternalRaftRequest {
+                    txn: Some(pb::TxnRequest {
+                        compare: vec![pb::Compare {
+                            result: pb::compare::CompareResult::Equal as i32,
+                            target: pb::compare::CompareTarget::Value as i32,
+                            key: Bytes::from(key.to_string()),
+                            target_union: Some(pb::compare::TargetUnion::Value(Bytes::from(
+                                vec![b'v'; 400_000],
+                            ))),
+                            ..Default::default()
+                        }],
+                        success: vec![pb::RequestOp {
+                            request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+                                key: Bytes::from_static(b"compared"),
+                                value: Bytes::from_static(b"yes"),
+                                ..Default::default()
+                            })),
+                        }],
+                        failure: Vec::new(),
+                    }),
+                    ..Default::default()
+                },
+            )
+        };
+        let (compare, mut answered) = txn(10, "k00001");
+        let (behind, mut behind_answered) = sized_put(11, 8);
+        m.propose_batch(vec![compare, behind], 0);
+        settle(&mut m, 0);
+        assert!(m.waiting_for_pages());
+        assert!(!m.apply_runnable() && !m.has_work(), "the driver may sleep");
+        assert_eq!(
+            m.applied_index(),
+            applied_before,
+            "nothing applied behind it"
+        );
+        assert!(matches!(answered.try_recv(), Ok(None)));
+        assert!(matches!(behind_answered.try_recv(), Ok(None)));
+        let (index, records) = m.take_pages_wanted().expect("the pages it reads");
+        assert_eq!(index, applied_before + 1);
+        assert_eq!(records.len(), 1, "the compared value's record");
+        assert!(m.take_pages_wanted().is_none(), "handed out once");
+        // A late answer for another entry changes nothing.
+        m.pages_brought_in(index + 5, 0);
+        assert!(m.waiting_for_pages());
+        m.pages_brought_in(index, 0);
+        settle(&mut m, 0);
+        assert!(!m.waiting_for_pages());
+        assert_eq!(m.applied_index(), applied_before + 2);
+        let Ok(Some(Ok(answer))) = answered.try_recv() else {
+            panic!("the txn was answered");
+        };
+        let Answer::Op(op) = answer.response else {
+            panic!("a kv answer");
+        };
+        let kv::OpResponse::Txn(t) = op.check() else {
+            panic!("a txn's answer");
+        };
+        assert!(t.succeeded, "it compared the value it waited for");
+        assert!(matches!(behind_answered.try_recv(), Ok(Some(Ok(_)))));
     }
 
     /// A delete of many keys, alone or in a txn, is applied a few keys per loop turn on every

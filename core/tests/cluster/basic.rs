@@ -314,3 +314,65 @@ fn a_delete_of_many_keys_keeps_the_leader() {
         );
     }
 }
+
+/// A follower applies a txn that compares a value it holds only on disk (its copy came from
+/// the leader's appends, and it wrote it with O_DIRECT: no page of it is in memory). Its
+/// raft core does not wait for the disk: the pager brings the value in first, so the raft
+/// thread takes no major fault for it (a few allowed for code pages), and the compare sees
+/// the value.
+#[test]
+fn followers_bring_compared_values_in_off_the_raft_core() {
+    use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+    const KEYS: usize = 64;
+    const VALUE_BYTES: usize = 4096;
+    // Small segments, so most values are in durable (mapped) segment files soon.
+    let c = Cluster::start(3, Net::Loopback, &["--value-log-segment-bytes", "65536"]);
+    let all = [0, 1, 2];
+    let (leader, _, _) = c.wait_leader(&all, Duration::from_secs(10));
+    let value_of = |i: usize| vec![b'a' + (i % 26) as u8; VALUE_BYTES];
+    let url = c.members[leader].client_url();
+    let followers: Vec<usize> = all.into_iter().filter(|&i| i != leader).collect();
+    let mut faults_before: Vec<u64> = Vec::new();
+    crate::block_on(async {
+        let mut client = Client::connect([url.as_str()], None)
+            .await
+            .expect("etcd-client connects");
+        for i in 0..KEYS {
+            client
+                .put(format!("cmp/{i:03}"), value_of(i), None)
+                .await
+                .expect("put");
+        }
+        // The value-log writers make the sealed segments durable beside the raft loops.
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        faults_before = followers
+            .iter()
+            .map(|&i| crate::common::major_faults_of(c.members[i].pid(), "keel-raft"))
+            .collect();
+        for i in 0..KEYS / 2 {
+            let key = format!("cmp/{i:03}");
+            let txn = Txn::new()
+                .when([Compare::value(key.as_str(), CompareOp::Equal, value_of(i))])
+                .and_then([TxnOp::put(format!("seen/{i:03}"), "yes", None)]);
+            let r = client.txn(txn).await.expect("txn");
+            assert!(r.succeeded(), "{key} compared equal");
+        }
+    });
+    c.wait_converged(&all, Duration::from_secs(30));
+    for (&i, before) in followers.iter().zip(faults_before) {
+        let m = &c.members[i];
+        let addr = m.client_url().trim_start_matches("http://").to_string();
+        let (code, body) = crate::common::http_get(&addr, "/metrics");
+        assert_eq!(code, 200);
+        let paged =
+            crate::common::metric_value(&body, r#"keel_pager_reads_total{outcome="paged"}"#);
+        // 32 compared values: a raft core reading them itself took 35 major faults in all.
+        let raft = crate::common::major_faults_of(m.pid(), "keel-raft") - before;
+        assert!(
+            raft <= 3,
+            "follower n{i}'s raft core waited on the disk {raft} times: {:?}",
+            crate::common::major_faults_by_thread(m.pid())
+        );
+        assert!(paged > 0, "follower n{i} handed no read to its pager");
+    }
+}

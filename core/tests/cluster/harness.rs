@@ -182,6 +182,11 @@ impl Member {
         }
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the member runs").id()
+    }
+
     /// Panics with the log when the process has exited.
     fn assert_alive(&mut self) {
         if let Some(child) = self.child.as_mut() {

@@ -559,6 +559,35 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     http_request(addr, "GET", path, "")
 }
 
+/// Major page faults (faults that waited for the disk) each of the server's threads took,
+/// by thread name (`/proc/PID/task/TID/stat`, field 12).
+pub fn major_faults_by_thread(pid: u32) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc lists threads") {
+        let Ok(stat) = std::fs::read_to_string(task.expect("a task").path().join("stat")) else {
+            continue; // The thread ended meanwhile.
+        };
+        // "TID (COMM) STATE ...": the name may hold spaces, the fields after it do not.
+        let (open, close) = (stat.find('(').expect("("), stat.rfind(')').expect(")"));
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        // Field 12 (majflt), counted from 1 with the state as field 3.
+        let majflt = fields[12 - 3].parse().expect("majflt is a number");
+        out.push((stat[open + 1..close].to_string(), majflt));
+    }
+    out
+}
+
+/// Major page faults the server's threads whose names start with `prefix` took, in all.
+/// Code pages of the binary can fault too when memory is short (a test suite running
+/// beside), so tests compare a count before and after and allow a few.
+pub fn major_faults_of(pid: u32, prefix: &str) -> u64 {
+    major_faults_by_thread(pid)
+        .iter()
+        .filter(|(name, _)| name.starts_with(prefix))
+        .map(|(_, majflt)| majflt)
+        .sum()
+}
+
 /// The value of one series (its name with labels, as /metrics writes it) on a metrics page.
 pub fn metric_value(body: &str, series: &str) -> u64 {
     body.lines()

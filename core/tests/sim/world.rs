@@ -443,6 +443,9 @@ impl World {
             apply_keys_per_step: APPLY_KEYS_PER_STEP,
             // Each incarnation of each member uses ids no other one used.
             ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
+            // The simulation's values never leave memory: no entry reads one on disk, so
+            // none waits for pages (the member test of that wait covers it).
+            values_resident: |_| true,
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
@@ -851,7 +854,7 @@ impl World {
         if run.member.has_ready() {
             let io = run.member.ready(now).expect("has_ready");
             self.carry_out(i, io)?;
-        } else if run.member.applying_in_steps() {
+        } else if run.member.apply_runnable() {
             run.member.apply_step(now);
         } else if run.member.compaction_runnable() {
             run.member.compact_step();
