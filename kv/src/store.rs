@@ -978,12 +978,27 @@ impl Writer {
         let path = compare_path(&self.shared, req, begin_rev, self.compact_rev);
         let ops = chosen_ops(req, &path);
         if txn_writes(req) {
+            // A put that keeps the key's value or lease needs the key as the txn finds it
+            // when the put runs: one an earlier delete of the txn removed is missing too.
+            // (etcd checks the state before the txn, and then its apply panics on every
+            // member.) The duplicate-key check lets such a txn through when the delete runs
+            // to "\0", an end it compares literally.
+            let mut deletes: Vec<&DeleteRangeRequest> = Vec::new();
             for op in ops.iter() {
-                if let RequestOp::Put(p) = op {
-                    self.check_put(p, begin_rev)?;
-                    if p.lease != 0 && !self.leases.contains_key(&p.lease) {
-                        return Err(KvError::LeaseNotFound);
+                match op {
+                    RequestOp::Put(p) => {
+                        if (p.ignore_value || p.ignore_lease)
+                            && deletes.iter().any(|d| deletes_key(d, &p.key))
+                        {
+                            return Err(KvError::KeyNotFound);
+                        }
+                        self.check_put(p, begin_rev)?;
+                        if p.lease != 0 && !self.leases.contains_key(&p.lease) {
+                            return Err(KvError::LeaseNotFound);
+                        }
                     }
+                    RequestOp::DeleteRange(d) => deletes.push(d),
+                    _ => {}
                 }
             }
         }
@@ -1633,6 +1648,16 @@ fn txn_response(
     };
     resp.revision = ctx.begin_rev + i64::from(ctx.writes > 0);
     resp
+}
+
+/// Whether `d` deletes `key`, as the store walks its range (an end of "\0" runs to the last
+/// key).
+fn deletes_key(d: &DeleteRangeRequest, key: &[u8]) -> bool {
+    match crate::index::range_end(&d.range_end) {
+        crate::index::RangeEnd::Single => d.key.as_ref() == key,
+        crate::index::RangeEnd::Unbounded => key >= d.key.as_ref(),
+        crate::index::RangeEnd::Before(end) => key >= d.key.as_ref() && key < end,
+    }
 }
 
 /// Whether any op of `req`, on any branch, deletes a range.

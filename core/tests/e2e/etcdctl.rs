@@ -403,3 +403,25 @@ fn snapshot_save_streams_an_etcd_database_with_every_key() {
         .json();
     assert_eq!(status["revision"], 201);
 }
+
+/// A txn that deletes from "a" to the end ("\0", which etcd's duplicate-key check compares
+/// literally, so it lets the txn through) and then puts "b" keeping its value: the put
+/// finds the key gone. It is refused whole with etcd's "key not found" (etcd 3.4's apply
+/// panicked here, on every member), and the server goes on.
+#[test]
+fn a_txn_keeping_the_value_of_a_key_it_deleted_is_refused() {
+    let s = Server::under_test(&[]);
+    put_all(&s, &[("a", "1"), ("b", "2")]);
+    let out = s.etcdctl_stdin(
+        &["txn", "-i"],
+        "\ndel a \"\\x00\"\nput b --ignore-value\n\n\n",
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.contains("Error: etcdserver: key not found"),
+        "{out:?}"
+    );
+    let out = s.etcdctl(&["get", "", "--from-key"]).ok();
+    assert_eq!(out.stdout, "a\n1\nb\n2\n", "nothing was deleted");
+    s.etcdctl(&["put", "c", "3"]).ok();
+}

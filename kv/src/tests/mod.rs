@@ -400,3 +400,78 @@ fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
         (12, None, 11)
     );
 }
+
+/// A put that keeps a key's value (or lease) after a delete of the same txn removed the key
+/// finds it missing, and the txn is refused whole ("key not found"), as when the key was
+/// never there: checked against the state before the txn it passed, and its apply then
+/// panicked (on every member). etcd's duplicate-key check lets such txns through when the
+/// delete runs to "\0" (it compares that end literally).
+#[test]
+fn a_put_keeping_the_value_of_a_key_its_txn_deleted_is_refused() {
+    use crate::{
+        DeleteRangeRequest, KvError, PutRequest, RequestOp, Store, TxnRequest, MAX_TXN_OPS_DEFAULT,
+    };
+    let (mut w, r) = Store::new();
+    for (i, key) in ["a", "b"].into_iter().enumerate() {
+        let put = Op::Put(PutRequest {
+            key: Bytes::from(key),
+            value: Bytes::from_static(b"v"),
+            ..Default::default()
+        });
+        w.apply(i as u64 + 1, &put).expect("put");
+    }
+    let keep_b = |ignore_value, ignore_lease| {
+        RequestOp::Put(PutRequest {
+            key: Bytes::from_static(b"b"),
+            ignore_value,
+            ignore_lease,
+            value: if ignore_value {
+                Bytes::new()
+            } else {
+                Bytes::from_static(b"w")
+            },
+            ..Default::default()
+        })
+    };
+    let from_a = RequestOp::DeleteRange(DeleteRangeRequest {
+        key: Bytes::from_static(b"a"),
+        range_end: Bytes::from_static(b"\0"),
+        prev_kv: false,
+    });
+    let txns = [
+        vec![from_a.clone(), keep_b(true, false)],
+        vec![from_a, keep_b(false, true)],
+    ];
+    for (i, success) in txns.into_iter().enumerate() {
+        let txn = TxnRequest {
+            compare: vec![],
+            success,
+            failure: vec![],
+        };
+        crate::validate_txn(&txn, MAX_TXN_OPS_DEFAULT).expect("etcd lets it through");
+        // Applied as the raft core applies it: in steps, where it deletes a range.
+        assert!(
+            matches!(
+                w.apply_in_steps(10 + i as u64, &Op::Txn(txn), usize::MAX, 1),
+                crate::Progress::Done(Err(KvError::KeyNotFound))
+            ),
+            "txn {i}"
+        );
+        assert_eq!(r.current_revision(), 3, "nothing changed");
+    }
+    // A put of a key the txn deleted, keeping nothing, still applies (etcd allows it).
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::DeleteRange(DeleteRangeRequest {
+                key: Bytes::from_static(b"a"),
+                range_end: Bytes::from_static(b"\0"),
+                prev_kv: false,
+            }),
+            keep_b(false, false),
+        ],
+        failure: vec![],
+    };
+    w.apply(20, &Op::Txn(txn)).expect("applies");
+    assert_eq!(r.current_revision(), 4);
+}
