@@ -816,6 +816,7 @@ impl Writer {
         prev: Option<PrevKv>,
     ) {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
+        let event_prev = self.event_prev(ctx, entry.as_ref(), &prev);
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         // A copy of the key for the event and the lease, never a clone of the index's own: a
@@ -861,8 +862,34 @@ impl Writer {
         ctx.push_event(Event {
             kind: EventKind::Put,
             kv,
-            prev_kv: prev,
+            prev_kv: event_prev.unwrap_or(prev),
         });
+    }
+
+    /// The previous state the watch event of a write of this txn carries, when it is not the
+    /// state the write found (`prev`): etcd reads it at the event's revision less one, the
+    /// key as it stood before the txn, so an earlier op of the txn that wrote the key does
+    /// not show. None when `prev` is that state (the common case: asked only once the txn
+    /// wrote something).
+    fn event_prev(
+        &self,
+        ctx: &TxnCtx,
+        entry: Option<&IndexEntry<'_>>,
+        prev: &Option<PrevKv>,
+    ) -> Option<Option<PrevKv>> {
+        let written_in_txn = match prev {
+            Some(p) => p.mod_revision() > ctx.begin_rev,
+            // Missing: never there, or deleted by an earlier op of this txn.
+            None => ctx.writes > 0,
+        };
+        if !written_in_txn {
+            return None;
+        }
+        let guard = epoch::pin();
+        Some(entry.and_then(|e| {
+            live_at(e.value().load(&guard), ctx.begin_rev)
+                .map(|v| v.to_prev_kv(e.key(), self.vlog.table()))
+        }))
     }
 
     fn detach(&mut self, lease: i64, key: &[u8]) {
@@ -930,6 +957,9 @@ impl Writer {
 
     /// Writes a tombstone over `prev`, the live version of `entry`'s key.
     fn write_delete(&mut self, ctx: &mut TxnCtx, entry: &IndexEntry<'_>, prev: PrevKv) {
+        let prev = Some(prev);
+        let event_prev = self.event_prev(ctx, Some(entry), &prev);
+        let prev = prev.expect("a delete finds a live key");
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         let old = entry.value().load(&guard);
@@ -954,7 +984,7 @@ impl Writer {
                 mod_revision: rev.main,
                 ..KeyValue::default()
             },
-            prev_kv: Some(prev),
+            prev_kv: event_prev.unwrap_or(Some(prev)),
         });
     }
 
@@ -2020,8 +2050,11 @@ impl Reader {
                     break;
                 }
                 let mut prev_check = Vec::new();
-                let prev_kv = i
-                    .checked_sub(1)
+                // The key as it stood at the revision before this one, as etcd reads it: a
+                // version of the same txn (a put its delete follows) does not show.
+                let prev_kv = versions[..i]
+                    .iter()
+                    .rposition(|p| p.main() < v.main())
                     .map(|p| &versions[p])
                     .filter(|p| p.kind() == VersionKind::Put)
                     .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)))

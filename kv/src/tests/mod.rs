@@ -475,3 +475,101 @@ fn a_put_keeping_the_value_of_a_key_its_txn_deleted_is_refused() {
     w.apply(20, &Op::Txn(txn)).expect("applies");
     assert_eq!(r.current_revision(), 4);
 }
+
+/// A watch event's previous state is the key as it stood at the revision before the
+/// event's, as etcd reads it: within a txn that wrote the key before (a put, then a delete
+/// to "\0" that etcd's duplicate-key check lets through; a delete, then a put), the events
+/// carry the state before the txn, both as applied and from history.
+#[test]
+fn watch_events_in_a_txn_carry_the_state_before_the_txn() {
+    use crate::{DeleteRangeRequest, EventKind, PutRequest, RequestOp, Store, TxnRequest};
+    let (mut w, r) = Store::new();
+    let put = |key: &'static [u8], value: &'static [u8]| PutRequest {
+        key: Bytes::from_static(key),
+        value: Bytes::from_static(value),
+        ..Default::default()
+    };
+    w.apply(1, &Op::Put(put(b"w/old", b"before"))).expect("put");
+    let from_w = RequestOp::DeleteRange(DeleteRangeRequest {
+        key: Bytes::from_static(b"w/"),
+        range_end: Bytes::from_static(b"\0"),
+        prev_kv: true,
+    });
+    // Revision 3: put w/new and overwrite w/old, then delete everything from w/.
+    let txn = Op::Txn(TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::Put(put(b"w/new", b"new")),
+            RequestOp::Put(put(b"w/old", b"mid")),
+            from_w.clone(),
+        ],
+        failure: vec![],
+    });
+    crate::validate_txn(
+        match &txn {
+            Op::Txn(t) => t,
+            _ => unreachable!(),
+        },
+        crate::MAX_TXN_OPS_DEFAULT,
+    )
+    .expect("etcd lets it through");
+    let applied = w.apply(2, &txn).expect("txn");
+    let prev_value = |e: &crate::Event| {
+        e.prev_kv
+            .clone()
+            .map(|p| (p.mod_revision(), p.checked().value))
+    };
+    let deletes: Vec<_> = applied
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Delete)
+        .map(|e| (e.kv.key.clone(), prev_value(e)))
+        .collect();
+    let expected = vec![
+        (Bytes::from_static(b"w/new"), None),
+        (
+            Bytes::from_static(b"w/old"),
+            Some((2, Bytes::from_static(b"before"))),
+        ),
+    ];
+    assert_eq!(deletes, expected, "as applied");
+    // The answer still shows what the delete found: the txn's own puts.
+    let crate::OpResponse::Txn(t) = applied.response.check() else {
+        panic!("a txn answer")
+    };
+    let crate::ResponseOp::DeleteRange(d) = &t.responses[2] else {
+        panic!("the delete's answer")
+    };
+    assert_eq!(d.prev_kvs[1].value, Bytes::from_static(b"mid"));
+    let history = r.range_events(3, b"w/", b"\0", 100).expect("history");
+    let deletes: Vec<_> = history
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Delete)
+        .map(|e| (e.kv.key.clone(), prev_value(e)))
+        .collect();
+    assert_eq!(deletes, expected, "from history");
+
+    // Revision 4: w/old back; revision 5: delete it, then put it again.
+    w.apply(3, &Op::Put(put(b"w/old", b"back"))).expect("put");
+    let txn = Op::Txn(TxnRequest {
+        compare: vec![],
+        success: vec![from_w, RequestOp::Put(put(b"w/old", b"again"))],
+        failure: vec![],
+    });
+    let applied = w.apply(4, &txn).expect("txn");
+    let put_event = applied
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Put)
+        .expect("the put's event");
+    let expected = Some((4, Bytes::from_static(b"back")));
+    assert_eq!(prev_value(put_event), expected, "as applied");
+    let history = r.range_events(5, b"w/", b"\0", 100).expect("history");
+    let put_event = history
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Put)
+        .expect("the put's event");
+    assert_eq!(prev_value(put_event), expected, "from history");
+}
