@@ -816,7 +816,7 @@ impl Writer {
         prev: Option<PrevKv>,
     ) {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
-        let event_prev = self.event_prev(ctx, entry.as_ref(), &prev);
+        let event_prev = self.event_prev(ctx, entry.as_ref(), prev.as_ref());
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         // A copy of the key for the event and the lease, never a clone of the index's own: a
@@ -875,7 +875,7 @@ impl Writer {
         &self,
         ctx: &TxnCtx,
         entry: Option<&IndexEntry<'_>>,
-        prev: &Option<PrevKv>,
+        prev: Option<&PrevKv>,
     ) -> Option<Option<PrevKv>> {
         let written_in_txn = match prev {
             Some(p) => p.mod_revision() > ctx.begin_rev,
@@ -957,9 +957,7 @@ impl Writer {
 
     /// Writes a tombstone over `prev`, the live version of `entry`'s key.
     fn write_delete(&mut self, ctx: &mut TxnCtx, entry: &IndexEntry<'_>, prev: PrevKv) {
-        let prev = Some(prev);
-        let event_prev = self.event_prev(ctx, Some(entry), &prev);
-        let prev = prev.expect("a delete finds a live key");
+        let event_prev = self.event_prev(ctx, Some(entry), Some(&prev));
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         let old = entry.value().load(&guard);
