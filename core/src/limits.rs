@@ -43,7 +43,8 @@ pub const RAFT_UNCOMMITTED_BYTES_MAX: u64 = 128 << 20;
 /// split one without `fragment`), where the raft core had encoded them once for all.
 pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
 /// Keys one step of a DeleteRange, a lease revoke or a txn that deletes a range, applied in
-/// steps, visits (`Writer::apply_in_steps`; a txn's other ops count one each); the raft
+/// steps, visits (`Writer::apply_in_steps`; a txn's other ops count one each, whatever
+/// they read: its ranges and compares are not split); the raft
 /// core's loop turns between steps, so heartbeats and votes go on. One apply of a million
 /// deletes took 1.2-1.5 s, past an election timeout, and cost a 3-member cluster its leader;
 /// a step of this many keys takes 10-30 ms.
