@@ -348,6 +348,7 @@ async fn run_workloads(
         clients: clients.max(1),
     };
     let put_args = |total: u64| PutArgs {
+        lease: 0,
         key_size: 8,
         val_size: VALUE_BYTES,
         total,

@@ -65,6 +65,19 @@ pub struct PutArgs {
     /// Maximum puts per second, open loop (0 is no limit, closed loop)
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
+    /// Attach every key to this lease (its id in decimal, or in hex as etcdctl prints it,
+    /// with 0x), e.g. to revoke a lease holding millions of keys; 0 attaches none
+    #[arg(long, default_value = "0", value_parser = parse_lease_id)]
+    pub lease: i64,
+}
+
+/// A lease id in decimal, or in hex with 0x.
+fn parse_lease_id(s: &str) -> Result<i64, String> {
+    match s.strip_prefix("0x") {
+        Some(hex) => i64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s:?} is not a lease id: {e}"))
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -358,6 +371,7 @@ pub async fn put(target: &Target, args: &PutArgs) -> Result<Summary, Error> {
             rng: StdRng::seed_from_u64(i as u64),
             request: PutRequest {
                 value: value.clone(),
+                lease: args.lease,
                 ..Default::default()
             },
         })
@@ -969,6 +983,19 @@ pub async fn range_once(endpoint: &str, request: &RangeRequest) -> Result<RangeR
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lease_ids_read_as_etcdctl_prints_them() {
+        assert_eq!(
+            parse_lease_id("0x1c91a242716eea01"),
+            Ok(0x1c91_a242_716e_ea01)
+        );
+        assert_eq!(parse_lease_id("42"), Ok(42));
+        assert!(
+            parse_lease_id("1c91a242716eea01").is_err(),
+            "hex needs its 0x"
+        );
+    }
 
     #[test]
     fn varint_matches_go() {
