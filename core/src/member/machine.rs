@@ -4241,10 +4241,13 @@ mod tests {
         };
         let r = match op.check() {
             kv::OpResponse::DeleteRange(r) => r,
-            kv::OpResponse::Txn(mut t) => match t.responses.pop() {
-                Some(kv::ResponseOp::DeleteRange(r)) => r,
-                other => panic!("{other:?} answers no delete"),
-            },
+            kv::OpResponse::Txn(mut t) => {
+                assert!(t.succeeded && t.revision == before + 1, "{t:?}");
+                match (t.responses.pop(), t.responses.is_empty()) {
+                    (Some(kv::ResponseOp::DeleteRange(r)), true) => r,
+                    other => panic!("{other:?} answers no delete alone"),
+                }
+            }
             other => panic!("{other:?} answers no delete"),
         };
         assert_eq!((r.deleted, r.revision), (60, before + 1));
