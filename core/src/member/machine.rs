@@ -733,7 +733,8 @@ impl Member {
 
     /// Whether the entry next to apply waits for the pages of values it reads (see
     /// `MemberConfig::values_resident`): until `pages_brought_in`, nothing is applied, and
-    /// the driver may sleep.
+    /// the driver may sleep. (The driver needs only `apply_runnable`.)
+    #[cfg(test)]
     pub fn waiting_for_pages(&self) -> bool {
         self.pages_wait.is_some()
     }

@@ -1002,3 +1002,70 @@ async fn a_range_of_more_keys_than_it_holds_at_once_reaches_both_clients_whole()
     assert_eq!(keys[19_999], key_of(19_999));
     assert_eq!(keys[24_000], key_of(24_100), "the deleted keys are skipped");
 }
+
+/// A txn that overwrites a key and then deletes it with more keys than one apply step
+/// visits (`limits::APPLY_KEYS_PER_STEP`, 16,384), so the raft core applies it in steps:
+/// the client hears one answer for the whole txn, every key is gone, and a watcher with
+/// prev_kv sees each event's key as it stood before the txn, as etcd answers (it reads an
+/// event's previous state at its revision less one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_txn_deleting_more_keys_than_a_step_answers_whole_with_etcds_prev_kv() {
+    use etcd_client::{EventType, WatchOptions};
+    const KEYS: usize = 17_000;
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    c.put("w/old", "before", None).await.expect("put");
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(128) {
+        let puts: Vec<TxnOp> = chunk
+            .iter()
+            .map(|i| TxnOp::put(format!("mass/{i:05}"), "v", None))
+            .collect();
+        c.txn(Txn::new().and_then(puts)).await.expect("txn of puts");
+    }
+    let mut watch = c
+        .watch(
+            "w/",
+            Some(WatchOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .expect("watch");
+    // Everything from "m" on, w/old included: etcd's duplicate-key check compares the end
+    // "\0" literally, so the put and the delete of w/old pass it.
+    let r = c
+        .txn(Txn::new().and_then([
+            TxnOp::put("w/old", "mid", None),
+            TxnOp::delete("m", Some(DeleteOptions::new().with_from_key())),
+        ]))
+        .await
+        .expect("the txn is answered");
+    assert!(r.succeeded());
+    let deleted = match &r.op_responses()[1] {
+        TxnOpResponse::Delete(d) => d.deleted(),
+        other => panic!("{other:?} answers no delete"),
+    };
+    assert_eq!(deleted, KEYS as i64 + 1);
+    let left = c
+        .get(
+            "m",
+            Some(GetOptions::new().with_from_key().with_count_only()),
+        )
+        .await
+        .expect("count");
+    assert_eq!(left.count(), 0, "whole once answered");
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(20), watch.message())
+            .await
+            .expect("events in time")
+            .expect("the watch stream works")
+            .expect("the stream stays open");
+        events.extend(msg.events().iter().cloned());
+    }
+    assert_eq!(events.len(), 2, "{events:?}");
+    for e in &events {
+        let prev = e.prev_kv().expect("a previous state");
+        assert_eq!(prev.value(), b"before", "{e:?}");
+    }
+    assert_eq!(events[0].event_type(), EventType::Put);
+    assert_eq!(events[1].event_type(), EventType::Delete);
+}
