@@ -140,7 +140,14 @@ pub async fn open(
     // the kept ones for the restore (values are read from the files, never copied in).
     let vlog_dir = config.data_dir.join("vlog");
     let kept = segments_of_checkpoints(&snap_dir, newest.as_ref().map(|l| &l.checkpoint));
-    let first_segment_id = vlog_writer::remove_unreferenced(&vlog_dir, &kept)?;
+    if kept.is_none() {
+        tracing::warn!(
+            dir = %snap_dir.display(),
+            "a checkpoint file cannot be read, so which value-log segments it points into is \
+             not known: every segment file is kept until it is gone"
+        );
+    }
+    let first_segment_id = vlog_writer::remove_unreferenced(&vlog_dir, kept.as_deref())?;
     let segments_ms = started.elapsed().as_millis() as u64 - wal_ms - checkpoint_ms;
     let value_log = kv::ValueLogOptions {
         segment_bytes: config.value_log_segment_bytes,
@@ -1145,35 +1152,31 @@ fn publish_store_size(shared: &Shared, writer: &kv::Writer) {
         .store(writer.size_bytes_in_use().max(4096), Ordering::Release);
 }
 
-/// The segments the checkpoint files in `snap_dir` point into: what a start must keep. A file
-/// that does not decode points nowhere (loading skips it too).
+/// The segments the checkpoint files in `snap_dir` point into: what a start must keep. None
+/// when a file cannot be read (it does not decode, or names segments in a form this build
+/// cannot list): it may point into any segment (see `vlog_writer::remove_unreferenced`).
 fn segments_of_checkpoints(
     snap_dir: &std::path::Path,
     newest: Option<&checkpoint::Checkpoint>,
-) -> Vec<u32> {
+) -> Option<Vec<u32>> {
     let mut kept = Vec::new();
-    let mut add = |cp: &checkpoint::Checkpoint| {
-        if let Ok(ids) = kv::checkpoint_segments(&cp.kv_image) {
-            kept.extend(ids);
-        }
+    let mut add = |cp: &checkpoint::Checkpoint| -> Option<()> {
+        kept.extend(kv::checkpoint_segments(&cp.kv_image).ok()?);
+        Some(())
     };
     if let Some(cp) = newest {
-        add(cp);
+        add(cp)?;
     }
     for (index, path) in checkpoint::files(snap_dir) {
         if newest.is_some_and(|cp| cp.meta.index == index) {
             continue;
         }
         // Mapped and read in place, then unmapped: no copy of the file is made.
-        let Ok(file) = keel_io::vlog::map_file_to_read(&path) else {
-            continue;
-        };
-        let Ok(cp) = checkpoint::decode_shared(file.bytes()) else {
-            continue;
-        };
-        add(&cp);
+        let file = keel_io::vlog::map_file_to_read(&path).ok()?;
+        let cp = checkpoint::decode_shared(file.bytes()).ok()?;
+        add(&cp)?;
     }
     kept.sort_unstable();
     kept.dedup();
-    kept
+    Some(kept)
 }

@@ -143,27 +143,48 @@ pub fn map_segment(dir: &Path, id: u32) -> Result<Bytes, String> {
 }
 
 /// At start: deletes every segment file in `dir` that none of `kept` (the segments the kept
-/// checkpoints point into) names: files written after the newest checkpoint (WAL replay
-/// writes their values again), half-written ones, and dead ones a crash kept from being
-/// deleted. Returns the first free segment id: above every file that stays.
-pub fn remove_unreferenced(dir: &Path, kept: &[u32]) -> Result<u32, CoreError> {
+/// checkpoints point into) names (see `unreferenced`). Returns the first free segment id.
+pub fn remove_unreferenced(dir: &Path, kept: Option<&[u32]>) -> Result<u32, CoreError> {
     let data_dir_error = |source| CoreError::DataDir {
         path: dir.to_path_buf(),
         source,
     };
     std::fs::create_dir_all(dir).map_err(data_dir_error)?;
-    // Above every kept id, file or not: a kept checkpoint naming a missing file must never
-    // find another segment's file under that name later.
-    let mut first_free = kept.iter().map(|id| id + 1).max().unwrap_or(0);
-    for id in keel_io::vlog::list_segments(dir).map_err(data_dir_error)? {
-        if kept.contains(&id) {
-            first_free = first_free.max(id + 1);
-            continue;
-        }
+    let present = keel_io::vlog::list_segments(dir).map_err(data_dir_error)?;
+    let (gone, first_free) = unreferenced(&present, kept);
+    for id in gone {
         let path = keel_io::vlog::segment_path(dir, id);
         std::fs::remove_file(&path).map_err(|source| CoreError::DataDir { path, source })?;
     }
     Ok(first_free)
+}
+
+/// Of the segment files `present` at start, those none of `kept` names, which go: files
+/// written after the newest checkpoint (WAL replay writes their values again), half-written
+/// ones, and dead ones a crash kept from being deleted. Also the first free segment id:
+/// above every file that stays, and above every kept id, file or not (a kept checkpoint
+/// naming a missing file must never find another segment's file under that name later).
+///
+/// `kept` is None when some checkpoint file could not be read: which segments it names is
+/// not known, so every file stays. Deleting by the others' lists would destroy the values of
+/// a damaged newest checkpoint that the WAL needs (the start then refuses, and stays unable
+/// to start once the operator repairs the file). The simulation found this.
+pub fn unreferenced(present: &[u32], kept: Option<&[u32]>) -> (Vec<u32>, u32) {
+    let mut first_free = kept
+        .unwrap_or_default()
+        .iter()
+        .map(|id| id + 1)
+        .max()
+        .unwrap_or(0);
+    let mut gone = Vec::new();
+    for &id in present {
+        if kept.is_none_or(|kept| kept.contains(&id)) {
+            first_free = first_free.max(id + 1);
+        } else {
+            gone.push(id);
+        }
+    }
+    (gone, first_free)
 }
 
 /// Deletes the files of dead segments (on a thread beside the raft CPU: thousands of unlinks
@@ -186,4 +207,25 @@ pub fn remove_dead(dir: PathBuf, ids: Vec<u32>) {
         })
         .await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unreferenced;
+
+    #[test]
+    fn files_no_kept_checkpoint_names_go_and_new_ids_start_above_what_stays() {
+        // 7 is named but missing (a crash before its file was written): no file may take
+        // its name later. 9 is named by no checkpoint: it goes.
+        assert_eq!(unreferenced(&[2, 3, 9], Some(&[2, 3, 7])), (vec![9], 8));
+        assert_eq!(unreferenced(&[4, 5], Some(&[])), (vec![4, 5], 0));
+        assert_eq!(unreferenced(&[], Some(&[1])), (vec![], 2));
+    }
+
+    #[test]
+    fn a_checkpoint_that_cannot_be_read_keeps_every_file() {
+        // Which segments it names is not known: all stay, new ids go above them all.
+        assert_eq!(unreferenced(&[2, 3, 9], None), (vec![], 10));
+        assert_eq!(unreferenced(&[], None), (vec![], 0));
+    }
 }
