@@ -49,6 +49,11 @@ pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
 /// deletes took 1.2-1.5 s, past an election timeout, and cost a 3-member cluster its leader;
 /// a step of this many keys takes 10-30 ms.
 pub const APPLY_KEYS_PER_STEP: usize = 16_384;
+/// Pager rounds an entry that reads values whose pages are out waits for before it is
+/// applied (`MemberConfig::values_resident`). Pages brought in can be evicted again before the
+/// apply reads them (memory pressure, the value cache): residency is asked again after each
+/// round, and past this many the apply faults them in on the raft core rather than wait on.
+pub const APPLY_PAGER_ROUNDS_MAX: u32 = 3;
 /// Value-log bytes sealed and not yet durable above which a member takes no new writes (a
 /// leader no proposals, a follower no appended entries): bounds the memory that values
 /// waiting for the disk hold.

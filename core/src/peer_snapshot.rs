@@ -662,6 +662,25 @@ pub fn remove_all_staged(staging_root: &Path) -> Result<(), CoreError> {
     }
 }
 
+/// A leader's checkpoint `file` (decoded as `cp`) with the segment ids its store image names
+/// moved up by `shift`, as a member stores them (see `place`). Renamed only when the ids move
+/// (a member that had segments of its own); a new member keeps the leader's ids and the file
+/// as it came. Each copy is the index's size: the one before it goes first.
+pub fn renumbered(
+    file: &Bytes,
+    mut cp: checkpoint::Checkpoint,
+    shift: u32,
+) -> Result<Bytes, String> {
+    if shift == 0 {
+        return Ok(file.clone());
+    }
+    let renamed = {
+        let leaders = std::mem::take(&mut cp.kv_image);
+        kv::renumber_segments(&leaders, shift).map_err(|e| e.to_string())?
+    };
+    Ok(Bytes::from(cp.encode_with_image(&renamed)))
+}
+
 /// Makes a received snapshot this member's newest checkpoint (on a thread: renames, a sync
 /// and a file as large as the index): its segments move into `vlog_dir` under ids raised by
 /// `shift` (above every id this member's stores used), the checkpoint file is rewritten to
@@ -698,18 +717,8 @@ pub fn place(
         let d = std::fs::File::open(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
         sync_or_abort(&d, vlog_dir);
     }
-    // Renamed only when the ids move (a member that had segments of its own); a new member
-    // keeps the leader's ids and the file as it came. Each copy is the index's size: the
-    // one before it goes first.
-    let renamed = |file: &Bytes, mut cp: checkpoint::Checkpoint| -> Result<Bytes, CoreError> {
-        if shift == 0 || listed.is_empty() {
-            return Ok(file.clone());
-        }
-        let renamed = {
-            let leaders = std::mem::take(&mut cp.kv_image);
-            kv::renumber_segments(&leaders, shift).map_err(|e| bad(e.to_string()))?
-        };
-        Ok(Bytes::from(cp.encode_with_image(&renamed)))
+    let renamed = |file: &Bytes, cp: checkpoint::Checkpoint| {
+        renumbered(file, cp, if listed.is_empty() { 0 } else { shift }).map_err(bad)
     };
     // A delta's base goes first, under its own index: a crash before the delta is written
     // leaves it a full checkpoint older than this member's newest, which removal takes.

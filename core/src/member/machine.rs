@@ -189,7 +189,8 @@ pub struct MemberConfig {
     /// Whether the pages of these records (values an entry will read as it is applied: a
     /// txn's value compares, an `ignore_value` put's old value) are in memory. The server
     /// asks mincore (`pager::values_resident`); when they are not, the entry waits for the
-    /// driver's pager (`take_pages_wanted`), so the raft core never waits for the disk. A
+    /// driver's pager (`take_pages_wanted`), so the raft core never waits for the disk; it
+    /// is asked again after each pager round, up to `limits::APPLY_PAGER_ROUNDS_MAX`. A
     /// follower needs this most: nothing brought its copies in, and it wrote them with
     /// O_DIRECT. A plain function, so the member stays free of I/O and clocks.
     pub values_resident: fn(&[Bytes]) -> bool,
@@ -506,9 +507,10 @@ pub struct Member {
     stepping: Option<Stepping>,
     /// The front of `to_apply`, waiting for the pages of values it reads.
     pages_wait: Option<PagesWait>,
-    /// The entry whose pages were last brought in: it is applied without asking again (one
-    /// pager round per entry; pages evicted again meanwhile are faulted in by the raft core).
-    pages_brought_for: u64,
+    /// The entry whose pages were last brought in, and how many pager rounds it waited for:
+    /// residency is asked again after each (pages can be evicted again meanwhile), up to
+    /// `limits::APPLY_PAGER_ROUNDS_MAX`, after which the raft core faults them in.
+    pages_brought_for: (u64, u32),
     /// The highest index raft handed out that this member has applied (or skipped, as a
     /// snapshot covered it): what it tells raft through `advance_apply_to`.
     applied_through: u64,
@@ -585,7 +587,7 @@ impl Member {
             to_apply: VecDeque::new(),
             stepping: None,
             pages_wait: None,
-            pages_brought_for: 0,
+            pages_brought_for: (0, 0),
             applied_through: 0,
             apply_steps_taken: 0,
             placed: None,
@@ -758,7 +760,11 @@ impl Member {
         // index): their countdowns resume where they stood.
         self.lease_clock
             .postpone(now_ms.saturating_sub(wait.since_ms));
-        self.pages_brought_for = index;
+        let rounds = match self.pages_brought_for {
+            (brought, rounds) if brought == index => rounds + 1,
+            _ => 1,
+        };
+        self.pages_brought_for = (index, rounds);
         self.apply(Vec::new(), now_ms);
     }
 
@@ -1673,10 +1679,10 @@ impl Member {
     }
 
     /// The records of values `op` reads as it is applied (a txn's value compares, an
-    /// `ignore_value` put's old value), when their pages are not in memory and were not
-    /// brought in for this entry already.
+    /// `ignore_value` put's old value), when their pages are not in memory and the entry has
+    /// not waited for its last pager round already.
     fn values_to_bring_in(&self, index: u64, op: Option<&kv::Op>) -> Option<Vec<Bytes>> {
-        if index == self.pages_brought_for {
+        if self.pages_brought_for == (index, crate::limits::APPLY_PAGER_ROUNDS_MAX) {
             return None;
         }
         let records = match op? {
@@ -4169,6 +4175,16 @@ mod tests {
         assert!(m.waiting_for_pages());
         m.pages_brought_in(index, 0);
         settle(&mut m, 0);
+        // The pages are still out (evicted again, as `values_resident` says here): another
+        // round, up to the limit, after which the apply faults them in itself.
+        for round in 2..=crate::limits::APPLY_PAGER_ROUNDS_MAX {
+            assert!(m.waiting_for_pages(), "round {round} asked for");
+            assert_eq!(m.applied_index(), applied_before);
+            let (again, records) = m.take_pages_wanted().expect("the pages it reads");
+            assert_eq!((again, records.len()), (index, 1));
+            m.pages_brought_in(index, 0);
+            settle(&mut m, 0);
+        }
         assert!(!m.waiting_for_pages());
         assert_eq!(m.applied_index(), applied_before + 2);
         let Ok(Some(Ok(answer))) = answered.try_recv() else {

@@ -1,12 +1,16 @@
-//! The whole-cluster deterministic simulation: 3 and 5 production `Member`s (raft, keel-kv,
-//! leases, membership, waiters, checkpoint scheduling: everything but sockets and files) in
+//! The whole-cluster deterministic simulation: 3 and 5 production `Member`s (raft, keel-kv
+//! with values in value-log segments, leases, membership, waiters, checkpoint scheduling:
+//! everything but sockets and files) in
 //! one thread, on simulated disks (keel-io's `SimStore` under the real WAL), a simulated
 //! network and skewed clocks, under a seeded schedule of faults:
 //! - crashes that lose unsynced data (torn WAL tails), power loss of every member at once;
 //! - pauses longer than the election timeout (SIGSTOP), then resumption;
 //! - symmetric and one-way partitions; dropped, duplicated, delayed and reordered messages;
-//! - EIO on WAL writes and on fdatasync (the member must stop, and restarts later; after a
-//!   failed fdatasync its unsynced writes may be lost, as the kernel may drop them);
+//! - EIO on WAL writes and on fdatasync, and on value-log segment writes (the member must
+//!   stop, and restarts later; after a failed fdatasync its unsynced writes may be lost, as
+//!   the kernel may drop them);
+//! - value-log segments lost or torn by a crash while being written, and entries that wait
+//!   for their values' pages (see world.rs);
 //! - a bit flip in a sealed WAL segment (the member must refuse to start, naming the file
 //!   and offset) and in the newest checkpoint (it must fall back to the older one);
 //! - leadership transfers and compactions, with checkpoints and snapshot installs triggered
@@ -489,6 +493,24 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
             "no entry was applied in steps, or no member crashed during one: {:?}",
             total.counts
         );
+        // Values live in value-log segments: written, torn by crashes, deleted once dead,
+        // restored from at starts and streamed with snapshots.
+        let c = &total.counts;
+        assert!(
+            c.segments_durable > 0
+                && c.segments_torn > 0
+                && c.segment_eio_stops > 0
+                && c.segments_deleted > 0
+                && c.restores_from_segments > 0
+                && c.snapshots_with_segments > 0,
+            "a value-log path went unexercised: {c:?}"
+        );
+        // Value compares wait for the pager on a seeded share of members, and members crash
+        // while one waits.
+        assert!(
+            c.pages_waits > 0 && c.crashes_mid_pages_wait > 0,
+            "no entry waited for its values' pages, or no member crashed during a wait: {c:?}"
+        );
     }
 }
 
@@ -517,6 +539,14 @@ fn add(total: &mut Report, r: &Report) {
     t.promotions += c.promotions;
     t.apply_step_turns += c.apply_step_turns;
     t.crashes_mid_apply += c.crashes_mid_apply;
+    t.segments_durable += c.segments_durable;
+    t.segments_torn += c.segments_torn;
+    t.segment_eio_stops += c.segment_eio_stops;
+    t.segments_deleted += c.segments_deleted;
+    t.restores_from_segments += c.restores_from_segments;
+    t.snapshots_with_segments += c.snapshots_with_segments;
+    t.pages_waits += c.pages_waits;
+    t.crashes_mid_pages_wait += c.crashes_mid_pages_wait;
     total.operations += r.operations;
     total.acknowledged_writes += r.acknowledged_writes;
     total.compactions += r.compactions;

@@ -10,6 +10,15 @@
 //! carry out effects, and hand due checkpoints to a writer that finishes after a seeded delay
 //! (production's writer thread), so a crash, a power loss or a leader's snapshot can land while
 //! one is being written.
+//!
+//! Values live on disk as in the server: each member's store seals small value-log segments,
+//! which a simulated writer makes durable one at a time after a seeded delay (a crash may
+//! leave the one being written torn; a failed write stops the process), checkpoints point
+//! into them, a start keeps only the segments a checkpoint names (`vlog_writer::unreferenced`),
+//! dead ones are deleted once no kept checkpoint names them, and a leader's snapshot carries
+//! the segment files it points into, stored under the receiver's ids (`peer_snapshot`'s
+//! renumbering). Entries that read values whose pages are out (a seeded share of asks) wait
+//! for a simulated pager, as `RaftCore::page_in_for_apply` makes them.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -28,6 +37,7 @@ use keel_core::member::{
     CheckpointCompletion, CheckpointRequest, Effect, Member, MemberConfig, PlacedSnapshot, ReadyIo,
 };
 use keel_core::shared::{MemberChange, Proposal, Query, ReadWait};
+use keel_core::{peer_snapshot, vlog_writer};
 use keel_grpc::EtcdError;
 use keel_io::{SimFaults, SimStore, Wal, WalConfig, WalError};
 use keel_kv as kv;
@@ -45,6 +55,58 @@ pub const REQUEST_TIMEOUT_MS: u64 = 1_000;
 pub const MAILBOX_PROPOSALS_MAX: usize = 64;
 /// Keys per step of an entry applied in steps (production's is `limits::APPLY_KEYS_PER_STEP`).
 const APPLY_KEYS_PER_STEP: usize = 2;
+/// Value-log segments this small seal every few writes, so values live in segment files,
+/// checkpoints point into them, snapshots carry them and reclaim rewrites them in short runs.
+const SEGMENT_BYTES: usize = 256;
+/// Values sealed and not yet durable above which a member takes no new writes: a few
+/// segments, so a slow value-log writer holds proposals in short runs.
+const SEALED_BACKLOG_BYTES_MAX: u64 = 4 * SEGMENT_BYTES as u64;
+/// How long the value-log writer takes to write and sync one segment file.
+const SEGMENT_WRITE_MS: std::ops::RangeInclusive<u64> = 1..=15;
+const SEGMENT_SLOW_WRITE_MS: std::ops::RangeInclusive<u64> = 50..=300;
+const SEGMENT_SLOW_ONE_IN: u32 = 20;
+/// The longest a pager round takes to bring an entry's values in.
+const PAGER_MS_MAX: u64 = 60;
+/// One in this many asks whether an entry's values are in memory is answered no.
+const VALUES_OUT_ONE_IN: u64 = 4;
+
+thread_local! {
+    /// The state of `sim_values_resident`'s answers, seeded by each `World::new`: a plain
+    /// function is what `MemberConfig` takes, and a seed runs on one thread.
+    static VALUES_OUT_STATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// `MemberConfig::values_resident` for the simulation, whose segment files are always in
+/// memory: a seeded, replayable share of the asks are told the pages are out, so those
+/// entries wait for the driver's pager (`World::page_in_for_apply`).
+fn sim_values_resident(records: &[Bytes]) -> bool {
+    assert!(!records.is_empty(), "the member asks about some value");
+    VALUES_OUT_STATE.with(|state| {
+        // splitmix64: each ask draws the next number of the seed's sequence.
+        let x = state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        state.set(x);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % VALUES_OUT_ONE_IN != 0
+    })
+}
+
+/// A segment's file as the server writes it: its records, zero-padded to a 4 KiB block.
+fn segment_file(sealed: &kv::SealedSegment) -> Bytes {
+    let mut file: Vec<u8> = sealed.records.to_vec();
+    assert_eq!(file.len() as u64, sealed.bytes);
+    file.resize(file.len().next_multiple_of(4096), 0);
+    Bytes::from(file)
+}
+
+/// The value-log segments a checkpoint file's store image points into; None for a file that
+/// does not decode (as `raftcore::segments_of_checkpoints` reads it).
+fn segments_of(file: &Bytes) -> Option<Vec<u32>> {
+    let cp = checkpoint::decode_shared(file).ok()?;
+    kv::checkpoint_segments(&cp.kv_image).ok()
+}
+
 /// Messages in flight on the network; more are dropped (a full socket buffer).
 const NETWORK_IN_FLIGHT_MAX: usize = 20_000;
 /// The events kept for a failure's trace.
@@ -158,6 +220,13 @@ pub struct Running {
     /// The checkpoint being written, if any; it dies with the process, leaving no file unless
     /// it had landed.
     checkpoint: Option<CheckpointInFlight>,
+    /// The value-log writer: sealed segments in the order it writes them, each with when its
+    /// file is written and synced (as `vlog_writer`, one at a time, oldest first).
+    vlog: VecDeque<(kv::SealedSegment, u64)>,
+    /// Dead segments whose files wait for the checkpoints that refer to them to go.
+    dead_segments: Vec<kv::DeadSegment>,
+    /// The entry whose values the pager is bringing in, and when it is done (member clock).
+    paging: Option<(u64, u64)>,
 }
 
 /// One member: its disks survive crashes, its process does not.
@@ -172,6 +241,11 @@ pub struct Node {
     pub disk: SimStore,
     /// Durable checkpoint files by index (written whole and atomically, as `write_durably`).
     pub checkpoints: BTreeMap<u64, Bytes>,
+    /// Value-log segment files by id: durable ones, and torn ones a crash left mid-write,
+    /// which the next start deletes (no checkpoint names them).
+    pub segments: BTreeMap<u32, Bytes>,
+    /// The faults armed on its disk: the WAL's and the value-log writer's alike.
+    disk_faults: SimFaults,
     pub run: Option<Running>,
     /// Until when the process is stopped (SIGSTOP): it runs nothing, its clock runs on.
     pub paused_until_ms: u64,
@@ -219,6 +293,18 @@ pub struct Counts {
     /// Loop turns that found an entry being applied in steps, and crashes in the middle of one.
     pub apply_step_turns: u64,
     pub crashes_mid_apply: u64,
+    /// Value-log segments written durable, torn by a crash mid-write, and deleted once dead.
+    pub segments_durable: u64,
+    pub segments_torn: u64,
+    /// Processes stopped by a failed segment write.
+    pub segment_eio_stops: u64,
+    pub segments_deleted: u64,
+    /// Starts that restored values from segment files, and snapshots sent with segments.
+    pub restores_from_segments: u64,
+    pub snapshots_with_segments: u64,
+    /// Entries that waited for their values' pages, and crashes during such a wait.
+    pub pages_waits: u64,
+    pub crashes_mid_pages_wait: u64,
 }
 
 pub struct World {
@@ -248,6 +334,9 @@ pub struct World {
     /// The base of each delta checkpoint sent as a snapshot, by the delta's file, as the peer
     /// stream carries it beside the delta (taken when the receiver places the snapshot).
     snapshot_bases: BTreeMap<Bytes, Bytes>,
+    /// The value-log segment files each snapshot sent points into (its base's too), by the
+    /// snapshot's file, as the peer stream carries them beside it.
+    snapshot_segments: BTreeMap<Bytes, BTreeMap<u32, Bytes>>,
     /// How many events the trace keeps (`SIM_TRACE_EVENTS`, or `TRACE_EVENTS_KEPT`).
     trace_events_kept: usize,
     /// The watch events of every revision, as the first member to publish it did: every
@@ -295,6 +384,7 @@ enum Stop {
 impl World {
     pub fn new(config: WorldConfig, seed: u64) -> World {
         assert!(config.members >= 1 && config.members <= 7);
+        VALUES_OUT_STATE.with(|state| state.set(seed ^ 0x7061_6765_735f_6f75));
         let mut rng = StdRng::seed_from_u64(seed);
         let n = config.members;
         let initial_members: Vec<MemberInfo> = (0..n)
@@ -314,6 +404,8 @@ impl World {
                 removed: false,
                 disk: SimStore::new(rng.gen()),
                 checkpoints: BTreeMap::new(),
+                segments: BTreeMap::new(),
+                disk_faults: SimFaults::default(),
                 run: None,
                 paused_until_ms: 0,
                 skew_ppm: rng.gen_range(-50_000..=50_000),
@@ -340,6 +432,7 @@ impl World {
             incarnations: vec![0; n],
             notified_removed: vec![BTreeSet::new(); n],
             snapshot_bases: BTreeMap::new(),
+            snapshot_segments: BTreeMap::new(),
             trace_events_kept: std::env::var("SIM_TRACE_EVENTS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -411,17 +504,47 @@ impl World {
             self.counts.delta_restarts += 1;
         }
         let node = &mut self.nodes[i];
+        // As `raftcore::open`: keep the segments a checkpoint file points into, delete the
+        // rest (torn files, dead ones), number new ones above every kept id. A file that
+        // does not decode may name any: then every file stays.
+        let kept: Option<Vec<u32>> =
+            node.checkpoints
+                .values()
+                .map(segments_of)
+                .try_fold(Vec::new(), |mut kept, ids| {
+                    kept.extend(ids?);
+                    Some(kept)
+                });
+        let present: Vec<u32> = node.segments.keys().copied().collect();
+        let (gone, first_segment_id) = vlog_writer::unreferenced(&present, kept.as_deref());
+        for id in gone {
+            node.segments.remove(&id);
+        }
+        if cp
+            .as_ref()
+            .is_some_and(|(_, bytes, _)| segments_of(bytes).is_some_and(|ids| !ids.is_empty()))
+        {
+            self.counts.restores_from_segments += 1;
+        }
         let rc = recovery::raft_config(node.id, ELECTION_TICKS, 1 << 20, 1 << 30);
+        let segments = &node.segments;
         let recovered = recovery::recover(
             rc,
             node.start_mode,
             node.initial_members.clone(),
             cp,
             records,
-            // The simulation keeps values in memory: its checkpoints carry them inline.
             recovery::StoreSource {
-                value_log: keel_kv::ValueLogOptions::default(),
-                segment_files: &mut |id| Err(format!("the simulation has no segment file {id}")),
+                value_log: keel_kv::ValueLogOptions {
+                    segment_bytes: SEGMENT_BYTES,
+                    first_segment_id,
+                    on_disk: true,
+                },
+                segment_files: &mut |id| {
+                    segments.get(&id).cloned().ok_or(format!(
+                        "segment {id} is named by a checkpoint but not on disk"
+                    ))
+                },
                 restore_helpers: keel_kv::RestoreHelpers::NONE,
             },
         )
@@ -435,7 +558,7 @@ impl World {
             snapshot_count: self.config.snapshot_count,
             stats: std::sync::Arc::new(keel_core::stats::RaftStats::default()),
             auth_token_ttl_ms: 300_000,
-            sealed_backlog_bytes_max: keel_core::limits::SEALED_BACKLOG_BYTES_MAX,
+            sealed_backlog_bytes_max: SEALED_BACKLOG_BYTES_MAX,
             watch_events_per_apply_max: keel_core::limits::WATCH_EVENTS_PER_APPLY_MAX,
             // Range deletes span a key and its filler keys (see `clients.rs`): two keys per
             // step makes most of them take several steps, with crashes, elections, snapshots
@@ -443,9 +566,7 @@ impl World {
             apply_keys_per_step: APPLY_KEYS_PER_STEP,
             // Each incarnation of each member uses ids no other one used.
             ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
-            // The simulation's values never leave memory: no entry reads one on disk, so
-            // none waits for pages (the member test of that wait covers it).
-            values_resident: |_| true,
+            values_resident: sim_values_resident,
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
@@ -479,6 +600,9 @@ impl World {
             reader: recovered.reader,
             io: None,
             checkpoint: None,
+            vlog: VecDeque::new(),
+            dead_segments: Vec::new(),
+            paging: None,
         });
         node.why_down = None;
         self.incarnations[i] += 1;
@@ -524,10 +648,13 @@ impl World {
         if let Some(run) = node.run.take() {
             self.counts.crashes += 1;
             self.counts.crashes_mid_apply += u64::from(run.member.applying_in_steps());
+            self.counts.crashes_mid_pages_wait += u64::from(run.paging.is_some());
             if run.checkpoint.is_some_and(|c| c.landed.is_none()) {
                 self.counts.checkpoints_cut_short += 1;
             }
+            self.cut_segment_writes(i, run.vlog);
         }
+        let node = &mut self.nodes[i];
         node.disk.crash();
         node.proposals.clear();
         node.reads.clear();
@@ -549,7 +676,9 @@ impl World {
             if run.checkpoint.is_some_and(|c| c.landed.is_none()) {
                 self.counts.checkpoints_cut_short += 1;
             }
+            self.cut_segment_writes(i, run.vlog);
         }
+        let node = &mut self.nodes[i];
         node.proposals.clear();
         node.reads.clear();
         node.queries.clear();
@@ -557,6 +686,7 @@ impl World {
     }
 
     pub fn set_disk_faults(&mut self, i: usize, faults: SimFaults) {
+        self.nodes[i].disk_faults = faults;
         self.nodes[i].disk.set_faults(faults);
     }
 
@@ -656,14 +786,34 @@ impl World {
             let base_index = checkpoint::decode_shared(&data)
                 .ok()
                 .and_then(|cp| checkpoint::base_index(&cp));
+            let mut named = segments_of(&data).unwrap_or_default();
             if let Some(base_index) = base_index {
                 let base = self.nodes[from].checkpoints.get(&base_index).cloned();
                 let base = base.expect("a member keeps the base of its newest checkpoint");
+                named.extend(segments_of(&base).unwrap_or_default());
                 // Bounded: a handful of snapshots are in the air at once.
                 if self.snapshot_bases.len() >= 64 {
                     self.snapshot_bases.pop_first();
                 }
-                self.snapshot_bases.insert(data, base);
+                self.snapshot_bases.insert(data.clone(), base);
+            }
+            // The segment files stream beside the checkpoint, read from the sender's disk.
+            if !named.is_empty() {
+                let disk = &self.nodes[from].segments;
+                let files: BTreeMap<u32, Bytes> = named
+                    .into_iter()
+                    .map(|id| {
+                        let file = disk.get(&id).cloned().unwrap_or_else(|| {
+                            panic!("m{from}'s snapshot points into segment {id}, not on its disk")
+                        });
+                        (id, file)
+                    })
+                    .collect();
+                self.counts.snapshots_with_segments += 1;
+                if self.snapshot_segments.len() >= 64 {
+                    self.snapshot_segments.pop_first();
+                }
+                self.snapshot_segments.insert(data, files);
             }
         }
         let mut buf = Vec::new();
@@ -816,8 +966,9 @@ impl World {
         if self.nodes[i].run.as_ref().expect("up").io.is_some() {
             return self.progress_io(i);
         }
-        // Between Readies, as production's loop takes the writer's outcome at its top.
+        // Between Readies, as production's loop takes the writers' outcomes at its top.
         self.finish_checkpoint(i)?;
+        self.finish_segment_writes(i)?;
         if !self.drain_effects(i) {
             return Ok(());
         }
@@ -834,8 +985,9 @@ impl World {
             }
         }
         // As production's raft loop: what arrived since the last turn is one raft batch,
-        // held while an entry is applied in steps.
-        if !run.member.applying_in_steps() {
+        // held while an entry is applied in steps or values wait for the disk past their
+        // bound.
+        if !run.member.applying_in_steps() && !run.member.values_backlogged() {
             run.member
                 .propose_batch(node.proposals.drain(..).collect(), now);
         }
@@ -850,6 +1002,7 @@ impl World {
         if !self.drain_effects(i) {
             return Ok(());
         }
+        self.page_in_for_apply(i, now);
         let run = self.nodes[i].run.as_mut().expect("up");
         if run.member.has_ready() {
             let io = run.member.ready(now).expect("has_ready");
@@ -859,6 +1012,8 @@ impl World {
         } else if run.member.compaction_runnable() {
             run.member.compact_step();
         }
+        // Applies and compaction steps seal segments (and reclaim kills them).
+        self.submit_segments(i);
         let Some(run) = self.nodes[i].run.as_mut() else {
             return Ok(()); // Removed from the cluster by what it just applied.
         };
@@ -868,6 +1023,104 @@ impl World {
             self.start_checkpoint(i)?;
         }
         Ok(())
+    }
+
+    /// The value-log writer dies with its process: segments not yet durable are lost, and
+    /// the one being written may leave a torn file behind, which no checkpoint names.
+    fn cut_segment_writes(&mut self, i: usize, vlog: VecDeque<(kv::SealedSegment, u64)>) {
+        if let Some((sealed, _)) = vlog.front() {
+            if self.rng.gen_bool(0.5) {
+                let file = segment_file(sealed);
+                let torn = file.slice(..self.rng.gen_range(0..file.len()));
+                self.nodes[i].segments.insert(sealed.id, torn);
+                self.counts.segments_torn += 1;
+            }
+        }
+    }
+
+    /// As production's loop takes the value-log writer's outcomes at its top: each segment
+    /// whose file is written and synced by now is durable, oldest first. A write that fails
+    /// (EIO) stops the process, as the server's loop returns the writer's error.
+    fn finish_segment_writes(&mut self, i: usize) -> Result<(), Stop> {
+        let now_ms = self.now_ms;
+        while self.nodes[i]
+            .run
+            .as_ref()
+            .expect("up")
+            .vlog
+            .front()
+            .is_some_and(|(_, done_ms)| *done_ms <= now_ms)
+        {
+            let faults = self.nodes[i].disk_faults;
+            let eio_per_million = faults.write_eio_per_million + faults.fsync_eio_per_million;
+            if eio_per_million > 0
+                && self
+                    .rng
+                    .gen_ratio(eio_per_million.min(1_000_000), 1_000_000)
+            {
+                self.counts.segment_eio_stops += 1;
+                let id = self.nodes[i].run.as_ref().expect("up").vlog[0].0.id;
+                // The segment stays at the front: `exit` may leave its file torn.
+                return Err(Stop::Exit(format!(
+                    "the value-log writer failed: segment {id}: EIO"
+                )));
+            }
+            let node = &mut self.nodes[i];
+            let run = node.run.as_mut().expect("up");
+            let (sealed, _) = run.vlog.pop_front().expect("checked");
+            let file = segment_file(&sealed);
+            node.segments.insert(sealed.id, file.clone());
+            run.member.segment_durable(sealed.id, sealed.bytes, file);
+            self.counts.segments_durable += 1;
+        }
+        Ok(())
+    }
+
+    /// Hands what the member sealed to the value-log writer, which writes one segment at a
+    /// time, and keeps the segments that died for the checkpoints to let go.
+    fn submit_segments(&mut self, i: usize) {
+        let Some(run) = self.nodes[i].run.as_mut() else {
+            return;
+        };
+        let sealed = run.member.take_sealed_segments();
+        let dead = run.member.take_dead_segments();
+        run.dead_segments.extend(dead);
+        for segment in sealed {
+            let write_ms = if self.rng.gen_ratio(1, SEGMENT_SLOW_ONE_IN) {
+                self.rng.gen_range(SEGMENT_SLOW_WRITE_MS)
+            } else {
+                self.rng.gen_range(SEGMENT_WRITE_MS)
+            };
+            let run = self.nodes[i].run.as_mut().expect("up");
+            let after_ms = run.vlog.back().map_or(self.now_ms, |(_, done)| *done);
+            run.vlog
+                .push_back((segment, after_ms.max(self.now_ms) + write_ms));
+        }
+    }
+
+    /// As production's `RaftCore::page_in_for_apply`: the entry next to apply that reads
+    /// values whose pages are out goes to the pager, which is done some milliseconds later
+    /// (or at once, as when its queue is full); the member applies nothing meanwhile.
+    fn page_in_for_apply(&mut self, i: usize, now: u64) {
+        let run = self.nodes[i].run.as_mut().expect("up");
+        if let Some((index, done_ms)) = run.paging {
+            if now < done_ms {
+                return;
+            }
+            run.paging = None;
+            run.member.pages_brought_in(index, now);
+        }
+        let Some((index, records)) = run.member.take_pages_wanted() else {
+            return;
+        };
+        assert!(!records.is_empty(), "an entry waits for some value's pages");
+        self.counts.pages_waits += 1;
+        let run = self.nodes[i].run.as_mut().expect("up");
+        if self.rng.gen_ratio(1, 8) {
+            run.member.pages_brought_in(index, now);
+        } else {
+            run.paging = Some((index, now + self.rng.gen_range(1..=PAGER_MS_MAX)));
+        }
     }
 
     fn carry_out(&mut self, i: usize, io: ReadyIo) -> Result<(), Stop> {
@@ -896,20 +1149,49 @@ impl World {
                         .expect("a delta snapshot arrives with its base");
                     (base_index, base)
                 });
+            // As `peer_snapshot::place`: the leader's segment files go above every id this
+            // member's stores used, and the checkpoint files are rewritten to name them so.
+            let leaders = self
+                .snapshot_segments
+                .get(&data)
+                .cloned()
+                .unwrap_or_default();
+            let id_base = self.nodes[i]
+                .run
+                .as_ref()
+                .expect("up")
+                .member
+                .segment_id_base();
+            let shift = leaders
+                .keys()
+                .next()
+                .map_or(0, |lowest| id_base.saturating_sub(*lowest));
+            let renamed = |file: &Bytes| {
+                let cp = checkpoint::decode_shared(file).expect("a leader's snapshot decodes");
+                peer_snapshot::renumbered(file, cp, shift).expect("a leader's snapshot renumbers")
+            };
+            let mut files = BTreeMap::new();
+            for (id, file) in leaders {
+                let local = id + shift;
+                self.nodes[i].segments.insert(local, file.clone());
+                files.insert(local, file);
+            }
+            let base = base.map(|(base_index, base)| (base_index, renamed(&base)));
             if let Some((base_index, base)) = &base {
                 // The base first, as `peer_snapshot::place` writes it.
                 self.note(|| format!("m{i} wrote the snapshot's base at {base_index}"));
                 self.nodes[i].checkpoints.insert(*base_index, base.clone());
             }
+            let data = renamed(&data);
             self.nodes[i].checkpoints.insert(index, data.clone());
-            if let Some((_, base)) = base {
-                self.counts.delta_snapshots_placed += 1;
+            if base.is_some() || !files.is_empty() {
+                self.counts.delta_snapshots_placed += u64::from(base.is_some());
                 let run = self.nodes[i].run.as_mut().expect("up");
                 run.member.snapshot_placed(PlacedSnapshot {
                     index,
                     data,
-                    files: BTreeMap::new(),
-                    base: Some(base),
+                    files,
+                    base: base.map(|(_, base)| base),
                 });
             }
         }
@@ -1107,6 +1389,22 @@ impl World {
                     .map_err(|e| Stop::Exit(e.to_string()))?;
                 node.checkpoints
                     .retain(|index, _| *index >= done.remove_before);
+                // As `RaftCore::finish_checkpoint`: a segment that died before the oldest
+                // kept checkpoint was captured is in none of them, and its file goes.
+                let oldest_kept = if done.remove_before == 0 {
+                    index
+                } else {
+                    done.remove_before
+                };
+                let (gone, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut run.dead_segments)
+                    .into_iter()
+                    .partition(|d| d.died_at_index < oldest_kept);
+                run.dead_segments = waiting;
+                for dead in gone {
+                    if node.segments.remove(&dead.id).is_some() {
+                        self.counts.segments_deleted += 1;
+                    }
+                }
                 self.counts.checkpoints += 1;
                 self.note(|| format!("m{i} checkpoint at {index} taken"));
             }
@@ -1416,6 +1714,8 @@ impl World {
                     removed: false,
                     disk: SimStore::new(disk_seed),
                     checkpoints: BTreeMap::new(),
+                    segments: BTreeMap::new(),
+                    disk_faults: SimFaults::default(),
                     run: None,
                     paused_until_ms: 0,
                     skew_ppm: self.rng.gen_range(-50_000..=50_000),
