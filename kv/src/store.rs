@@ -591,6 +591,18 @@ impl Writer {
         op: &Op,
         events_max: usize,
     ) -> Result<Applied> {
+        self.apply_whole(raft_index, op, events_max, None)
+    }
+
+    /// `apply_bounded`, with a txn's compares and checks already evaluated at the current
+    /// revision (`txn_path`, as `apply_in_steps` does to choose): they are not run again.
+    fn apply_whole<'a>(
+        &mut self,
+        raft_index: u64,
+        op: &'a Op,
+        events_max: usize,
+        evaluated: Option<Result<(TxnPath, ChosenOps<'a>)>>,
+    ) -> Result<Applied> {
         self.assert_not_stepping();
         assert!(
             raft_index > self.applied_index,
@@ -608,7 +620,7 @@ impl Writer {
                 OpResponse::Put(self.put(&mut ctx, req))
             }
             Op::DeleteRange(req) => OpResponse::DeleteRange(self.delete_range(&mut ctx, req)),
-            Op::Txn(req) => OpResponse::Txn(self.txn(&mut ctx, req)?),
+            Op::Txn(req) => OpResponse::Txn(self.txn(&mut ctx, req, evaluated)?),
             Op::Compact(req) => OpResponse::Compact(self.compact(req)?),
             Op::LeaseGrant(req) => OpResponse::LeaseGrant(self.lease_grant(req)?),
             Op::LeaseRevoke(req) => OpResponse::LeaseRevoke(self.lease_revoke(&mut ctx, req)?),
@@ -655,14 +667,22 @@ impl Writer {
             }
             Op::Txn(req) if txn_deletes(req) => {
                 // A txn refused by its checks, or whose compares chose ops that delete no
-                // range, is applied whole (and the refusal answered) as before.
+                // range, is applied whole (and the refusal answered) as before, without
+                // evaluating its compares again.
                 match self.txn_path(self.current_rev, req) {
                     Ok((path, ops)) if ops.iter().any(deletes_a_range) => Stepped::Txn {
                         req: req.clone(),
                         path,
                         progress: TxnProgress::default(),
                     },
-                    _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
+                    evaluated => {
+                        return Progress::Done(self.apply_whole(
+                            raft_index,
+                            op,
+                            events_max,
+                            Some(evaluated),
+                        ))
+                    }
                 }
             }
             _ => return Progress::Done(self.apply_bounded(raft_index, op, events_max)),
@@ -986,9 +1006,19 @@ impl Writer {
         });
     }
 
-    fn txn(&mut self, ctx: &mut TxnCtx, req: &TxnRequest) -> Result<TxnResponse> {
+    /// Applies a txn whole; `evaluated` is its `txn_path` at `ctx.begin_rev` when the caller
+    /// already has it.
+    fn txn<'a>(
+        &mut self,
+        ctx: &mut TxnCtx,
+        req: &'a TxnRequest,
+        evaluated: Option<Result<(TxnPath, ChosenOps<'a>)>>,
+    ) -> Result<TxnResponse> {
         assert!(ctx.writes == 0, "a txn starts its own write set");
-        let (path, ops) = self.txn_path(ctx.begin_rev, req)?;
+        let (path, ops) = match evaluated {
+            Some(evaluated) => evaluated?,
+            None => self.txn_path(ctx.begin_rev, req)?,
+        };
         let mut progress = TxnProgress::default();
         let done = self.txn_ops(ctx, &ops, &mut progress, usize::MAX);
         assert!(done, "an unbounded txn applies all its ops");
