@@ -679,3 +679,90 @@ async fn incremental_checkpoints_hold_the_changed_keys_and_a_kill_restores_from_
         );
     }
 }
+
+/// The newest checkpoint file (`<data-dir>/snap/*.keel`).
+fn newest_checkpoint(server: &Server) -> std::path::PathBuf {
+    let dir = server.data_path().join("snap");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "keel"))
+        .max()
+        .expect("a checkpoint file")
+}
+
+/// A checkpoint file that cannot be read may point into any value-log segment: a start keeps
+/// every segment file then (the same files, not copies written again), so the file finds its
+/// values once the operator repairs it. Before, the start deleted the segments no readable
+/// checkpoint named. Here the start falls back to the older checkpoint and the WAL behind
+/// it, whose replay happens to write the deleted files again byte for byte; where the WAL was
+/// released behind the damaged checkpoint (a follower's leader snapshot) the start refused
+/// after deleting them, and after the repair the member could not start at all. That case
+/// was found by the simulation (RELIABILITY.md, seed 286), which runs it with the same rule
+/// (`vlog_writer::unreferenced`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_checkpoint_keeps_the_segments_it_points_into_for_its_repair() {
+    use std::os::unix::fs::MetadataExt;
+    let mut server = Server::keel(&[
+        "--value-log-segment-bytes",
+        "4096",
+        "--snapshot-count",
+        "100",
+    ]);
+    const KEYS: usize = 250;
+    let mut c = client(&server).await;
+    for i in 0..KEYS {
+        c.put(format!("v/{i:04}"), value_for(i, 0), None)
+            .await
+            .expect("a put");
+    }
+    // A clean stop writes a checkpoint that points into the newest segments, which no older
+    // checkpoint names.
+    server.stop();
+    let (files, _) = segment_files(&server);
+    // A file deleted and written again may get the same inode number back: its modification
+    // time tells it apart.
+    let identity = |p: &std::path::Path| {
+        let m = std::fs::metadata(p)?;
+        Ok::<_, std::io::Error>((m.ino(), m.mtime(), m.mtime_nsec()))
+    };
+    let before: Vec<(std::path::PathBuf, (u64, i64, i64))> = files
+        .iter()
+        .map(|p| (p.clone(), identity(p).expect("a segment file")))
+        .collect();
+    let newest = newest_checkpoint(&server);
+    let original = std::fs::read(&newest).expect("the checkpoint");
+    let mut damaged = original.clone();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0x20;
+    std::fs::write(&newest, &damaged).expect("damaging the checkpoint");
+
+    // The start skips the damaged checkpoint, says so, and deletes no segment file.
+    server.restart();
+    check_values(&server, KEYS, 0).await;
+    tokio::task::block_in_place(|| server.kill9());
+    for (path, was) in &before {
+        let now = identity(path).unwrap_or_else(|e| {
+            panic!(
+                "segment {} went at a start with a damaged checkpoint: {e}",
+                path.display()
+            )
+        });
+        assert_eq!(
+            now,
+            *was,
+            "segment {} was deleted and written again at a start with a damaged checkpoint",
+            path.display()
+        );
+    }
+    let log = server.log_all();
+    assert!(
+        log.contains("every segment file is kept"),
+        "the start says why it keeps every segment file:\n{log}"
+    );
+
+    // The operator repairs the file: the member starts from it and serves every value.
+    std::fs::write(&newest, &original).expect("repairing the checkpoint");
+    server.restart();
+    check_values(&server, KEYS, 0).await;
+}
