@@ -543,7 +543,7 @@ impl RaftCore {
             Some(wait) => self.apply_paging = Some((index, wait)),
             None => {
                 let (before, started) = (self.apply_mark(), Instant::now());
-                self.member.pages_brought_in(index, self.now_ms());
+                self.member.pages_left_out(index, self.now_ms());
                 self.observe_apply(before, started);
             }
         }

@@ -743,16 +743,31 @@ impl Member {
 
     /// The entry that waits for pages (its raft index) and the records whose pages it
     /// reads, once: the driver hands them to its pager, and calls `pages_brought_in` when
-    /// the pager is done, or at once when it has no room for them.
+    /// the pager is done, or `pages_left_out` at once when it has no room for them.
     pub fn take_pages_wanted(&mut self) -> Option<(u64, Vec<Bytes>)> {
         let wait = self.pages_wait.as_mut()?;
         Some((wait.index, wait.records.take()?))
     }
 
-    /// The pages of the entry at `index` are in (or the driver gave up on them): it is
-    /// applied, and the entries behind it. A late call, for an entry a snapshot covered
+    /// The pages of the entry at `index` are in: it is applied, and the entries behind it,
+    /// unless residency, asked again, says they went out meanwhile (another round, up to
+    /// `limits::APPLY_PAGER_ROUNDS_MAX`). A late call, for an entry a snapshot covered
     /// meanwhile, does nothing.
     pub fn pages_brought_in(&mut self, index: u64, now_ms: u64) {
+        let rounds = match self.pages_brought_for {
+            (brought, rounds) if brought == index => rounds + 1,
+            _ => 1,
+        };
+        self.end_pages_wait(index, rounds, now_ms);
+    }
+
+    /// The driver's pager had no room for the pages of the entry at `index`: it is applied
+    /// now, faulting them in on the raft core, and the entries behind it.
+    pub fn pages_left_out(&mut self, index: u64, now_ms: u64) {
+        self.end_pages_wait(index, crate::limits::APPLY_PAGER_ROUNDS_MAX, now_ms);
+    }
+
+    fn end_pages_wait(&mut self, index: u64, rounds: u32, now_ms: u64) {
         let Some(wait) = self.pages_wait.take_if(|w| w.index == index) else {
             return;
         };
@@ -760,11 +775,7 @@ impl Member {
         // index): their countdowns resume where they stood.
         self.lease_clock
             .postpone(now_ms.saturating_sub(wait.since_ms));
-        let rounds = match self.pages_brought_for {
-            (brought, rounds) if brought == index => rounds + 1,
-            _ => 1,
-        };
-        self.pages_brought_for = (index, rounds);
+        self.pages_brought_for = (index, rounds.min(crate::limits::APPLY_PAGER_ROUNDS_MAX));
         self.apply(Vec::new(), now_ms);
     }
 
@@ -4198,6 +4209,18 @@ mod tests {
         };
         assert!(t.succeeded, "it compared the value it waited for");
         assert!(matches!(behind_answered.try_recv(), Ok(Some(Ok(_)))));
+
+        // A pager with no room: the entry is applied at once, its pages faulted in, with no
+        // further round.
+        let (again, mut again_answered) = txn(12, "k00001");
+        m.propose_batch(vec![again], 0);
+        settle(&mut m, 0);
+        let (index, _) = m.take_pages_wanted().expect("the pages it reads");
+        m.pages_left_out(index, 0);
+        settle(&mut m, 0);
+        assert!(!m.waiting_for_pages());
+        assert_eq!(m.applied_index(), index);
+        assert!(matches!(again_answered.try_recv(), Ok(Some(Ok(_)))));
     }
 
     /// A delete of many keys, alone or in a txn, is applied a few keys per loop turn on every

@@ -1117,7 +1117,7 @@ impl World {
         self.counts.pages_waits += 1;
         let run = self.nodes[i].run.as_mut().expect("up");
         if self.rng.gen_ratio(1, 8) {
-            run.member.pages_brought_in(index, now);
+            run.member.pages_left_out(index, now);
         } else {
             run.paging = Some((index, now + self.rng.gen_range(1..=PAGER_MS_MAX)));
         }
