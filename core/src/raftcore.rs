@@ -1040,21 +1040,14 @@ impl RaftCore {
             } => {
                 self.wal_release.start(self.wal.clone(), done.wal_keep_from);
                 self.release_beside(Removal::OlderThan(done.remove_before), previous_image);
-                // Checkpoints older than `remove_before` are going; a segment that died
-                // before the oldest kept one was captured is in none of them.
-                let oldest_kept = if done.remove_before == 0 {
-                    index
-                } else {
-                    done.remove_before
-                };
-                let (gone, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.dead_segments)
-                    .into_iter()
-                    .partition(|d| d.died_at_index < oldest_kept);
-                self.dead_segments = waiting;
-                vlog_writer::remove_dead(
-                    self.vlog.dir().to_path_buf(),
-                    gone.into_iter().map(|d| d.id).collect(),
+                // Checkpoints older than `remove_before` are going, and with them the need
+                // for the segments that died before the oldest kept one was captured.
+                let gone = vlog_writer::released_by_checkpoint(
+                    &mut self.dead_segments,
+                    index,
+                    done.remove_before,
                 );
+                vlog_writer::remove_dead(self.vlog.dir().to_path_buf(), gone);
             }
             CheckpointCompletion::Overtaken { stale_file_index } => {
                 if let Some(stale) = stale_file_index {

@@ -187,6 +187,27 @@ pub fn unreferenced(present: &[u32], kept: Option<&[u32]>) -> (Vec<u32>, u32) {
     (gone, first_free)
 }
 
+/// The ids of the dead segments in `dead` whose files may go once the checkpoint at `index` is
+/// taken and the checkpoints before `remove_before` go (0: it keeps none before it). A
+/// segment that died before the oldest kept checkpoint was captured is in none of them. The
+/// rest stay in `dead`, waiting for a later checkpoint.
+pub fn released_by_checkpoint(
+    dead: &mut Vec<kv::DeadSegment>,
+    index: u64,
+    remove_before: u64,
+) -> Vec<u32> {
+    let oldest_kept = if remove_before == 0 {
+        index
+    } else {
+        remove_before
+    };
+    let (gone, waiting): (Vec<_>, Vec<_>) = std::mem::take(dead)
+        .into_iter()
+        .partition(|d| d.died_at_index < oldest_kept);
+    *dead = waiting;
+    gone.into_iter().map(|d| d.id).collect()
+}
+
 /// Deletes the files of dead segments (on a thread beside the raft CPU: thousands of unlinks
 /// must not stall the loop). A file already gone is fine: a segment sealed and dropped before
 /// it was written has none.
@@ -220,6 +241,19 @@ mod tests {
         assert_eq!(unreferenced(&[2, 3, 9], Some(&[2, 3, 7])), (vec![9], 8));
         assert_eq!(unreferenced(&[4, 5], Some(&[])), (vec![4, 5], 0));
         assert_eq!(unreferenced(&[], Some(&[1])), (vec![], 2));
+    }
+
+    #[test]
+    fn a_dead_segment_goes_once_the_oldest_kept_checkpoint_was_taken_after_it_died() {
+        let dead = |id, died_at_index| keel_kv::DeadSegment { id, died_at_index };
+        let mut waiting = vec![dead(1, 10), dead(2, 20), dead(3, 30)];
+        // Checkpoint 25 taken, those before 15 removed: 15 is the oldest kept, and segment
+        // 2, dead at 20, is still in it.
+        assert_eq!(super::released_by_checkpoint(&mut waiting, 25, 15), vec![1]);
+        assert_eq!(waiting, vec![dead(2, 20), dead(3, 30)]);
+        // A checkpoint that keeps none before it: only what died before it goes.
+        assert_eq!(super::released_by_checkpoint(&mut waiting, 30, 0), vec![2]);
+        assert_eq!(waiting, vec![dead(3, 30)]);
     }
 
     #[test]

@@ -13,12 +13,12 @@
 //!
 //! Values live on disk as in the server: each member's store seals small value-log segments,
 //! which a simulated writer makes durable one at a time after a seeded delay (a crash may
-//! leave the one being written torn; a failed write stops the process), checkpoints point
-//! into them, a start keeps only the segments a checkpoint names (`vlog_writer::unreferenced`),
-//! dead ones are deleted once no kept checkpoint names them, and a leader's snapshot carries
-//! the segment files it points into, stored under the receiver's ids (`peer_snapshot`'s
-//! renumbering). Entries that read values whose pages are out (a seeded share of asks) wait
-//! for a simulated pager, as `RaftCore::page_in_for_apply` makes them.
+//! leave the one being written torn; a failed write stops the process). Checkpoints point
+//! into them; a start keeps only the segments a checkpoint names (`vlog_writer::unreferenced`);
+//! dead ones are deleted once no kept checkpoint names them (`released_by_checkpoint`); and a
+//! leader's snapshot carries the segment files it points into, stored under the receiver's
+//! ids (`peer_snapshot::renumbered`). Entries that read values whose pages are out (a seeded
+//! share of asks) wait for a simulated pager, as `RaftCore::page_in_for_apply` makes them.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -1389,19 +1389,15 @@ impl World {
                     .map_err(|e| Stop::Exit(e.to_string()))?;
                 node.checkpoints
                     .retain(|index, _| *index >= done.remove_before);
-                // As `RaftCore::finish_checkpoint`: a segment that died before the oldest
-                // kept checkpoint was captured is in none of them, and its file goes.
-                let oldest_kept = if done.remove_before == 0 {
-                    index
-                } else {
-                    done.remove_before
-                };
-                let (gone, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut run.dead_segments)
-                    .into_iter()
-                    .partition(|d| d.died_at_index < oldest_kept);
-                run.dead_segments = waiting;
-                for dead in gone {
-                    if node.segments.remove(&dead.id).is_some() {
+                // As `RaftCore::finish_checkpoint`: the files of segments no kept
+                // checkpoint points into go.
+                let gone = vlog_writer::released_by_checkpoint(
+                    &mut run.dead_segments,
+                    index,
+                    done.remove_before,
+                );
+                for id in gone {
+                    if node.segments.remove(&id).is_some() {
                         self.counts.segments_deleted += 1;
                     }
                 }
