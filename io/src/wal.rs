@@ -279,6 +279,10 @@ impl<S: SegmentStore> Wal<S> {
         let mut spare: Option<Segment<S>> = None;
         // Where the data of the last kept segment ends, with that segment's bytes.
         let mut last_end: Option<(usize, Vec<u8>)> = None;
+        // Segments past the end to delete, once the whole log is read and accepted: a later
+        // segment may still show that the "torn" first batch was damage in the middle of the
+        // log, and a refusal must leave every file as it found it, for the operator's repair.
+        let mut past_the_end: Vec<(u64, String)> = Vec::new();
         for seq in seqs {
             let name = store.describe(seq);
             let handle = store
@@ -335,10 +339,7 @@ impl<S: SegmentStore> Wal<S> {
                     });
                 } else {
                     drop(handle);
-                    store
-                        .remove(seq)
-                        .await
-                        .map_err(|e| WalError::io(format!("removing {name}"), e))?;
+                    past_the_end.push((seq, name));
                 }
                 continue;
             }
@@ -355,6 +356,12 @@ impl<S: SegmentStore> Wal<S> {
                 ended_at = Some((name, end, end_invalid));
             }
             last_end = Some((end, bytes));
+        }
+        for (seq, name) in past_the_end {
+            store
+                .remove(seq)
+                .await
+                .map_err(|e| WalError::io(format!("removing {name}"), e))?;
         }
         let mut stats = WalStats::default();
         let (end, end_bytes) = match last_end {
@@ -1335,6 +1342,57 @@ mod tests {
                 && message.contains(&format!("offset {damaged}:"))
                 && message.contains("a valid batch follows in sim:0000000000000002.wal"),
             "{message}"
+        );
+    }
+
+    /// Found by the whole-cluster soak with values on disk (seed 7047702): damage to the first
+    /// batch of a sealed segment other than the first made it look like a segment whose first
+    /// batch tore, which recovery deletes. It was deleted before the next segment's valid
+    /// batch made recovery refuse, so the refusal destroyed acknowledged records, and the
+    /// operator's repair of the byte found no file to repair.
+    #[test]
+    fn damage_to_the_first_batch_of_a_sealed_segment_is_refused_and_deletes_nothing() {
+        let store = SimStore::new(5);
+        // Segments that hold one batch of 7,000 bytes each: a damaged first batch is then the
+        // whole segment, as in the seed.
+        let config = WalConfig {
+            segment_bytes: 3 * BLOCK_BYTES as u64,
+            batch_bytes_max: 8 * 1024,
+            batch_records_max: 1,
+            queue_records_max: 4,
+            queue_bytes_max: 16 * 1024,
+        };
+        let (wal, _) = block_on(Wal::open(store.clone(), config.clone())).expect("fresh log opens");
+        let mut index = 1;
+        while wal.tail_position().0 < 3 {
+            append_one(&wal, index, 7000);
+            index += 1;
+        }
+        append_one(&wal, index, 7000);
+        drop(wal);
+        let seqs_before = store.segment_seqs();
+        let offset = BATCH_HEADER_BYTES + FRAME_HEADER_BYTES + 5;
+        store.corrupt_byte(2, offset);
+        let message = block_on(Wal::open(store.clone(), config.clone()))
+            .err()
+            .expect("corruption is refused")
+            .to_string();
+        assert!(
+            message.contains("sim:0000000000000002.wal")
+                && message.contains("a valid batch follows in sim:0000000000000003.wal"),
+            "{message}"
+        );
+        assert_eq!(
+            store.segment_seqs(),
+            seqs_before,
+            "a refusal deletes no segment"
+        );
+        // The operator repairs the byte: every record comes back.
+        store.corrupt_byte(2, offset);
+        let (_, recovered) = block_on(Wal::open(store, config)).expect("the repaired log opens");
+        assert_eq!(
+            recovered.iter().map(|r| r.index).collect::<Vec<_>>(),
+            (1..=index).collect::<Vec<_>>()
         );
     }
 
