@@ -1,7 +1,8 @@
 //! keel-kv micro-benchmark: apply throughput (puts of 256-byte values, one raft entry each, over
 //! many keys and to one key with a long history), one DeleteRange of many keys (one apply: the
-//! raft core's longest pause in a mass delete), and single-key and 100-key range throughput
-//! from 1, 2 and 4 reader threads at once.
+//! raft core's longest pause in a mass delete), one txn that compares or reads a million keys
+//! (whole, and in the raft core's steps), and single-key and 100-key range throughput from 1,
+//! 2 and 4 reader threads at once.
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-kv cargo bench -p keel-kv --bench mvcc`
 
@@ -10,7 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use keel_kv::{CompactionRequest, CompactionStatus, Op, PutRequest, RangeRequest, Reader, Store};
+use keel_kv::{
+    Applied, CompactionRequest, CompactionStatus, Compare, CompareResult, CompareTarget, Op,
+    Progress, PutRequest, RangeRequest, Reader, RequestOp, Store, TxnRequest, Writer,
+};
 
 const KEYS: u64 = 100_000;
 const PUTS: u64 = 400_000;
@@ -20,6 +24,8 @@ const READ_DURATION: Duration = Duration::from_secs(2);
 const HOT_PUTS: u64 = 20_000;
 const HOT_BLOCK_PUTS: u64 = 1000;
 const DELETE_KEYS: u64 = 1_000_000;
+/// keel-core's `limits::APPLY_KEYS_PER_STEP`.
+const APPLY_KEYS_PER_STEP: usize = 16_384;
 
 fn key(i: u64) -> Bytes {
     Bytes::from(format!("/registry/pods/default/pod-{i:08}"))
@@ -31,6 +37,38 @@ fn next(state: &mut u64) -> u64 {
     *state ^= *state >> 7;
     *state ^= *state << 17;
     *state
+}
+
+/// Applies `op` as the raft core does, in steps of `keys_max` keys: (total, longest step,
+/// steps, answer).
+fn apply_stepped(
+    writer: &mut Writer,
+    index: u64,
+    op: &Op,
+    keys_max: usize,
+) -> (Duration, Duration, usize, Applied) {
+    let start = Instant::now();
+    let mut step_start = Instant::now();
+    let (mut longest, mut steps) = (Duration::ZERO, 1);
+    let mut progress = writer.apply_in_steps(index, op, usize::MAX, keys_max);
+    loop {
+        longest = longest.max(step_start.elapsed());
+        match progress {
+            Progress::Done(applied) => {
+                return (
+                    start.elapsed(),
+                    longest,
+                    steps,
+                    applied.expect("the txn applies"),
+                )
+            }
+            Progress::More(rest) => {
+                step_start = Instant::now();
+                steps += 1;
+                progress = writer.apply_step(rest, keys_max);
+            }
+        }
+    }
 }
 
 fn reads_per_s(reader: &Reader, threads: usize, span_keys: u64) -> f64 {
@@ -194,6 +232,83 @@ fn main() {
         drop(applied);
         drop(del_writer);
     }
+    // One txn that reads a million keys after a put, and one whose compare of a range visits
+    // them all (versions, then values): whole, and in the raft core's steps.
+    let (mut txn_writer, _txn_reader) = Store::new();
+    for i in 0..DELETE_KEYS {
+        let put = Op::Put(PutRequest {
+            key: key(i),
+            value: value.clone(),
+            ..Default::default()
+        });
+        txn_writer.apply(i + 1, &put).expect("put");
+    }
+    let put_x = RequestOp::Put(PutRequest {
+        key: Bytes::from_static(b"x"),
+        value: Bytes::from_static(b"y"),
+        ..Default::default()
+    });
+    let every = |target| {
+        vec![Compare {
+            result: CompareResult::Equal,
+            target,
+            key: key(0),
+            range_end: key(DELETE_KEYS),
+        }]
+    };
+    let txns = [
+        (
+            "put, then a range of every key",
+            TxnRequest {
+                compare: vec![],
+                success: vec![
+                    put_x.clone(),
+                    RequestOp::Range(RangeRequest {
+                        key: key(0),
+                        range_end: key(DELETE_KEYS),
+                        ..Default::default()
+                    }),
+                ],
+                failure: vec![],
+            },
+        ),
+        (
+            "compare of every key's lease, then a put",
+            TxnRequest {
+                compare: every(CompareTarget::Lease(0)),
+                success: vec![put_x.clone()],
+                failure: vec![],
+            },
+        ),
+        (
+            "compare of every key's value, then a put",
+            TxnRequest {
+                compare: every(CompareTarget::Value(value.clone())),
+                success: vec![put_x.clone()],
+                failure: vec![],
+            },
+        ),
+    ];
+    let mut index = DELETE_KEYS;
+    for (label, txn) in txns {
+        for keys_max in [usize::MAX, APPLY_KEYS_PER_STEP] {
+            index += 1;
+            let (total, longest, steps, applied) =
+                apply_stepped(&mut txn_writer, index, &Op::Txn(txn.clone()), keys_max);
+            let how = if keys_max == usize::MAX {
+                "whole".to_string()
+            } else {
+                format!("in steps of {keys_max} keys")
+            };
+            println!(
+                "apply: one txn ({label}, {DELETE_KEYS} keys) {how}: {:.1} ms, longest step {:.1} ms, {steps} step(s)",
+                total.as_secs_f64() * 1e3,
+                longest.as_secs_f64() * 1e3,
+            );
+            drop(applied);
+        }
+    }
+    drop(txn_writer);
     for span_keys in [1u64, 100] {
         for threads in [1usize, 2, 4] {
             println!(

@@ -1,5 +1,6 @@
 //! Reads shared by the writer (inside a txn) and the lock-free readers.
 
+use bytes::Bytes;
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
@@ -8,17 +9,8 @@ use crate::store::Shared;
 use crate::types::{KeyValue, RangeRequest, RangeResponse, SortOrder, SortTarget};
 
 /// etcd's `rangeKeys` plus the applier's filter/sort/limit, at `cur_rev` (the revision the caller
-/// treats as current) with `compact_rev` as the oldest readable revision.
-pub(crate) fn range_at(
-    shared: &Shared,
-    req: &RangeRequest,
-    cur_rev: i64,
-    compact_rev: i64,
-) -> Result<RangeResponse> {
-    range_at_unchecked(shared, req, cur_rev, compact_rev).map(Unchecked::check)
-}
-
-/// `range_at`, its values in mapped segment files not yet read (see `Unchecked`).
+/// treats as current) with `compact_rev` as the oldest readable revision; its values in mapped
+/// segment files not yet read (see `Unchecked`).
 pub(crate) fn range_at_unchecked(
     shared: &Shared,
     req: &RangeRequest,
@@ -99,7 +91,7 @@ fn in_walk_order(req: &RangeRequest) -> bool {
     key_order && !filtered && !req.count_only && !req.range_end.is_empty()
 }
 
-/// `range_at`, split as `split` says when the range is answered in walk order (otherwise the
+/// `range_at_unchecked`, split as `split` says when the range is answered in walk order (otherwise the
 /// whole answer is read, as etcd sorts and filters it in memory too).
 pub(crate) fn range_split_at(
     shared: &Shared,
@@ -108,138 +100,207 @@ pub(crate) fn range_split_at(
     compact_rev: i64,
     split: Option<RangeSplit<'_>>,
 ) -> Result<Unchecked<(RangeResponse, Option<RangeRest>)>> {
-    assert!(cur_rev >= 1, "the store starts at revision 1");
-    if req.revision > cur_rev {
-        return Err(KvError::FutureRevision);
-    }
-    let rev = if req.revision <= 0 {
-        cur_rev
-    } else {
-        req.revision
-    };
-    if rev < compact_rev {
-        return Err(KvError::Compacted);
-    }
-    let filtered = req.min_mod_revision != 0
-        || req.max_mod_revision != 0
-        || req.min_create_revision != 0
-        || req.max_create_revision != 0;
-    // etcd fetches everything when it will sort or filter, else one more than the limit so it can
-    // tell whether there is more.
-    let fetch_max: usize = if req.sort_order != SortOrder::None || filtered || req.limit <= 0 {
-        usize::MAX
-    } else {
-        usize::try_from(req.limit)
-            .expect("limit is positive here")
-            .saturating_add(1)
-    };
+    let mut gather = RangeGather::start(req, cur_rev, compact_rev)?;
     if let Some(split) = split.filter(|_| in_walk_order(req)) {
-        return Ok(range_split(shared, req, rev, cur_rev, split));
+        return Ok(range_split(shared, req, gather.rev, cur_rev, split));
     }
-    let mut sort_order = req.sort_order;
-    if req.sort_target != SortTarget::Key && sort_order == SortOrder::None {
-        sort_order = SortOrder::Ascend;
+    gather.walk(shared, req, usize::MAX);
+    Ok(gather.finish(req).map(|response| (response, None)))
+}
+
+/// A whole range read (not split), walked in steps when the caller needs them: a range of a
+/// million keys inside a txn applied in steps must not hold the raft core for its whole walk
+/// (about 400 ms). `walk` visits the keys, `finish` filters, sorts and limits, as etcd's
+/// `rangeKeys` and the applier do. Nothing may change the store between the steps.
+pub(crate) struct RangeGather {
+    /// The revision read at, and the one the answer reports.
+    rev: i64,
+    cur_rev: i64,
+    /// The next key to visit; None once the walk reached the range's end.
+    next_key: Option<Bytes>,
+    fetch_max: usize,
+    /// Filters and a sort drop and move key-values, and each one's record check must go with
+    /// it, so that only what is answered is checked (and brought into memory): they work on
+    /// pairs. Most ranges have neither, and collect their checks as they read (the limit then
+    /// drops at most the one extra key-value fetched to tell whether there is more, whose
+    /// record is checked as it always was).
+    reorders: bool,
+    sort_order: SortOrder,
+    /// A keys-only answer serves no value: it reads one only to sort by it.
+    with_value: bool,
+    count: i64,
+    kvs: Vec<KeyValue>,
+    checks: Vec<RecordCheck>,
+    kv_checks: Vec<Option<RecordCheck>>,
+}
+
+impl RangeGather {
+    /// A walk of `req` at `cur_rev` (the revision the caller treats as current), or the
+    /// error the read answers.
+    pub(crate) fn start(req: &RangeRequest, cur_rev: i64, compact_rev: i64) -> Result<Self> {
+        assert!(cur_rev >= 1, "the store starts at revision 1");
+        if req.revision > cur_rev {
+            return Err(KvError::FutureRevision);
+        }
+        let rev = if req.revision <= 0 {
+            cur_rev
+        } else {
+            req.revision
+        };
+        if rev < compact_rev {
+            return Err(KvError::Compacted);
+        }
+        let filtered = req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        // etcd fetches everything when it will sort or filter, else one more than the limit
+        // so it can tell whether there is more.
+        let fetch_max: usize = if req.sort_order != SortOrder::None || filtered || req.limit <= 0 {
+            usize::MAX
+        } else {
+            usize::try_from(req.limit)
+                .expect("limit is positive here")
+                .saturating_add(1)
+        };
+        let mut sort_order = req.sort_order;
+        if req.sort_target != SortTarget::Key && sort_order == SortOrder::None {
+            sort_order = SortOrder::Ascend;
+        }
+        Ok(RangeGather {
+            rev,
+            cur_rev,
+            next_key: Some(req.key.clone()),
+            fetch_max,
+            reorders: filtered || sort_order != SortOrder::None,
+            sort_order,
+            with_value: !req.keys_only || req.sort_target == SortTarget::Value,
+            count: 0,
+            kvs: Vec::new(),
+            checks: Vec::new(),
+            kv_checks: Vec::new(),
+        })
     }
-    // Filters and a sort drop and move key-values, and each one's record check must go with
-    // it, so that only what is answered is checked (and brought into memory): they work on
-    // pairs. Most ranges have neither, and collect their checks as they read (the limit then
-    // drops at most the one extra key-value fetched to tell whether there is more, whose
-    // record is checked as it always was).
-    let reorders = filtered || sort_order != SortOrder::None;
-    let guard = epoch::pin();
-    let mut count: i64 = 0;
-    let mut kvs: Vec<KeyValue> = Vec::new();
-    let mut checks: Vec<RecordCheck> = Vec::new();
-    let mut kv_checks: Vec<Option<RecordCheck>> = Vec::new();
-    // A keys-only answer serves no value: it reads one only to sort by it.
-    let with_value = !req.keys_only || req.sort_target == SortTarget::Value;
-    for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
-        if let Some(v) = live_at(history.load(&guard), rev) {
-            count += 1;
-            if !req.count_only && kvs.len() < fetch_max {
-                // The table is loaded after the list (see `segments.rs`).
-                let table = shared.segments.load(&guard);
-                let (kv, check) = v.to_key_value_unchecked(key, table, with_value);
-                kvs.push(kv);
-                if reorders {
-                    kv_checks.push(check);
-                } else {
-                    checks.extend(check);
+
+    /// Whether the walk reached the range's end.
+    pub(crate) fn walked(&self) -> bool {
+        self.next_key.is_none()
+    }
+
+    /// Visits at most `keys_max` more index entries of `req`'s range (live or not); returns
+    /// how many it visited.
+    pub(crate) fn walk(&mut self, shared: &Shared, req: &RangeRequest, keys_max: usize) -> usize {
+        let Some(from) = self.next_key.take() else {
+            return 0;
+        };
+        let guard = epoch::pin();
+        let mut visited = 0usize;
+        for_each_in_range(&shared.index, &from, &req.range_end, |key, history| {
+            if visited == keys_max {
+                self.next_key = Some(Bytes::copy_from_slice(key));
+                return false;
+            }
+            visited += 1;
+            if let Some(v) = live_at(history.load(&guard), self.rev) {
+                self.count += 1;
+                if !req.count_only && self.kvs.len() < self.fetch_max {
+                    // The table is loaded after the list (see `segments.rs`).
+                    let table = shared.segments.load(&guard);
+                    let (kv, check) = v.to_key_value_unchecked(key, table, self.with_value);
+                    self.kvs.push(kv);
+                    if self.reorders {
+                        self.kv_checks.push(check);
+                    } else {
+                        self.checks.extend(check);
+                    }
                 }
             }
-        }
-        true
-    });
-    let limit = usize::try_from(req.limit).ok().filter(|limit| *limit > 0);
-    if reorders {
-        let mut pairs: Vec<(KeyValue, Option<RecordCheck>)> =
-            kvs.into_iter().zip(kv_checks).collect();
-        if req.max_mod_revision != 0 {
-            pairs.retain(|(kv, _)| kv.mod_revision <= req.max_mod_revision);
-        }
-        if req.min_mod_revision != 0 {
-            pairs.retain(|(kv, _)| kv.mod_revision >= req.min_mod_revision);
-        }
-        if req.max_create_revision != 0 {
-            pairs.retain(|(kv, _)| kv.create_revision <= req.max_create_revision);
-        }
-        if req.min_create_revision != 0 {
-            pairs.retain(|(kv, _)| kv.create_revision >= req.min_create_revision);
-        }
-        let cmp = |a: &KeyValue, b: &KeyValue| match req.sort_target {
-            SortTarget::Key => a.key.cmp(&b.key),
-            SortTarget::Version => a.version.cmp(&b.version),
-            SortTarget::Create => a.create_revision.cmp(&b.create_revision),
-            SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
-            SortTarget::Value => a.value.cmp(&b.value),
-        };
-        // A stable sort keeps ties in key order, as Go's insertion sort does for small results.
-        // (A sort by value compares values not yet checked: a damaged one still stops the
-        // reader at `check`, before anything is answered.)
-        match sort_order {
-            SortOrder::Ascend => pairs.sort_by(|(a, _), (b, _)| cmp(a, b)),
-            SortOrder::Descend => pairs.sort_by(|(a, _), (b, _)| cmp(b, a)),
-            SortOrder::None => {}
-        }
-        let answered = limit.map_or(pairs.len(), |limit| limit.min(pairs.len()));
-        kvs = Vec::with_capacity(pairs.len());
-        for (i, (kv, check)) in pairs.into_iter().enumerate() {
-            if i < answered {
-                checks.extend(check);
+            true
+        });
+        visited
+    }
+
+    /// The answer of a walk that reached the range's end.
+    pub(crate) fn finish(self, req: &RangeRequest) -> Unchecked<RangeResponse> {
+        assert!(self.walked(), "the walk reached the range's end");
+        let RangeGather {
+            cur_rev,
+            sort_order,
+            reorders,
+            count,
+            mut kvs,
+            mut checks,
+            kv_checks,
+            ..
+        } = self;
+        let limit = usize::try_from(req.limit).ok().filter(|limit| *limit > 0);
+        if reorders {
+            let mut pairs: Vec<(KeyValue, Option<RecordCheck>)> =
+                kvs.into_iter().zip(kv_checks).collect();
+            if req.max_mod_revision != 0 {
+                pairs.retain(|(kv, _)| kv.mod_revision <= req.max_mod_revision);
             }
-            kvs.push(kv);
+            if req.min_mod_revision != 0 {
+                pairs.retain(|(kv, _)| kv.mod_revision >= req.min_mod_revision);
+            }
+            if req.max_create_revision != 0 {
+                pairs.retain(|(kv, _)| kv.create_revision <= req.max_create_revision);
+            }
+            if req.min_create_revision != 0 {
+                pairs.retain(|(kv, _)| kv.create_revision >= req.min_create_revision);
+            }
+            let cmp = |a: &KeyValue, b: &KeyValue| match req.sort_target {
+                SortTarget::Key => a.key.cmp(&b.key),
+                SortTarget::Version => a.version.cmp(&b.version),
+                SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+                SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+                SortTarget::Value => a.value.cmp(&b.value),
+            };
+            // A stable sort keeps ties in key order, as Go's insertion sort does for small
+            // results. (A sort by value compares values not yet checked: a damaged one still
+            // stops the reader at `check`, before anything is answered.)
+            match sort_order {
+                SortOrder::Ascend => pairs.sort_by(|(a, _), (b, _)| cmp(a, b)),
+                SortOrder::Descend => pairs.sort_by(|(a, _), (b, _)| cmp(b, a)),
+                SortOrder::None => {}
+            }
+            let answered = limit.map_or(pairs.len(), |limit| limit.min(pairs.len()));
+            kvs = Vec::with_capacity(pairs.len());
+            for (i, (kv, check)) in pairs.into_iter().enumerate() {
+                if i < answered {
+                    checks.extend(check);
+                }
+                kvs.push(kv);
+            }
         }
-    }
-    let mut more = false;
-    if let Some(limit) = limit {
-        if kvs.len() > limit {
-            kvs.truncate(limit);
-            more = true;
+        let mut more = false;
+        if let Some(limit) = limit {
+            if kvs.len() > limit {
+                kvs.truncate(limit);
+                more = true;
+            }
         }
-    }
-    if req.keys_only {
-        // Values read only to sort by: nothing of them is answered, so nothing is checked.
-        for kv in &mut kvs {
-            kv.value = bytes::Bytes::new();
+        if req.keys_only {
+            // Values read only to sort by: nothing of them is answered, so nothing is checked.
+            for kv in &mut kvs {
+                kv.value = Bytes::new();
+            }
+            checks.clear();
         }
-        checks.clear();
-    }
-    assert!(
-        kvs.len() as i64 <= count,
-        "never more kvs than keys in range"
-    );
-    Ok(Unchecked::new(
-        (
+        assert!(
+            kvs.len() as i64 <= count,
+            "never more kvs than keys in range"
+        );
+        Unchecked::new(
             RangeResponse {
                 revision: cur_rev,
                 kvs,
                 more,
                 count,
             },
-            None,
-        ),
-        checks,
-    ))
+            checks,
+        )
+    }
 }
 
 /// The walk of a range in walk order: every key is counted, the first `split.kvs_max` that the

@@ -14,7 +14,8 @@ use crate::index::{
     RecordCheck, Unchecked, Version, VersionKind,
 };
 use crate::read::{
-    range_at, range_at_unchecked, range_rest_batch, range_split_at, RangeRest, RangeSplit, RestWalk,
+    range_at_unchecked, range_rest_batch, range_split_at, RangeGather, RangeRest, RangeSplit,
+    RestWalk,
 };
 use crate::segments::{MappedSegment, SegmentsWriter, SharedSegments};
 use crate::types::{
@@ -307,11 +308,19 @@ enum Stepped {
     /// delete detaches its key, so what is left is what the next step takes), the last one
     /// removes the lease.
     Revoke { id: i64 },
-    /// A txn whose chosen ops hold a range delete: the txn, the branches its compares chose
-    /// (taken, and checked, before the first step: nothing else changes the store until the
-    /// last, so they stay what they were), and how far its ops got.
-    Txn {
-        req: TxnRequest,
+    /// A txn whose compares or chosen ops walk a range (`txn_walks_ranges`): the txn, and
+    /// how far it got.
+    Txn { req: TxnRequest, phase: TxnPhase },
+}
+
+/// How far a txn applied in steps got.
+enum TxnPhase {
+    /// Its compares, some over a range, are being decided.
+    Comparing(CompareEval),
+    /// Its chosen ops are being applied: the branches its compares chose (taken, and checked,
+    /// before the first op: nothing else changes the store until the last, so they stay what
+    /// they were), and how far its ops got.
+    Applying {
         path: TxnPath,
         progress: TxnProgress,
     },
@@ -324,6 +333,9 @@ struct TxnProgress {
     next: usize,
     /// The walk of the range delete at `next`, if it stopped part way.
     walk: Option<DeleteWalk>,
+    /// The walk of the range read at `next`, if it stopped part way (boxed: most txns never
+    /// have one, and an entry applied in steps moves between loop turns).
+    range: Option<Box<RangeGather>>,
     /// The answers of the ops before `next`, in order.
     responses: Vec<ResponseOp>,
 }
@@ -648,8 +660,10 @@ impl Writer {
     /// timeout, and cost a 3-member cluster its leader). Until then the entry is not applied:
     /// `applied_index` stays before it and no reader sees any of its writes, and nothing else
     /// may change the store (`apply*`, compaction) or capture it for a checkpoint. A txn
-    /// whose chosen ops hold a range delete is applied in steps too, its other ops counting
-    /// one key each. Every other op is applied whole, as by `apply_bounded`.
+    /// whose compares or chosen ops walk a range (a range delete, a range read, a compare of
+    /// a range: each about 0.3-0.5 s over a million keys) is applied in steps too, its
+    /// compares and ops counting the keys they visit, and at least one each. Every other op
+    /// is applied whole, as by `apply_bounded`.
     pub fn apply_in_steps(
         &mut self,
         raft_index: u64,
@@ -665,15 +679,22 @@ impl Writer {
             Op::LeaseRevoke(req) if self.leases.contains_key(&req.id) => {
                 Stepped::Revoke { id: req.id }
             }
-            Op::Txn(req) if txn_deletes(req) => {
-                // A txn refused by its checks, or whose compares chose ops that delete no
+            // Compares of ranges are decided in steps, then the chosen ops applied in steps.
+            Op::Txn(req) if txn_compares_ranges(req) => Stepped::Txn {
+                req: req.clone(),
+                phase: TxnPhase::Comparing(CompareEval::default()),
+            },
+            Op::Txn(req) if txn_walks_ranges(req) => {
+                // A txn refused by its checks, or whose compares chose ops that walk no
                 // range, is applied whole (and the refusal answered) as before, without
                 // evaluating its compares again.
                 match self.txn_path(self.current_rev, req) {
-                    Ok((path, ops)) if ops.iter().any(deletes_a_range) => Stepped::Txn {
+                    Ok((path, ops)) if ops.iter().any(walks_a_range) => Stepped::Txn {
                         req: req.clone(),
-                        path,
-                        progress: TxnProgress::default(),
+                        phase: TxnPhase::Applying {
+                            path,
+                            progress: TxnProgress::default(),
+                        },
                     },
                     evaluated => {
                         return Progress::Done(self.apply_whole(
@@ -728,13 +749,44 @@ impl Writer {
                         .expect("the lease is checked before the first step"),
                 )
             }
-            Stepped::Txn {
-                req,
-                path,
-                progress,
-            } => {
+            Stepped::Txn { req, phase } => {
+                let mut keys_left = keys_max;
+                if let TxnPhase::Comparing(eval) = phase {
+                    let begin_rev = steps.ctx.begin_rev;
+                    let Some(path) = eval.step(
+                        &self.shared,
+                        req,
+                        begin_rev,
+                        self.compact_rev,
+                        &mut keys_left,
+                    ) else {
+                        return Progress::More(steps);
+                    };
+                    match self.txn_checks(begin_rev, req, path) {
+                        Ok((path, _)) => {
+                            *phase = TxnPhase::Applying {
+                                path,
+                                progress: TxnProgress::default(),
+                            }
+                        }
+                        Err(e) => {
+                            // Refused whole, as `apply_whole` refuses a txn: nothing was
+                            // written, only the applied index moves.
+                            assert_eq!(steps.ctx.writes, 0, "compares write nothing");
+                            self.stepping = None;
+                            self.applied_index = steps.raft_index;
+                            return Progress::Done(Err(e));
+                        }
+                    }
+                    if keys_left == 0 {
+                        return Progress::More(steps);
+                    }
+                }
+                let TxnPhase::Applying { path, progress } = phase else {
+                    unreachable!("the compares are decided")
+                };
                 let ops = chosen_ops(req, path);
-                if !self.txn_ops(&mut steps.ctx, &ops, progress, keys_max) {
+                if !self.txn_ops(&mut steps.ctx, &ops, progress, keys_left) {
                     return Progress::More(steps);
                 }
                 OpResponse::Txn(txn_response(req, path, progress, &steps.ctx))
@@ -1034,6 +1086,16 @@ impl Writer {
         req: &'a TxnRequest,
     ) -> Result<(TxnPath, ChosenOps<'a>)> {
         let path = compare_path(&self.shared, req, begin_rev, self.compact_rev);
+        self.txn_checks(begin_rev, req, path)
+    }
+
+    /// `txn_path` with the compares already decided: `path`, once its ops passed the checks.
+    fn txn_checks<'a>(
+        &self,
+        begin_rev: i64,
+        req: &'a TxnRequest,
+        path: TxnPath,
+    ) -> Result<(TxnPath, ChosenOps<'a>)> {
         let ops = chosen_ops(req, &path);
         if txn_writes(req) {
             // A put that keeps the key's value or lease needs the key as the txn finds it
@@ -1075,7 +1137,8 @@ impl Writer {
     }
 
     /// Applies a txn's chosen `ops` from `progress.next` on, visiting at most `keys_max` keys:
-    /// a range delete counts the keys its walk visits, any other op one. Returns true once
+    /// a range delete or read counts the keys its walk visits (at least one), any other op
+    /// one. Returns true once
     /// every op is applied; otherwise `progress` says where the next call goes on.
     fn txn_ops(
         &mut self,
@@ -1090,6 +1153,22 @@ impl Writer {
                 return false;
             }
             let resp = match op {
+                RequestOp::Range(r) if !r.range_end.is_empty() => {
+                    let read_rev = ctx.read_rev();
+                    let compact_rev = self.compact_rev;
+                    let gather = progress.range.get_or_insert_with(|| {
+                        Box::new(RangeGather::start(r, read_rev, compact_rev).expect(
+                            "txn ranges are checked against the compact and current revision \
+                             before apply",
+                        ))
+                    });
+                    keys_left -= gather.walk(&self.shared, r, keys_left).max(1);
+                    if !gather.walked() {
+                        return false;
+                    }
+                    let gather = progress.range.take().expect("the walk just ended");
+                    ResponseOp::Range(gather.finish(r).into_parts(&mut ctx.checks))
+                }
                 RequestOp::Range(r) => {
                     keys_left -= 1;
                     ResponseOp::Range(self.range(ctx, r))
@@ -1586,23 +1665,161 @@ fn txn_writes(req: &TxnRequest) -> bool {
 /// Which branch each txn takes (see `TxnPath`), comparing against the state at `rev` with
 /// `compact_rev` the oldest readable revision.
 fn compare_path(shared: &Shared, req: &TxnRequest, rev: i64, compact_rev: i64) -> TxnPath {
-    let succeeded = req
-        .compare
-        .iter()
-        .all(|c| compare(shared, c, rev, compact_rev));
+    let mut keys_left = usize::MAX;
+    CompareEval::default()
+        .step(shared, req, rev, compact_rev, &mut keys_left)
+        .expect("an evaluation without a bound decides every compare")
+}
+
+/// The evaluation of a txn's compares (etcd's `compareToPath`) at one revision, in steps: a
+/// compare over a range of a million keys visits them all, so in a txn applied in steps it
+/// visits at most a step's keys at a time. Compares are decided in the order etcd's
+/// evaluation asks for them (a txn's compares until the first that fails, then the nested
+/// txns of the branch they chose), so a step replays the results so far to reach the next.
+#[derive(Default)]
+struct CompareEval {
+    results: Vec<bool>,
+    /// The walk of the next compare, if it stopped part way.
+    walk: Option<CompareWalk>,
+}
+
+impl CompareEval {
+    /// Goes on deciding compares, visiting at most `*keys_left` keys (each compare costs at
+    /// least one); the path, once every compare it needs is decided.
+    fn step(
+        &mut self,
+        shared: &Shared,
+        req: &TxnRequest,
+        rev: i64,
+        compact_rev: i64,
+        keys_left: &mut usize,
+    ) -> Option<TxnPath> {
+        let (results, walk) = (&mut self.results, &mut self.walk);
+        let mut asked = 0usize;
+        path_from(req, &mut |compare: &Compare| {
+            asked += 1;
+            if let Some(holds) = results.get(asked - 1) {
+                return Some(*holds);
+            }
+            if *keys_left == 0 {
+                return None;
+            }
+            let holds = walk
+                .get_or_insert_with(|| CompareWalk {
+                    next_key: Some(compare.key.clone()),
+                    found: false,
+                })
+                .step(shared, compare, rev, compact_rev, keys_left)?;
+            *walk = None;
+            results.push(holds);
+            Some(holds)
+        })
+    }
+}
+
+/// The path `req`'s compares choose, each decided by `decide` in evaluation order; None as
+/// soon as `decide` cannot decide one yet.
+fn path_from(
+    req: &TxnRequest,
+    decide: &mut impl FnMut(&Compare) -> Option<bool>,
+) -> Option<TxnPath> {
+    let mut succeeded = true;
+    for c in &req.compare {
+        if !decide(c)? {
+            succeeded = false;
+            break;
+        }
+    }
     let ops = if succeeded {
         &req.success
     } else {
         &req.failure
     };
-    let nested = ops
-        .iter()
-        .filter_map(|op| match op {
-            RequestOp::Txn(t) => Some(compare_path(shared, t, rev, compact_rev)),
-            _ => None,
-        })
-        .collect();
-    TxnPath { succeeded, nested }
+    let mut nested = Vec::new();
+    for op in ops {
+        if let RequestOp::Txn(t) = op {
+            nested.push(path_from(t, decide)?);
+        }
+    }
+    Some(TxnPath { succeeded, nested })
+}
+
+/// One compare (etcd's `applyCompare`), over its range in steps: every key in the range must
+/// match; a missing key compares as a zero KeyValue, except that VALUE on a missing key is
+/// always false. The walk stops at the first key that does not match, and reads a value only
+/// when the compare compares values.
+struct CompareWalk {
+    /// The next key to visit.
+    next_key: Option<Bytes>,
+    /// Whether a live key was found in the range.
+    found: bool,
+}
+
+impl CompareWalk {
+    /// Visits at most `*keys_left` keys (at least one is counted); the result once decided.
+    fn step(
+        &mut self,
+        shared: &Shared,
+        c: &Compare,
+        rev: i64,
+        compact_rev: i64,
+        keys_left: &mut usize,
+    ) -> Option<bool> {
+        assert!(*keys_left > 0, "a step visits at least one key");
+        if rev < compact_rev {
+            // A compare that cannot read counts as false.
+            *keys_left -= 1;
+            return Some(false);
+        }
+        let from = self
+            .next_key
+            .take()
+            .expect("an undecided compare has a key to visit");
+        let budget = *keys_left;
+        let guard = epoch::pin();
+        let mut visited = 0usize;
+        let mut failed = false;
+        for_each_in_range(&shared.index, &from, &c.range_end, |key, history| {
+            if visited == budget {
+                self.next_key = Some(Bytes::copy_from_slice(key));
+                return false;
+            }
+            visited += 1;
+            if let Some(v) = live_at(history.load(&guard), rev) {
+                self.found = true;
+                // The table is loaded after the list (see `segments.rs`).
+                let ordering = match &c.target {
+                    CompareTarget::Value(x) => {
+                        let table = shared.segments.load(&guard);
+                        v.value(key, table).as_ref().cmp(x.as_ref())
+                    }
+                    CompareTarget::Create(r) => v.create_revision.cmp(r),
+                    CompareTarget::Mod(r) => v.main().cmp(r),
+                    CompareTarget::Version(r) => v.version.cmp(r),
+                    CompareTarget::Lease(r) => v.lease.cmp(r),
+                };
+                if !compare_result_holds(c.result, ordering) {
+                    failed = true;
+                    return false;
+                }
+            }
+            true
+        });
+        *keys_left -= visited.max(1);
+        if failed {
+            return Some(false);
+        }
+        if self.next_key.is_some() {
+            return None;
+        }
+        if !self.found {
+            if matches!(c.target, CompareTarget::Value(_)) {
+                return Some(false);
+            }
+            return Some(compare_kv(c, &KeyValue::default()));
+        }
+        Some(true)
+    }
 }
 
 /// The ops a txn applies on the branches its compares chose, in the order they apply.
@@ -1689,7 +1906,10 @@ fn txn_response(
             responses,
         }
     }
-    assert!(progress.walk.is_none(), "every op applied");
+    assert!(
+        progress.walk.is_none() && progress.range.is_none(),
+        "every op applied"
+    );
     let mut resp = if path.nested.is_empty() {
         // The answers are the branch's, as they are.
         assert_eq!(progress.responses.len(), branch(req, path).len());
@@ -1718,43 +1938,29 @@ fn deletes_key(d: &DeleteRangeRequest, key: &[u8]) -> bool {
     }
 }
 
-/// Whether any op of `req`, on any branch, deletes a range.
-fn txn_deletes(req: &TxnRequest) -> bool {
+/// Whether any op of `req`, on any branch, walks a range (`walks_a_range`).
+fn txn_walks_ranges(req: &TxnRequest) -> bool {
     req.success.iter().chain(&req.failure).any(|op| match op {
-        RequestOp::Txn(t) => txn_deletes(t),
-        other => deletes_a_range(other),
+        RequestOp::Txn(t) => txn_walks_ranges(t),
+        other => walks_a_range(other),
     })
 }
 
-fn deletes_a_range(op: &RequestOp) -> bool {
-    matches!(op, RequestOp::DeleteRange(d) if !d.range_end.is_empty())
+/// Whether any compare of `req`, or of a txn nested in it, compares a range.
+fn txn_compares_ranges(req: &TxnRequest) -> bool {
+    req.compare.iter().any(|c| !c.range_end.is_empty())
+        || req.success.iter().chain(&req.failure).any(|op| match op {
+            RequestOp::Txn(t) => txn_compares_ranges(t),
+            _ => false,
+        })
 }
 
-/// etcd's `applyCompare`: every key in the range must match; a missing key compares as a zero
-/// KeyValue, except that VALUE on a missing key is always false.
-fn compare(shared: &Shared, c: &Compare, rev: i64, compact_rev: i64) -> bool {
-    let req = compare_range(c);
-    let kvs = match range_at(shared, &req, rev, compact_rev) {
-        Ok(resp) => resp.kvs,
-        Err(_) => return false,
-    };
-    if kvs.is_empty() {
-        if matches!(c.target, CompareTarget::Value(_)) {
-            return false;
-        }
-        return compare_kv(c, &KeyValue::default());
-    }
-    kvs.iter().all(|kv| compare_kv(c, kv))
-}
-
-/// The read a compare makes: values only when it compares them, so a compare of revisions
-/// or versions (as a kube-apiserver update's) reads none.
-fn compare_range(c: &Compare) -> RangeRequest {
-    RangeRequest {
-        key: c.key.clone(),
-        range_end: c.range_end.clone(),
-        keys_only: !matches!(c.target, CompareTarget::Value(_)),
-        ..RangeRequest::default()
+/// A range delete, or a read of a range (not of one key).
+fn walks_a_range(op: &RequestOp) -> bool {
+    match op {
+        RequestOp::DeleteRange(d) => !d.range_end.is_empty(),
+        RequestOp::Range(r) => !r.range_end.is_empty(),
+        _ => false,
     }
 }
 
@@ -1784,7 +1990,11 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
         CompareTarget::Version(r) => kv.version.cmp(r),
         CompareTarget::Lease(r) => kv.lease.cmp(r),
     };
-    match c.result {
+    compare_result_holds(c.result, ordering)
+}
+
+fn compare_result_holds(result: CompareResult, ordering: std::cmp::Ordering) -> bool {
+    match result {
         CompareResult::Equal => ordering.is_eq(),
         CompareResult::NotEqual => ordering.is_ne(),
         CompareResult::Greater => ordering.is_gt(),

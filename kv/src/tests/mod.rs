@@ -271,10 +271,11 @@ fn a_lease_revoke_in_steps_ends_as_the_revoke_applied_whole() {
     ));
 }
 
-/// A txn whose chosen ops hold a range delete is applied in steps too, its other ops counting
-/// one key each, and ends as the txn applied whole: the same nested answer (a range after the
-/// delete reading its own writes), events, hash and leases. A txn whose compares chose no
-/// range delete, or that its checks refuse, is applied whole.
+/// A txn whose chosen ops hold a range delete is applied in steps too, its puts counting one
+/// key each and its range reads the keys they walk, and ends as the txn applied whole: the
+/// same nested answer (a range after the delete reading its own writes), events, hash and
+/// leases. A txn whose compares chose no walk of a range, or that its checks refuse, is
+/// applied whole.
 #[test]
 fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
     use crate::{
@@ -353,9 +354,9 @@ fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
             }
         }
     };
-    // The put and two keys, then three keys a step (the walk's last step also takes the
-    // range), then the last put: 1 + 10 + 1 + 1 = 13 at three a step.
-    assert_eq!(steps, 5);
+    // Three keys a step: the put, the delete's walk over ten keys, the range's walk over the
+    // same ten (tombstones now), then the last put: 1 + 10 + 10 + 1 = 22 keys in 8 steps.
+    assert_eq!(steps, 8);
     assert_eq!(applied, expected);
     let applied = applied.expect("txn");
     assert_eq!((applied.counts.puts, applied.counts.deletes), (2, 10));
@@ -399,6 +400,137 @@ fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
         (w.applied_index(), w.stepping(), r.current_revision()),
         (12, None, 11)
     );
+}
+
+/// A txn's compares of ranges and its reads of ranges walk their keys in steps too: over a
+/// million keys each held the raft core for 0.3-0.5 s in one call. Compares are decided in
+/// etcd's order (the outer ones, then those of the nested txns on the branch they chose,
+/// all on the state before the txn), a compare that fails stops its walk, and the answer,
+/// its sorted and limited ranges included, is the one the txn applied whole gives. Nothing
+/// is seen before the last step, and a txn its checks refuse after its compares were
+/// decided in steps is refused whole.
+#[test]
+fn a_txns_compares_and_reads_of_ranges_walk_their_keys_in_steps() {
+    use crate::{
+        Compare, CompareResult, CompareTarget, Progress, PutRequest, RangeRequest, RequestOp,
+        SortOrder, SortTarget, TxnRequest,
+    };
+    let setup = || store_with_leased_keys(|i| i % 2 == 0);
+    // k0..k9 hold "v", put at revisions 2..11.
+    let every = |target: CompareTarget, result: CompareResult| Compare {
+        result,
+        target,
+        key: Bytes::from_static(b"k"),
+        range_end: Bytes::from_static(b"l"),
+    };
+    let put_k3 = |lease: i64| {
+        RequestOp::Put(PutRequest {
+            key: Bytes::from_static(b"k3"),
+            value: Bytes::from_static(b"w"),
+            lease,
+            ..Default::default()
+        })
+    };
+    let txn = |lease: i64| {
+        Op::Txn(TxnRequest {
+            // Holds: ten keys visited, their values read.
+            compare: vec![every(
+                CompareTarget::Value(Bytes::from_static(b"v")),
+                CompareResult::Equal,
+            )],
+            success: vec![
+                put_k3(lease),
+                RequestOp::Txn(TxnRequest {
+                    // Fails at k3, the fourth key (modified at revision 5), on the state
+                    // before the txn: the put of k3 before it does not count.
+                    compare: vec![every(CompareTarget::Mod(5), CompareResult::Less)],
+                    success: vec![],
+                    // Reads the txn's own put: the newest three by modification, of ten.
+                    failure: vec![RequestOp::Range(RangeRequest {
+                        key: Bytes::from_static(b"k"),
+                        range_end: Bytes::from_static(b"l"),
+                        sort_target: SortTarget::Mod,
+                        sort_order: SortOrder::Descend,
+                        limit: 3,
+                        ..Default::default()
+                    })],
+                }),
+                RequestOp::Range(RangeRequest {
+                    key: Bytes::from_static(b"k"),
+                    range_end: Bytes::from_static(b"l"),
+                    count_only: true,
+                    ..Default::default()
+                }),
+            ],
+            failure: vec![],
+        })
+    };
+    let (mut whole, _) = setup();
+    let expected = whole.apply(12, &txn(0));
+    let (mut w, r) = setup();
+    let all = RangeRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        ..Default::default()
+    };
+    let before = r.range(&all);
+    let mut progress = w.apply_in_steps(12, &txn(0), usize::MAX, 3);
+    let mut steps = 1;
+    let applied = loop {
+        match progress {
+            Progress::Done(applied) => break applied,
+            Progress::More(rest) => {
+                assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
+                assert_eq!(r.range(&all), before, "no reader sees a step's writes");
+                progress = w.apply_step(rest, 3);
+                steps += 1;
+            }
+        }
+    };
+    // Keys visited at three a step: the outer compare's ten, the nested compare's four, the
+    // put, the sorted range's ten and the count's ten: 35 in 12 steps.
+    assert_eq!(steps, 12);
+    assert_eq!(applied, expected);
+    let crate::OpResponse::Txn(resp) = applied.expect("txn").response.check() else {
+        panic!("a txn answer")
+    };
+    assert!(resp.succeeded);
+    assert_eq!(resp.revision, 12);
+    let crate::ResponseOp::Txn(nested) = &resp.responses[1] else {
+        panic!("the nested txn's answer")
+    };
+    assert!(!nested.succeeded, "the nested compare fails at k3");
+    let crate::ResponseOp::Range(newest) = &nested.responses[0] else {
+        panic!("the sorted range's answer")
+    };
+    let keys: Vec<&[u8]> = newest.kvs.iter().map(|kv| kv.key.as_ref()).collect();
+    assert_eq!(keys, [&b"k3"[..], b"k9", b"k8"]);
+    assert_eq!((newest.count, newest.more), (10, true));
+    let crate::ResponseOp::Range(counted) = &resp.responses[2] else {
+        panic!("the count's answer")
+    };
+    assert_eq!((counted.count, counted.kvs.len()), (10, 0));
+    assert_eq!((w.applied_index(), w.stepping()), (12, None));
+    assert_eq!(r.hash_kv(0), whole.reader().hash_kv(0));
+
+    // Its put names an unknown lease: refused once the compares are decided, in steps,
+    // and nothing changes.
+    let (mut w, r) = setup();
+    let mut progress = w.apply_in_steps(12, &txn(99), usize::MAX, 3);
+    let refused = loop {
+        match progress {
+            Progress::Done(applied) => break applied,
+            Progress::More(rest) => progress = w.apply_step(rest, 3),
+        }
+    };
+    assert!(matches!(refused, Err(crate::KvError::LeaseNotFound)));
+    let (mut whole, _) = setup();
+    assert_eq!(refused, whole.apply(12, &txn(99)));
+    assert_eq!(
+        (w.applied_index(), w.stepping(), r.current_revision()),
+        (12, None, 11)
+    );
+    assert_eq!(r.range(&all), before);
 }
 
 /// A put that keeps a key's value (or lease) after a delete of the same txn removed the key

@@ -164,7 +164,8 @@ struct Harness {
 impl Harness {
     fn apply(&mut self, op: Op) -> Result<Applied> {
         self.raft_index += 1;
-        // The writer takes a range delete in steps of 1 to 3 keys; the twin applies it whole.
+        // The writer takes an entry that walks a range (a delete, or a txn that compares,
+        // reads or deletes one) in steps of 1 to 3 keys; the twin applies it whole.
         // Between steps readers see the state before it, and the entry is not applied yet.
         let keys_max = 1 + (self.raft_index % 3) as usize;
         let all = RangeRequest {
@@ -263,13 +264,26 @@ impl Harness {
                     .live(KEYS[*key], self.model.rev)
                     .map_or(0, |kv| kv.mod_revision);
                 let expected_mod = if *expect_absent { 0 } else { current_mod };
+                let victims = self.model.range(KEYS[*other], end_key, self.model.rev);
+                // A compare of a range, decided in steps, first: it fails part way through its
+                // walk when the last write was to a key in the range (and holds on an empty
+                // range, which compares as a zero key-value).
+                let range_holds = victims.iter().all(|kv| kv.mod_revision < self.model.rev);
                 let req = TxnRequest {
-                    compare: vec![Compare {
-                        result: CompareResult::Equal,
-                        target: CompareTarget::Mod(expected_mod),
-                        key: Bytes::from_static(KEYS[*key]),
-                        range_end: Bytes::new(),
-                    }],
+                    compare: vec![
+                        Compare {
+                            result: CompareResult::Less,
+                            target: CompareTarget::Mod(self.model.rev),
+                            key: Bytes::from_static(KEYS[*other]),
+                            range_end: end_key.map(Bytes::copy_from_slice).unwrap_or_default(),
+                        },
+                        Compare {
+                            result: CompareResult::Equal,
+                            target: CompareTarget::Mod(expected_mod),
+                            key: Bytes::from_static(KEYS[*key]),
+                            range_end: Bytes::new(),
+                        },
+                    ],
                     success: vec![
                         RequestOp::Put(PutRequest {
                             key: Bytes::from_static(KEYS[*put]),
@@ -301,13 +315,12 @@ impl Harness {
                         }),
                     ],
                 };
-                let victims = self.model.range(KEYS[*other], end_key, self.model.rev);
                 validate_txn(&req, MAX_TXN_OPS_DEFAULT).expect("a valid txn");
                 let applied = self.apply(Op::Txn(req)).expect("txn applies");
                 let OpResponse::Txn(resp) = applied.response.check() else {
                     panic!("txn response")
                 };
-                assert_eq!(resp.succeeded, current_mod == expected_mod);
+                assert_eq!(resp.succeeded, range_holds && current_mod == expected_mod);
                 if resp.succeeded {
                     self.model.put(next, KEYS[*put], value, 0);
                     self.model.rev = next;
