@@ -4094,6 +4094,20 @@ mod tests {
         }
     }
 
+    /// The answer of a txn proposed with `proposal`, which must have come.
+    fn txn_answered(answered: &mut WriteAnswer) -> kv::TxnResponse {
+        let Ok(Some(Ok(answer))) = answered.try_recv() else {
+            panic!("the txn was answered");
+        };
+        let Answer::Op(op) = answer.response else {
+            panic!("a kv answer");
+        };
+        let kv::OpResponse::Txn(t) = op.check() else {
+            panic!("a txn's answer");
+        };
+        t
+    }
+
     /// The same delete in a txn (no compares), which is applied in steps as well.
     fn delete_all_k_in_a_txn() -> (Proposal, WriteAnswer) {
         proposal(
@@ -4199,15 +4213,7 @@ mod tests {
         }
         assert!(!m.waiting_for_pages());
         assert_eq!(m.applied_index(), applied_before + 2);
-        let Ok(Some(Ok(answer))) = answered.try_recv() else {
-            panic!("the txn was answered");
-        };
-        let Answer::Op(op) = answer.response else {
-            panic!("a kv answer");
-        };
-        let kv::OpResponse::Txn(t) = op.check() else {
-            panic!("a txn's answer");
-        };
+        let t = txn_answered(&mut answered);
         assert!(t.succeeded, "it compared the value it waited for");
         assert!(matches!(behind_answered.try_recv(), Ok(Some(Ok(_)))));
 
@@ -4365,15 +4371,7 @@ mod tests {
             rounds_stepping >= 15,
             "the txn took {rounds_stepping} rounds in steps"
         );
-        let Ok(Some(Ok(answer))) = answered.try_recv() else {
-            panic!("the txn was answered");
-        };
-        let Answer::Op(op) = answer.response else {
-            panic!("a kv answer");
-        };
-        let kv::OpResponse::Txn(t) = op.check() else {
-            panic!("a txn's answer");
-        };
+        let t = txn_answered(&mut answered);
         assert!(t.succeeded && t.revision == before + 1, "{t:?}");
         let Some(kv::ResponseOp::Range(r)) = t.responses.get(1) else {
             panic!("the range's answer");

@@ -115,6 +115,29 @@ fn store_with_leased_keys(leased: fn(u64) -> bool) -> (Writer, crate::Reader) {
     (w, r)
 }
 
+/// Applies `op` as the raft core does, `keys_max` keys per call, running `between` before each
+/// call after the first (while the entry is part applied); its outcome and the calls made.
+fn apply_stepping(
+    w: &mut Writer,
+    index: u64,
+    op: &Op,
+    (events_max, keys_max): (usize, usize),
+    mut between: impl FnMut(&mut Writer, &crate::ApplyInSteps),
+) -> (crate::Result<crate::Applied>, usize) {
+    let mut progress = w.apply_in_steps(index, op, events_max, keys_max);
+    let mut calls = 1;
+    loop {
+        match progress {
+            crate::Progress::Done(applied) => return (applied, calls),
+            crate::Progress::More(rest) => {
+                between(w, &rest);
+                progress = w.apply_step(rest, keys_max);
+                calls += 1;
+            }
+        }
+    }
+}
+
 /// A range delete applied in steps ends as one applied whole: the same answer, events and
 /// counts, the same history, and its keys' leases let go of them. Until the last step no
 /// reader sees any of it and the entry is not applied; the event bound holds across steps.
@@ -140,25 +163,17 @@ fn a_range_delete_in_steps_ends_as_the_same_delete_applied_whole() {
         let (mut w, r) = setup();
         let before = r.range(&all).expect("readable");
         let size_before = r.size_bytes_published();
-        let mut progress = w.apply_in_steps(12, &delete(prev_kv), events_max, 3);
-        let mut steps = 1;
-        let applied = loop {
-            match progress {
-                Progress::Done(applied) => break applied,
-                Progress::More(rest) => {
-                    assert_eq!(rest.raft_index(), 12);
-                    assert_eq!(w.applied_index(), 11, "applied only once complete");
-                    assert_eq!(r.current_revision(), 11);
-                    assert_eq!(r.range(&all).expect("readable"), before);
-                    // Nor does the size count the steps' writes before the last.
-                    w.publish_size();
-                    assert_eq!(r.size_bytes_published(), size_before);
-                    assert!(w.size_bytes() > size_before);
-                    progress = w.apply_step(rest, 3);
-                    steps += 1;
-                }
-            }
-        };
+        let (applied, steps) =
+            apply_stepping(&mut w, 12, &delete(prev_kv), (events_max, 3), |w, rest| {
+                assert_eq!(rest.raft_index(), 12);
+                assert_eq!(w.applied_index(), 11, "applied only once complete");
+                assert_eq!(r.current_revision(), 11);
+                assert_eq!(r.range(&all).expect("readable"), before);
+                // Nor does the size count the steps' writes before the last.
+                w.publish_size();
+                assert_eq!(r.size_bytes_published(), size_before);
+                assert!(w.size_bytes() > size_before);
+            });
         assert_eq!(steps, 4, "ten keys, three per step");
         assert_eq!(applied, expected);
         let applied = applied.expect("delete");
@@ -244,19 +259,10 @@ fn a_lease_revoke_in_steps_ends_as_the_revoke_applied_whole() {
     let (mut whole, _) = setup();
     let expected = whole.apply(12, &revoke);
     let (mut w, r) = setup();
-    let mut progress = w.apply_in_steps(12, &revoke, usize::MAX, 4);
-    let mut steps = 1;
-    let applied = loop {
-        match progress {
-            Progress::Done(applied) => break applied,
-            Progress::More(rest) => {
-                assert!(w.lease(7).is_some(), "the lease goes at the last step");
-                assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
-                progress = w.apply_step(rest, 4);
-                steps += 1;
-            }
-        }
-    };
+    let (applied, steps) = apply_stepping(&mut w, 12, &revoke, (usize::MAX, 4), |w, _| {
+        assert!(w.lease(7).is_some(), "the lease goes at the last step");
+        assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
+    });
     assert_eq!(steps, 3, "ten keys, four per step");
     assert_eq!(applied, expected);
     assert_eq!(applied.expect("revoke").events.len(), 10);
@@ -333,27 +339,18 @@ fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
         range_end: Bytes::from_static(b"\0"),
         ..Default::default()
     });
-    let mut progress = w.apply_in_steps(12, &txn(2, 0), usize::MAX, 3);
-    let mut steps = 1;
-    let applied = loop {
-        match progress {
-            Progress::Done(applied) => break applied,
-            Progress::More(rest) => {
-                assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
-                assert_eq!(
-                    r.range(&RangeRequest {
-                        key: Bytes::from_static(b"\0"),
-                        range_end: Bytes::from_static(b"\0"),
-                        ..Default::default()
-                    }),
-                    before,
-                    "no reader sees a step's writes"
-                );
-                progress = w.apply_step(rest, 3);
-                steps += 1;
-            }
-        }
-    };
+    let (applied, steps) = apply_stepping(&mut w, 12, &txn(2, 0), (usize::MAX, 3), |w, _| {
+        assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
+        assert_eq!(
+            r.range(&RangeRequest {
+                key: Bytes::from_static(b"\0"),
+                range_end: Bytes::from_static(b"\0"),
+                ..Default::default()
+            }),
+            before,
+            "no reader sees a step's writes"
+        );
+    });
     // Three keys a step: the put, the delete's walk over ten keys, the range's walk over the
     // same ten (tombstones now), then the last put: 1 + 10 + 10 + 1 = 22 keys in 8 steps.
     assert_eq!(steps, 8);
@@ -412,8 +409,8 @@ fn a_txn_holding_a_range_delete_in_steps_ends_as_the_txn_applied_whole() {
 #[test]
 fn a_txns_compares_and_reads_of_ranges_walk_their_keys_in_steps() {
     use crate::{
-        Compare, CompareResult, CompareTarget, Progress, PutRequest, RangeRequest, RequestOp,
-        SortOrder, SortTarget, TxnRequest,
+        Compare, CompareResult, CompareTarget, PutRequest, RangeRequest, RequestOp, SortOrder,
+        SortTarget, TxnRequest,
     };
     let setup = || store_with_leased_keys(|i| i % 2 == 0);
     // k0..k9 hold "v", put at revisions 2..11.
@@ -474,19 +471,10 @@ fn a_txns_compares_and_reads_of_ranges_walk_their_keys_in_steps() {
         ..Default::default()
     };
     let before = r.range(&all);
-    let mut progress = w.apply_in_steps(12, &txn(0), usize::MAX, 3);
-    let mut steps = 1;
-    let applied = loop {
-        match progress {
-            Progress::Done(applied) => break applied,
-            Progress::More(rest) => {
-                assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
-                assert_eq!(r.range(&all), before, "no reader sees a step's writes");
-                progress = w.apply_step(rest, 3);
-                steps += 1;
-            }
-        }
-    };
+    let (applied, steps) = apply_stepping(&mut w, 12, &txn(0), (usize::MAX, 3), |w, _| {
+        assert_eq!((w.applied_index(), r.current_revision()), (11, 11));
+        assert_eq!(r.range(&all), before, "no reader sees a step's writes");
+    });
     // Keys visited at three a step: the outer compare's ten, the nested compare's four, the
     // put, the sorted range's ten and the count's ten: 35 in 12 steps.
     assert_eq!(steps, 12);
@@ -516,13 +504,7 @@ fn a_txns_compares_and_reads_of_ranges_walk_their_keys_in_steps() {
     // Its put names an unknown lease: refused once the compares are decided, in steps,
     // and nothing changes.
     let (mut w, r) = setup();
-    let mut progress = w.apply_in_steps(12, &txn(99), usize::MAX, 3);
-    let refused = loop {
-        match progress {
-            Progress::Done(applied) => break applied,
-            Progress::More(rest) => progress = w.apply_step(rest, 3),
-        }
-    };
+    let (refused, _) = apply_stepping(&mut w, 12, &txn(99), (usize::MAX, 3), |_, _| {});
     assert!(matches!(refused, Err(crate::KvError::LeaseNotFound)));
     let (mut whole, _) = setup();
     assert_eq!(refused, whole.apply(12, &txn(99)));
