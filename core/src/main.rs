@@ -9,6 +9,8 @@ use keel_core::config::Config;
 static GLOBAL: CountingAlloc<mimalloc::MiMalloc> = CountingAlloc(mimalloc::MiMalloc);
 
 fn main() {
+    // Before anything allocates much (see the function for why).
+    let huge_pages_off = keel_core::rt::disable_transparent_huge_pages();
     // `keel snapshot status|restore`: etcdctl's snapshot tools, for moving from etcd.
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("snapshot") {
@@ -23,6 +25,9 @@ fn main() {
         }
     };
     init_logging(&config.log_level);
+    if let Err(error) = huge_pages_off {
+        tracing::warn!(%error, "could not turn transparent huge pages off for this process");
+    }
     // A panic is a programmer error somewhere in a member that cannot be trusted to go on:
     // a panicked raft core or shard would otherwise leave a process that looks alive and
     // serves nothing. Print it, then end the whole process.

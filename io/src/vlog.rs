@@ -17,7 +17,7 @@ use crate::frame::BLOCK_BYTES;
 
 const SUFFIX: &str = ".seg";
 /// Largest single write: bounds the DMA buffer.
-const WRITE_CHUNK_BYTES: usize = 1 << 20;
+const WRITE_CHUNK_BYTES: usize = 256 << 10;
 const _: () = assert!(WRITE_CHUNK_BYTES % BLOCK_BYTES == 0);
 
 /// The path of segment `id` in `dir`.
