@@ -2111,24 +2111,15 @@ impl Reader {
     /// raft core almost always finds them in memory (only a write between the two, or the
     /// kernel evicting them, makes it wait).
     pub fn records_txn_reads(&self, req: &TxnRequest) -> Vec<Bytes> {
-        self.records_txn_reads_within(req, usize::MAX)
-    }
-
-    /// `records_txn_reads`, visiting at most `keys_max` keys of the index: the raft core's
-    /// look before it applies, which must not walk a compare of a million keys in one go (the
-    /// shard that proposed the txn brought all of their pages in; a value evicted since, past
-    /// those looked at, is faulted in by the step that reads it).
-    pub fn records_txn_reads_within(&self, req: &TxnRequest, keys_max: usize) -> Vec<Bytes> {
         let mut records = Vec::new();
-        let mut keys_left = keys_max;
-        self.txn_reads(req, self.current_revision(), &mut records, &mut keys_left);
+        self.txn_reads(req, self.current_revision(), &mut records);
         records
     }
 
     /// `records_txn_reads` for a put: the old value an `ignore_value` put keeps.
     pub fn records_put_reads(&self, req: &PutRequest) -> Vec<Bytes> {
-        let (mut records, mut keys_left) = (Vec::new(), usize::MAX);
-        self.put_reads(req, self.current_revision(), &mut records, &mut keys_left);
+        let mut records = Vec::new();
+        self.put_reads(req, self.current_revision(), &mut records);
         records
     }
 
@@ -2137,78 +2128,49 @@ impl Reader {
     /// brings them in first. Empty for any other range (its values are read through
     /// `Unchecked`).
     pub fn records_range_reads(&self, req: &RangeRequest) -> Vec<Bytes> {
-        let (mut records, mut keys_left) = (Vec::new(), usize::MAX);
-        self.range_reads(req, self.current_revision(), &mut records, &mut keys_left);
+        let mut records = Vec::new();
+        self.range_reads(req, self.current_revision(), &mut records);
         records
     }
 
-    fn range_reads(
-        &self,
-        req: &RangeRequest,
-        cur_rev: i64,
-        records: &mut Vec<Bytes>,
-        keys_left: &mut usize,
-    ) {
+    fn range_reads(&self, req: &RangeRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
         if req.sort_target == SortTarget::Value && !req.count_only {
             let rev = if req.revision > 0 {
                 req.revision
             } else {
                 cur_rev
             };
-            self.records_of(&req.key, &req.range_end, rev, records, keys_left);
+            self.records_of(&req.key, &req.range_end, rev, records);
         }
     }
 
-    fn txn_reads(
-        &self,
-        req: &TxnRequest,
-        cur_rev: i64,
-        records: &mut Vec<Bytes>,
-        keys_left: &mut usize,
-    ) {
+    fn txn_reads(&self, req: &TxnRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
         for c in &req.compare {
             if matches!(c.target, CompareTarget::Value(_)) {
-                self.records_of(&c.key, &c.range_end, cur_rev, records, keys_left);
+                self.records_of(&c.key, &c.range_end, cur_rev, records);
             }
         }
         for op in req.success.iter().chain(req.failure.iter()) {
             match op {
-                RequestOp::Put(p) => self.put_reads(p, cur_rev, records, keys_left),
-                RequestOp::Range(r) => self.range_reads(r, cur_rev, records, keys_left),
-                RequestOp::Txn(t) => self.txn_reads(t, cur_rev, records, keys_left),
+                RequestOp::Put(p) => self.put_reads(p, cur_rev, records),
+                RequestOp::Range(r) => self.range_reads(r, cur_rev, records),
+                RequestOp::Txn(t) => self.txn_reads(t, cur_rev, records),
                 _ => {}
             }
         }
     }
 
-    fn put_reads(
-        &self,
-        req: &PutRequest,
-        cur_rev: i64,
-        records: &mut Vec<Bytes>,
-        keys_left: &mut usize,
-    ) {
+    fn put_reads(&self, req: &PutRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
         if req.ignore_value {
-            self.records_of(&req.key, &[], cur_rev, records, keys_left);
+            self.records_of(&req.key, &[], cur_rev, records);
         }
     }
 
     /// The records in durable segments' mapped files of the values live in [key, range_end)
-    /// at `rev`, unread, from at most `*keys_left` keys of the index (which it counts down).
-    fn records_of(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        rev: i64,
-        records: &mut Vec<Bytes>,
-        keys_left: &mut usize,
-    ) {
+    /// at `rev`, unread.
+    fn records_of(&self, key: &[u8], range_end: &[u8], rev: i64, records: &mut Vec<Bytes>) {
         let guard = epoch::pin();
         for_each_in_range(&self.shared.index, key, range_end, |key, history| {
-            if *keys_left == 0 {
-                return false;
-            }
-            *keys_left -= 1;
             let versions = history.load(&guard);
             // The table after the list (see `segments.rs`): every segment it names is in it.
             let segments = self.shared.segments.load(&guard);

@@ -1691,18 +1691,13 @@ impl Member {
 
     /// The records of values `op` reads as it is applied (a txn's value compares, an
     /// `ignore_value` put's old value), when their pages are not in memory and the entry has
-    /// not waited for its last pager round already. A txn's are looked for among at most a
-    /// step's keys (`apply_keys_per_step`): a value compare of a million keys must not walk
-    /// them all here in one go, and the shard that proposed it brought all their pages in.
+    /// not waited for its last pager round already.
     fn values_to_bring_in(&self, index: u64, op: Option<&kv::Op>) -> Option<Vec<Bytes>> {
         if self.pages_brought_for == (index, crate::limits::APPLY_PAGER_ROUNDS_MAX) {
             return None;
         }
         let records = match op? {
-            kv::Op::Txn(t) => self
-                .writer
-                .reader()
-                .records_txn_reads_within(t, self.config.apply_keys_per_step),
+            kv::Op::Txn(t) => self.writer.reader().records_txn_reads(t),
             kv::Op::Put(p) if p.ignore_value => self.writer.reader().records_put_reads(p),
             _ => return None,
         };
