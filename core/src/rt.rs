@@ -200,7 +200,10 @@ pub async fn sleep(d: Duration) {
 /// put over a million keys cost the same (BENCHMARKS.md, "Transparent huge pages").
 pub fn disable_transparent_huge_pages() -> std::io::Result<()> {
     // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes no memory.
-    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    // prctl is variadic and the kernel reads each argument as an unsigned long (and refuses
+    // non-zero unused ones): pass them at that width.
+    let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused) };
     if rc == 0 {
         Ok(())
     } else {

@@ -201,6 +201,14 @@ impl Version {
         self.value_in(&self.record(key, segments))
     }
 
+    /// The value, after checking its record's crc (see `check_record`), its segment marked
+    /// read for the value cache, as a range's read of it marks it: for a compare of values.
+    pub(crate) fn value_read(&self, key: &[u8], segments: &SegmentTable) -> Bytes {
+        let (record, _) = self.record_placed(key, segments, true);
+        self.check_record(&record);
+        self.value_in(&record)
+    }
+
     /// The value, after checking its record's crc (see `check_record`).
     pub(crate) fn value(&self, key: &[u8], segments: &SegmentTable) -> Bytes {
         let record = self.record(key, segments);

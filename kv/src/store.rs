@@ -308,8 +308,8 @@ enum Stepped {
     /// delete detaches its key, so what is left is what the next step takes), the last one
     /// removes the lease.
     Revoke { id: i64 },
-    /// A txn whose compares or chosen ops walk a range (`txn_walks_ranges`): the txn, and
-    /// how far it got.
+    /// A txn that compares a range (`txn_compares_ranges`), or whose chosen ops walk one
+    /// (`walks_a_range`): the txn, and how far it got.
     Txn { req: TxnRequest, phase: TxnPhase },
 }
 
@@ -1791,7 +1791,7 @@ impl CompareWalk {
                 let ordering = match &c.target {
                     CompareTarget::Value(x) => {
                         let table = shared.segments.load(&guard);
-                        v.value(key, table).as_ref().cmp(x.as_ref())
+                        v.value_read(key, table).as_ref().cmp(x.as_ref())
                     }
                     CompareTarget::Create(r) => v.create_revision.cmp(r),
                     CompareTarget::Mod(r) => v.main().cmp(r),

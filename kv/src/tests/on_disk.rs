@@ -869,4 +869,25 @@ fn reads_mark_the_durable_segments_they_read() {
     assert_eq!(read.iter().filter(|r| **r).count(), 1, "{read:?}");
     assert!(read[0], "k00 is in the first segment");
     assert!(mapped.iter().all(|m| !m.take_read()), "taken once");
+    // A txn's compare of values reads them too (on the raft core), and marks their segments:
+    // here every key's, so every segment. A compare of revisions reads no value.
+    let every = |target| {
+        Op::Txn(txn(
+            vec![Compare {
+                range_end: Bytes::from_static(b"l"),
+                result: CompareResult::NotEqual,
+                ..compare("k", target)
+            }],
+            vec![],
+            vec![],
+        ))
+    };
+    w.apply(21, &every(CompareTarget::Mod(0))).unwrap();
+    assert!(mapped.iter().all(|m| !m.take_read()), "no value compared");
+    w.apply(22, &every(CompareTarget::Value(Bytes::new())))
+        .unwrap();
+    assert!(
+        mapped.iter().all(|m| m.take_read()),
+        "every segment's values compared"
+    );
 }
