@@ -446,17 +446,44 @@ fn encode(id: u64, key: &str, input: &Input, delete: DeleteForm) -> Bytes {
                     pb::compare::TargetUnion::Value(Bytes::copy_from_slice(v)),
                 ),
             };
+            let mut compare = vec![pb::Compare {
+                result: pb::compare::CompareResult::Equal as i32,
+                target: target as i32,
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                target_union: Some(union),
+                ..Default::default()
+            }];
+            let mut success = vec![pb::RequestOp {
+                request: Some(pb::request_op::Request::RequestPut(put(value))),
+            }];
+            if id % 2 == 1 {
+                // Half the CAS txns (by id, so the seed's draws stay as they were) first
+                // compare every key, a compare that always holds (every create revision is
+                // below i64::MAX, and so is an empty range's zero), and read every key after
+                // their put: both walk the whole store in steps of `APPLY_KEYS_PER_STEP`
+                // keys, across loop turns, crashes and snapshots, and answer as before.
+                compare.insert(
+                    0,
+                    pb::Compare {
+                        result: pb::compare::CompareResult::Less as i32,
+                        target: pb::compare::CompareTarget::Create as i32,
+                        key: Bytes::from_static(b"\0"),
+                        range_end: Bytes::from_static(b"\0"),
+                        target_union: Some(pb::compare::TargetUnion::CreateRevision(i64::MAX)),
+                    },
+                );
+                success.push(pb::RequestOp {
+                    request: Some(pb::request_op::Request::RequestRange(pb::RangeRequest {
+                        key: Bytes::from_static(b"\0"),
+                        range_end: Bytes::from_static(b"\0"),
+                        keys_only: true,
+                        ..Default::default()
+                    })),
+                });
+            }
             req.txn = Some(pb::TxnRequest {
-                compare: vec![pb::Compare {
-                    result: pb::compare::CompareResult::Equal as i32,
-                    target: target as i32,
-                    key: Bytes::copy_from_slice(key.as_bytes()),
-                    target_union: Some(union),
-                    ..Default::default()
-                }],
-                success: vec![pb::RequestOp {
-                    request: Some(pb::request_op::Request::RequestPut(put(value))),
-                }],
+                compare,
+                success,
                 failure: Vec::new(),
             });
         }
@@ -505,10 +532,20 @@ fn write_output(input: &Input, key: &str, outcome: Unserved) -> Output {
         (Input::Delete, kv::OpResponse::DeleteRange(r)) => Output::Delete {
             deleted: r.deleted as u64,
         },
-        (Input::Cas { .. }, kv::OpResponse::Txn(r)) => Output::Cas {
-            succeeded: r.succeeded,
-            revision: r.revision,
-        },
+        (Input::Cas { .. }, kv::OpResponse::Txn(r)) => {
+            if let Some(kv::ResponseOp::Range(read)) = r.responses.get(1) {
+                // The read of every key after the put: it sees the put's own write.
+                assert!(
+                    read.kvs.iter().any(|kv| kv.key == key.as_bytes()),
+                    "a txn's read of every key misses {key}, which its put wrote: {read:?}"
+                );
+                assert_eq!(read.count, read.kvs.len() as i64, "{read:?}");
+            }
+            Output::Cas {
+                succeeded: r.succeeded,
+                revision: r.revision,
+            }
+        }
         (input, response) => panic!("{response:?} does not answer {input:?}"),
     }
 }
