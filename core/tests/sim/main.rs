@@ -21,7 +21,8 @@
 //!   when a peer it reaches tells it it was removed).
 //!
 //! Clients issue puts, deletes, compare-and-swap txns and linearizable reads, and every call
-//! is recorded; lease clients grant leases and keep them alive through random members.
+//! is recorded (half the prefix deletes go in a txn; half the compare-and-swap txns also
+//! compare and read every key, walked in steps); lease clients grant leases and keep them alive through random members.
 //! Checked at every step: election safety (one leader per term), state machine safety (every
 //! member at the same revision after the same raft index), the watch guarantees on the events
 //! every member publishes (ordered, each revision whole, none skipped, the same on every
