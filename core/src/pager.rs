@@ -54,6 +54,8 @@ pub struct PagerStats {
 
 struct Job {
     records: Vec<Bytes>,
+    /// More records to list first, on the pager thread (`Member::take_pages_wanted`).
+    rest: Option<keel_kv::TxnReads>,
     done: oneshot::Sender<()>,
 }
 
@@ -116,6 +118,9 @@ impl Pager {
                 // Ends when the member's pager (the queue's sender) is dropped.
                 for job in rx {
                     keel_io::pages::fault_in(job.records.iter().map(|r| &r[..]));
+                    if let Some(rest) = &job.rest {
+                        keel_io::pages::fault_in(rest.records().iter().map(|r| &r[..]));
+                    }
                     let _ = job.done.send(());
                 }
             })?;
@@ -138,6 +143,36 @@ impl Pager {
             wait.await;
         }
         unchecked.check()
+    }
+
+    /// `bring_in_records` of `records`, and of every record `rest` lists, which the pager
+    /// thread lists itself (a txn that compares more values than the raft core looks at).
+    /// Whether they are in memory is not asked first: `rest` is not listed yet.
+    pub fn bring_in_listed(
+        &self,
+        records: Vec<Bytes>,
+        rest: keel_kv::TxnReads,
+    ) -> Option<PagerWait> {
+        let Some(jobs) = self.jobs.get() else {
+            self.stats.reads_unpaged.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let (done, wait) = oneshot::channel();
+        let job = Job {
+            records,
+            rest: Some(rest),
+            done,
+        };
+        match jobs.try_send(job) {
+            Ok(()) => {
+                self.stats.reads_paged.fetch_add(1, Ordering::Relaxed);
+                Some(PagerWait(wait))
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.stats.reads_unpaged.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
     }
 
     /// `bring_in` for any bytes this process holds (a read of none asks nothing).
@@ -163,6 +198,7 @@ impl Pager {
         let (done, wait) = oneshot::channel();
         let job = Job {
             records: records.cloned().collect(),
+            rest: None,
             done,
         };
         match jobs.try_send(job) {

@@ -536,10 +536,15 @@ impl RaftCore {
             self.member.pages_brought_in(index, self.now_ms());
             self.observe_apply(before, started);
         }
-        let Some((index, records)) = self.member.take_pages_wanted() else {
+        let Some(wanted) = self.member.take_pages_wanted() else {
             return;
         };
-        match self.shared.pager.bring_in_records(records.iter()) {
+        let index = wanted.index;
+        let waiting = match wanted.rest {
+            Some(rest) => self.shared.pager.bring_in_listed(wanted.records, rest),
+            None => self.shared.pager.bring_in_records(wanted.records.iter()),
+        };
+        match waiting {
             Some(wait) => self.apply_paging = Some((index, wait)),
             None => {
                 let (before, started) = (self.apply_mark(), Instant::now());

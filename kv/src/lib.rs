@@ -62,7 +62,7 @@ pub use read::{KeyValueShape, RangeRest, RangeSplit};
 pub use segments::MappedSegment;
 pub use store::{
     txn_is_read_only, txn_is_serializable, ApplyInSteps, CompactionStatus, Progress, Reader, Store,
-    UnreadableRecord, ValueLogOptions, Writer, COMPACT_REVISION_NONE, REVISION_INITIAL,
+    TxnReads, UnreadableRecord, ValueLogOptions, Writer, COMPACT_REVISION_NONE, REVISION_INITIAL,
 };
 pub use types::*;
 pub use validate::{

@@ -385,6 +385,41 @@ impl DeleteWalk {
     }
 }
 
+/// Keys a listing of a txn's value reads may still visit, and whether it stopped for want of
+/// them (`Reader::records_txn_reads_within`).
+struct KeysBudget {
+    left: usize,
+    cut: bool,
+}
+
+impl KeysBudget {
+    fn unbounded() -> Self {
+        KeysBudget {
+            left: usize::MAX,
+            cut: false,
+        }
+    }
+}
+
+/// A txn's value reads, to be listed on another thread (`Reader::txn_reads_of`).
+pub struct TxnReads {
+    reader: Reader,
+    req: TxnRequest,
+}
+
+impl TxnReads {
+    /// `Reader::records_txn_reads` of the txn, as the store is now.
+    pub fn records(&self) -> Vec<Bytes> {
+        self.reader.records_txn_reads(&self.req)
+    }
+}
+
+impl std::fmt::Debug for TxnReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnReads").field("req", &self.req).finish()
+    }
+}
+
 /// A handle for lock-free reads of the published state. Cheap to clone; one per shard.
 #[derive(Clone)]
 pub struct Reader {
@@ -2112,14 +2147,43 @@ impl Reader {
     /// kernel evicting them, makes it wait).
     pub fn records_txn_reads(&self, req: &TxnRequest) -> Vec<Bytes> {
         let mut records = Vec::new();
-        self.txn_reads(req, self.current_revision(), &mut records);
+        let mut budget = KeysBudget::unbounded();
+        self.txn_reads(req, self.current_revision(), &mut records, &mut budget);
         records
+    }
+
+    /// `records_txn_reads`, visiting at most `keys_max` keys of the index, and whether that
+    /// was all of them: the raft core's look before it applies, which must not walk a compare
+    /// of a million keys in one go. When it was not, a pager thread lists the rest
+    /// (`txn_reads`).
+    pub fn records_txn_reads_within(
+        &self,
+        req: &TxnRequest,
+        keys_max: usize,
+    ) -> (Vec<Bytes>, bool) {
+        let mut records = Vec::new();
+        let mut budget = KeysBudget {
+            left: keys_max,
+            cut: false,
+        };
+        self.txn_reads(req, self.current_revision(), &mut records, &mut budget);
+        (records, !budget.cut)
+    }
+
+    /// What `records_txn_reads` of `req` lists, to be listed later on another thread (a
+    /// pager's): it reads the store as it is then.
+    pub fn txn_reads_of(&self, req: TxnRequest) -> TxnReads {
+        TxnReads {
+            reader: self.clone(),
+            req,
+        }
     }
 
     /// `records_txn_reads` for a put: the old value an `ignore_value` put keeps.
     pub fn records_put_reads(&self, req: &PutRequest) -> Vec<Bytes> {
         let mut records = Vec::new();
-        self.put_reads(req, self.current_revision(), &mut records);
+        let mut budget = KeysBudget::unbounded();
+        self.put_reads(req, self.current_revision(), &mut records, &mut budget);
         records
     }
 
@@ -2129,48 +2193,79 @@ impl Reader {
     /// `Unchecked`).
     pub fn records_range_reads(&self, req: &RangeRequest) -> Vec<Bytes> {
         let mut records = Vec::new();
-        self.range_reads(req, self.current_revision(), &mut records);
+        let mut budget = KeysBudget::unbounded();
+        self.range_reads(req, self.current_revision(), &mut records, &mut budget);
         records
     }
 
-    fn range_reads(&self, req: &RangeRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
+    fn range_reads(
+        &self,
+        req: &RangeRequest,
+        cur_rev: i64,
+        records: &mut Vec<Bytes>,
+        budget: &mut KeysBudget,
+    ) {
         if req.sort_target == SortTarget::Value && !req.count_only {
             let rev = if req.revision > 0 {
                 req.revision
             } else {
                 cur_rev
             };
-            self.records_of(&req.key, &req.range_end, rev, records);
+            self.records_of(&req.key, &req.range_end, rev, records, budget);
         }
     }
 
-    fn txn_reads(&self, req: &TxnRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
+    fn txn_reads(
+        &self,
+        req: &TxnRequest,
+        cur_rev: i64,
+        records: &mut Vec<Bytes>,
+        budget: &mut KeysBudget,
+    ) {
         for c in &req.compare {
             if matches!(c.target, CompareTarget::Value(_)) {
-                self.records_of(&c.key, &c.range_end, cur_rev, records);
+                self.records_of(&c.key, &c.range_end, cur_rev, records, budget);
             }
         }
         for op in req.success.iter().chain(req.failure.iter()) {
             match op {
-                RequestOp::Put(p) => self.put_reads(p, cur_rev, records),
-                RequestOp::Range(r) => self.range_reads(r, cur_rev, records),
-                RequestOp::Txn(t) => self.txn_reads(t, cur_rev, records),
+                RequestOp::Put(p) => self.put_reads(p, cur_rev, records, budget),
+                RequestOp::Range(r) => self.range_reads(r, cur_rev, records, budget),
+                RequestOp::Txn(t) => self.txn_reads(t, cur_rev, records, budget),
                 _ => {}
             }
         }
     }
 
-    fn put_reads(&self, req: &PutRequest, cur_rev: i64, records: &mut Vec<Bytes>) {
+    fn put_reads(
+        &self,
+        req: &PutRequest,
+        cur_rev: i64,
+        records: &mut Vec<Bytes>,
+        budget: &mut KeysBudget,
+    ) {
         if req.ignore_value {
-            self.records_of(&req.key, &[], cur_rev, records);
+            self.records_of(&req.key, &[], cur_rev, records, budget);
         }
     }
 
     /// The records in durable segments' mapped files of the values live in [key, range_end)
-    /// at `rev`, unread.
-    fn records_of(&self, key: &[u8], range_end: &[u8], rev: i64, records: &mut Vec<Bytes>) {
+    /// at `rev`, unread, from the keys `budget` still allows (it marks a walk it cut short).
+    fn records_of(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        rev: i64,
+        records: &mut Vec<Bytes>,
+        budget: &mut KeysBudget,
+    ) {
         let guard = epoch::pin();
         for_each_in_range(&self.shared.index, key, range_end, |key, history| {
+            if budget.left == 0 {
+                budget.cut = true;
+                return false;
+            }
+            budget.left -= 1;
             let versions = history.load(&guard);
             // The table after the list (see `segments.rs`): every segment it names is in it.
             let segments = self.shared.segments.load(&guard);

@@ -367,12 +367,23 @@ struct Stepping {
     since_ms: u64,
 }
 
+/// What the entry next to apply waits for (`Member::take_pages_wanted`): the pages of
+/// `records`, and when the raft core's look at its keys stopped short (a txn that compares
+/// the values of more keys than a step visits), those of every value `rest` lists, which a
+/// pager thread lists, off the raft core.
+#[derive(Debug)]
+pub struct PagesWanted {
+    pub index: u64,
+    pub records: Vec<Bytes>,
+    pub rest: Option<kv::TxnReads>,
+}
+
 /// The entry next to apply, waiting for the pages of the values it reads.
 struct PagesWait {
     /// Its raft index.
     index: u64,
-    /// The records whose pages it reads, until the driver takes them.
-    records: Option<Vec<Bytes>>,
+    /// The records whose pages it reads, and the rest to list, until the driver takes them.
+    wanted: Option<(Vec<Bytes>, Option<kv::TxnReads>)>,
     /// When it began to wait: the lease countdowns are postponed by how long it took.
     since_ms: u64,
 }
@@ -744,9 +755,14 @@ impl Member {
     /// The entry that waits for pages (its raft index) and the records whose pages it
     /// reads, once: the driver hands them to its pager, and calls `pages_brought_in` when
     /// the pager is done, or `pages_left_out` at once when it has no room for them.
-    pub fn take_pages_wanted(&mut self) -> Option<(u64, Vec<Bytes>)> {
+    pub fn take_pages_wanted(&mut self) -> Option<PagesWanted> {
         let wait = self.pages_wait.as_mut()?;
-        Some((wait.index, wait.records.take()?))
+        let (records, rest) = wait.wanted.take()?;
+        Some(PagesWanted {
+            index: wait.index,
+            records,
+            rest,
+        })
     }
 
     /// The pages of the entry at `index` are in: it is applied, and the entries behind it,
@@ -1691,20 +1707,40 @@ impl Member {
 
     /// The records of values `op` reads as it is applied (a txn's value compares, an
     /// `ignore_value` put's old value), when their pages are not in memory and the entry has
-    /// not waited for its last pager round already.
-    fn values_to_bring_in(&self, index: u64, op: Option<&kv::Op>) -> Option<Vec<Bytes>> {
+    /// not waited for its last pager round already. A txn's keys are looked at up to a
+    /// step's worth (`apply_keys_per_step`): a value compare of a million keys is not walked
+    /// here in one go. Past that the pager lists the rest itself, in one round, and does not
+    /// ask whether they are in memory first: on a member whose shard did not propose the
+    /// txn, nothing brought them in.
+    fn values_to_bring_in(
+        &self,
+        index: u64,
+        op: Option<&kv::Op>,
+    ) -> Option<(Vec<Bytes>, Option<kv::TxnReads>)> {
         if self.pages_brought_for == (index, crate::limits::APPLY_PAGER_ROUNDS_MAX) {
             return None;
         }
-        let records = match op? {
-            kv::Op::Txn(t) => self.writer.reader().records_txn_reads(t),
-            kv::Op::Put(p) if p.ignore_value => self.writer.reader().records_put_reads(p),
+        let (records, rest) = match op? {
+            kv::Op::Txn(t) => {
+                let reader = self.writer.reader();
+                let (records, whole) =
+                    reader.records_txn_reads_within(t, self.config.apply_keys_per_step);
+                if whole {
+                    (records, None)
+                } else if self.pages_brought_for.0 == index {
+                    // The pager listed and brought in the rest once: apply.
+                    return None;
+                } else {
+                    (records, Some(reader.txn_reads_of(t.clone())))
+                }
+            }
+            kv::Op::Put(p) if p.ignore_value => (self.writer.reader().records_put_reads(p), None),
             _ => return None,
         };
-        if records.is_empty() || (self.config.values_resident)(&records) {
+        if rest.is_none() && (records.is_empty() || (self.config.values_resident)(&records)) {
             return None;
         }
-        Some(records)
+        Some((records, rest))
     }
 
     fn note_read_states(&mut self, read_states: Vec<ReadState>) {
@@ -1956,10 +1992,10 @@ impl Member {
                 }
                 let who = auth::apply::header_info(&req);
                 let op = request_op(req);
-                if let Some(records) = self.values_to_bring_in(e.index, op.as_ref()) {
+                if let Some(wanted) = self.values_to_bring_in(e.index, op.as_ref()) {
                     self.pages_wait = Some(PagesWait {
                         index: e.index,
-                        records: Some(records),
+                        wanted: Some(wanted),
                         since_ms: now_ms,
                     });
                     self.to_apply.push_front(e);
@@ -4192,7 +4228,7 @@ mod tests {
         );
         assert!(matches!(answered.try_recv(), Ok(None)));
         assert!(matches!(behind_answered.try_recv(), Ok(None)));
-        let (index, records) = m.take_pages_wanted().expect("the pages it reads");
+        let PagesWanted { index, records, .. } = m.take_pages_wanted().expect("the pages it reads");
         assert_eq!(index, applied_before + 1);
         assert_eq!(records.len(), 1, "the compared value's record");
         assert!(m.take_pages_wanted().is_none(), "handed out once");
@@ -4206,8 +4242,9 @@ mod tests {
         for round in 2..=crate::limits::APPLY_PAGER_ROUNDS_MAX {
             assert!(m.waiting_for_pages(), "round {round} asked for");
             assert_eq!(m.applied_index(), applied_before);
-            let (again, records) = m.take_pages_wanted().expect("the pages it reads");
-            assert_eq!((again, records.len()), (index, 1));
+            let wanted = m.take_pages_wanted().expect("the pages it reads");
+            assert_eq!((wanted.index, wanted.records.len()), (index, 1));
+            assert!(wanted.rest.is_none(), "one key: looked at whole");
             m.pages_brought_in(index, 0);
             settle(&mut m, 0);
         }
@@ -4222,12 +4259,54 @@ mod tests {
         let (again, mut again_answered) = txn(12, "k00001");
         m.propose_batch(vec![again], 0);
         settle(&mut m, 0);
-        let (index, _) = m.take_pages_wanted().expect("the pages it reads");
+        let index = m.take_pages_wanted().expect("the pages it reads").index;
         m.pages_left_out(index, 0);
         settle(&mut m, 0);
         assert!(!m.waiting_for_pages());
         assert_eq!(m.applied_index(), index);
         assert!(matches!(again_answered.try_recv(), Ok(Some(Ok(_)))));
+
+        // A compare of the values of more keys than a step visits: the raft core looks at a
+        // step's keys only, and the pager lists the rest itself, in one round, whatever
+        // `values_resident` says afterwards.
+        m.config.apply_keys_per_step = 1;
+        let (every, mut every_answered) = proposal(
+            14,
+            pb::InternalRaftRequest {
+                txn: Some(pb::TxnRequest {
+                    compare: vec![pb::Compare {
+                        result: pb::compare::CompareResult::NotEqual as i32,
+                        target: pb::compare::CompareTarget::Value as i32,
+                        key: Bytes::from_static(b"k"),
+                        range_end: Bytes::from_static(b"l"),
+                        target_union: Some(pb::compare::TargetUnion::Value(Bytes::from_static(
+                            b"x",
+                        ))),
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        m.propose_batch(vec![every], 0);
+        settle(&mut m, 0);
+        let wanted = m.take_pages_wanted().expect("the pages it reads");
+        assert_eq!(wanted.records.len(), 1, "one key looked at");
+        let rest = wanted.rest.expect("the rest, for the pager to list");
+        assert!(rest.records().len() >= 2, "every compared value on disk");
+        m.pages_brought_in(wanted.index, 0);
+        settle(&mut m, 0);
+        assert!(!m.waiting_for_pages(), "one round");
+        // Then applied a key per step, as the driver's loop turns.
+        let mut steps = 0;
+        while m.applying_in_steps() {
+            m.apply_step(0);
+            settle(&mut m, 0);
+            steps += 1;
+        }
+        assert!(steps >= 2, "{steps} steps");
+        assert_eq!(m.applied_index(), wanted.index);
+        assert!(txn_answered(&mut every_answered).succeeded);
     }
 
     /// A delete of many keys, alone or in a txn, is applied a few keys per loop turn on every

@@ -21,6 +21,6 @@ pub mod waiters;
 pub use lease_clock::LeaseClock;
 pub use machine::{
     CheckpointCompletion, CheckpointDone, CheckpointRequest, Effect, Member, MemberConfig,
-    PlacedSnapshot, ProposalKind, ReadyIo, Refusal, MEMBER_REMOVED,
+    PagesWanted, PlacedSnapshot, ProposalKind, ReadyIo, Refusal, MEMBER_REMOVED,
 };
 pub use waiters::Waiters;

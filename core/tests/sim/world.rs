@@ -1110,10 +1110,14 @@ impl World {
             run.paging = None;
             run.member.pages_brought_in(index, now);
         }
-        let Some((index, records)) = run.member.take_pages_wanted() else {
+        let Some(wanted) = run.member.take_pages_wanted() else {
             return;
         };
-        assert!(!records.is_empty(), "an entry waits for some value's pages");
+        let index = wanted.index;
+        assert!(
+            !wanted.records.is_empty() || wanted.rest.is_some(),
+            "an entry waits for some value's pages"
+        );
         self.counts.pages_waits += 1;
         let run = self.nodes[i].run.as_mut().expect("up");
         if self.rng.gen_ratio(1, 8) {

@@ -727,6 +727,29 @@ fn a_txn_reads_its_values_where_it_is_served() {
         })],
     );
     assert_eq!(r.records_txn_reads(&by_value).len(), 3);
+    // The raft core's look visits at most the keys it is given, and says when it stopped
+    // short: here after the first compare's key, then the second's.
+    let within = |req: &TxnRequest, keys_max| {
+        let (records, whole) = r.records_txn_reads_within(req, keys_max);
+        (records.len(), whole)
+    };
+    assert_eq!(within(&by_value, 1), (1, false));
+    assert_eq!(within(&by_value, 2), (2, false));
+    assert_eq!(within(&by_value, 3), (3, true));
+    let every = txn(
+        vec![Compare {
+            range_end: Bytes::from_static(b"l"),
+            ..compare("k", CompareTarget::Value(Bytes::new()))
+        }],
+        vec![],
+        vec![],
+    );
+    let all = r.records_txn_reads(&every);
+    assert!(all.len() > 3, "{} values compared", all.len());
+    assert_eq!(within(&every, 3), (3, false));
+    assert_eq!(within(&every, usize::MAX), (all.len(), true));
+    // What the pager lists for the rest is the whole list.
+    assert_eq!(r.txn_reads_of(every.clone()).records(), all);
     let Op::Txn(update) = update(k00_mod_revision) else {
         unreachable!("built as a txn")
     };
