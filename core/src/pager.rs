@@ -29,7 +29,9 @@ use futures_channel::oneshot;
 pub const PAGER_THREADS: usize = 4;
 /// Jobs waiting for a pager thread; past it a shard takes its own faults. A job is one
 /// read's records on disk: a range's first `RANGE_FIRST_KVS_MAX` or one batch of its rest,
-/// or a whole range the JSON gateway, a sort or a filter reads (as large as the range).
+/// or a whole range the JSON gateway, a sort or a filter reads (as large as the range), or
+/// the values a txn about to be applied reads, which the job may list itself
+/// (`bring_in_listed`: as many as the txn compares).
 pub const PAGER_QUEUE_JOBS_MAX: usize = 64;
 /// Pages a read may ask mincore about on the shard (one call per run of touching pages, and
 /// per `keel_io::pages::PAGES_PER_CALL` of a long one). A read on more pages (1 MiB of

@@ -190,8 +190,9 @@ pub struct MemberConfig {
     /// txn's value compares, an `ignore_value` put's old value) are in memory. The server
     /// asks mincore (`pager::values_resident`); when they are not, the entry waits for the
     /// driver's pager (`take_pages_wanted`), so the raft core never waits for the disk; it
-    /// is asked again after each pager round, up to `limits::APPLY_PAGER_ROUNDS_MAX`. A
-    /// follower needs this most: nothing brought its copies in, and it wrote them with
+    /// is asked again after each pager round, up to `limits::APPLY_PAGER_ROUNDS_MAX`. (A txn
+    /// whose values the raft core did not list whole, past a step's keys, is not asked: the
+    /// pager lists and brings them in, in one round.) A follower needs this most: nothing brought its copies in, and it wrote them with
     /// O_DIRECT. A plain function, so the member stays free of I/O and clocks.
     pub values_resident: fn(&[Bytes]) -> bool,
 }
@@ -520,7 +521,8 @@ pub struct Member {
     pages_wait: Option<PagesWait>,
     /// The entry whose pages were last brought in, and how many pager rounds it waited for:
     /// residency is asked again after each (pages can be evicted again meanwhile), up to
-    /// `limits::APPLY_PAGER_ROUNDS_MAX`, after which the raft core faults them in.
+    /// `limits::APPLY_PAGER_ROUNDS_MAX`, after which the raft core faults them in; a txn the
+    /// raft core did not list whole gets one round.
     pages_brought_for: (u64, u32),
     /// The highest index raft handed out that this member has applied (or skipped, as a
     /// snapshot covered it): what it tells raft through `advance_apply_to`.
@@ -767,7 +769,7 @@ impl Member {
 
     /// The pages of the entry at `index` are in: it is applied, and the entries behind it,
     /// unless residency, asked again, says they went out meanwhile (another round, up to
-    /// `limits::APPLY_PAGER_ROUNDS_MAX`). A late call, for an entry a snapshot covered
+    /// `limits::APPLY_PAGER_ROUNDS_MAX`; none for a txn the pager listed itself). A late call, for an entry a snapshot covered
     /// meanwhile, does nothing.
     pub fn pages_brought_in(&mut self, index: u64, now_ms: u64) {
         let rounds = match self.pages_brought_for {
