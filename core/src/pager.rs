@@ -155,6 +155,12 @@ impl Pager {
         records: Vec<Bytes>,
         rest: keel_kv::TxnReads,
     ) -> Option<PagerWait> {
+        self.queue(records, Some(rest))
+    }
+
+    /// Queues a job for a pager thread: its wait, or None (counted) when the pager is not
+    /// started or its queue is full, and the caller takes the faults.
+    fn queue(&self, records: Vec<Bytes>, rest: Option<keel_kv::TxnReads>) -> Option<PagerWait> {
         let Some(jobs) = self.jobs.get() else {
             self.stats.reads_unpaged.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -162,7 +168,7 @@ impl Pager {
         let (done, wait) = oneshot::channel();
         let job = Job {
             records,
-            rest: Some(rest),
+            rest,
             done,
         };
         match jobs.try_send(job) {
@@ -193,26 +199,7 @@ impl Pager {
                 .pages_missing
                 .fetch_add(missing as u64, Ordering::Relaxed);
         }
-        let Some(jobs) = self.jobs.get() else {
-            self.stats.reads_unpaged.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        let (done, wait) = oneshot::channel();
-        let job = Job {
-            records: records.cloned().collect(),
-            rest: None,
-            done,
-        };
-        match jobs.try_send(job) {
-            Ok(()) => {
-                self.stats.reads_paged.fetch_add(1, Ordering::Relaxed);
-                Some(PagerWait(wait))
-            }
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.stats.reads_unpaged.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
+        self.queue(records.cloned().collect(), None)
     }
 }
 

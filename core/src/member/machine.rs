@@ -4132,6 +4132,21 @@ mod tests {
         }
     }
 
+    /// A compare of every key in ["k", "l").
+    fn compare_every_k(
+        result: pb::compare::CompareResult,
+        target: pb::compare::CompareTarget,
+        union: pb::compare::TargetUnion,
+    ) -> pb::Compare {
+        pb::Compare {
+            result: result as i32,
+            target: target as i32,
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::from_static(b"l"),
+            target_union: Some(union),
+        }
+    }
+
     /// The answer of a txn proposed with `proposal`, which must have come.
     fn txn_answered(answered: &mut WriteAnswer) -> kv::TxnResponse {
         let Ok(Some(Ok(answer))) = answered.try_recv() else {
@@ -4276,15 +4291,11 @@ mod tests {
             14,
             pb::InternalRaftRequest {
                 txn: Some(pb::TxnRequest {
-                    compare: vec![pb::Compare {
-                        result: pb::compare::CompareResult::NotEqual as i32,
-                        target: pb::compare::CompareTarget::Value as i32,
-                        key: Bytes::from_static(b"k"),
-                        range_end: Bytes::from_static(b"l"),
-                        target_union: Some(pb::compare::TargetUnion::Value(Bytes::from_static(
-                            b"x",
-                        ))),
-                    }],
+                    compare: vec![compare_every_k(
+                        pb::compare::CompareResult::NotEqual,
+                        pb::compare::CompareTarget::Value,
+                        pb::compare::TargetUnion::Value(Bytes::from_static(b"x")),
+                    )],
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -4406,13 +4417,11 @@ mod tests {
             2_000,
             pb::InternalRaftRequest {
                 txn: Some(pb::TxnRequest {
-                    compare: vec![pb::Compare {
-                        result: pb::compare::CompareResult::Greater as i32,
-                        target: pb::compare::CompareTarget::Version as i32,
-                        key: Bytes::from_static(b"k"),
-                        range_end: Bytes::from_static(b"l"),
-                        target_union: Some(pb::compare::TargetUnion::Version(0)),
-                    }],
+                    compare: vec![compare_every_k(
+                        pb::compare::CompareResult::Greater,
+                        pb::compare::CompareTarget::Version,
+                        pb::compare::TargetUnion::Version(0),
+                    )],
                     success: vec![
                         pb::RequestOp {
                             request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
