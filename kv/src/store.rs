@@ -1700,10 +1700,13 @@ fn txn_writes(req: &TxnRequest) -> bool {
 /// Which branch each txn takes (see `TxnPath`), comparing against the state at `rev` with
 /// `compact_rev` the oldest readable revision.
 fn compare_path(shared: &Shared, req: &TxnRequest, rev: i64, compact_rev: i64) -> TxnPath {
+    // Unbounded, each compare is decided as it is asked for: nothing to keep between steps
+    // (no allocation on a txn's apply).
     let mut keys_left = usize::MAX;
-    CompareEval::default()
-        .step(shared, req, rev, compact_rev, &mut keys_left)
-        .expect("an evaluation without a bound decides every compare")
+    path_from(req, &mut |compare: &Compare| {
+        CompareWalk::starting_at(compare).step(shared, compare, rev, compact_rev, &mut keys_left)
+    })
+    .expect("an evaluation without a bound decides every compare")
 }
 
 /// The evaluation of a txn's compares (etcd's `compareToPath`) at one revision, in steps: a
@@ -1740,10 +1743,7 @@ impl CompareEval {
                 return None;
             }
             let holds = walk
-                .get_or_insert_with(|| CompareWalk {
-                    next_key: Some(compare.key.clone()),
-                    found: false,
-                })
+                .get_or_insert_with(|| CompareWalk::starting_at(compare))
                 .step(shared, compare, rev, compact_rev, keys_left)?;
             *walk = None;
             results.push(holds);
@@ -1791,6 +1791,13 @@ struct CompareWalk {
 }
 
 impl CompareWalk {
+    fn starting_at(c: &Compare) -> CompareWalk {
+        CompareWalk {
+            next_key: Some(c.key.clone()),
+            found: false,
+        }
+    }
+
     /// Visits at most `*keys_left` keys (at least one is counted); the result once decided.
     fn step(
         &mut self,
@@ -2155,7 +2162,7 @@ impl Reader {
     /// `records_txn_reads`, visiting at most `keys_max` keys of the index, and whether that
     /// was all of them: the raft core's look before it applies, which must not walk a compare
     /// of a million keys in one go. When it was not, a pager thread lists the rest
-    /// (`txn_reads`).
+    /// (`txn_reads_of`).
     pub fn records_txn_reads_within(
         &self,
         req: &TxnRequest,

@@ -383,8 +383,8 @@ pub struct PagesWanted {
 struct PagesWait {
     /// Its raft index.
     index: u64,
-    /// The records whose pages it reads, and the rest to list, until the driver takes them.
-    wanted: Option<(Vec<Bytes>, Option<kv::TxnReads>)>,
+    /// What it waits for, until the driver takes it.
+    wanted: Option<PagesWanted>,
     /// When it began to wait: the lease countdowns are postponed by how long it took.
     since_ms: u64,
 }
@@ -758,13 +758,7 @@ impl Member {
     /// reads, once: the driver hands them to its pager, and calls `pages_brought_in` when
     /// the pager is done, or `pages_left_out` at once when it has no room for them.
     pub fn take_pages_wanted(&mut self) -> Option<PagesWanted> {
-        let wait = self.pages_wait.as_mut()?;
-        let (records, rest) = wait.wanted.take()?;
-        Some(PagesWanted {
-            index: wait.index,
-            records,
-            rest,
-        })
+        self.pages_wait.as_mut()?.wanted.take()
     }
 
     /// The pages of the entry at `index` are in: it is applied, and the entries behind it,
@@ -1714,11 +1708,7 @@ impl Member {
     /// here in one go. Past that the pager lists the rest itself, in one round, and does not
     /// ask whether they are in memory first: on a member whose shard did not propose the
     /// txn, nothing brought them in.
-    fn values_to_bring_in(
-        &self,
-        index: u64,
-        op: Option<&kv::Op>,
-    ) -> Option<(Vec<Bytes>, Option<kv::TxnReads>)> {
+    fn values_to_bring_in(&self, index: u64, op: Option<&kv::Op>) -> Option<PagesWanted> {
         if self.pages_brought_for == (index, crate::limits::APPLY_PAGER_ROUNDS_MAX) {
             return None;
         }
@@ -1742,7 +1732,11 @@ impl Member {
         if rest.is_none() && (records.is_empty() || (self.config.values_resident)(&records)) {
             return None;
         }
-        Some((records, rest))
+        Some(PagesWanted {
+            index,
+            records,
+            rest,
+        })
     }
 
     fn note_read_states(&mut self, read_states: Vec<ReadState>) {

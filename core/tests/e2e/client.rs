@@ -1280,3 +1280,54 @@ async fn txns_comparing_and_reading_ranges_answer_as_etcd() {
         "{all}"
     );
 }
+
+/// A txn comparing the values of more keys than the raft core applies in one step (16,384):
+/// the raft core looks at a step's keys for the values it will read, a pager thread lists and
+/// brings in the rest, and the compare is decided over two steps. The answer is etcd's: it
+/// holds while every value matches, and fails once one does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_txn_comparing_the_values_of_more_keys_than_a_step_answers_whole() {
+    const KEYS: usize = 20_000;
+    // 100-byte values: 2.5 MB of records, so most lie in durable value-log segments, whose
+    // pages the pager brings in.
+    let same = "s".repeat(100);
+    let server = Server::keel(&[]);
+    let mut c = client(&server).await;
+    // 128 puts a txn (etcd's default --max-txn-ops).
+    for first in (0..KEYS).step_by(128) {
+        let puts: Vec<TxnOp> = (first..(first + 128).min(KEYS))
+            .map(|i| TxnOp::put(format!("many/{i:05}"), same.as_str(), None))
+            .collect();
+        c.txn(Txn::new().and_then(puts))
+            .await
+            .expect("a txn of puts");
+    }
+    let every_is_same = || {
+        Txn::new()
+            .when([Compare::value("many/", CompareOp::Equal, same.as_str()).with_prefix()])
+            .and_then([TxnOp::put("verdict", "all same", None)])
+            .or_else([TxnOp::put("verdict", "one differs", None)])
+    };
+    let r = c.txn(every_is_same()).await.expect("a txn");
+    assert!(r.succeeded(), "every value is the same");
+    c.put(format!("many/{:05}", KEYS - 1), "other", None)
+        .await
+        .expect("a put");
+    let r = c.txn(every_is_same()).await.expect("a txn");
+    assert!(!r.succeeded(), "the last key's value differs");
+    let got = c.get("verdict", None).await.expect("a get");
+    assert_eq!(got.kvs()[0].value(), b"one differs");
+}
+
+/// The server turns transparent huge pages off for its process at start (BENCHMARKS.md,
+/// "Transparent huge pages off"): the kernel says so in the process's status.
+#[test]
+fn the_server_runs_without_transparent_huge_pages() {
+    let server = Server::keel(&[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .expect("the server's status");
+    assert!(
+        status.contains("THP_enabled:\t0"),
+        "transparent huge pages are on for the server:\n{status}"
+    );
+}
