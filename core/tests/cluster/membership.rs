@@ -79,6 +79,30 @@ fn assert_caught_up_by_streamed_snapshot(c: &Cluster, learner: usize, segments_m
         .expect("a member logged the snapshot it sent")
 }
 
+/// How many snapshot streams member `i` has staged files for (in `snap/incoming`).
+fn staged_streams(c: &Cluster, i: usize) -> usize {
+    let staging = c.members[i].data_dir.join("snap").join("incoming");
+    std::fs::read_dir(&staging)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| std::fs::read_dir(d.path()).is_ok_and(|mut files| files.next().is_some()))
+        .count()
+}
+
+/// Waits until member `i` has part of a snapshot staged: its stream is under way.
+fn wait_half_staged(c: &Cluster, i: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while staged_streams(c, i) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the new member never staged a snapshot:\n{}",
+            c.members[i].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Retries `member promote` until the learner is in sync (etcd refuses to promote before).
 fn promote(c: &Cluster, via: usize, hex_id: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -263,23 +287,7 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
     // A voter killed while its stream is half staged starts over: its start deletes the
     // staging, and the leader, whose stream broke, sends the snapshot again.
     let learner = c.add_member(0, "n4", Voting::Voter, None);
-    let staging = c.members[learner].data_dir.join("snap").join("incoming");
-    let half_staged = || {
-        std::fs::read_dir(&staging)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|d| std::fs::read_dir(d.path()).is_ok_and(|mut files| files.next().is_some()))
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !half_staged() {
-        assert!(
-            Instant::now() < deadline,
-            "the new member never staged a snapshot:\n{}",
-            c.members[learner].log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_half_staged(&c, learner);
     c.kill9(learner);
     c.relaunch(learner);
     let (_, kvs) = c.wait_converged(&[0, 1, 2, first, learner], Duration::from_secs(60));
@@ -288,6 +296,59 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
         KEYS
     );
     assert_caught_up_by_streamed_snapshot(&c, learner, 25);
+
+    // The sender killed mid-stream: the receiver's stream breaks, it deletes what it staged,
+    // and the leader elected next sends the snapshot again, whole.
+    let voters = [0, 1, 2, learner];
+    let (sender, _, _) = c.wait_leader(&voters, Duration::from_secs(10));
+    let via = voters
+        .iter()
+        .copied()
+        .find(|&i| i != sender)
+        .expect("four voters");
+    let sender_id = c.member_hex_id(via, sender);
+    let cut = c.add_member(via, "n5", Voting::Learner, None);
+    wait_half_staged(&c, cut);
+    c.kill9(sender);
+    let alive: Vec<usize> = voters.iter().copied().filter(|&i| i != sender).collect();
+    let (next, _, _) = c.wait_leader(&alive, Duration::from_secs(20));
+    let mut caught_up = alive.clone();
+    caught_up.extend([first, cut]);
+    c.wait_converged(&caught_up, Duration::from_secs(60));
+    assert_caught_up_by_streamed_snapshot(&c, cut, 25);
+    let cut_log = c.members[cut].log_all();
+    let broke = cut_log.lines().find(|l| {
+        l.contains("a snapshot stream ended before its last chunk")
+            && l.contains(&format!("\"from\":\"{sender_id}\""))
+    });
+    assert!(
+        broke.is_some(),
+        "the learner logs no broken stream from the killed sender {sender_id}:\n{}",
+        c.members[cut].log_tail()
+    );
+    let next_id = c.member_hex_id(via, next);
+    assert!(
+        cut_log
+            .lines()
+            .any(|l| l.contains("received a snapshot")
+                && l.contains(&format!("\"from\":\"{next_id}\""))),
+        "the learner got no whole snapshot from the next leader {next_id}:\n{}",
+        c.members[cut].log_tail()
+    );
+    assert!(
+        !cut_log.lines().any(|l| l.contains("received a snapshot")
+            && l.contains(&format!("\"from\":\"{sender_id}\""))),
+        "the learner took a whole snapshot from the sender killed mid-stream"
+    );
+    assert_eq!(
+        staged_streams(&c, cut),
+        0,
+        "the broken stream's staging is left on disk"
+    );
+    c.relaunch(sender);
+    caught_up.push(sender);
+    c.wait_converged(&caught_up, Duration::from_secs(60));
+
     // Its store reads the values from the segment files it was sent, after a restart too.
     c.kill9(first);
     c.relaunch(first);
