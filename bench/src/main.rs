@@ -45,6 +45,8 @@ enum Command {
     Range(workloads::RangeArgs),
     /// Benchmark txn with puts
     TxnPut(workloads::TxnPutArgs),
+    /// Benchmark txns that each compare every key of a range, then put one key
+    TxnCompare(workloads::TxnCompareArgs),
     /// Benchmark a mixed load of txn-put and txn-range
     TxnMixed(workloads::TxnMixedArgs),
     /// Benchmark the latency from a put's acknowledgement to its watch event
@@ -109,6 +111,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Put(args) => workloads::put(&target, args).await?,
         Command::Range(args) => workloads::range(&target, args).await?,
         Command::TxnPut(args) => workloads::txn_put(&target, args).await?,
+        Command::TxnCompare(args) => workloads::txn_compare(&target, args).await?,
         Command::TxnMixed(args) => workloads::txn_mixed(&target, args).await?,
         Command::WatchLatency(args) => workloads::watch_latency(&target, args).await?,
         Command::LeaseKeepalive(args) => workloads::lease_keepalive(&target, args).await?,

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use keel_proto::etcdserverpb::{
-    request_op, watch_request, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest,
-    LeaseKeepAliveResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
-    TxnRequest, TxnResponse, WatchCreateRequest, WatchRequest, WatchResponse,
+    compare, request_op, watch_request, Compare, LeaseGrantRequest, LeaseGrantResponse,
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, TxnRequest, TxnResponse, WatchCreateRequest, WatchRequest,
+    WatchResponse,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -133,6 +134,25 @@ pub struct TxnPutArgs {
     pub key_space_size: usize,
     /// Total number of txn requests
     #[arg(long, default_value_t = 10000)]
+    pub total: u64,
+    /// Maximum txns per second, open loop (0 is no limit)
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct TxnCompareArgs {
+    /// First key of the compared range (default: every key, from "\0" with END "\0")
+    #[arg(long, default_value = "\0")]
+    pub key: String,
+    /// End of the compared range, exclusive ("\0": every key from KEY on)
+    #[arg(long, default_value = "\0")]
+    pub end: String,
+    /// What each key's compare reads: value, version, create, mod or lease
+    #[arg(long, default_value = "value")]
+    pub target: String,
+    /// Total number of txns
+    #[arg(long, default_value_t = 1)]
     pub total: u64,
     /// Maximum txns per second, open loop (0 is no limit)
     #[arg(long, default_value_t = 0.0)]
@@ -515,6 +535,97 @@ pub async fn txn_put(target: &Target, args: &TxnPutArgs) -> Result<Summary, Erro
         "txn-put",
         target.conns,
         &["txn-put"],
+        ops,
+        args.total,
+        schedule,
+    )
+    .await)
+}
+
+/// The value no key holds, so that a `value != this` compare holds for every key of the range.
+const TXN_COMPARE_ABSENT_VALUE: &[u8] = b"keel-bench txn-compare: no key holds this value";
+/// The key each txn-compare txn puts when its compares hold.
+const TXN_COMPARE_PUT_KEY: &[u8] = b"keel-bench/txn-compare";
+
+/// The txn-compare request: a compare of every key of the range that holds for each (so the
+/// server evaluates all of them, reading what `target` names), then one put.
+fn txn_compare_request(args: &TxnCompareArgs) -> Result<TxnRequest, Error> {
+    use compare::{CompareResult, CompareTarget, TargetUnion};
+    // Each compare is built to hold for every key: NOT_EQUAL to a value no key holds, or a
+    // revision, version or lease no key has (-1).
+    let (target, union) = match args.target.as_str() {
+        "value" => (
+            CompareTarget::Value,
+            TargetUnion::Value(Bytes::from_static(TXN_COMPARE_ABSENT_VALUE)),
+        ),
+        "version" => (CompareTarget::Version, TargetUnion::Version(-1)),
+        "create" => (CompareTarget::Create, TargetUnion::CreateRevision(-1)),
+        "mod" => (CompareTarget::Mod, TargetUnion::ModRevision(-1)),
+        "lease" => (CompareTarget::Lease, TargetUnion::Lease(-1)),
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "--target {other:?}: expected value, version, create, mod or lease"
+            )))
+        }
+    };
+    Ok(TxnRequest {
+        compare: vec![Compare {
+            result: CompareResult::NotEqual as i32,
+            target: target as i32,
+            key: Bytes::from(args.key.clone().into_bytes()),
+            range_end: Bytes::from(args.end.clone().into_bytes()),
+            target_union: Some(union),
+        }],
+        success: vec![RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: Bytes::from_static(TXN_COMPARE_PUT_KEY),
+                value: Bytes::from_static(b"done"),
+                ..Default::default()
+            })),
+        }],
+        failure: Vec::new(),
+    })
+}
+
+struct TxnCompareOp {
+    caller: Caller,
+    request: TxnRequest,
+}
+
+impl Op for TxnCompareOp {
+    async fn call(&mut self, _index: u64) -> (usize, Result<(), Error>) {
+        let result = self
+            .caller
+            .unary::<_, TxnResponse>(client::KV_TXN, &self.request)
+            .await
+            .and_then(|r| match r.succeeded {
+                true => Ok(()),
+                // Every compare was built to hold: a failed txn means a wrong answer.
+                false => Err(Error::Protocol(
+                    "a txn-compare txn failed its compares, which hold for every key".into(),
+                )),
+            });
+        (0, result)
+    }
+}
+
+/// `txn-compare`: each txn compares every key of a range (by default all keys), a compare
+/// that holds for each, then puts one key: the cost of a txn that walks a large range.
+pub async fn txn_compare(target: &Target, args: &TxnCompareArgs) -> Result<Summary, Error> {
+    let schedule = check_rate(args.rate)?;
+    let request = txn_compare_request(args)?;
+    let ops: Vec<TxnCompareOp> = callers(target)
+        .await?
+        .into_iter()
+        .map(|caller| TxnCompareOp {
+            caller,
+            request: request.clone(),
+        })
+        .collect();
+    Ok(load::run_load(
+        "txn-compare",
+        target.conns,
+        &["txn-compare"],
         ops,
         args.total,
         schedule,
@@ -1013,6 +1124,42 @@ mod tests {
             assert_eq!(&buf[..n], want, "PutVarint({value})");
         }
         assert_eq!(put_varint(&mut [0u8; 1], 64), None, "does not fit");
+    }
+
+    #[test]
+    fn txn_compare_builds_a_compare_that_holds_for_every_key_of_the_range() {
+        use keel_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+        let args = |target: &str| TxnCompareArgs {
+            key: "\0".into(),
+            end: "\0".into(),
+            target: target.into(),
+            total: 1,
+            rate: 0.0,
+        };
+        for (name, want) in [
+            ("value", CompareTarget::Value),
+            ("version", CompareTarget::Version),
+            ("create", CompareTarget::Create),
+            ("mod", CompareTarget::Mod),
+            ("lease", CompareTarget::Lease),
+        ] {
+            let request = txn_compare_request(&args(name)).expect("a known target");
+            assert_eq!(request.compare.len(), 1);
+            let c = &request.compare[0];
+            assert_eq!(c.target, want as i32, "{name}");
+            assert_eq!(c.result, CompareResult::NotEqual as i32);
+            assert_eq!((&c.key[..], &c.range_end[..]), (&b"\0"[..], &b"\0"[..]));
+            match c.target_union.as_ref().expect("a compared value") {
+                TargetUnion::Value(v) => assert_eq!(&v[..], TXN_COMPARE_ABSENT_VALUE),
+                TargetUnion::Version(n)
+                | TargetUnion::CreateRevision(n)
+                | TargetUnion::ModRevision(n)
+                | TargetUnion::Lease(n) => assert_eq!(*n, -1, "{name}"),
+            }
+            assert_eq!(request.success.len(), 1);
+            assert!(request.failure.is_empty());
+        }
+        assert!(txn_compare_request(&args("values")).is_err());
     }
 
     #[test]

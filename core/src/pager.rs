@@ -33,6 +33,9 @@ pub const PAGER_THREADS: usize = 4;
 /// the values a txn about to be applied reads, which the job may list itself
 /// (`bring_in_listed`: as many as the txn compares).
 pub const PAGER_QUEUE_JOBS_MAX: usize = 64;
+/// Records a pager thread lists of a txn's reads before it brings their pages in: one chunk
+/// is held at a time (2 MiB of handles), whatever the txn compares.
+pub const PAGER_LIST_CHUNK_RECORDS: usize = 65_536;
 /// Pages a read may ask mincore about on the shard (one call per run of touching pages, and
 /// per `keel_io::pages::PAGES_PER_CALL` of a long one). A read on more pages (1 MiB of
 /// values at 4 KiB pages) goes to the pager without asking: it is large, and the pager's
@@ -121,7 +124,9 @@ impl Pager {
                 for job in rx {
                     keel_io::pages::fault_in(job.records.iter().map(|r| &r[..]));
                     if let Some(rest) = &job.rest {
-                        keel_io::pages::fault_in(rest.records().iter().map(|r| &r[..]));
+                        rest.for_each_chunk(PAGER_LIST_CHUNK_RECORDS, |chunk| {
+                            keel_io::pages::fault_in(chunk.iter().map(|r| &r[..]));
+                        });
                     }
                     let _ = job.done.send(());
                 }

@@ -384,8 +384,7 @@ impl Api {
             self.shared.read_barrier().await.map_err(etcd)?;
         }
         auth_api::check_txn_read(&self.shared, who, &req)?;
-        let records = self.shared.reader().records_txn_reads(&req);
-        self.bring_in_records(&records).await;
+        self.bring_in_txn_reads(&req).await;
         let unchecked = self
             .shared
             .reader()
@@ -403,6 +402,26 @@ impl Api {
     /// is proposed or read.
     async fn bring_in_records(&self, records: &[bytes::Bytes]) {
         if let Some(wait) = self.shared.pager.bring_in_records(records.iter()) {
+            wait.await;
+        }
+    }
+
+    /// Brings in the pages of the values the txn `req` reads (see `bring_in_records`). The
+    /// shard looks at up to a raft step's worth of keys, as the raft core does before it
+    /// applies: a compare of a million keys is listed by the pager thread, not walked here
+    /// while the shard's other connections wait.
+    async fn bring_in_txn_reads(&self, req: &kv::TxnRequest) {
+        let reader = self.shared.reader();
+        let (records, whole) =
+            reader.records_txn_reads_within(req, crate::limits::APPLY_KEYS_PER_STEP);
+        let wait = if whole {
+            self.shared.pager.bring_in_records(records.iter())
+        } else {
+            self.shared
+                .pager
+                .bring_in_listed(records, reader.txn_reads_of(req.clone()))
+        };
+        if let Some(wait) = wait {
             wait.await;
         }
     }
@@ -489,8 +508,7 @@ impl Api {
             .check_quota(alarms::txn_cost_bytes(&req))
             .await
             .map_err(etcd)?;
-        let records = self.shared.reader().records_txn_reads(&req);
-        self.bring_in_records(&records).await;
+        self.bring_in_txn_reads(&req).await;
         let proposed = self.shared.propose_as(
             pb::InternalRaftRequest {
                 txn: Some(r),

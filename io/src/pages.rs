@@ -114,28 +114,41 @@ fn missing_in((first, end): (usize, usize), page: usize) -> usize {
 /// (madvise WILLNEED, so the disk works on many at once rather than one fault at a time), then
 /// reads one byte of each page, which waits for those still on their way. Blocks the calling
 /// thread for as long as the disk takes: call it off the serving threads.
-pub fn fault_in<'a>(spans: impl IntoIterator<Item = &'a [u8]> + Clone) {
+///
+/// The pages are taken in address order, each once, in runs of touching pages: the values of
+/// a range in key order lie scattered over their segments (where a key sorts says nothing of
+/// when it was written), and one madvise per value cost more than the reads it started (a
+/// pager thread spent about 1.8 µs a value on 100,000 values of 1 KiB, nearly all in the
+/// syscall). The memory this takes is one pair of addresses per span: callers hand over
+/// bounded lists (a pager job lists a txn's reads in chunks).
+pub fn fault_in<'a>(spans: impl IntoIterator<Item = &'a [u8]>) {
     let page = page_bytes();
-    for_each_run(spans.clone(), |(first, end)| {
+    let mut runs: Vec<(usize, usize)> = spans
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .map(pages_of)
+        .collect();
+    runs.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (first, end) in runs {
+        match merged.last_mut() {
+            Some(run) if first <= run.1 => run.1 = run.1.max(end),
+            _ => merged.push((first, end)),
+        }
+    }
+    for &(first, end) in &merged {
         // SAFETY: the pages lie within memory the caller holds; WILLNEED only starts reads.
         // Its result is advice: a failure leaves the reads below to fault as they would.
         unsafe {
             libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_WILLNEED);
         }
-        true
-    });
-    for span in spans {
-        if span.is_empty() {
-            continue;
-        }
-        let start = span.as_ptr() as usize;
-        let (first, end) = pages_of(span);
+    }
+    for (first, end) in merged {
         for page_at in (first..end).step_by(page) {
-            // The span's first byte on this page: each page ends past the span's start and
-            // begins before its end.
-            let offset = page_at.max(start) - start;
-            // SAFETY: `offset` is inside `span`; a volatile read is not optimized away.
-            unsafe { std::ptr::read_volatile(span.as_ptr().add(offset)) };
+            // SAFETY: some span the caller holds lies on this page, and memory is mapped a
+            // whole page at a time, so all of the page is readable; a volatile read is not
+            // optimized away.
+            unsafe { std::ptr::read_volatile(page_at as *const u8) };
         }
     }
 }
@@ -357,6 +370,25 @@ mod tests {
             "every page the spans lie on came in"
         );
         assert_eq!(spans[1][0], 7);
+    }
+
+    #[test]
+    fn spans_out_of_address_order_and_repeated_are_all_faulted_in() {
+        let (_file, all) = cold_mapping(16);
+        let page = page_bytes();
+        // As a range in key order lists values: later pages first, a page twice, spans that
+        // cross into the next page, and one that overlaps another.
+        let spans = [
+            &all[9 * page + 5..10 * page + 7],
+            &all[2 * page..2 * page + 1],
+            &all[9 * page + 100..9 * page + 200],
+            &all[3 * page + 4000 % page..4 * page],
+            &all[..1],
+            &all[2 * page + 10..3 * page + 1],
+        ];
+        fault_in(spans);
+        assert_eq!(pages_missing(spans), 0, "every page a span lies on came in");
+        assert_eq!(spans[0][0], 7);
     }
 
     #[test]

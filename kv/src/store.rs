@@ -401,6 +401,36 @@ impl KeysBudget {
     }
 }
 
+/// Where a look at the values a request reads puts the records it finds: one list, or,
+/// with `chunk` set, lists of at most that many handed on as they fill (a pager thread's
+/// listing of a txn that compares millions of values never holds them all).
+struct Listed<'f> {
+    records: Vec<Bytes>,
+    chunk: Option<(usize, &'f mut ChunkSink<'f>)>,
+}
+
+/// What takes each chunk of a chunked `Listed`.
+type ChunkSink<'f> = dyn FnMut(&[Bytes]) + 'f;
+
+impl Listed<'_> {
+    fn whole() -> Self {
+        Listed {
+            records: Vec::new(),
+            chunk: None,
+        }
+    }
+
+    fn push(&mut self, record: Bytes) {
+        self.records.push(record);
+        if let Some((chunk_max, flush)) = self.chunk.as_mut() {
+            if self.records.len() >= *chunk_max {
+                flush(&self.records);
+                self.records.clear();
+            }
+        }
+    }
+}
+
 /// A txn's value reads, to be listed on another thread (`Reader::txn_reads_of`).
 pub struct TxnReads {
     reader: Reader,
@@ -411,6 +441,29 @@ impl TxnReads {
     /// `Reader::records_txn_reads` of the txn, as the store is now.
     pub fn records(&self) -> Vec<Bytes> {
         self.reader.records_txn_reads(&self.req)
+    }
+
+    /// Calls `f` with what `records` lists, in the same order, at most `chunk_max` records
+    /// at a time: the memory a listing holds is one chunk, whatever the txn reads.
+    pub fn for_each_chunk(&self, chunk_max: usize, mut f: impl FnMut(&[Bytes])) {
+        assert!(chunk_max > 0, "a chunk holds records");
+        let mut flush = |chunk: &[Bytes]| f(chunk);
+        let mut listed = Listed {
+            records: Vec::with_capacity(chunk_max),
+            chunk: Some((chunk_max, &mut flush)),
+        };
+        let cur_rev = self.reader.current_revision();
+        self.reader.txn_reads(
+            &self.req,
+            cur_rev,
+            &mut listed,
+            &mut KeysBudget::unbounded(),
+        );
+        let last = std::mem::take(&mut listed.records);
+        drop(listed);
+        if !last.is_empty() {
+            f(&last);
+        }
     }
 }
 
@@ -2153,10 +2206,10 @@ impl Reader {
     /// raft core almost always finds them in memory (only a write between the two, or the
     /// kernel evicting them, makes it wait).
     pub fn records_txn_reads(&self, req: &TxnRequest) -> Vec<Bytes> {
-        let mut records = Vec::new();
+        let mut listed = Listed::whole();
         let mut budget = KeysBudget::unbounded();
-        self.txn_reads(req, self.current_revision(), &mut records, &mut budget);
-        records
+        self.txn_reads(req, self.current_revision(), &mut listed, &mut budget);
+        listed.records
     }
 
     /// `records_txn_reads`, visiting at most `keys_max` keys of the index, and whether that
@@ -2168,13 +2221,13 @@ impl Reader {
         req: &TxnRequest,
         keys_max: usize,
     ) -> (Vec<Bytes>, bool) {
-        let mut records = Vec::new();
+        let mut listed = Listed::whole();
         let mut budget = KeysBudget {
             left: keys_max,
             cut: false,
         };
-        self.txn_reads(req, self.current_revision(), &mut records, &mut budget);
-        (records, !budget.cut)
+        self.txn_reads(req, self.current_revision(), &mut listed, &mut budget);
+        (listed.records, !budget.cut)
     }
 
     /// What `records_txn_reads` of `req` lists, to be listed later on another thread (a
@@ -2188,10 +2241,10 @@ impl Reader {
 
     /// `records_txn_reads` for a put: the old value an `ignore_value` put keeps.
     pub fn records_put_reads(&self, req: &PutRequest) -> Vec<Bytes> {
-        let mut records = Vec::new();
+        let mut listed = Listed::whole();
         let mut budget = KeysBudget::unbounded();
-        self.put_reads(req, self.current_revision(), &mut records, &mut budget);
-        records
+        self.put_reads(req, self.current_revision(), &mut listed, &mut budget);
+        listed.records
     }
 
     /// `records_txn_reads` for a range that sorts by value: the sort compares the values
@@ -2199,17 +2252,17 @@ impl Reader {
     /// brings them in first. Empty for any other range (its values are read through
     /// `Unchecked`).
     pub fn records_range_reads(&self, req: &RangeRequest) -> Vec<Bytes> {
-        let mut records = Vec::new();
+        let mut listed = Listed::whole();
         let mut budget = KeysBudget::unbounded();
-        self.range_reads(req, self.current_revision(), &mut records, &mut budget);
-        records
+        self.range_reads(req, self.current_revision(), &mut listed, &mut budget);
+        listed.records
     }
 
     fn range_reads(
         &self,
         req: &RangeRequest,
         cur_rev: i64,
-        records: &mut Vec<Bytes>,
+        records: &mut Listed<'_>,
         budget: &mut KeysBudget,
     ) {
         if req.sort_target == SortTarget::Value && !req.count_only {
@@ -2226,7 +2279,7 @@ impl Reader {
         &self,
         req: &TxnRequest,
         cur_rev: i64,
-        records: &mut Vec<Bytes>,
+        records: &mut Listed<'_>,
         budget: &mut KeysBudget,
     ) {
         for c in &req.compare {
@@ -2248,7 +2301,7 @@ impl Reader {
         &self,
         req: &PutRequest,
         cur_rev: i64,
-        records: &mut Vec<Bytes>,
+        records: &mut Listed<'_>,
         budget: &mut KeysBudget,
     ) {
         if req.ignore_value {
@@ -2263,7 +2316,7 @@ impl Reader {
         key: &[u8],
         range_end: &[u8],
         rev: i64,
-        records: &mut Vec<Bytes>,
+        records: &mut Listed<'_>,
         budget: &mut KeysBudget,
     ) {
         let guard = epoch::pin();

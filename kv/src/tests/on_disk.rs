@@ -748,8 +748,20 @@ fn a_txn_reads_its_values_where_it_is_served() {
     assert!(all.len() > 3, "{} values compared", all.len());
     assert_eq!(within(&every, 3), (3, false));
     assert_eq!(within(&every, usize::MAX), (all.len(), true));
-    // What the pager lists for the rest is the whole list.
+    // What the pager lists for the rest is the whole list, in chunks of at most the size it
+    // asks for, in the same order.
     assert_eq!(r.txn_reads_of(every.clone()).records(), all);
+    for chunk_max in [1, 2, all.len() - 1, all.len(), all.len() + 1] {
+        let mut chunks: Vec<Vec<Bytes>> = Vec::new();
+        r.txn_reads_of(every.clone())
+            .for_each_chunk(chunk_max, |chunk| chunks.push(chunk.to_vec()));
+        assert!(
+            chunks.iter().all(|c| !c.is_empty() && c.len() <= chunk_max),
+            "chunks of at most {chunk_max}: {:?}",
+            chunks.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        assert_eq!(chunks.concat(), all, "chunks of {chunk_max}");
+    }
     let Op::Txn(update) = update(k00_mod_revision) else {
         unreachable!("built as a txn")
     };
