@@ -201,7 +201,7 @@ mod tests {
             watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
             apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             ids_first: 1,
-            values_resident: |_| true,
+            values_resident: |_| Some(true),
         };
         let members = vec![crate::ids::Member {
             id: 1,

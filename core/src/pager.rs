@@ -102,11 +102,11 @@ impl Future for PagerWait {
 }
 
 /// Whether the pages of `records` are in memory (`MemberConfig::values_resident`): what the
-/// raft core asks before it applies an entry that reads values. More pages than a shard
-/// would ask about count as missing, so the pager looks.
-pub fn values_resident(records: &[Bytes]) -> bool {
+/// raft core asks before it applies an entry that reads values. None, without asking, for
+/// more pages than a shard would ask about: the pager looks, once.
+pub fn values_resident(records: &[Bytes]) -> Option<bool> {
     keel_io::pages::pages_missing_within(records.iter().map(|r| &r[..]), RESIDENCY_PAGES_MAX)
-        == Some(0)
+        .map(|missing| missing == 0)
 }
 
 impl Pager {

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 use keel_grpc::{
@@ -384,7 +385,7 @@ impl Api {
             self.shared.read_barrier().await.map_err(etcd)?;
         }
         auth_api::check_txn_read(&self.shared, who, &req)?;
-        self.bring_in_txn_reads(&req).await;
+        self.bring_in_txn_reads(&req, None).await;
         let unchecked = self
             .shared
             .reader()
@@ -409,8 +410,9 @@ impl Api {
     /// Brings in the pages of the values the txn `req` reads (see `bring_in_records`). The
     /// shard looks at up to a raft step's worth of keys, as the raft core does before it
     /// applies: a compare of a million keys is listed by the pager thread, not walked here
-    /// while the shard's other connections wait.
-    async fn bring_in_txn_reads(&self, req: &kv::TxnRequest) {
+    /// while the shard's other connections wait. With `within`, waits at most that long, and
+    /// says whether the pages came in meanwhile.
+    async fn bring_in_txn_reads(&self, req: &kv::TxnRequest, within: Option<Duration>) -> bool {
         let reader = self.shared.reader();
         let (records, whole) =
             reader.records_txn_reads_within(req, crate::limits::APPLY_KEYS_PER_STEP);
@@ -421,8 +423,25 @@ impl Api {
                 .pager
                 .bring_in_listed(records, reader.txn_reads_of(req.clone()))
         };
-        if let Some(wait) = wait {
-            wait.await;
+        let Some(wait) = wait else {
+            return true;
+        };
+        match within {
+            None => {
+                wait.await;
+                true
+            }
+            Some(limit) => {
+                let came_in = async {
+                    wait.await;
+                    true
+                };
+                let timed_out = async {
+                    crate::rt::sleep(limit).await;
+                    false
+                };
+                futures_lite::future::or(came_in, timed_out).await
+            }
         }
     }
 
@@ -508,7 +527,15 @@ impl Api {
             .check_quota(alarms::txn_cost_bytes(&req))
             .await
             .map_err(etcd)?;
-        self.bring_in_txn_reads(&req).await;
+        // etcd answers a write it could not apply within its request timeout with "request
+        // timed out" (it may still be applied). Values still coming in from disk at that
+        // deadline get the same answer, and the txn is not proposed: its outcome is as
+        // unknown to the client either way, and a retry finds the values in memory. (Without
+        // the bound, a compare of 4 GiB of cold values was answered only after 24 s.)
+        let timeout = self.shared.request_timeout();
+        if !self.bring_in_txn_reads(&req, Some(timeout)).await {
+            return Err(etcd(EtcdError::Timeout));
+        }
         let proposed = self.shared.propose_as(
             pb::InternalRaftRequest {
                 txn: Some(r),

@@ -187,14 +187,17 @@ pub struct MemberConfig {
     /// from its incarnation count.
     pub ids_first: u64,
     /// Whether the pages of these records (values an entry will read as it is applied: a
-    /// txn's value compares, an `ignore_value` put's old value) are in memory. The server
+    /// txn's value compares, an `ignore_value` put's old value) are in memory: `Some(true)`,
+    /// `Some(false)`, or `None` when they lie on more pages than are asked about. The server
     /// asks mincore (`pager::values_resident`); when they are not, the entry waits for the
     /// driver's pager (`take_pages_wanted`), so the raft core never waits for the disk; it
-    /// is asked again after each pager round, up to `limits::APPLY_PAGER_ROUNDS_MAX`. (A txn
-    /// whose values the raft core did not list whole, past a step's keys, is not asked: the
-    /// pager lists and brings them in, in one round.) A follower needs this most: nothing brought its copies in, and it wrote them with
-    /// O_DIRECT. A plain function, so the member stays free of I/O and clocks.
-    pub values_resident: fn(&[Bytes]) -> bool,
+    /// is asked again after each pager round, up to `limits::APPLY_PAGER_ROUNDS_MAX`, unless
+    /// the answer is `None`: then one round, as asking again would only say the same. (A
+    /// txn whose values the raft core did not list whole, past a step's keys, is not asked:
+    /// the pager lists and brings them in, in one round.) A follower needs this most: nothing
+    /// brought its copies in, and it wrote them with O_DIRECT. A plain function, so the
+    /// member stays free of I/O and clocks.
+    pub values_resident: fn(&[Bytes]) -> Option<bool>,
 }
 
 /// What the member asks its driver to do besides the Ready's I/O, in the order it happened.
@@ -1729,8 +1732,16 @@ impl Member {
             kv::Op::Put(p) if p.ignore_value => (self.writer.reader().records_put_reads(p), None),
             _ => return None,
         };
-        if rest.is_none() && (records.is_empty() || (self.config.values_resident)(&records)) {
-            return None;
+        if rest.is_none() {
+            if records.is_empty() {
+                return None;
+            }
+            match (self.config.values_resident)(&records) {
+                Some(true) => return None,
+                // Too many pages to ask about: the pager brought them in once.
+                None if self.pages_brought_for.0 == index => return None,
+                Some(false) | None => {}
+            }
         }
         Some(PagesWanted {
             index,
@@ -2600,7 +2611,7 @@ mod tests {
             watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
             apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             ids_first: 1,
-            values_resident: |_| true,
+            values_resident: |_| Some(true),
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -3339,7 +3350,7 @@ mod tests {
                         watch_events_per_apply_max: crate::limits::WATCH_EVENTS_PER_APPLY_MAX,
                         apply_keys_per_step,
                         ids_first: 1,
-                        values_resident: |_| true,
+                        values_resident: |_| Some(true),
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
@@ -4184,7 +4195,7 @@ mod tests {
             ..Default::default()
         });
         let mut m = started(single_with(writer));
-        m.config.values_resident = |_| false;
+        m.config.values_resident = |_| Some(false);
         // Three values of 400 KB fill a 1 MiB segment: the first is sealed, then durable.
         for id in 1..=3 {
             let (put, _rx) = sized_put(id, 400_000);
@@ -4276,6 +4287,21 @@ mod tests {
         assert!(!m.waiting_for_pages());
         assert_eq!(m.applied_index(), index);
         assert!(matches!(again_answered.try_recv(), Ok(Some(Ok(_)))));
+
+        // Values on more pages than residency is asked about: one pager round, then applied
+        // (asking again would only say the same).
+        m.config.values_resident = |_| None;
+        let (unknown, mut unknown_answered) = txn(13, "k00001");
+        m.propose_batch(vec![unknown], 0);
+        settle(&mut m, 0);
+        let index = m.take_pages_wanted().expect("the pages it reads").index;
+        assert_eq!(m.applied_index(), index - 1);
+        m.pages_brought_in(index, 0);
+        settle(&mut m, 0);
+        assert!(!m.waiting_for_pages(), "one round");
+        assert_eq!(m.applied_index(), index);
+        assert!(txn_answered(&mut unknown_answered).succeeded);
+        m.config.values_resident = |_| Some(false);
 
         // A compare of the values of more keys than a step visits: the raft core looks at a
         // step's keys only, and the pager lists the rest itself, in one round, whatever
