@@ -56,6 +56,10 @@ marker_rev() {
 one_txn() {
   local before t0 out now
   before=$(marker_rev)
+  until [ "$before" -ge 0 ]; do
+    sleep 0.1
+    before=$(marker_rev)
+  done
   t0=$(date +%s%N)
   out=$("$bench" --endpoints "$url" txn-compare --target "$1" --total 1 --json 2>&1 || true)
   now=$(date +%s%N)

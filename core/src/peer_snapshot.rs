@@ -616,13 +616,14 @@ impl IncomingSnapshot {
 impl Drop for IncomingSnapshot {
     fn drop(&mut self) {
         if !self.finished {
-            // The stream broke (a dropped connection, a sender that stopped, a bad chunk):
-            // nothing of it is used, and raft has the snapshot sent again, whole.
+            // The stream broke (a dropped connection, a sender that stopped, a bad chunk) or
+            // its end was refused: nothing of it is used, and raft has the snapshot sent
+            // again, whole.
             tracing::warn!(
                 from = format!("{:x}", self.from),
                 index = self.index,
                 segments = self.segments.len(),
-                "a snapshot stream ended before its last chunk; what it staged is deleted"
+                "a snapshot stream ended unfinished; what it staged is deleted"
             );
             remove_staged(vec![self.dir.clone()]);
         }

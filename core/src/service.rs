@@ -385,7 +385,8 @@ impl Api {
             self.shared.read_barrier().await.map_err(etcd)?;
         }
         auth_api::check_txn_read(&self.shared, who, &req)?;
-        self.bring_in_txn_reads(&req, None).await;
+        let none_left = self.bring_in_txn_reads(&req, None).await;
+        debug_assert!(none_left.is_none(), "waited without a bound");
         let unchecked = self
             .shared
             .reader()
@@ -411,36 +412,43 @@ impl Api {
     /// shard looks at up to a raft step's worth of keys, as the raft core does before it
     /// applies: a compare of a million keys is listed by the pager thread, not walked here
     /// while the shard's other connections wait. With `within`, waits at most that long, and
-    /// says whether the pages came in meanwhile.
-    async fn bring_in_txn_reads(&self, req: &kv::TxnRequest, within: Option<Duration>) -> bool {
+    /// hands back the pager's wait when it is not over by then. (None also when nothing was
+    /// handed to the pager: all in memory, or its queue full and the faults left to the
+    /// raft core's own look.)
+    async fn bring_in_txn_reads(
+        &self,
+        req: &kv::TxnRequest,
+        within: Option<Duration>,
+    ) -> Option<crate::pager::PagerWait> {
         let reader = self.shared.reader();
         let (records, whole) =
             reader.records_txn_reads_within(req, crate::limits::APPLY_KEYS_PER_STEP);
-        let wait = if whole {
+        let mut wait = if whole {
             self.shared.pager.bring_in_records(records.iter())
         } else {
             self.shared
                 .pager
                 .bring_in_listed(records, reader.txn_reads_of(req.clone()))
-        };
-        let Some(wait) = wait else {
-            return true;
-        };
+        }?;
         match within {
             None => {
                 wait.await;
-                true
+                None
             }
             Some(limit) => {
                 let came_in = async {
-                    wait.await;
+                    (&mut wait).await;
                     true
                 };
                 let timed_out = async {
                     crate::rt::sleep(limit).await;
                     false
                 };
-                futures_lite::future::or(came_in, timed_out).await
+                if futures_lite::future::or(came_in, timed_out).await {
+                    None
+                } else {
+                    Some(wait)
+                }
             }
         }
     }
@@ -528,12 +536,25 @@ impl Api {
             .await
             .map_err(etcd)?;
         // etcd answers a write it could not apply within its request timeout with "request
-        // timed out" (it may still be applied). Values still coming in from disk at that
-        // deadline get the same answer, and the txn is not proposed: its outcome is as
-        // unknown to the client either way, and a retry finds the values in memory. (Without
-        // the bound, a compare of 4 GiB of cold values was answered only after 24 s.)
+        // timed out", and applies it later all the same. A txn whose values are still coming
+        // in from disk at that deadline gets that answer now, and is proposed once they are
+        // in, on a task of its own whose answer nobody awaits. (Answered only after the
+        // wait, a compare of 4 GiB of cold values got "request timed out" after 24 s, the
+        // wait plus the proposal's own timeout.)
         let timeout = self.shared.request_timeout();
-        if !self.bring_in_txn_reads(&req, Some(timeout)).await {
+        if let Some(wait) = self.bring_in_txn_reads(&req, Some(timeout)).await {
+            let shared = self.shared.clone();
+            let who = who.clone();
+            crate::rt::spawn_local(async move {
+                wait.await;
+                let request = pb::InternalRaftRequest {
+                    txn: Some(r),
+                    ..Default::default()
+                };
+                if let Err(error) = shared.propose_as(request, &who).await {
+                    tracing::debug!(%error, "a txn answered \"request timed out\" was not applied");
+                }
+            });
             return Err(etcd(EtcdError::Timeout));
         }
         let proposed = self.shared.propose_as(

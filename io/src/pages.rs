@@ -122,35 +122,51 @@ fn missing_in((first, end): (usize, usize), page: usize) -> usize {
 /// syscall). The memory this takes is one pair of addresses per span: callers hand over
 /// bounded lists (a pager job lists a txn's reads in chunks).
 pub fn fault_in<'a>(spans: impl IntoIterator<Item = &'a [u8]>) {
-    let page = page_bytes();
-    let mut runs: Vec<(usize, usize)> = spans
+    let spans: Vec<(usize, usize)> = spans
         .into_iter()
         .filter(|s| !s.is_empty())
-        .map(pages_of)
+        .map(|s| (s.as_ptr() as usize, s.as_ptr() as usize + s.len()))
         .collect();
-    runs.sort_unstable();
-    let mut merged: Vec<(usize, usize)> = Vec::new();
+    let (runs, reads) = fault_in_plan(spans, page_bytes());
     for (first, end) in runs {
-        match merged.last_mut() {
-            Some(run) if first <= run.1 => run.1 = run.1.max(end),
-            _ => merged.push((first, end)),
-        }
-    }
-    for &(first, end) in &merged {
         // SAFETY: the pages lie within memory the caller holds; WILLNEED only starts reads.
         // Its result is advice: a failure leaves the reads below to fault as they would.
         unsafe {
             libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_WILLNEED);
         }
     }
-    for (first, end) in merged {
-        for page_at in (first..end).step_by(page) {
-            // SAFETY: some span the caller holds lies on this page, and memory is mapped a
-            // whole page at a time, so all of the page is readable; a volatile read is not
-            // optimized away.
-            unsafe { std::ptr::read_volatile(page_at as *const u8) };
-        }
+    for at in reads {
+        // SAFETY: `fault_in_plan` reads only inside the spans, which the caller holds; a
+        // volatile read is not optimized away.
+        unsafe { std::ptr::read_volatile(at as *const u8) };
     }
+}
+
+/// What `fault_in` does for `spans` (first and past-the-end addresses, none empty): the runs
+/// of touching pages they lie on, in address order, for madvise; and one address to read on
+/// each of those pages, inside a span (the bytes of a page outside every span may be
+/// another allocation's).
+fn fault_in_plan(mut spans: Vec<(usize, usize)>, page: usize) -> (Vec<(usize, usize)>, Vec<usize>) {
+    spans.sort_unstable();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut reads = Vec::new();
+    // The first page not read yet.
+    let mut untouched = 0usize;
+    for (start, end) in spans {
+        assert!(start < end, "an empty span lies on no page");
+        let (first, last) = (start & !(page - 1), (end + page - 1) & !(page - 1));
+        match runs.last_mut() {
+            Some(run) if first <= run.1 => run.1 = run.1.max(last),
+            _ => runs.push((first, last)),
+        }
+        let mut at = start.max(untouched);
+        while at < end {
+            reads.push(at);
+            at = (at & !(page - 1)) + page;
+        }
+        untouched = at;
+    }
+    (runs, reads)
 }
 
 /// How many of the pages `span` lies on are in memory now: for the value cache, which asks
@@ -370,6 +386,42 @@ mod tests {
             "every page the spans lie on came in"
         );
         assert_eq!(spans[1][0], 7);
+    }
+
+    #[test]
+    fn faulting_in_reads_each_page_once_inside_a_span_and_advises_whole_runs() {
+        let page = 4096;
+        let p = |n: usize| n * page;
+        // In the order a range in key order might list them: later pages first, one page
+        // twice, a span inside another, spans crossing into the next page, a lone one.
+        let spans = vec![
+            (p(9) + 5, p(10) + 7),
+            (p(2), p(2) + 1),
+            (p(9) + 100, p(9) + 200),
+            (p(3) + 4000, p(4)),
+            (p(20) + 1, p(20) + 2),
+            (p(2) + 10, p(3) + 1),
+            (p(1) + 4095, p(2) + 3),
+            (p(11) + 1, p(11) + 2),
+        ];
+        let (runs, reads) = fault_in_plan(spans.clone(), page);
+        // Page 11 touches the run of pages 9-10: one run.
+        assert_eq!(runs, vec![(p(1), p(4)), (p(9), p(12)), (p(20), p(21))]);
+        let pages: Vec<usize> = reads.iter().map(|a| a / page).collect();
+        assert_eq!(
+            pages,
+            vec![1, 2, 3, 9, 10, 11, 20],
+            "each page once, in order"
+        );
+        for at in &reads {
+            assert!(
+                spans.iter().any(|&(s, e)| s <= *at && *at < e),
+                "{at} is read outside every span"
+            );
+        }
+        // The page before a span that starts mid-page is not read from its start.
+        assert_eq!(reads[0], p(1) + 4095);
+        assert_eq!(fault_in_plan(Vec::new(), page), (Vec::new(), Vec::new()));
     }
 
     #[test]

@@ -422,11 +422,18 @@ impl Listed<'_> {
 
     fn push(&mut self, record: Bytes) {
         self.records.push(record);
-        if let Some((chunk_max, flush)) = self.chunk.as_mut() {
-            if self.records.len() >= *chunk_max {
-                flush(&self.records);
-                self.records.clear();
-            }
+    }
+
+    /// Whether a chunked list holds a whole chunk, to be handed on (`flush`).
+    fn chunk_full(&self) -> bool {
+        matches!(self.chunk, Some((chunk_max, _)) if self.records.len() >= chunk_max)
+    }
+
+    /// Hands the chunk on and starts the next (a list that is not chunked keeps growing).
+    fn flush(&mut self) {
+        if let Some((_, flush)) = self.chunk.as_mut() {
+            flush(&self.records);
+            self.records.clear();
         }
     }
 }
@@ -459,10 +466,8 @@ impl TxnReads {
             &mut listed,
             &mut KeysBudget::unbounded(),
         );
-        let last = std::mem::take(&mut listed.records);
-        drop(listed);
-        if !last.is_empty() {
-            f(&last);
+        if !listed.records.is_empty() {
+            listed.flush();
         }
     }
 }
@@ -2319,7 +2324,7 @@ impl Reader {
         records: &mut Listed<'_>,
         budget: &mut KeysBudget,
     ) {
-        let guard = epoch::pin();
+        let mut guard = epoch::pin();
         for_each_in_range(&self.shared.index, key, range_end, |key, history| {
             if budget.left == 0 {
                 budget.cut = true;
@@ -2333,6 +2338,13 @@ impl Reader {
                 live_at(versions, rev).and_then(|v| v.record_on_disk(key, segments))
             {
                 records.push(record);
+            }
+            if records.chunk_full() {
+                // Handed on with no epoch pinned: the taker may wait on the disk (a pager
+                // thread's `fault_in`), and a pin held meanwhile would hold back every
+                // deferred free and segment retirement. The walk's entries are counted
+                // references, valid unpinned; what the guard loaded is not used past here.
+                guard.repin_after(|| records.flush());
             }
             true
         });

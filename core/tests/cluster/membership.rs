@@ -318,7 +318,7 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
     assert_caught_up_by_streamed_snapshot(&c, cut, 25);
     let cut_log = c.members[cut].log_all();
     let broke = cut_log.lines().find(|l| {
-        l.contains("a snapshot stream ended before its last chunk")
+        l.contains("a snapshot stream ended unfinished")
             && l.contains(&format!("\"from\":\"{sender_id}\""))
     });
     assert!(
