@@ -25,15 +25,7 @@ source "$(dirname "$0")/member.sh"
 start
 trap 'kill $pid 2>/dev/null || true' EXIT
 wait_ready_ms >/dev/null
-echo "== $kind: loading $keys keys of $value_bytes bytes"
-"$bench" --endpoints "$url" --conns 10 --clients 100 \
-  put --key-size 8 --val-size "$value_bytes" --key-space-size "$keys" --sequential-keys \
-  --total "$keys" | grep -Ei "requests/sec" || true
-ETCDCTL_API=3 etcdctl --endpoints "$url" put hot "$(head -c 256 /dev/zero | tr '\0' h)" >/dev/null
-sleep 5
-sync
-echo 3 >/proc/sys/vm/drop_caches
-echo "page cache dropped; $(rss)"
+load_then_drop_page_cache
 hot() {
   "$bench" --endpoints "$url" --conns 1 --clients 1 range hot --consistency s \
     --total "${HOT_TOTAL:-20000}" --json

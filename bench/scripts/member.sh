@@ -4,8 +4,9 @@
 #
 # Reads: kind, server; PORT (24379), DATA_ROOT (a temp dir), EXTRA_ARGS (more server flags,
 # space separated). Defines: url, data, log, pid, and start (launches it in the background),
-# wait_ready_ms (prints the milliseconds until a linearizable get answers) and rss (prints
-# VmHWM, VmRSS, RssAnon and RssFile from /proc/PID/status, and LazyFree from smaps_rollup).
+# wait_ready_ms (prints the milliseconds until a linearizable get answers), rss (prints
+# VmHWM, VmRSS, RssAnon and RssFile from /proc/PID/status, and LazyFree from smaps_rollup),
+# and load_then_drop_page_cache (for the cold-read scripts, see below).
 port=${PORT:-24379}
 peer=$((port + 1))
 root=${DATA_ROOT:-$(mktemp -d)}
@@ -39,4 +40,18 @@ rss() {
   # Memory the allocator gave back with MADV_FREE: still counted in RSS until the kernel needs it.
   awk '/^LazyFree:/ {printf "%s %d MiB", $1, $2/1024}' "/proc/$pid/smaps_rollup" 2>/dev/null || true
   echo
+}
+# Loads $keys keys of 8 bytes with $value_bytes values through $bench (Keel writes their
+# value-log segments with O_DIRECT), writes a 256-byte key "hot", then drops the page cache
+# (root: /proc/sys/vm/drop_caches), so the loaded values' next reads go to the disk.
+load_then_drop_page_cache() {
+  echo "== $kind: loading $keys keys of $value_bytes bytes"
+  "$bench" --endpoints "$url" --conns 10 --clients 100 \
+    put --key-size 8 --val-size "$value_bytes" --key-space-size "$keys" --sequential-keys \
+    --total "$keys" | grep -Ei "throughput" || true
+  ETCDCTL_API=3 etcdctl --endpoints "$url" put hot "$(head -c 256 /dev/zero | tr '\0' h)" >/dev/null
+  sleep 5
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  echo "page cache dropped; $(rss)"
 }

@@ -538,7 +538,8 @@ impl Api {
         // etcd answers a write it could not apply within its request timeout with "request
         // timed out", and applies it later all the same. A txn whose values are still coming
         // in from disk at that deadline gets that answer now, and is proposed once they are
-        // in, on a task of its own whose answer nobody awaits. (Answered only after the
+        // in, on a task of its own whose answer nobody awaits (as many as the pager's queue
+        // holds jobs: with it full, a txn is proposed at once). (Answered only after the
         // wait, a compare of 4 GiB of cold values got "request timed out" after 24 s, the
         // wait plus the proposal's own timeout.)
         let timeout = self.shared.request_timeout();
