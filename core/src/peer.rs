@@ -592,12 +592,18 @@ impl Transport {
         Ok(())
     }
 
-    /// Makes the set of peers match `members` (id and peer URLs), starting a sender task for
-    /// each new one and stopping those no longer listed.
-    pub fn set_peers(self: &Rc<Self>, members: &[(u64, Vec<String>)]) {
+    /// Makes the set of peers match `members` (id and peer URLs) plus `remotes` (members
+    /// this one knows of that `members` does not list, see `RaftCore::publish_members`),
+    /// starting a sender task for each new one and stopping those no longer listed. Only
+    /// `members` answers a joining member's query.
+    pub fn set_peers(
+        self: &Rc<Self>,
+        members: &[(u64, Vec<String>)],
+        remotes: &[(u64, Vec<String>)],
+    ) {
         *self.members.borrow_mut() = members.to_vec();
         let mut peers = self.peers.borrow_mut();
-        for (id, urls) in members {
+        for (id, urls) in members.iter().chain(remotes) {
             if *id == self.me {
                 continue;
             }
@@ -619,7 +625,7 @@ impl Transport {
                 }
             }
         }
-        let keep: Vec<u64> = members.iter().map(|(id, _)| *id).collect();
+        let keep: Vec<u64> = members.iter().chain(remotes).map(|(id, _)| *id).collect();
         peers.retain(|id, p| {
             let stay = keep.contains(id);
             if !stay {

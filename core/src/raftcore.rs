@@ -925,7 +925,23 @@ impl RaftCore {
             .iter()
             .map(|m| (m.id, m.peer_urls.clone()))
             .collect();
-        self.transport.set_peers(&peers);
+        // The members this one learned of when it joined (or was founded with) that its
+        // applied membership does not list, unless removed since. A leader's snapshot older
+        // than this member's own joining leaves out the members added before it, and the
+        // leader that sent it may be one of them: without their addresses this member's
+        // answers to that leader were dropped, and it never caught up (seen when a leader
+        // that had itself joined late took over a snapshot's sending). etcd keeps such
+        // "remotes" for the same reason.
+        let removed = self.member.removed_members();
+        let remotes: Vec<(u64, Vec<String>)> = self
+            .shared
+            .identity
+            .members
+            .iter()
+            .filter(|m| !removed.contains(&m.id) && !peers.iter().any(|(id, _)| *id == m.id))
+            .map(|m| (m.id, m.peer_urls.clone()))
+            .collect();
+        self.transport.set_peers(&peers, &remotes);
         self.transport.set_removed(self.member.removed_members());
         let me = self.member.id();
         self.shared.is_learner.store(
