@@ -8,7 +8,6 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::StatusCode;
 use keel_grpc::{
@@ -385,8 +384,9 @@ impl Api {
             self.shared.read_barrier().await.map_err(etcd)?;
         }
         auth_api::check_txn_read(&self.shared, who, &req)?;
-        let none_left = self.bring_in_txn_reads(&req, None).await;
-        debug_assert!(none_left.is_none(), "waited without a bound");
+        if let Some(wait) = self.txn_reads_wait(&req) {
+            wait.await;
+        }
         let unchecked = self
             .shared
             .reader()
@@ -408,48 +408,22 @@ impl Api {
         }
     }
 
-    /// Brings in the pages of the values the txn `req` reads (see `bring_in_records`). The
-    /// shard looks at up to a raft step's worth of keys, as the raft core does before it
-    /// applies: a compare of a million keys is listed by the pager thread, not walked here
-    /// while the shard's other connections wait. With `within`, waits at most that long, and
-    /// hands back the pager's wait when it is not over by then. (None also when nothing was
-    /// handed to the pager: all in memory, or its queue full and the faults left to the
-    /// raft core's own look.)
-    async fn bring_in_txn_reads(
-        &self,
-        req: &kv::TxnRequest,
-        within: Option<Duration>,
-    ) -> Option<crate::pager::PagerWait> {
+    /// Starts bringing in the pages of the values the txn `req` reads (see
+    /// `bring_in_records`): the pager's wait, or None when nothing was handed to it (all in
+    /// memory, or its queue full and the faults left to the raft core's own look). The shard
+    /// looks at up to a raft step's worth of keys, as the raft core does before it applies:
+    /// a compare of a million keys is listed by the pager thread, not walked here while the
+    /// shard's other connections wait.
+    fn txn_reads_wait(&self, req: &kv::TxnRequest) -> Option<crate::pager::PagerWait> {
         let reader = self.shared.reader();
         let (records, whole) =
             reader.records_txn_reads_within(req, crate::limits::APPLY_KEYS_PER_STEP);
-        let mut wait = if whole {
+        if whole {
             self.shared.pager.bring_in_records(records.iter())
         } else {
             self.shared
                 .pager
                 .bring_in_listed(records, reader.txn_reads_of(req.clone()))
-        }?;
-        match within {
-            None => {
-                wait.await;
-                None
-            }
-            Some(limit) => {
-                let came_in = async {
-                    (&mut wait).await;
-                    true
-                };
-                let timed_out = async {
-                    crate::rt::sleep(limit).await;
-                    false
-                };
-                if futures_lite::future::or(came_in, timed_out).await {
-                    None
-                } else {
-                    Some(wait)
-                }
-            }
         }
     }
 
@@ -538,12 +512,25 @@ impl Api {
         // etcd answers a write it could not apply within its request timeout with "request
         // timed out", and applies it later all the same. A txn whose values are still coming
         // in from disk at that deadline gets that answer now, and is proposed once they are
-        // in, on a task of its own whose answer nobody awaits (as many as the pager's queue
-        // holds jobs: with it full, a txn is proposed at once). (Answered only after the
-        // wait, a compare of 4 GiB of cold values got "request timed out" after 24 s, the
-        // wait plus the proposal's own timeout.)
-        let timeout = self.shared.request_timeout();
-        if let Some(wait) = self.bring_in_txn_reads(&req, Some(timeout)).await {
+        // in, on a task of its own whose answer nobody awaits (at most one per job the pager
+        // holds, queued or running: with its queue full, a txn is proposed at once).
+        // (Answered only after the wait, a compare of 4 GiB of cold values got "request
+        // timed out" after 24 s, the wait plus the proposal's own timeout.)
+        let late = match self.txn_reads_wait(&req) {
+            None => None,
+            Some(mut wait) => {
+                let came_in = async {
+                    (&mut wait).await;
+                    true
+                };
+                let timed_out = async {
+                    crate::rt::sleep(self.shared.request_timeout()).await;
+                    false
+                };
+                (!futures_lite::future::or(came_in, timed_out).await).then_some(wait)
+            }
+        };
+        if let Some(wait) = late {
             let shared = self.shared.clone();
             let who = who.clone();
             crate::rt::spawn_local(async move {

@@ -2211,9 +2211,21 @@ impl Reader {
     /// raft core almost always finds them in memory (only a write between the two, or the
     /// kernel evicting them, makes it wait).
     pub fn records_txn_reads(&self, req: &TxnRequest) -> Vec<Bytes> {
+        self.listed_whole(|r, rev, listed, budget| r.txn_reads(req, rev, listed, budget))
+    }
+
+    /// What `list` finds at the current revision, every key visited, in one list.
+    fn listed_whole(
+        &self,
+        list: impl FnOnce(&Self, i64, &mut Listed<'_>, &mut KeysBudget),
+    ) -> Vec<Bytes> {
         let mut listed = Listed::whole();
-        let mut budget = KeysBudget::unbounded();
-        self.txn_reads(req, self.current_revision(), &mut listed, &mut budget);
+        list(
+            self,
+            self.current_revision(),
+            &mut listed,
+            &mut KeysBudget::unbounded(),
+        );
         listed.records
     }
 
@@ -2246,10 +2258,7 @@ impl Reader {
 
     /// `records_txn_reads` for a put: the old value an `ignore_value` put keeps.
     pub fn records_put_reads(&self, req: &PutRequest) -> Vec<Bytes> {
-        let mut listed = Listed::whole();
-        let mut budget = KeysBudget::unbounded();
-        self.put_reads(req, self.current_revision(), &mut listed, &mut budget);
-        listed.records
+        self.listed_whole(|r, rev, listed, budget| r.put_reads(req, rev, listed, budget))
     }
 
     /// `records_txn_reads` for a range that sorts by value: the sort compares the values
@@ -2257,10 +2266,7 @@ impl Reader {
     /// brings them in first. Empty for any other range (its values are read through
     /// `Unchecked`).
     pub fn records_range_reads(&self, req: &RangeRequest) -> Vec<Bytes> {
-        let mut listed = Listed::whole();
-        let mut budget = KeysBudget::unbounded();
-        self.range_reads(req, self.current_revision(), &mut listed, &mut budget);
-        listed.records
+        self.listed_whole(|r, rev, listed, budget| r.range_reads(req, rev, listed, budget))
     }
 
     fn range_reads(
