@@ -153,7 +153,7 @@ fn ask(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> std::io::Result<Me
 }
 
 fn query<S: Read + Write>(mut stream: S) -> std::io::Result<MembersReply> {
-    stream.write_all(&encode_hello(MEMBERS_QUERY))?;
+    stream.write_all(&encode_hello(&MEMBERS_QUERY))?;
     stream.flush()?;
     let mut prefix = [0u8; 4];
     stream.read_exact(&mut prefix)?;

@@ -2,7 +2,10 @@
 //! messages. It runs on the raft core's executor.
 //!
 //! Each peer has one outgoing connection, driven by its own task: it connects with backoff,
-//! introduces itself (cluster id, sender, recipient), then writes whatever the raft core queued,
+//! introduces itself (cluster id, sender, recipient, and its own peer URLs, from which a member
+//! that does not know it yet learns where to answer, as etcd's `X-PeerURLs` header does; a
+//! build from before handshake version 2 refuses such a handshake, and its own are still
+//! read), then writes whatever the raft core queued,
 //! many frames per write. The queue is bounded in messages and bytes; when it is full, or the
 //! peer is down, messages are dropped, and raft's retries and probes recover. A member therefore
 //! never waits for a slow or dead peer. Incoming connections are read into a bounded inbox the
@@ -31,7 +34,7 @@
 //! dialed in plaintext, as etcd does.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -67,8 +70,21 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const HANDSHAKE_MAGIC: &[u8; 8] = b"KEELPEER";
-const PROTOCOL_VERSION: u32 = 1;
-const HANDSHAKE_BYTES: usize = 8 + 4 + 8 + 8 + 8;
+/// Version 2 added the dialer's peer URLs to the handshake; a version-1 handshake (the fixed
+/// part alone) is still read, so a member of an older build is heard.
+const PROTOCOL_VERSION: u32 = 2;
+const PROTOCOL_VERSION_NO_URLS: u32 = 1;
+/// The handshake's fixed part: magic, version, cluster id, sender, recipient.
+const HANDSHAKE_FIXED_BYTES: usize = 8 + 4 + 8 + 8 + 8;
+/// The most bytes of peer URLs a handshake carries (a URL count u16, then each URL as a u16
+/// length and its bytes). A member lists a few URLs; the URLs past the bound are left out.
+const HANDSHAKE_URLS_BYTES_MAX: usize = 4096;
+/// The largest handshake read.
+pub const HANDSHAKE_BYTES_MAX: usize = HANDSHAKE_FIXED_BYTES + HANDSHAKE_URLS_BYTES_MAX;
+/// How many members this one learns of from their handshakes alone (see
+/// `Transport::learn_remote`): a cluster has a handful, and the bound keeps dialers that pass
+/// the cluster check from growing the table without end.
+const DIALED_REMOTES_MAX: usize = 64;
 /// Frame kinds: the first byte of every frame after the handshake.
 const FRAME_RAFT: u8 = 0;
 const FRAME_KEEPALIVE: u8 = 1;
@@ -90,6 +106,7 @@ pub const MEMBERS_QUERY: Hello = Hello {
     cluster_id: 0,
     from: 0,
     to: 0,
+    peer_urls: Vec::new(),
 };
 /// Sent back to the dialer of a connection, with an empty body: "you were removed from the
 /// cluster" (etcd's 410 Gone on its peer handlers).
@@ -256,11 +273,15 @@ pub struct PeerTls {
 }
 
 /// A handshake, as [`parse_hello`] reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub cluster_id: u64,
     pub from: u64,
     pub to: u64,
+    /// The dialer's advertised peer URLs (etcd's `X-PeerURLs` header): how a member that does
+    /// not know the dialer yet answers it (see `Transport::learn_remote`). Empty from a
+    /// version-1 dialer and in the members query.
+    pub peer_urls: Vec<String>,
 }
 
 /// One frame after the handshake, as [`parse_frame`] reads it.
@@ -303,16 +324,44 @@ pub fn frame_len(prefix: [u8; 4], max_bytes: usize) -> std::io::Result<usize> {
     Ok(len)
 }
 
-/// Encodes this member's handshake as a whole frame (length prefix included).
-pub fn encode_hello(hello: Hello) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(4 + HANDSHAKE_BYTES);
-    buf.extend_from_slice(&(HANDSHAKE_BYTES as u32).to_be_bytes());
+/// Encodes this member's handshake as a whole frame (length prefix included). URLs that do
+/// not fit in [`HANDSHAKE_URLS_BYTES_MAX`] are left out: the peer then learns this member's
+/// address from the membership alone, as before handshakes carried it. A handshake without
+/// URLs (the members query) is written as version 1, which older builds read too.
+pub fn encode_hello(hello: &Hello) -> Vec<u8> {
+    let version = if hello.peer_urls.is_empty() {
+        PROTOCOL_VERSION_NO_URLS
+    } else {
+        PROTOCOL_VERSION
+    };
+    let mut buf = Vec::with_capacity(4 + HANDSHAKE_FIXED_BYTES + 2);
+    buf.extend_from_slice(&[0; 4]);
     buf.extend_from_slice(HANDSHAKE_MAGIC);
-    buf.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    buf.extend_from_slice(&version.to_be_bytes());
     buf.extend_from_slice(&hello.cluster_id.to_be_bytes());
     buf.extend_from_slice(&hello.from.to_be_bytes());
     buf.extend_from_slice(&hello.to.to_be_bytes());
-    assert_eq!(buf.len(), 4 + HANDSHAKE_BYTES);
+    if version == PROTOCOL_VERSION_NO_URLS {
+        buf[..4].copy_from_slice(&(HANDSHAKE_FIXED_BYTES as u32).to_be_bytes());
+        return buf;
+    }
+    let mut urls_bytes = 2;
+    let fitting: Vec<&String> = hello
+        .peer_urls
+        .iter()
+        .take_while(|url| {
+            urls_bytes += 2 + url.len();
+            urls_bytes <= HANDSHAKE_URLS_BYTES_MAX
+        })
+        .collect();
+    buf.extend_from_slice(&(fitting.len() as u16).to_be_bytes());
+    for url in fitting {
+        buf.extend_from_slice(&(url.len() as u16).to_be_bytes());
+        buf.extend_from_slice(url.as_bytes());
+    }
+    let payload_bytes = buf.len() - 4;
+    assert!(payload_bytes <= HANDSHAKE_BYTES_MAX);
+    buf[..4].copy_from_slice(&(payload_bytes as u32).to_be_bytes());
     buf
 }
 
@@ -324,23 +373,54 @@ pub fn encode_member_removed() -> Vec<u8> {
     buf
 }
 
-/// Reads a handshake frame's payload (without its length prefix).
+/// Reads a handshake frame's payload (without its length prefix): version 2 (with the
+/// dialer's peer URLs) or version 1 (without).
 pub fn parse_hello(frame: &[u8]) -> std::io::Result<Hello> {
-    if frame.len() != HANDSHAKE_BYTES || &frame[..8] != HANDSHAKE_MAGIC {
+    if frame.len() < HANDSHAKE_FIXED_BYTES || &frame[..8] != HANDSHAKE_MAGIC {
         return Err(std::io::Error::other("not a keel peer"));
     }
     let u64_at = |o: usize| u64::from_be_bytes(frame[o..o + 8].try_into().expect("8 bytes"));
     let version = u32::from_be_bytes(frame[8..12].try_into().expect("4 bytes"));
-    if version != PROTOCOL_VERSION {
-        return Err(std::io::Error::other(format!(
-            "peer protocol version {version} is not ours"
-        )));
-    }
-    Ok(Hello {
+    let mut hello = Hello {
         cluster_id: u64_at(12),
         from: u64_at(20),
         to: u64_at(28),
-    })
+        peer_urls: Vec::new(),
+    };
+    let urls = &frame[HANDSHAKE_FIXED_BYTES..];
+    match version {
+        PROTOCOL_VERSION_NO_URLS if urls.is_empty() => Ok(hello),
+        PROTOCOL_VERSION => {
+            hello.peer_urls = parse_hello_urls(urls)
+                .ok_or_else(|| std::io::Error::other("damaged peer URLs in a handshake"))?;
+            Ok(hello)
+        }
+        PROTOCOL_VERSION_NO_URLS => Err(std::io::Error::other("not a keel peer")),
+        _ => Err(std::io::Error::other(format!(
+            "peer protocol version {version} is not ours"
+        ))),
+    }
+}
+
+/// A handshake's URL list: a u16 count, then each URL as a u16 length and UTF-8 bytes, and
+/// nothing after.
+fn parse_hello_urls(bytes: &[u8]) -> Option<Vec<String>> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let whole: &'a [u8] = rest;
+        let (head, tail) = (whole.get(..n)?, whole.get(n..)?);
+        *rest = tail;
+        Some(head)
+    }
+    let u16_of = |b: &[u8]| u16::from_be_bytes(b.try_into().expect("2 bytes"));
+    let mut rest = bytes;
+    let count = u16_of(take(&mut rest, 2)?);
+    let mut urls = Vec::with_capacity(usize::from(count).min(HANDSHAKE_URLS_BYTES_MAX / 2));
+    for _ in 0..count {
+        let len = u16_of(take(&mut rest, 2)?);
+        let url = std::str::from_utf8(take(&mut rest, usize::from(len))?).ok()?;
+        urls.push(url.to_owned());
+    }
+    rest.is_empty().then_some(urls)
 }
 
 /// Reads one frame's payload (without its length prefix) from the peer `from` named in the
@@ -487,6 +567,13 @@ pub struct Transport {
     /// Every member's id and peer URLs as last given to `set_peers` (this member included):
     /// what a joining member's [`MEMBERS_QUERY`] is answered with.
     members: RefCell<Vec<(u64, Vec<String>)>>,
+    /// This member's own peer URLs, sent in every handshake: the advertised ones it started
+    /// with, then its applied membership's.
+    own_peer_urls: RefCell<Vec<String>>,
+    /// Members that dialed this one and that neither its applied membership nor its remotes
+    /// list, with the peer URLs their handshakes gave (see `learn_remote`), until the
+    /// membership lists them or they are removed.
+    dialed_remotes: RefCell<BTreeMap<u64, Vec<String>>>,
     inbox: RefCell<VecDeque<Message>>,
     control: RefCell<VecDeque<Control>>,
     inbox_signal: Signal,
@@ -521,8 +608,10 @@ pub struct Transport {
 }
 
 impl Transport {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         me: u64,
+        own_peer_urls: Vec<String>,
         cluster_id: u64,
         frame_bytes_max: usize,
         staging_dir: std::path::PathBuf,
@@ -541,6 +630,8 @@ impl Transport {
             learned_cluster_id: Cell::new(None),
             peers: RefCell::new(HashMap::new()),
             members: RefCell::new(Vec::new()),
+            own_peer_urls: RefCell::new(own_peer_urls),
+            dialed_remotes: RefCell::new(BTreeMap::new()),
             inbox: RefCell::new(VecDeque::new()),
             control: RefCell::new(VecDeque::new()),
             inbox_signal: Signal::default(),
@@ -593,47 +684,94 @@ impl Transport {
     }
 
     /// Makes the set of peers match `members` (id and peer URLs) plus `remotes` (members
-    /// this one knows of that `members` does not list, see `RaftCore::publish_members`),
-    /// starting a sender task for each new one and stopping those no longer listed. Only
-    /// `members` answers a joining member's query.
+    /// this one knows of that `members` does not list, see `RaftCore::publish_members`) plus
+    /// the members learned from their handshakes that neither lists, starting a sender task
+    /// for each new one and stopping those no longer listed. Only `members` answers a joining
+    /// member's query.
     pub fn set_peers(
         self: &Rc<Self>,
         members: &[(u64, Vec<String>)],
         remotes: &[(u64, Vec<String>)],
     ) {
         *self.members.borrow_mut() = members.to_vec();
+        if let Some((_, urls)) = members.iter().find(|(id, _)| *id == self.me) {
+            *self.own_peer_urls.borrow_mut() = urls.clone();
+        }
+        // A member the membership (or the remotes) lists is dialed at the URLs given there.
+        let dialed: Vec<(u64, Vec<String>)> = {
+            let mut dialed = self.dialed_remotes.borrow_mut();
+            dialed.retain(|id, _| !members.iter().chain(remotes).any(|(known, _)| known == id));
+            dialed
+                .iter()
+                .map(|(id, urls)| (*id, urls.clone()))
+                .collect()
+        };
+        let listed = || members.iter().chain(remotes).chain(&dialed);
         let mut peers = self.peers.borrow_mut();
-        for (id, urls) in members.iter().chain(remotes) {
+        for (id, urls) in listed() {
             if *id == self.me {
                 continue;
             }
             match peers.get(id) {
                 Some(p) => *p.addrs.borrow_mut() = urls.clone(),
-                None => {
-                    let peer = Rc::new(Peer {
-                        id: *id,
-                        addrs: RefCell::new(urls.clone()),
-                        queue: RefCell::new(VecDeque::new()),
-                        queue_bytes: Cell::new(0),
-                        stats: self.peer_stats.peer(*id),
-                        signal: Signal::default(),
-                        removed: Cell::new(false),
-                    });
-                    peers.insert(*id, peer.clone());
-                    let this = self.clone();
-                    rt::spawn_local(async move { this.send_loop(peer).await });
-                }
+                None => self.start_peer(&mut peers, *id, urls.clone()),
             }
         }
-        let keep: Vec<u64> = members.iter().chain(remotes).map(|(id, _)| *id).collect();
         peers.retain(|id, p| {
-            let stay = keep.contains(id);
+            let stay = listed().any(|(listed, _)| listed == id);
             if !stay {
                 p.removed.set(true);
                 p.signal.wake();
             }
             stay
         });
+    }
+
+    /// Adds `id` to `peers` and starts its sender task.
+    fn start_peer(self: &Rc<Self>, peers: &mut HashMap<u64, Rc<Peer>>, id: u64, urls: Vec<String>) {
+        let peer = Rc::new(Peer {
+            id,
+            addrs: RefCell::new(urls),
+            queue: RefCell::new(VecDeque::new()),
+            queue_bytes: Cell::new(0),
+            stats: self.peer_stats.peer(id),
+            signal: Signal::default(),
+            removed: Cell::new(false),
+        });
+        peers.insert(id, peer.clone());
+        let this = self.clone();
+        rt::spawn_local(async move { this.send_loop(peer).await });
+    }
+
+    /// A member of this cluster dialed this one, which knows no address for it: it starts
+    /// sending to the URLs the dialer's handshake gave, as etcd adds a remote from a
+    /// connection's `X-PeerURLs`. A member restarted on a checkpoint taken before another
+    /// joined hears that member lead, but its answers went nowhere until it applied the
+    /// member's addition, which needs that leader to hear them: it stayed behind for good.
+    fn learn_remote(self: &Rc<Self>, from: u64, urls: &[String]) {
+        if urls.is_empty()
+            || from == self.me
+            || self.removed.borrow().contains(&from)
+            || self.peers.borrow().contains_key(&from)
+        {
+            return;
+        }
+        let mut dialed = self.dialed_remotes.borrow_mut();
+        if dialed.len() >= DIALED_REMOTES_MAX {
+            tracing::warn!(
+                remote_peer_id = format!("{from:x}"),
+                "not adding a remote peer from its handshake: {DIALED_REMOTES_MAX} are known already"
+            );
+            return;
+        }
+        dialed.insert(from, urls.to_vec());
+        tracing::info!(
+            local_member_id = format!("{:x}", self.me),
+            remote_peer_id = format!("{from:x}"),
+            remote_peer_urls = ?urls,
+            "added remote peer from its handshake"
+        );
+        self.start_peer(&mut self.peers.borrow_mut(), from, urls.to_vec());
     }
 
     /// The ids of members removed from the cluster (the member's `removed_members`).
@@ -646,6 +784,24 @@ impl Transport {
         );
         if *self.removed.borrow() != *removed {
             *self.removed.borrow_mut() = removed.clone();
+        }
+        // A removed member learned from its handshake is not dialed any more.
+        let gone: Vec<u64> = {
+            let mut dialed = self.dialed_remotes.borrow_mut();
+            let gone = dialed
+                .keys()
+                .filter(|id| removed.contains(id))
+                .copied()
+                .collect();
+            dialed.retain(|id, _| !removed.contains(id));
+            gone
+        };
+        let mut peers = self.peers.borrow_mut();
+        for id in gone {
+            if let Some(p) = peers.remove(&id) {
+                p.removed.set(true);
+                p.signal.wake();
+            }
         }
     }
 
@@ -1011,10 +1167,11 @@ impl Transport {
 
     async fn connect(&self, peer: &Peer) -> Option<Dialed> {
         let urls = peer.addrs.borrow().clone();
-        let hello = encode_hello(Hello {
+        let hello = encode_hello(&Hello {
             cluster_id: self.cluster_id.get(),
             from: self.me,
             to: peer.id,
+            peer_urls: self.own_peer_urls.borrow().clone(),
         });
         for url in urls {
             let Ok((scheme, host, port)) = url_scheme_host_port("peer-urls", &url) else {
@@ -1196,7 +1353,7 @@ impl Transport {
 
     /// Runs an accepted connection: the TLS handshake first on an https listener, then the
     /// peer protocol.
-    async fn serve_peer(&self, stream: TcpStream, scheme: Scheme) -> std::io::Result<()> {
+    async fn serve_peer(self: &Rc<Self>, stream: TcpStream, scheme: Scheme) -> std::io::Result<()> {
         match scheme {
             Scheme::Http => self.read_peer(stream).await,
             Scheme::Https => {
@@ -1268,13 +1425,13 @@ impl Transport {
     }
 
     async fn read_peer<S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin>(
-        &self,
+        self: &Rc<Self>,
         stream: S,
     ) -> std::io::Result<()> {
         // The write half only ever carries an answer back: the members reply, a snapshot's
         // ack, or the removed notice.
         let (mut reader, mut writer) = split_local(stream);
-        let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES).await?)?;
+        let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES_MAX).await?)?;
         if hello == MEMBERS_QUERY {
             // A member joining with --initial-cluster-state existing asks who it is (its id
             // was made by MemberAdd, with the time in it). Only a member that knows the
@@ -1294,6 +1451,7 @@ impl Transport {
             cluster_id,
             from,
             to,
+            peer_urls,
         } = hello;
         let ours = self.cluster_id.get();
         if ours == 0 && cluster_id != 0 {
@@ -1326,6 +1484,8 @@ impl Transport {
                 "peer connection meant for another member",
             ));
         }
+        // A joining dialer (cluster id 0) is one this member lists already.
+        self.learn_remote(from, &peer_urls);
         // Frames until the connection ends (an error), or until this member applies the
         // sender's removal (found at its next frame, or by the check beside the reads).
         let removed = async {
@@ -1613,10 +1773,65 @@ mod tests {
         let mut other_kind = frame[4..].to_vec();
         other_kind[0] = FRAME_RAFT;
         assert!(parse_members_reply(&other_kind).is_err());
-        // The query is a handshake no member sends: from 0 to 0.
+        // The query is a handshake no member sends: from 0 to 0, without URLs, in version
+        // 1's bytes (the fixed part alone), which builds before version 2 read too.
+        let query = encode_hello(&MEMBERS_QUERY);
+        assert_eq!(query.len(), 4 + HANDSHAKE_FIXED_BYTES);
+        assert_eq!(query[12..16], PROTOCOL_VERSION_NO_URLS.to_be_bytes());
+        assert_eq!(parse_hello(&query[4..]).unwrap(), MEMBERS_QUERY);
+    }
+
+    #[test]
+    fn a_handshake_carries_the_dialers_urls_and_an_older_builds_is_read() {
+        let hello = Hello {
+            cluster_id: 0xcdf8,
+            from: 3,
+            to: 4,
+            peer_urls: vec!["http://10.0.0.3:2380".into(), "https://n3:2380".into()],
+        };
+        let frame = encode_hello(&hello);
         assert_eq!(
-            parse_hello(&encode_hello(MEMBERS_QUERY)[4..]).unwrap(),
-            MEMBERS_QUERY
+            u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize,
+            frame.len() - 4
         );
+        assert_eq!(parse_hello(&frame[4..]).unwrap(), hello);
+        // Every cut and any trailing byte is damage, never a shorter list.
+        for cut in 0..frame.len() - 4 {
+            assert!(parse_hello(&frame[4..4 + cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = frame[4..].to_vec();
+        longer.push(0);
+        assert!(parse_hello(&longer).is_err(), "trailing bytes");
+        let mut not_text = frame[4..].to_vec();
+        let last = not_text.len() - 1;
+        not_text[last] = 0xff;
+        assert!(parse_hello(&not_text).is_err(), "a URL that is not UTF-8");
+        // Version 1: the fixed part alone, read with no URLs; with more bytes, refused.
+        let mut v1 = frame[4..4 + HANDSHAKE_FIXED_BYTES].to_vec();
+        v1[8..12].copy_from_slice(&PROTOCOL_VERSION_NO_URLS.to_be_bytes());
+        let heard = parse_hello(&v1).unwrap();
+        assert_eq!((heard.cluster_id, heard.from, heard.to), (0xcdf8, 3, 4));
+        assert!(heard.peer_urls.is_empty());
+        v1.push(0);
+        assert!(parse_hello(&v1).is_err());
+        // A version from the future is named.
+        let mut v9 = frame[4..].to_vec();
+        v9[8..12].copy_from_slice(&9u32.to_be_bytes());
+        let e = parse_hello(&v9).unwrap_err().to_string();
+        assert!(e.contains("version 9"), "{e}");
+        // URLs past the bound are left out, and what is sent stays under the read limit.
+        let many = Hello {
+            peer_urls: (0..1000)
+                .map(|i| format!("http://10.0.{i}.1:2380"))
+                .collect(),
+            ..hello
+        };
+        let frame = encode_hello(&many);
+        assert!(frame.len() - 4 <= HANDSHAKE_BYTES_MAX);
+        let heard = parse_hello(&frame[4..]).unwrap();
+        assert!(!heard.peer_urls.is_empty() && heard.peer_urls.len() < 1000);
+        assert_eq!(heard.peer_urls[..], many.peer_urls[..heard.peer_urls.len()]);
+        let room_left = HANDSHAKE_BYTES_MAX - (frame.len() - 4);
+        assert!(room_left < 2 + many.peer_urls[heard.peer_urls.len()].len());
     }
 }

@@ -278,6 +278,7 @@ impl RaftCore {
         } = parts;
         let transport = Transport::new(
             shared.member_id(),
+            shared.config.initial_advertise_peer_urls.clone(),
             shared.cluster_id(),
             shared.limits.peer_frame_bytes_max,
             snap_dir.join(peer_snapshot::STAGING_DIR),

@@ -562,9 +562,10 @@ pub fn raft_message(data: &[u8]) {
 /// incoming connection, read as the transport reads it (length prefix under the frame limit,
 /// the handshake, then frames until one is refused).
 pub fn peer_frames(data: &[u8]) {
-    use keel_core::peer::{frame_len, parse_frame, parse_hello, parse_members_reply};
+    use keel_core::peer::{
+        frame_len, parse_frame, parse_hello, parse_members_reply, HANDSHAKE_BYTES_MAX,
+    };
     const FRAME_BYTES_MAX: usize = 64 * 1024;
-    const HANDSHAKE_BYTES: usize = 36;
     let mut rest = bounded(data);
     let mut next = |max: usize| -> Option<&[u8]> {
         let prefix: [u8; 4] = rest.get(..4)?.try_into().ok()?;
@@ -573,12 +574,15 @@ pub fn peer_frames(data: &[u8]) {
         rest = &rest[4 + len..];
         Some(frame)
     };
-    let Some(hello) = next(HANDSHAKE_BYTES) else {
+    let Some(hello) = next(HANDSHAKE_BYTES_MAX) else {
         return;
     };
     let Ok(hello) = parse_hello(hello) else {
         return;
     };
+    // What a member dials back: each URL is text the handshake carried, no more of them
+    // than its bytes could hold.
+    assert!(hello.peer_urls.len() * 2 <= HANDSHAKE_BYTES_MAX);
     while let Some(frame) = next(FRAME_BYTES_MAX) {
         // A joining member reads a members reply from the same kind of stream.
         if let Ok((_, members)) = parse_members_reply(frame) {

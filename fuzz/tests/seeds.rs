@@ -386,10 +386,11 @@ fn peer_stream() -> Vec<u8> {
         out.extend_from_slice(body);
         out
     }
-    let mut out = keel_core::peer::encode_hello(keel_core::peer::Hello {
+    let mut out = keel_core::peer::encode_hello(&keel_core::peer::Hello {
         cluster_id: 0xcdf818194e3a8c32,
         from: 1,
         to: 2,
+        peer_urls: vec!["http://127.0.0.1:2380".into()],
     });
     let mut raft = Vec::new();
     raft_message_from(1).encode(&mut raft);
@@ -592,10 +593,11 @@ fn seeds() -> Seeds {
     );
     add("peer_frames", "stream", peer_stream());
     // A snapshot stream: begin, a checkpoint chunk, a segment chunk, then the raft message.
-    let mut snapshot = keel_core::peer::encode_hello(keel_core::peer::Hello {
+    let mut snapshot = keel_core::peer::encode_hello(&keel_core::peer::Hello {
         cluster_id: 0xcdf818194e3a8c32,
         from: 1,
         to: 2,
+        peer_urls: vec!["http://127.0.0.1:2380".into()],
     });
     {
         use keel_core::peer_snapshot::{encode_begin, encode_chunk_header, ChunkHeader, Part};
@@ -617,22 +619,33 @@ fn seeds() -> Seeds {
     }
     add("peer_frames", "snapshot_stream", snapshot);
     // The removed notice a member writes back to a removed member that dialed it.
-    let mut removed = keel_core::peer::encode_hello(keel_core::peer::Hello {
+    let mut removed = keel_core::peer::encode_hello(&keel_core::peer::Hello {
         cluster_id: 0xcdf818194e3a8c32,
         from: 1,
         to: 2,
+        peer_urls: vec!["http://127.0.0.1:2380".into()],
     });
     removed.extend(keel_core::peer::encode_member_removed());
     add("peer_frames", "removed_notice", removed);
     add(
         "peer_frames",
         "hello_only",
-        keel_core::peer::encode_hello(keel_core::peer::Hello {
+        keel_core::peer::encode_hello(&keel_core::peer::Hello {
             cluster_id: 0,
             from: 7,
             to: 8,
+            peer_urls: vec!["http://127.0.0.1:2380".into()],
         }),
     );
+    // An older build's handshake (version 1: the fixed part alone, no URLs), then a frame.
+    let mut v1 = keel_core::peer::encode_hello(&keel_core::peer::Hello {
+        cluster_id: 0xcdf818194e3a8c32,
+        from: 1,
+        to: 2,
+        peer_urls: Vec::new(),
+    });
+    v1.extend(keel_core::peer::encode_member_removed());
+    add("peer_frames", "hello_v1", v1);
     // simple_token: etcd's shape, and near misses.
     for (name, token) in [
         ("known", "abcdefghijklmnop.7"),

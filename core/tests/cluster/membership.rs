@@ -317,9 +317,11 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
     assert_caught_up_by_streamed_snapshot(&c, learner, 25);
 
     // The sender killed mid-stream: the receiver's stream breaks, it deletes what it staged,
-    // and the leader elected next sends the snapshot again, whole.
+    // and the leader elected next sends the snapshot again, whole. The sender is a founding
+    // member, whose last checkpoint was taken before n4 joined (see its restart below).
     let voters = [0, 1, 2, learner];
-    let (sender, _, _) = c.wait_leader(&voters, Duration::from_secs(10));
+    let sender = 0;
+    move_leader(&c, &voters, sender);
     let via = voters
         .iter()
         .copied()
@@ -367,18 +369,15 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
         0,
         "the broken stream's staging is left on disk"
     );
-    // Known bug, not fixed: a member restarted on a checkpoint taken before a later member
-    // joined cannot answer that member while it leads (its peers are its applied membership
-    // and the members it started with), so it stays behind for good. Until the peer
-    // handshake carries the dialer's URLs (etcd's X-PeerURLs), the killed sender restarts
-    // under a founding member's leadership.
-    let founder = (0..3)
-        .find(|&i| i != sender)
-        .expect("two founders are left");
-    move_leader(&c, &alive, founder);
+    // The killed founder restarts while n4 leads. When its recovered state predates n4's
+    // addition (its last checkpoint does; whether its WAL's commit index covers the addition
+    // varies by run), it answers n4 at the URLs n4's handshake gave; the test below covers
+    // that case every run.
+    move_leader(&c, &alive, learner);
     c.relaunch(sender);
     caught_up.push(sender);
     c.wait_converged(&caught_up, Duration::from_secs(60));
+    let learner_id = c.member_hex_id(learner, learner);
 
     // A leader holding a snapshot older than its own joining (n4 was caught up by one taken
     // before it was added) sends it to a new learner, whose membership once installed lacks
@@ -386,7 +385,6 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
     // joined. (Before, its answers were dropped and it never caught up; the phase above
     // failed that way whenever n4 happened to win the election.)
     move_leader(&c, &voters, learner);
-    let learner_id = c.member_hex_id(learner, learner);
     let late = c.add_member(learner, "n6", Voting::Learner, None);
     caught_up.push(late);
     c.wait_converged(&caught_up, Duration::from_secs(60));
@@ -425,6 +423,39 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn a_member_restarted_on_state_from_before_a_later_member_joined_follows_it_as_leader() {
+    // n2 is down while n3 joins and takes the lead: restarted, n2's membership lacks n3, so
+    // it has no address to answer n3 at until it applies n3's addition, which it learns only
+    // from n3. It answers at the URLs n3's handshake carries (etcd's X-PeerURLs); before,
+    // its answers went nowhere and it stayed behind for good.
+    let mut c = Cluster::start(3, Net::Loopback, &[]);
+    put_sized_keys(&c.members[0].client_url(), "before/", 10, 16);
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(30));
+    c.kill9(2);
+    // n2 may have led: a member add sent before the other two elect a leader can outlast
+    // etcdctl's 5 s deadline (seen once in six runs beside the rest of the suite), as with
+    // etcd. It is sent once they have one.
+    c.wait_leader(&[0, 1], Duration::from_secs(10));
+    let late = c.add_member(0, "n3", Voting::Voter, None);
+    let up = [0, 1, late];
+    c.wait_converged(&up, Duration::from_secs(30));
+    move_leader(&c, &up, late);
+    put_sized_keys(&c.members[late].client_url(), "after/", 10, 16);
+    c.relaunch(2);
+    let (_, kvs) = c.wait_converged(&[0, 1, 2, late], Duration::from_secs(30));
+    assert_eq!(kvs.len(), 20);
+    let late_id = c.member_hex_id(0, late);
+    assert!(
+        c.members[2].log_all().lines().any(|l| {
+            l.contains("added remote peer from its handshake")
+                && l.contains(&format!("\"remote_peer_id\":\"{late_id}\""))
+        }),
+        "n2 did not learn n3 from its handshake:\n{}",
+        c.members[2].log_tail()
+    );
 }
 
 #[test]
