@@ -418,7 +418,9 @@ impl<S: Storage> Raft<S> {
 
     fn bcast_heartbeat(&mut self, context: Bytes) {
         for id in self.others() {
-            let matched = self.prs[&id].matched;
+            let pr = self.prs.get_mut(&id).expect("others are tracked");
+            pr.heartbeat_unanswered = true;
+            let matched = pr.matched;
             let commit = matched.min(self.raft_log.committed);
             self.send(Message {
                 msg_type: MessageType::Heartbeat,
@@ -1116,13 +1118,21 @@ impl<S: Storage> Raft<S> {
             return;
         };
         pr.recent_active = true;
-        pr.probe_sent = false;
-        if pr.state == ProgressState::Replicate && pr.inflights.full() {
-            // The follower is alive: let one more append through even if acks were lost.
-            pr.inflights.free_first_one();
-        }
-        if pr.matched < self.raft_log.last_index() {
-            self.maybe_send_append(from, true);
+        // Only the first answer since the last heartbeat unblocks the flow. Answers to many
+        // heartbeats can arrive at once: a connection across a partition that dropped packets
+        // buffers what was sent meanwhile and delivers it all when the partition heals (and a
+        // leader resumed after a stall sends a heartbeat per tick missed). Each answer sent a
+        // full-size append; thousands of them in one step stalled a leader's loop for tens of
+        // seconds, and it lost leadership while allocating gigabytes.
+        if std::mem::take(&mut pr.heartbeat_unanswered) {
+            pr.probe_sent = false;
+            if pr.state == ProgressState::Replicate && pr.inflights.full() {
+                // The follower is alive: let one more append through even if acks were lost.
+                pr.inflights.free_first_one();
+            }
+            if pr.matched < self.raft_log.last_index() {
+                self.maybe_send_append(from, true);
+            }
         }
         if m.context.len() == 8 {
             let id = u64::from_be_bytes(m.context.as_ref().try_into().expect("length checked"));

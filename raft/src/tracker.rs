@@ -96,6 +96,9 @@ pub struct Progress {
     pub recent_active: bool,
     /// Probe state: an append is outstanding, wait for its answer or the next heartbeat.
     pub probe_sent: bool,
+    /// A heartbeat went to the member since the last answer that could unblock the flow to
+    /// it: only the first answer to a heartbeat does (see `handle_heartbeat_response`).
+    pub heartbeat_unanswered: bool,
     /// Appends in flight (state Replicate).
     pub inflights: Inflights,
     /// The member is a learner (receives the log, does not vote or count toward quorum).
@@ -115,6 +118,7 @@ impl Progress {
             pending_snapshot: 0,
             recent_active: false,
             probe_sent: false,
+            heartbeat_unanswered: false,
             inflights: Inflights::new(inflight_count_max, inflight_bytes_max),
             is_learner: false,
         }

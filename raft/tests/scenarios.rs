@@ -57,6 +57,10 @@ struct Env {
     in_flight: Vec<Message>,
     /// Directed links (from, to) that drop everything.
     cut: BTreeSet<(u64, u64)>,
+    /// Directed links (from, to) that keep everything until `release`, as a TCP connection
+    /// across a partition that drops packets does, and the messages kept.
+    holding: BTreeSet<(u64, u64)>,
+    held: Vec<Message>,
     config: Option<Config>,
 }
 
@@ -309,6 +313,11 @@ impl Env {
         for (to, msgs) in by_node {
             let _ = writeln!(out, "> {to} receiving messages");
             for m in msgs {
+                if self.holding.contains(&(m.from, m.to)) {
+                    let _ = writeln!(out, "  held: {}", fmt_msg(&m));
+                    self.held.push(m);
+                    continue;
+                }
                 if self.cut.contains(&(m.from, m.to)) || !self.nodes.contains_key(&to) {
                     let _ = writeln!(out, "  dropped: {}", fmt_msg(&m));
                     if m.msg_type == MessageType::Snapshot {
@@ -504,6 +513,16 @@ impl Env {
                 self.cut.insert((id(), parse_u64(args[1])));
             }
             "heal" => self.cut.clear(),
+            "hold" => {
+                self.holding.insert((id(), parse_u64(args[1])));
+            }
+            "release" => {
+                // Everything kept arrives before what is in flight, in the order it was sent.
+                self.holding.clear();
+                let mut msgs = std::mem::take(&mut self.held);
+                msgs.append(&mut self.in_flight);
+                self.in_flight = msgs;
+            }
             "process-ready" => {
                 for a in args {
                     let id = parse_u64(a);

@@ -26,14 +26,12 @@ fn isolated_leader_refuses_service_and_rejoins_as_follower() {
     partition_round(3, 1, Cut::LinkDown);
 }
 
-// Known bug, found 2026-12-01 and not fixed yet: in about half the runs the majority side's
-// leader stops logging and sending heartbeats about a second after the network heals (its raft
-// loop goes silent while its shard still serves serializable reads), the others elect another
-// leader, and it stays one revision behind, so the members never converge. The build from
-// before that day (e80312c) fails the same way (3 runs in 5), so the new snapshot and
-// compaction code is not its cause. Run it with `--ignored` while fixing it.
+// Failed in about half the runs until 2026-12-05: when the network healed, the connections
+// across the cut delivered every heartbeat the leader had sent meanwhile, each answer let one
+// more megabyte append out, and the majority leader's loop spent tens of seconds (and
+// gigabytes) on thousands of them, losing leadership and staying behind. Raft now lets only
+// the first answer per heartbeat unblock a follower (`raft/testdata/heartbeat_flood.txt`).
 #[test]
-#[ignore = "known bug: the majority leader's raft loop goes silent after a 5-member partition heals (about half the runs)"]
 fn leader_and_follower_cut_from_three_cannot_serve_and_rejoin() {
     partition_round(5, 2, Cut::SeparateBridge);
 }
