@@ -108,6 +108,11 @@ pub fn paused_leader_serves_after_ms(seed: u64, pause_ms: u64) -> u64 {
     run_for(&mut world, &mut clients, pause_ms);
     let resumed_at = world.now_ms;
     loop {
+        // Client 0 reads through the resumed member whenever it is idle (the others pick
+        // members at random, and could leave it unasked for a quarter of a second).
+        if clients.idle(0) {
+            clients.read_through(&mut world, leader, 0);
+        }
         world.step_ms();
         clients.step(&mut world, true);
         if clients.last_read_ms_by_member[leader] > resumed_at {

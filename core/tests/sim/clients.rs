@@ -302,6 +302,11 @@ impl Clients {
         (crate::world::member_id(member) << 40) | self.next_proposal_id
     }
 
+    /// Whether client `c` waits for no answer.
+    pub fn idle(&self, c: usize) -> bool {
+        self.clients[c].call.is_none()
+    }
+
     /// Client 0 reads `key` through `member` (it must be idle).
     pub fn read_through(&mut self, world: &mut World, member: usize, key: usize) {
         assert!(self.clients[0].call.is_none(), "client 0 is busy");
