@@ -5,7 +5,9 @@
 //! network and skewed clocks, under a seeded schedule of faults:
 //! - crashes that lose unsynced data (torn WAL tails), power loss of every member at once;
 //! - pauses longer than the election timeout (SIGSTOP), then resumption;
-//! - symmetric and one-way partitions; dropped, duplicated, delayed and reordered messages;
+//! - symmetric and one-way partitions, half of them holding what is sent across them until
+//!   they heal (a connection that drops packets but stays open); dropped, duplicated, delayed
+//!   and reordered messages;
 //! - EIO on WAL writes and on fdatasync, and on value-log segment writes (the member must
 //!   stop, and restarts later; after a failed fdatasync its unsynced writes may be lost, as
 //!   the kernel may drop them);
@@ -239,7 +241,10 @@ fn heal(world: &mut World, healing: &Healing) {
                 restart(world, i);
             }
         }
-        Healing::Unblock { from, to } => world.blocked[from][to] = false,
+        Healing::Unblock { from, to } => {
+            world.blocked[from][to] = false;
+            world.holding[from][to] = false;
+        }
         Healing::NetworkCalm => {
             world.drop_per_million = 0;
             world.dup_per_million = 0;
@@ -291,16 +296,21 @@ fn inject(world: &mut World, healings: &mut Vec<(u64, Healing)>) {
             // Isolate one member, both ways or one way.
             let one_way = world.rng.gen_bool(0.3);
             let heal_ms = now + world.rng.gen_range(50..2_000);
+            // Half the partitions drop packets on connections that stay open: what is sent
+            // meanwhile arrives at once when they heal (see `World::holding`).
+            let holds = world.rng.gen_bool(0.5);
             for j in (0..n).filter(|&j| j != i) {
                 world.blocked[i][j] = true;
+                world.holding[i][j] = holds;
                 healings.push((heal_ms, Healing::Unblock { from: i, to: j }));
                 if !one_way {
                     world.blocked[j][i] = true;
+                    world.holding[j][i] = holds;
                     healings.push((heal_ms, Healing::Unblock { from: j, to: i }));
                 }
             }
             world.counts.partitions += 1;
-            world.note(|| format!("m{i} partitioned (one way: {one_way})"));
+            world.note(|| format!("m{i} partitioned (one way: {one_way}, held: {holds})"));
         }
         65..=74 => {
             world.drop_per_million = world.rng.gen_range(0..300_000);
@@ -512,6 +522,11 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
             c.pages_waits > 0 && c.crashes_mid_pages_wait > 0,
             "no entry waited for its values' pages, or no member crashed during a wait: {c:?}"
         );
+        // Half the partitions hold what is sent across them and deliver it at the heal.
+        assert!(
+            c.raft_held_then_delivered > 0,
+            "no partition held raft messages until it healed: {c:?}"
+        );
     }
 }
 
@@ -548,6 +563,7 @@ fn add(total: &mut Report, r: &Report) {
     t.snapshots_with_segments += c.snapshots_with_segments;
     t.pages_waits += c.pages_waits;
     t.crashes_mid_pages_wait += c.crashes_mid_pages_wait;
+    t.raft_held_then_delivered += c.raft_held_then_delivered;
     total.operations += r.operations;
     total.acknowledged_writes += r.acknowledged_writes;
     total.compactions += r.compactions;

@@ -196,6 +196,8 @@ struct InFlight {
     /// connections, and request ids that start over).
     to_incarnation: u64,
     msg: NetMsg,
+    /// A holding partition kept it for a while (`World::holding`).
+    held: bool,
 }
 
 type WalFuture = Pin<Box<dyn Future<Output = Result<(), WalError>>>>;
@@ -311,6 +313,8 @@ pub struct Counts {
     /// Entries that waited for their values' pages, and crashes during such a wait.
     pub pages_waits: u64,
     pub crashes_mid_pages_wait: u64,
+    /// Raft messages a holding partition kept and delivered when it healed.
+    pub raft_held_then_delivered: u64,
 }
 
 pub struct World {
@@ -321,6 +325,11 @@ pub struct World {
     network: Vec<InFlight>,
     /// `blocked[from][to]`: messages from `from` to `to` are lost (partitions, one-way too).
     pub blocked: Vec<Vec<bool>>,
+    /// `holding[from][to]`: a blocked link whose raft messages are held, not lost, until it
+    /// unblocks, as a TCP connection across a partition that drops packets (without breaking
+    /// the connection) delivers what was sent meanwhile all at once when it heals. A partition
+    /// lasts two seconds at most, which bounds what a link holds.
+    pub holding: Vec<Vec<bool>>,
     pub drop_per_million: u32,
     pub dup_per_million: u32,
     pub delay_ms_max: u64,
@@ -428,6 +437,7 @@ impl World {
             nodes,
             network: Vec::new(),
             blocked: vec![vec![false; n]; n],
+            holding: vec![vec![false; n]; n],
             drop_per_million: 0,
             dup_per_million: 0,
             delay_ms_max: 2,
@@ -726,6 +736,7 @@ impl World {
                 to,
                 to_incarnation: self.incarnations[to],
                 msg: msg.clone(),
+                held: false,
             });
         }
         true
@@ -748,6 +759,7 @@ impl World {
             to,
             to_incarnation: self.incarnations[to],
             msg,
+            held: false,
         });
     }
 
@@ -862,13 +874,15 @@ impl World {
 
     fn deliver_one(&mut self, mut m: InFlight) {
         let (from, to) = (m.from, m.to);
-        if m.msg.is_reliable()
+        let held = m.msg.is_reliable() || self.holding[from][to];
+        if held
             && self.blocked[from][to]
             && self.is_up(to)
             && m.to_incarnation == self.incarnations[to]
         {
             // TCP retransmits until the partition heals.
             m.deliver_at_ms = self.now_ms + 10;
+            m.held = true;
             self.network.push(m);
             return;
         }
@@ -901,6 +915,9 @@ impl World {
                     }
                 }
                 return;
+            }
+            if m.held {
+                self.counts.raft_held_then_delivered += 1;
             }
             let is_snapshot = msg.msg_type == MessageType::Snapshot;
             let target = msg.to;
@@ -1730,10 +1747,11 @@ impl World {
                     queries: Vec::new(),
                     why_down: None,
                 });
-                for row in &mut self.blocked {
+                for row in self.blocked.iter_mut().chain(&mut self.holding) {
                     row.push(false);
                 }
                 self.blocked.push(vec![false; index + 1]);
+                self.holding.push(vec![false; index + 1]);
                 self.incarnations.push(0);
                 self.notified_removed.push(BTreeSet::new());
                 self.last_published.push(None);
@@ -1810,7 +1828,7 @@ impl World {
     }
 
     pub fn heal_network(&mut self) {
-        for row in &mut self.blocked {
+        for row in self.blocked.iter_mut().chain(&mut self.holding) {
             row.iter_mut().for_each(|b| *b = false);
         }
         self.drop_per_million = 0;
