@@ -27,6 +27,10 @@
 //! connection close and redials with backoff, lingering as before, and each refused dial is
 //! logged on the refusing member.
 //!
+//! Deadlines (etcd's): a write blocked for [`PEER_CONN_TIMEOUT`] ends the connection; a dialer
+//! with nothing to send writes a link heartbeat every third of it, and a receiver closes a
+//! version-2 dialer's connection that stays silent that long.
+//!
 //! TLS (`https://` peer URLs): an https listener runs the server side of a handshake (bounded
 //! by [`PEER_HANDSHAKE_TIMEOUT`]) before reading the hello; a sender dialing an https URL runs
 //! the client side, presenting this member's peer certificate, and verifies the peer's (see
@@ -111,6 +115,19 @@ pub const MEMBERS_QUERY: Hello = Hello {
 /// Sent back to the dialer of a connection, with an empty body: "you were removed from the
 /// cluster" (etcd's 410 Gone on its peer handlers).
 const FRAME_MEMBER_REMOVED: u8 = 7;
+/// An empty frame a dialer writes when it has had nothing to send for
+/// [`LINK_HEARTBEAT_INTERVAL`], so the receiver's read deadline tells a quiet connection from
+/// a dead one (etcd's `linkHeartbeatMessage`). Sent only after a version-2 handshake.
+const FRAME_LINK_HEARTBEAT: u8 = 8;
+/// How long a peer connection may go without a frame arriving, or a write completing,
+/// before it is closed (etcd's `ConnReadTimeout` and `ConnWriteTimeout`). A partition that
+/// drops packets but leaves the connection open then ends it: the sender drops its queue and
+/// raft hears the peer is unreachable, and what the sender's kernel still held is not
+/// delivered in one burst when the partition heals.
+pub const PEER_CONN_TIMEOUT: Duration = Duration::from_millis(PEER_CONN_TIMEOUT_MS);
+/// How often a dialer with nothing to send writes a link heartbeat: three to a deadline.
+const LINK_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(PEER_CONN_TIMEOUT_MS / 3);
+const PEER_CONN_TIMEOUT_MS: u64 = 5_000;
 /// The largest frame a dialer reads back from the member it dialed (only the removed notice
 /// travels that way; larger ones are refused as damage).
 const ANSWER_FRAME_BYTES_MAX: usize = 64;
@@ -300,6 +317,8 @@ pub enum Incoming {
         index: u64,
         checkpoint_bytes: u64,
     },
+    /// The dialer had nothing to send for a while ([`LINK_HEARTBEAT_INTERVAL`]).
+    LinkHeartbeat,
     /// A piece of the snapshot being streamed: its bytes are the frame's from
     /// [`SNAPSHOT_CHUNK_BODY_AT`] on.
     SnapshotChunk(ChunkHeader),
@@ -463,6 +482,7 @@ pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
             })
         }
         FRAME_MEMBER_REMOVED if body.is_empty() => Incoming::MemberRemoved,
+        FRAME_LINK_HEARTBEAT if body.is_empty() => Incoming::LinkHeartbeat,
         peer_snapshot::FRAME_SNAPSHOT_BEGIN => {
             let (index, checkpoint_bytes) = peer_snapshot::parse_begin(body)?;
             Incoming::SnapshotBegin {
@@ -1308,26 +1328,37 @@ impl Transport {
                 }
             }
             if batch.is_empty() && large.is_none() {
-                peer.signal.wait().await;
-                continue;
+                let signalled = async {
+                    peer.signal.wait().await;
+                    true
+                };
+                let idle = async {
+                    rt::sleep(LINK_HEARTBEAT_INTERVAL).await;
+                    false
+                };
+                if futures_lite::future::or(signalled, idle).await {
+                    continue;
+                }
+                batch.extend_from_slice(&1u32.to_be_bytes());
+                batch.push(FRAME_LINK_HEARTBEAT);
             }
             let mut result = Ok(());
             if !batch.is_empty() {
-                result = stream.write_all(&batch).await;
+                result = within_deadline(stream.write_all(&batch)).await;
                 if result.is_ok() {
                     RaftStats::count(&peer.stats.sent_bytes, batch.len() as u64);
                 }
                 batch.clear();
             }
             if let (Ok(()), Some(frame)) = (&result, large) {
-                result = stream.write_all(&frame).await;
+                result = within_deadline(stream.write_all(&frame)).await;
                 if result.is_ok() {
                     RaftStats::count(&peer.stats.sent_bytes, frame.len() as u64);
                 }
             }
             if result.is_ok() {
                 // A TLS stream may hold the last record until flushed; TCP's flush is free.
-                result = stream.flush().await;
+                result = within_deadline(stream.flush()).await;
             }
             self.report_snapshots(&snapshots, result.is_ok());
             result?;
@@ -1492,7 +1523,11 @@ impl Transport {
             self.removed_now(from).await;
             Ok(())
         };
-        futures_lite::future::or(self.take_frames(&mut reader, &mut writer, from), removed).await?;
+        // A version-2 dialer (its handshake carries URLs) writes link heartbeats when it has
+        // nothing else to send, so its connection can be read under a deadline.
+        let read_deadline = !peer_urls.is_empty();
+        let frames = self.take_frames(&mut reader, &mut writer, from, read_deadline);
+        futures_lite::future::or(frames, removed).await?;
         self.refuse_removed(reader, writer, from).await
     }
 
@@ -1503,6 +1538,7 @@ impl Transport {
         reader: &mut R,
         writer: &mut W,
         from: u64,
+        read_deadline: bool,
     ) -> std::io::Result<()>
     where
         R: futures_lite::AsyncRead + Unpin,
@@ -1512,7 +1548,13 @@ impl Transport {
         // The snapshot this connection streams, once its begin frame came.
         let mut incoming: Option<IncomingSnapshot> = None;
         loop {
-            let frame = read_frame(reader, self.frame_bytes_max).await?;
+            // A snapshot stream has deadlines of its own (its sender's per chunk); it writes
+            // no link heartbeats between chunks.
+            let frame = if read_deadline && incoming.is_none() {
+                within_deadline(read_frame(reader, self.frame_bytes_max)).await?
+            } else {
+                read_frame(reader, self.frame_bytes_max).await?
+            };
             RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
             if self.removed.borrow().contains(&from) {
                 return Ok(());
@@ -1603,6 +1645,7 @@ impl Transport {
                         let _ = tx.send(reply);
                     }
                 }
+                Incoming::LinkHeartbeat => continue,
                 // Only ever sent back to a dialer; a dialer sending it is confused, and a
                 // member is told it was removed only by the member it dialed.
                 Incoming::MemberRemoved | Incoming::SnapshotAck { .. } => {
@@ -1682,6 +1725,20 @@ impl<S: futures_lite::AsyncWrite + Unpin> futures_lite::AsyncWrite for Half<S> {
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
     }
+}
+
+/// `io`, or a `TimedOut` error once [`PEER_CONN_TIMEOUT`] passes first.
+async fn within_deadline<T>(
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    let expired = async {
+        rt::sleep(PEER_CONN_TIMEOUT).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "peer connection silent or blocked past its deadline",
+        ))
+    };
+    futures_lite::future::or(io, expired).await
 }
 
 async fn read_frame<S: futures_lite::AsyncRead + Unpin>(
@@ -1779,6 +1836,18 @@ mod tests {
         assert_eq!(query.len(), 4 + HANDSHAKE_FIXED_BYTES);
         assert_eq!(query[12..16], PROTOCOL_VERSION_NO_URLS.to_be_bytes());
         assert_eq!(parse_hello(&query[4..]).unwrap(), MEMBERS_QUERY);
+    }
+
+    #[test]
+    fn a_link_heartbeat_is_an_empty_frame_of_its_own_kind() {
+        assert!(matches!(
+            parse_frame(&[FRAME_LINK_HEARTBEAT], 3),
+            Ok(Incoming::LinkHeartbeat)
+        ));
+        assert!(parse_frame(&[FRAME_LINK_HEARTBEAT, 0], 3).is_err());
+        // Three to a deadline, as etcd's.
+        assert!(LINK_HEARTBEAT_INTERVAL * 3 <= PEER_CONN_TIMEOUT);
+        assert!(LINK_HEARTBEAT_INTERVAL * 4 > PEER_CONN_TIMEOUT);
     }
 
     #[test]

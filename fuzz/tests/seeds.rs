@@ -627,6 +627,19 @@ fn seeds() -> Seeds {
     });
     removed.extend(keel_core::peer::encode_member_removed());
     add("peer_frames", "removed_notice", removed);
+    // A quiet dialer's link heartbeat (an empty frame of kind 8), then a raft message.
+    let mut link = keel_core::peer::encode_hello(&keel_core::peer::Hello {
+        cluster_id: 0xcdf818194e3a8c32,
+        from: 1,
+        to: 2,
+        peer_urls: vec!["http://127.0.0.1:2380".into()],
+    });
+    link.extend([0, 0, 0, 1, 8]);
+    let mut raft = vec![0u8];
+    raft_message_from(1).encode(&mut raft);
+    link.extend((raft.len() as u32).to_be_bytes());
+    link.extend(raft);
+    add("peer_frames", "link_heartbeat", link);
     add(
         "peer_frames",
         "hello_only",

@@ -376,3 +376,64 @@ fn followers_bring_compared_values_in_off_the_raft_core() {
         assert!(paged > 0, "follower n{i} handed no read to its pager");
     }
 }
+
+/// A peer connection's read deadline (etcd's `ConnReadTimeout`): a dialer whose handshake
+/// says it writes link heartbeats is hung up on once it goes silent for
+/// `PEER_CONN_TIMEOUT`, and kept while it writes them. (A partition that drops packets but
+/// leaves the connection open then ends it, so what the dialer's kernel still holds is not
+/// delivered in one burst when the partition heals.)
+#[test]
+fn a_silent_peer_connection_is_closed_at_its_deadline_and_link_heartbeats_keep_one_open() {
+    use keel_core::peer::{encode_hello, Hello, PEER_CONN_TIMEOUT};
+    use std::io::{Read, Write};
+    let c = Cluster::start(1, Net::Loopback, &[]);
+    let status = c.etcdctl(0, &["endpoint", "status", "-w", "json"]).ok();
+    let v = json_of(&status.stdout).expect("endpoint status prints JSON");
+    let header = &v[0]["Status"]["header"];
+    let hello = encode_hello(&Hello {
+        cluster_id: header["cluster_id"].as_u64().expect("a cluster id"),
+        from: 0x5eed,
+        to: header["member_id"].as_u64().expect("a member id"),
+        peer_urls: vec!["http://127.0.0.1:9".into()],
+    });
+    let m = &c.members[0];
+    let dial = || {
+        let mut s = std::net::TcpStream::connect((m.host.as_str(), m.peer_port))
+            .expect("the peer port accepts");
+        s.write_all(&hello).expect("the handshake is sent");
+        s.set_read_timeout(Some(PEER_CONN_TIMEOUT * 3))
+            .expect("a read timeout");
+        s
+    };
+    // Silent after its handshake: closed once the deadline passes, not before.
+    let mut silent = dial();
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    let closed_after = started.elapsed();
+    assert_eq!(n, 0, "the member wrote to a silent dialer");
+    assert!(
+        closed_after >= PEER_CONN_TIMEOUT - Duration::from_millis(200)
+            && closed_after < PEER_CONN_TIMEOUT * 2,
+        "a silent peer connection was closed after {closed_after:?}"
+    );
+    // A link heartbeat (an empty frame of kind 8) a second keeps another open past it.
+    let mut beating = dial();
+    let link_heartbeat = [0u8, 0, 0, 1, 8];
+    let until = Instant::now() + PEER_CONN_TIMEOUT * 2;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_secs(1));
+        beating
+            .write_all(&link_heartbeat)
+            .expect("a connection with link heartbeats stays open");
+    }
+    beating
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("a read timeout");
+    match beating.read(&mut buf) {
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
+        other => panic!("the member hung up on a dialer that sent link heartbeats: {other:?}"),
+    }
+}
