@@ -29,7 +29,7 @@
 //!
 //! Deadlines (etcd's): a write blocked for [`PEER_CONN_TIMEOUT`] ends the connection; a dialer
 //! with nothing to send writes a link heartbeat every third of it, and a receiver closes a
-//! version-2 dialer's connection that stays silent that long.
+//! version-2 dialer's connection that stays silent that long after its first frame.
 //!
 //! TLS (`https://` peer URLs): an https listener runs the server side of a handshake (bounded
 //! by [`PEER_HANDSHAKE_TIMEOUT`]) before reading the hello; a sender dialing an https URL runs
@@ -1547,14 +1547,17 @@ impl Transport {
         let stats = self.peer_stats.peer(from);
         // The snapshot this connection streams, once its begin frame came.
         let mut incoming: Option<IncomingSnapshot> = None;
+        // Whether a frame came yet: a snapshot stream's sender lists the files it sends
+        // before its first frame (seconds, for a store of gigabytes), and writes no link
+        // heartbeats; its stream has deadlines of its own (its sender's per chunk).
+        let mut framed = false;
         loop {
-            // A snapshot stream has deadlines of its own (its sender's per chunk); it writes
-            // no link heartbeats between chunks.
-            let frame = if read_deadline && incoming.is_none() {
+            let frame = if read_deadline && framed && incoming.is_none() {
                 within_deadline(read_frame(reader, self.frame_bytes_max)).await?
             } else {
                 read_frame(reader, self.frame_bytes_max).await?
             };
+            framed = true;
             RaftStats::count(&stats.received_bytes, frame.len() as u64 + 4);
             if self.removed.borrow().contains(&from) {
                 return Ok(());

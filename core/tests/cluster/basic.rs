@@ -405,8 +405,14 @@ fn a_silent_peer_connection_is_closed_at_its_deadline_and_link_heartbeats_keep_o
             .expect("a read timeout");
         s
     };
-    // Silent after its handshake: closed once the deadline passes, not before.
+    // Silent after its handshake and one link heartbeat (the deadline starts at a
+    // connection's first frame: a snapshot stream's sender lists its files first): closed
+    // once the deadline passes, not before.
+    let link_heartbeat = [0u8, 0, 0, 1, 8];
     let mut silent = dial();
+    silent
+        .write_all(&link_heartbeat)
+        .expect("a link heartbeat is sent");
     let started = Instant::now();
     let mut buf = [0u8; 64];
     let n = silent.read(&mut buf).unwrap_or(0);
@@ -419,7 +425,6 @@ fn a_silent_peer_connection_is_closed_at_its_deadline_and_link_heartbeats_keep_o
     );
     // A link heartbeat (an empty frame of kind 8) a second keeps another open past it.
     let mut beating = dial();
-    let link_heartbeat = [0u8, 0, 0, 1, 8];
     let until = Instant::now() + PEER_CONN_TIMEOUT * 2;
     while Instant::now() < until {
         std::thread::sleep(Duration::from_secs(1));
