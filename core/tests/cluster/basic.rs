@@ -442,3 +442,72 @@ fn a_silent_peer_connection_is_closed_at_its_deadline_and_link_heartbeats_keep_o
         other => panic!("the member hung up on a dialer that sent link heartbeats: {other:?}"),
     }
 }
+
+/// The other side of the read deadline: a member whose connection to a peer has nothing to
+/// carry writes a link heartbeat (an empty frame of kind 8) on it well within
+/// `PEER_CONN_TIMEOUT`, so the peer does not hang up on a quiet but live connection. The
+/// leader of two is killed and a plain listener takes its peer port: the follower, whose
+/// election timeout is long, dials it and has nothing to send for seconds.
+#[test]
+fn a_member_with_nothing_to_send_to_a_peer_writes_link_heartbeats() {
+    use keel_core::peer::PEER_CONN_TIMEOUT;
+    use std::io::Read;
+    let mut c = Cluster::start(
+        2,
+        Net::Loopback,
+        &[
+            "--heartbeat-interval",
+            "1000",
+            "--election-timeout",
+            "20000",
+        ],
+    );
+    let (leader, _, _) = c.wait_leader(&[0, 1], Duration::from_secs(30));
+    let (host, port) = (c.members[leader].host.clone(), c.members[leader].peer_port);
+    c.kill9(leader);
+    // The killed process lets go of its port once the kernel has closed its sockets.
+    let bound_by = Instant::now() + Duration::from_secs(10);
+    let listener = loop {
+        match std::net::TcpListener::bind((host.as_str(), port)) {
+            Ok(l) => break l,
+            Err(_) if Instant::now() < bound_by => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("the dead leader's peer port stays taken: {e}"),
+        }
+    };
+    let (mut conn, _) = listener
+        .accept()
+        .expect("the follower dials its peer again");
+    conn.set_read_timeout(Some(PEER_CONN_TIMEOUT))
+        .expect("a read timeout");
+    let mut read_frame = || -> Option<Vec<u8>> {
+        let mut len = [0u8; 4];
+        conn.read_exact(&mut len).ok()?;
+        let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+        conn.read_exact(&mut frame).ok()?;
+        Some(frame)
+    };
+    let hello = read_frame().expect("the follower's handshake");
+    assert!(hello.starts_with(b"KEELPEER"), "not a handshake: {hello:?}");
+    let started = Instant::now();
+    loop {
+        let frame = read_frame().unwrap_or_else(|| {
+            panic!(
+                "no link heartbeat within {:?} of the handshake",
+                started.elapsed()
+            )
+        });
+        if frame == [8] {
+            break;
+        }
+        assert!(
+            started.elapsed() < PEER_CONN_TIMEOUT,
+            "frames but no link heartbeat for {:?}",
+            started.elapsed()
+        );
+    }
+    assert!(
+        started.elapsed() < PEER_CONN_TIMEOUT / 2,
+        "the first link heartbeat came {:?} after the handshake",
+        started.elapsed()
+    );
+}
