@@ -520,6 +520,82 @@ mod tests {
         assert_eq!(consumer.join().expect("consumer finishes"), Some(7));
     }
 
+    /// glommio here is patched (third_party/glommio, KEEL PATCH): a turn's time slice is a
+    /// deadline read from the clock instead of an io_uring timer. A task that only yields
+    /// when glommio asks must still be asked, or a timer on the same executor never fires.
+    #[test]
+    fn a_task_that_yields_only_when_asked_lets_a_timer_fire() {
+        let executor = spawn_pinned("preempt-test", process_cpu_list()[0], || async {
+            let fired = std::rc::Rc::new(std::cell::Cell::new(false));
+            let timer = {
+                let fired = fired.clone();
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                    fired.set(true);
+                })
+            };
+            let started = std::time::Instant::now();
+            let mut yields: u64 = 0;
+            // Bounded, so a broken preemption fails the test instead of hanging it.
+            while !fired.get() && started.elapsed() < Duration::from_secs(5) {
+                if glommio::executor().need_preempt() {
+                    yields += 1;
+                }
+                glommio::yield_if_needed().await;
+            }
+            timer.detach();
+            (fired.get(), yields, started.elapsed())
+        })
+        .expect("executor starts");
+        let (fired, yields, elapsed) = executor.join().expect("the test body finishes");
+        assert!(
+            fired,
+            "the timer never fired in {elapsed:?}: the busy task was never asked to yield"
+        );
+        assert!(yields >= 1, "need_preempt never said so");
+        assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    }
+
+    /// The sleeping side of a cross-core wake-up: the consumer goes to sleep before every
+    /// item (the producer waits for each answer), so each round runs the sleep handshake that
+    /// the patched glommio does with fences instead of `membarrier` (third_party/glommio,
+    /// KEEL PATCH). A lost wake-up shows as a round that never answers.
+    #[test]
+    fn a_sleeping_consumer_is_woken_for_every_item() {
+        const ROUNDS: u64 = 5_000;
+        let mb: Arc<Mailbox<u64>> = Mailbox::new(1);
+        let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+        let consumer = {
+            let mb = mb.clone();
+            spawn_pinned("mb-sleep", process_cpu_list()[0], move || async move {
+                let mut got = 0;
+                while got < ROUNDS {
+                    mb.ready().await;
+                    while let Some(v) = mb.try_recv() {
+                        ack_tx.send(v).expect("the test waits");
+                        got += 1;
+                    }
+                }
+            })
+            .expect("executor starts")
+        };
+        for i in 0..ROUNDS {
+            // A short pause now and then lets the consumer get all the way to sleep.
+            if i % 64 == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            assert!(
+                mb.try_send(i).is_ok(),
+                "the consumer answered the last item"
+            );
+            let answered = ack_rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("item {i} was never taken: a lost wake-up"));
+            assert_eq!(answered, i);
+        }
+        consumer.join().expect("consumer finishes");
+    }
+
     #[test]
     fn full_mailbox_refuses_and_gives_the_item_back() {
         let mb: Arc<Mailbox<u8>> = Mailbox::new(1);

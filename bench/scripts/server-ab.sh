@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Two or more server builds (or etcd) side by side on one workload, alternated run by run so
+# drift in the machine's load hits them alike. Each run starts a fresh single member on free
+# ports with a fresh data directory, writes 20,000 keys (not measured), then measures:
+# the server's CPU (utime + stime of all its threads from /proc/PID/stat) per request, the
+# load generator's throughput, p50 and p99, and the server's syscalls per request counted by
+# `perf stat` on the syscall tracepoints (all, and io_uring_enter alone).
+#
+#   bench/scripts/server-ab.sh WORKLOAD RUNS LABEL=BIN [LABEL=BIN ...]
+#
+# WORKLOAD: put (1000 clients over 100 connections, 256 B values, 20,000 keys in sequence),
+#   put1 (one client, one connection, 256 B, 1,000 keys), keepalive (100 clients, one lease
+#   and stream each, over 10 connections).
+# Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put 100000,
+#   put1 3000, keepalive 200000), EXTRA_ARGS (more server flags, space separated).
+# Needs perf (root, or perf_event_paranoid <= 1) and etcdctl (the readiness probe).
+set -euo pipefail
+[ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 1; }
+workload=$1
+runs=$2
+shift 2
+bench=${BENCH:-target/release/keel-bench}
+case "$workload" in
+  put) total=${TOTAL:-100000}
+    cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
+      --key-space-size 20000 --sequential-keys) ;;
+  put1) total=${TOTAL:-3000}
+    cmd=(--clients 1 --conns 1 put --key-size 8 --val-size 256 --total "$total" --key-space-size 1000) ;;
+  keepalive) total=${TOTAL:-200000}
+    cmd=(--clients 100 --conns 10 lease-keepalive --total "$total") ;;
+  *) echo "server-ab.sh: unknown workload $workload" >&2; exit 2 ;;
+esac
+work=$(mktemp -d /tmp/keel-server-ab.XXXXXX)
+pid=
+stat_pid=
+cleanup() {
+  if [ -n "$stat_pid" ] && kill -0 "$stat_pid" 2>/dev/null; then kill -INT "$stat_pid" || true; wait "$stat_pid" || true; fi
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill "$pid" || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+extra=()
+if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<<"$EXTRA_ARGS"; fi
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+tick=$(getconf CLK_TCK)
+echo "workload label run server_cpu_us_per_req req_per_s p50_ms p99_ms syscalls_per_req io_uring_enter_per_req"
+for r in $(seq 1 "$runs"); do
+  for spec in "$@"; do
+    label=${spec%%=*}
+    bin=${spec#*=}
+    read -r port peer < <(python3 -c '
+import socket
+a, b = socket.socket(), socket.socket()
+a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
+print(a.getsockname()[1], b.getsockname()[1])')
+    data="$work/$label-$r"
+    "$bin" --name default --data-dir "$data" \
+      --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+      --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+      --initial-cluster "default=http://127.0.0.1:$peer" "${extra[@]}" >"$data.log" 2>&1 &
+    pid=$!
+    until ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" --command-timeout=1s get probe >/dev/null 2>&1; do
+      kill -0 "$pid" 2>/dev/null || { echo "server-ab.sh: $label exited; log: $data.log" >&2; tail -5 "$data.log" >&2; exit 1; }
+      sleep 0.05
+    done
+    b() { "$bench" --endpoints "127.0.0.1:$port" "$@"; }
+    b --clients 100 --conns 10 put --key-size 8 --val-size 256 --total 20000 \
+      --key-space-size 20000 --sequential-keys >/dev/null
+    perf stat -x, -e 'raw_syscalls:sys_enter,syscalls:sys_enter_io_uring_enter' -p "$pid" \
+      -o "$work/stat" &
+    stat_pid=$!
+    sleep 0.2
+    before=$(cpu_ticks "$pid")
+    b "${cmd[@]}" >"$work/out"
+    after=$(cpu_ticks "$pid")
+    kill -INT "$stat_pid"; wait "$stat_pid" || true
+    stat_pid=
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    pid=
+    syscalls=$(awk -F, '/raw_syscalls:sys_enter/ {print $1}' "$work/stat")
+    enters=$(awk -F, '/sys_enter_io_uring_enter/ {print $1}' "$work/stat")
+    rate=$(awk '/throughput/ {print $(NF-1)}' "$work/out")
+    p50=$(awk '/latency ms:/ {for (i = 1; i <= NF; i++) if ($i == "p50") print $(i + 1)}' "$work/out")
+    p99=$(awk '/latency ms:/ {for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' "$work/out")
+    awk -v w="$workload" -v l="$label" -v r="$r" -v t="$total" -v tick="$tick" -v c=$((after - before)) \
+      -v rate="$rate" -v p50="$p50" -v p99="$p99" -v s="$syscalls" -v e="$enters" \
+      'BEGIN { printf "%s %s %d %.1f %s %s %s %.3f %.3f\n", w, l, r, c * 1e6 / tick / t, rate, p50, p99, s / t, e / t }'
+  done
+done
