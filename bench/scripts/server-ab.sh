@@ -9,10 +9,13 @@
 #   bench/scripts/server-ab.sh WORKLOAD RUNS LABEL=BIN [LABEL=BIN ...]
 #
 # WORKLOAD: put (1000 clients over 100 connections, 256 B values, 20,000 keys in sequence),
-#   put1 (one client, one connection, 256 B, 1,000 keys), keepalive (100 clients, one lease
-#   and stream each, over 10 connections).
-# Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put 100000,
-#   put1 3000, keepalive 200000), EXTRA_ARGS (more server flags, space separated).
+#   put1 (one client, one connection, 256 B, 1,000 keys), txn-put (as put, through Txn),
+#   range-s and range-l (serializable and linearizable Range of one 256-byte key, 100 clients
+#   over 10 connections), keepalive (100 clients, one lease and stream each, over 10
+#   connections).
+# Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put and txn-put
+#   100000, put1 3000, range-s, range-l and keepalive 200000), EXTRA_ARGS (more server flags,
+#   space separated).
 # Needs perf (root, or perf_event_paranoid <= 1) and etcdctl (the readiness probe).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 1; }
@@ -24,6 +27,11 @@ case "$workload" in
   put) total=${TOTAL:-100000}
     cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
       --key-space-size 20000 --sequential-keys) ;;
+  txn-put) total=${TOTAL:-100000}
+    cmd=(--clients 1000 --conns 100 txn-put --key-size 8 --val-size 256 --txn-ops 1 --total "$total"
+      --key-space-size 20000) ;;
+  range-s | range-l) total=${TOTAL:-200000}
+    cmd=(--clients 100 --conns 10 range server-ab-range --consistency "${workload#range-}" --total "$total") ;;
   put1) total=${TOTAL:-3000}
     cmd=(--clients 1 --conns 1 put --key-size 8 --val-size 256 --total "$total" --key-space-size 1000) ;;
   keepalive) total=${TOTAL:-200000}
@@ -66,6 +74,7 @@ print(a.getsockname()[1], b.getsockname()[1])')
     b() { "$bench" --endpoints "127.0.0.1:$port" "$@"; }
     b --clients 100 --conns 10 put --key-size 8 --val-size 256 --total 20000 \
       --key-space-size 20000 --sequential-keys >/dev/null
+    ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" put server-ab-range "$(head -c 256 /dev/zero | tr '\0' v)" >/dev/null
     perf stat -x, -e 'raw_syscalls:sys_enter,syscalls:sys_enter_io_uring_enter' -p "$pid" \
       -o "$work/stat" &
     stat_pid=$!
