@@ -535,24 +535,20 @@ mod tests {
                 })
             };
             let started = std::time::Instant::now();
-            let mut yields: u64 = 0;
-            // Bounded, so a broken preemption fails the test instead of hanging it.
+            // Bounded, so a broken preemption fails the test instead of hanging it. The timer
+            // task runs only if this one yields, and it yields only when glommio asks.
             while !fired.get() && started.elapsed() < Duration::from_secs(5) {
-                if glommio::executor().need_preempt() {
-                    yields += 1;
-                }
                 glommio::yield_if_needed().await;
             }
             timer.detach();
-            (fired.get(), yields, started.elapsed())
+            (fired.get(), started.elapsed())
         })
         .expect("executor starts");
-        let (fired, yields, elapsed) = executor.join().expect("the test body finishes");
+        let (fired, elapsed) = executor.join().expect("the test body finishes");
         assert!(
             fired,
             "the timer never fired in {elapsed:?}: the busy task was never asked to yield"
         );
-        assert!(yields >= 1, "need_preempt never said so");
         assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
     }
 

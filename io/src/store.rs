@@ -66,6 +66,14 @@ pub trait SegmentStore: 'static {
     /// Makes every completed write to the segment durable.
     async fn fdatasync(&self, segment: &Self::Segment) -> io::Result<()>;
 
+    /// Whether a completed `write_at` is already durable (segments opened with O_DSYNC). The
+    /// WAL then acknowledges a batch when its write completes, with no `fdatasync` after it,
+    /// and treats a failed write as a failed sync (see `fsync_failure`): an error from a
+    /// synchronous write may be the sync's.
+    fn writes_are_durable(&self) -> bool {
+        false
+    }
+
     /// Runs `task` in the background on the current executor.
     fn spawn_background(&self, task: BackgroundTask);
 

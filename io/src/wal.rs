@@ -76,9 +76,11 @@ impl WalConfig {
 pub struct WalStats {
     /// Records made durable.
     pub records: u64,
-    /// Batches written: one write and one fdatasync each.
+    /// Batches written: one durable write each (a write then an fdatasync, or one synchronous
+    /// write where the store's writes are durable).
     pub batches: u64,
-    /// fdatasync calls on segments (batches plus recovery's truncation).
+    /// fdatasync calls on segments (each batch's where writes are not durable, plus recovery's
+    /// truncation).
     pub fdatasyncs: u64,
     /// Bytes handed to the store in writes (whole blocks, tail block rewrites included).
     pub bytes_written: u64,
@@ -203,6 +205,29 @@ impl<S: SegmentStore> Drop for BatchGuard<'_, S> {
                 "an append was cancelled while its batch was being written",
                 &self.calls,
             );
+        }
+    }
+}
+
+/// A batch's sync failed (its fdatasync, or its synchronous write: see
+/// `SegmentStore::writes_are_durable`). The kernel may have dropped the dirty pages and cleared
+/// the error, so a retry could "succeed" without the data: never retry a sync; restart and
+/// recover instead, as the store's `fsync_failure` says.
+fn failed_sync<S: SegmentStore>(
+    inner: &Inner<S>,
+    what: &str,
+    error: &std::io::Error,
+    guard: &mut BatchGuard<'_, S>,
+) {
+    match inner.store.fsync_failure() {
+        FsyncFailure::Abort => {
+            tracing::error!(%error, "wal: {what} failed; aborting");
+            std::process::abort();
+        }
+        FsyncFailure::StopTheWal => {
+            guard.armed = false;
+            let reason = format!("{what} failed: {error}");
+            inner.state.borrow_mut().stop(&reason, &guard.calls);
         }
     }
 }
@@ -517,7 +542,8 @@ impl<S: SegmentStore> Wal<S> {
     }
 
     /// Takes the next batch from the queue, writes it with the tail block in one aligned write,
-    /// fdatasyncs, and completes the calls whose records are all durable.
+    /// fdatasyncs (unless the store's writes are durable), and completes the calls whose
+    /// records are all durable.
     async fn write_batch(inner: &Rc<Inner<S>>) {
         let config = &inner.config;
         let (batch, body_bytes) = {
@@ -587,11 +613,22 @@ impl<S: SegmentStore> Wal<S> {
         };
         let batch_end = block_start + buf.len();
         buf.resize(align_up(buf.len(), BLOCK_BYTES), 0);
+        // With durable writes (O_DSYNC segments) the write is the sync: one I/O per batch, and
+        // no turn of the executor between the write's completion and the fdatasync's start.
+        let durable_writes = inner.store.writes_are_durable();
         if let Err(error) = inner
             .store
             .write_at(&handle, block_start as u64, &buf)
             .await
         {
+            if durable_writes {
+                let what = format!(
+                    "synchronous write of {} at offset {block_start}",
+                    inner.store.describe(seq)
+                );
+                failed_sync(inner, &what, &error, &mut guard);
+                return;
+            }
             guard.armed = false;
             let reason = format!(
                 "writing {} at offset {block_start} failed: {error}",
@@ -600,21 +637,11 @@ impl<S: SegmentStore> Wal<S> {
             inner.state.borrow_mut().stop(&reason, &guard.calls);
             return;
         }
-        if let Err(error) = inner.store.fdatasync(&handle).await {
-            // The kernel may have dropped the dirty pages and cleared the error: a retry could
-            // "succeed" without the data. Never retry an fsync; restart and recover instead.
-            let file = inner.store.describe(seq);
-            match inner.store.fsync_failure() {
-                FsyncFailure::Abort => {
-                    tracing::error!(file = %file, %error, "wal fdatasync failed; aborting");
-                    std::process::abort();
-                }
-                FsyncFailure::StopTheWal => {
-                    guard.armed = false;
-                    let reason = format!("fdatasync of {file} failed: {error}");
-                    inner.state.borrow_mut().stop(&reason, &guard.calls);
-                    return;
-                }
+        if !durable_writes {
+            if let Err(error) = inner.store.fdatasync(&handle).await {
+                let what = format!("fdatasync of {}", inner.store.describe(seq));
+                failed_sync(inner, &what, &error, &mut guard);
+                return;
             }
         }
         guard.armed = false;
@@ -632,7 +659,9 @@ impl<S: SegmentStore> Wal<S> {
             active.index_max = active.index_max.max(batch_index_max);
             state.stats.batches += 1;
             state.stats.records += batch.len() as u64;
-            state.stats.fdatasyncs += 1;
+            if !durable_writes {
+                state.stats.fdatasyncs += 1;
+            }
             state.stats.bytes_written += buf.len() as u64;
             state.batch_in_flight = false;
             if let Some(next) = state.queue.front() {
