@@ -552,6 +552,65 @@ mod tests {
         assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
     }
 
+    /// glommio here keeps the timer a sleep armed for its next glommio timer, and reuses it
+    /// for the next sleep if it is due no later (third_party/glommio, KEEL PATCH). A sleep
+    /// whose timer is due sooner must arm its own, or it oversleeps; one woken again and
+    /// again by another thread must still wake for its timer on time.
+    #[test]
+    fn sleeping_executors_wake_for_their_timers_across_wake_ups() {
+        let mb: Arc<Mailbox<u32>> = Mailbox::new(4);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let executor = {
+            let mb = mb.clone();
+            spawn_pinned("timer-test", process_cpu_list()[0], move || async move {
+                let started = std::time::Instant::now();
+                // A far timer: every sleep below arms or keeps one due at 1 s.
+                let far = glommio::spawn_local(async move {
+                    glommio::timer::sleep(Duration::from_millis(1000)).await;
+                    started.elapsed()
+                });
+                // Woken from another thread while only the far timer is pending.
+                mb.ready().await;
+                while mb.try_recv().is_some() {}
+                // A nearer timer now: the sleep must not keep waiting for the far one.
+                let near_started = std::time::Instant::now();
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+                let near = near_started.elapsed();
+                tx.send(()).expect("the test waits");
+                // Woken again and again, the far timer still fires on time.
+                let mut woken = 0;
+                while woken < 20 {
+                    mb.ready().await;
+                    while mb.try_recv().is_some() {
+                        woken += 1;
+                    }
+                }
+                (near, far.await)
+            })
+            .expect("executor starts")
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(mb.try_send(0).is_ok());
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the near timer fired");
+        for i in 1..=20 {
+            std::thread::sleep(Duration::from_millis(5));
+            while mb.try_send(i).is_err() {
+                std::thread::yield_now();
+            }
+        }
+        let (near, far) = executor.join().expect("the test body finishes");
+        // Generous bounds for a loaded CI machine; the broken case is about a second.
+        assert!(
+            near < Duration::from_millis(600),
+            "a 20 ms timer took {near:?}: the sleep kept a later timer"
+        );
+        assert!(
+            far >= Duration::from_millis(1000) && far < Duration::from_millis(3000),
+            "a 1 s timer fired after {far:?}"
+        );
+    }
+
     /// The sleeping side of a cross-core wake-up: the consumer goes to sleep before every
     /// item (the producer waits for each answer), so each round runs the sleep handshake that
     /// the patched glommio does with fences instead of `membarrier` (third_party/glommio,

@@ -894,6 +894,8 @@ struct SleepableRing {
     task_queue_stats: AHashMap<TaskQueueHandle, RingIoStats>,
     source_map: Rc<RefCell<SourceMap>>,
     in_kernel: usize,
+    /// KEEL PATCH: whether the last `sleep` submitted its link to the latency ring.
+    linked: bool,
 }
 
 impl SleepableRing {
@@ -914,6 +916,7 @@ impl SleepableRing {
             task_queue_stats: AHashMap::new(),
             source_map,
             in_kernel: 0,
+            linked: false,
         })
     }
 
@@ -1046,12 +1049,30 @@ impl SleepableRing {
         }
     }
 
+    /// KEEL PATCH: sleeps on a link to the latency ring armed by an earlier `sleep` that has
+    /// not fired yet.
+    fn sleep_linked(&mut self) -> io::Result<usize> {
+        assert_eq!(
+            self.waiting_kernel_submission(),
+            0,
+            "sleeping with pending SQEs"
+        );
+        self.ring
+            .cq()
+            .wait(1)
+            .map(|_| 1)
+            .or_else(Reactor::busy_ok)
+            .or_else(Reactor::again_ok)
+            .or_else(Reactor::intr_ok)
+    }
+
     fn sleep(&mut self, link: &Source) -> io::Result<usize> {
         assert_eq!(
             self.waiting_kernel_submission(),
             0,
             "sleeping with pending SQEs"
         );
+        self.linked = false;
         if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
             let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
             let op = UringDescriptor {
@@ -1089,6 +1110,7 @@ impl SleepableRing {
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             } else {
                 // The rings are linked. Goodnight!
+                self.linked = true;
                 self.ring
                     .cq()
                     .wait(1)
@@ -1168,10 +1190,9 @@ impl UringCommon for SleepableRing {
         let source_map = self.source_map.clone();
         process_one_event(
             self.ring.peek_for_cqe(),
-            |source| match source.source_type {
-                SourceType::LinkRings => Some(()),
-                _ => None,
-            },
+            // KEEL PATCH: a fired link records its result like any source (upstream skipped
+            // it), which is how `link_rings_and_sleep` knows to arm a new one.
+            |_| None,
             |mut src, res| {
                 record_stats(self, &mut src, &res);
                 if let SourceType::ForeignNotifier(_, installed) = &mut src.source_type {
@@ -1227,8 +1248,13 @@ pub(crate) struct Reactor {
     /// KEEL PATCH: when the tasks of this turn should yield (see `wait`); None outside a
     /// turn that was given a preemption time.
     preempt_deadline: Cell<Option<Instant>>,
+    /// KEEL PATCH: when the sleep timer in `latency_preemption_timeout_src` fires.
+    sleep_timer_deadline: Cell<Option<Instant>>,
 
     link_fd: RawFd,
+    /// KEEL PATCH: the poll that links the latency ring into the main ring, kept from one
+    /// sleep to the next while it has not fired (see `link_rings_and_sleep`).
+    link_rings_src: RefCell<Option<Source>>,
 
     // This keeps the `eventfd` alive. Drop will close it when we're done
     notifier: Arc<sys::SleepNotifier>,
@@ -1310,10 +1336,10 @@ impl Reactor {
         let allocator = Rc::new(UringBufferAllocator::new(io_memory));
         let registry = vec![allocator.as_bytes()];
 
-        let main_ring =
+        let mut main_ring =
             SleepableRing::new(ring_depth, "main", allocator.clone(), source_map.clone())?;
         let poll_ring = PollRing::new(ring_depth, allocator.clone(), source_map.clone())?;
-        let mut latency_ring =
+        let latency_ring =
             SleepableRing::new(ring_depth, "latency", allocator.clone(), source_map.clone())?;
 
         match main_ring.registrar().register_buffers_by_ref(&registry) {
@@ -1348,8 +1374,10 @@ impl Reactor {
             None,
         );
 
+        // KEEL PATCH: the read of the wake-up eventfd goes on the main ring, where a sleeping
+        // executor waits, instead of the latency ring (see `install_eventfd` below).
         if !eventfd_src.is_installed().unwrap() {
-            latency_ring.install_eventfd(&eventfd_src);
+            main_ring.install_eventfd(&eventfd_src);
         }
 
         Ok(Reactor {
@@ -1358,8 +1386,10 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             preempt_deadline: Cell::new(None),
+            sleep_timer_deadline: Cell::new(None),
             blocking_thread,
             link_fd,
+            link_rings_src: RefCell::new(None),
             notifier,
             eventfd_src,
             source_map,
@@ -1376,8 +1406,14 @@ impl Reactor {
     }
 
     pub(crate) fn install_eventfd(&self) {
+        // KEEL PATCH: on the main ring. Upstream read it on the latency ring, so a wake-up from
+        // another thread completed there, fired the poll linking the latency ring into the
+        // main ring, and both had to be armed again: a sleep ended by another executor cost a
+        // submission on each ring besides the wait. A waker writes the eventfd only while
+        // this executor sleeps (`SleepNotifier::notify`), so the latency ring's other role,
+        // preempting running tasks, never applied to it.
         if !self.eventfd_src.is_installed().unwrap() {
-            self.latency_ring
+            self.main_ring
                 .borrow_mut()
                 .install_eventfd(&self.eventfd_src);
         }
@@ -1730,6 +1766,14 @@ impl Reactor {
     /// We may not be able to register an `SQE` at this point, so we return an
     /// Error and will just not sleep.
     fn link_rings_and_sleep(&self, ring: &mut SleepableRing) -> io::Result<()> {
+        // KEEL PATCH: upstream arms a fresh poll on every sleep and drops it after, which
+        // cancels it when the sleep ended for another reason (an I/O completion on the main
+        // ring: a socket, the WAL's write): a POLL_ADD and an ASYNC_CANCEL per sleep. A poll
+        // that has not fired still links the rings, so it is kept and the sleep only waits.
+        let armed = matches!(&*self.link_rings_src.borrow(), Some(src) if src.result().is_none());
+        if armed {
+            return ring.sleep_linked().or_else(Self::busy_ok).map(|_| {});
+        }
         let link_rings = Source::new(
             IoRequirements::default(),
             self.link_fd,
@@ -1737,7 +1781,16 @@ impl Reactor {
             None,
             None,
         );
-        ring.sleep(&link_rings).or_else(Self::busy_ok).map(|_| {})
+        let slept = ring.sleep(&link_rings);
+        // A poll that was submitted replaces the one that fired (dropping that one costs
+        // nothing, it has completed). One that was not (no SQE, or the submission failed)
+        // is dropped as upstream drops it, and the next sleep arms a fresh one.
+        *self.link_rings_src.borrow_mut() = if ring.linked {
+            Some(link_rings)
+        } else {
+            None
+        };
+        slept.or_else(Self::busy_ok).map(|_| {})
     }
 
     pub(crate) fn poll_io(&self, woke: &mut usize) -> io::Result<()> {
@@ -1819,9 +1872,17 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // KEEL PATCH: only the timer of a past sleep is ever armed here (the preemption
-        // timers are gone, see below); cancel it if it has not fired, or it would wake a
-        // later sleep early.
-        drop(self.latency_preemption_timeout_src.take());
+        // timers are gone, see below). One that has not fired is kept: the next sleep uses
+        // it again if it is not late for that sleep's timer (see below). Upstream cancelled it
+        // here on every turn, and the cancellation completing on the latency ring also fired
+        // the poll linking the rings, so each sleep ended by anything else cost a TIMEOUT, an
+        // ASYNC_CANCEL and a new link. A kept timer that fires while tasks run ends their turn
+        // early, once.
+        if let Some(timer) = self.latency_preemption_timeout_src.take() {
+            if timer.result().is_none() {
+                self.latency_preemption_timeout_src.set(Some(timer));
+            }
+        }
         self.preempt_deadline.set(None);
 
         // This will only dispatch if we run out of sqes. Which means until
@@ -1844,9 +1905,27 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                // KEEL PATCH: a timer still armed from an earlier sleep serves if it fires no
+                // later than this one must (the same glommio timer is due at the same
+                // instant; an earlier one only wakes this sleep early, and the next arms
+                // anew). A later one is replaced, and cancelled as upstream cancels it.
+                let deadline = Instant::now() + dur;
+                let kept = match (
+                    self.latency_preemption_timeout_src.take(),
+                    self.sleep_timer_deadline.get(),
+                ) {
+                    (Some(timer), Some(due)) if due <= deadline && timer.result().is_none() => {
+                        self.latency_preemption_timeout_src.set(Some(timer));
+                        true
+                    }
+                    _ => false,
+                };
+                if !kept {
+                    self.latency_preemption_timeout_src
+                        .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                    self.sleep_timer_deadline.set(Some(deadline));
+                    assert!(flush_rings!(lat_ring)? > 0);
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
