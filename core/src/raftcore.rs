@@ -725,8 +725,10 @@ impl RaftCore {
         if !wal_records.is_empty() {
             stats.wal_batch_entries.observe(wal_records.len() as u64);
             let started = Instant::now();
-            // Returns only after the write and its fdatasync completed; a failed fsync aborts
-            // the process inside keel-io, so an error here is an I/O error before the sync.
+            // Returns only after the batch is durable: its O_DSYNC write completed (keel-io's
+            // DmaStore; write then fdatasync where a store's writes are not durable). A failed
+            // sync aborts the process inside keel-io, so an error here is an I/O error before
+            // any write could be synced.
             self.shared.enter_raft_phase(LoopPhase::WalAppend);
             self.wal
                 .append(wal_records)
