@@ -1325,7 +1325,12 @@ impl LocalExecutor {
         loop {
             self.reactor.sys.install_eventfd();
             if self.need_preempt() {
-                break;
+                // KEEL PATCH: preempted with tasks still queued, say so: the run loop parks
+                // when this returns false. Upstream's turn timer could not fire this early,
+                // but a sleep timer kept from an earlier sleep (sys/uring.rs) can fire at any
+                // moment, and parking then would leave runnable tasks waiting for the next
+                // wake-up.
+                return ran || !self.queues.borrow().active_executors.is_empty();
             }
             if !self.run_one_task_queue() {
                 return false;
@@ -1333,7 +1338,6 @@ impl LocalExecutor {
                 ran = true;
             }
         }
-        ran
     }
 
     fn run_one_task_queue(&self) -> bool {

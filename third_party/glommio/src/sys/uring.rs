@@ -1336,10 +1336,10 @@ impl Reactor {
         let allocator = Rc::new(UringBufferAllocator::new(io_memory));
         let registry = vec![allocator.as_bytes()];
 
-        let mut main_ring =
+        let main_ring =
             SleepableRing::new(ring_depth, "main", allocator.clone(), source_map.clone())?;
         let poll_ring = PollRing::new(ring_depth, allocator.clone(), source_map.clone())?;
-        let latency_ring =
+        let mut latency_ring =
             SleepableRing::new(ring_depth, "latency", allocator.clone(), source_map.clone())?;
 
         match main_ring.registrar().register_buffers_by_ref(&registry) {
@@ -1374,10 +1374,8 @@ impl Reactor {
             None,
         );
 
-        // KEEL PATCH: the read of the wake-up eventfd goes on the main ring, where a sleeping
-        // executor waits, instead of the latency ring (see `install_eventfd` below).
         if !eventfd_src.is_installed().unwrap() {
-            main_ring.install_eventfd(&eventfd_src);
+            latency_ring.install_eventfd(&eventfd_src);
         }
 
         Ok(Reactor {
@@ -1406,14 +1404,8 @@ impl Reactor {
     }
 
     pub(crate) fn install_eventfd(&self) {
-        // KEEL PATCH: on the main ring. Upstream read it on the latency ring, so a wake-up from
-        // another thread completed there, fired the poll linking the latency ring into the
-        // main ring, and both had to be armed again: a sleep ended by another executor cost a
-        // submission on each ring besides the wait. A waker writes the eventfd only while
-        // this executor sleeps (`SleepNotifier::notify`), so the latency ring's other role,
-        // preempting running tasks, never applied to it.
         if !self.eventfd_src.is_installed().unwrap() {
-            self.main_ring
+            self.latency_ring
                 .borrow_mut()
                 .install_eventfd(&self.eventfd_src);
         }
@@ -1766,10 +1758,11 @@ impl Reactor {
     /// We may not be able to register an `SQE` at this point, so we return an
     /// Error and will just not sleep.
     fn link_rings_and_sleep(&self, ring: &mut SleepableRing) -> io::Result<()> {
-        // KEEL PATCH: upstream arms a fresh poll on every sleep and drops it after, which
-        // cancels it when the sleep ended for another reason (an I/O completion on the main
-        // ring: a socket, the WAL's write): a POLL_ADD and an ASYNC_CANCEL per sleep. A poll
-        // that has not fired still links the rings, so it is kept and the sleep only waits.
+        // KEEL PATCH: upstream arms a fresh poll on every sleep, a submission (and an
+        // io_uring_enter) before each wait even when the last one never fired because the
+        // sleep ended for another reason (an I/O completion on the main ring: a socket, the
+        // WAL's write). A poll that has not fired still links the rings, so it is kept and
+        // the sleep only waits.
         let armed = matches!(&*self.link_rings_src.borrow(), Some(src) if src.result().is_none());
         if armed {
             return ring.sleep_linked().or_else(Self::busy_ok).map(|_| {});
@@ -1908,7 +1901,8 @@ impl Reactor {
                 // KEEL PATCH: a timer still armed from an earlier sleep serves if it fires no
                 // later than this one must (the same glommio timer is due at the same
                 // instant; an earlier one only wakes this sleep early, and the next arms
-                // anew). A later one is replaced, and cancelled as upstream cancels it.
+                // anew). A later one is replaced: dropped here, its cancellation goes out
+                // after this sleep, and should it fire first it only ends a turn early.
                 let deadline = Instant::now() + dur;
                 let kept = match (
                     self.latency_preemption_timeout_src.take(),
