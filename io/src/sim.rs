@@ -1,7 +1,7 @@
 //! In-memory, seeded storage and a tiny seeded executor for deterministic simulations.
 //!
 //! `SimStore` models a disk with a volatile cache: writes land in `current`, `fdatasync` copies them
-//! to `durable`, and `crash()` keeps `durable` plus, for every block written since the last sync, one
+//! to `durable` (or, made `with_durable_writes`, a successful write goes to both at once), and `crash()` keeps `durable` plus, for every block written since the last sync, one
 //! of: the old bytes, the new bytes, or a torn block (a prefix of its 512-byte sectors new). Writes
 //! can fail with EIO on request. Nothing here needs glommio: drive it with
 //! `futures_lite::future::block_on` or with `SimExecutor`.
@@ -58,6 +58,8 @@ struct SimDisk {
     rng: StdRng,
     faults: SimFaults,
     stats: SimStats,
+    /// Writes are durable when they succeed, as on `DmaStore`'s O_DSYNC segments.
+    durable_writes: bool,
 }
 
 /// A seeded in-memory `SegmentStore`. Clones share the same disk, so a test keeps one clone to crash
@@ -76,8 +78,18 @@ impl SimStore {
                 rng: StdRng::seed_from_u64(seed),
                 faults: SimFaults::default(),
                 stats: SimStats::default(),
+                durable_writes: false,
             })),
         }
+    }
+
+    /// As `new`, but a write that succeeds is durable at once, as `DmaStore`'s O_DSYNC segments
+    /// are (`writes_are_durable`), so the WAL issues no fdatasync after a batch. A write that
+    /// fails with EIO leaves what landed of it undecided until the crash, as without.
+    pub fn with_durable_writes(seed: u64) -> Self {
+        let store = SimStore::new(seed);
+        store.disk.borrow_mut().durable_writes = true;
+        store
     }
 
     /// Sets the faults injected from now on.
@@ -246,8 +258,15 @@ impl SegmentStore for SimStore {
         }
         let landed_bytes = blocks_landed * BLOCK_BYTES;
         file.current[offset..offset + landed_bytes].copy_from_slice(&data[..landed_bytes]);
-        file.dirty_blocks
-            .extend(offset / BLOCK_BYTES..offset / BLOCK_BYTES + blocks_landed);
+        let landed_blocks = offset / BLOCK_BYTES..offset / BLOCK_BYTES + blocks_landed;
+        if disk.durable_writes && !eio {
+            file.durable[offset..offset + landed_bytes].copy_from_slice(&data[..landed_bytes]);
+            for block in landed_blocks {
+                file.dirty_blocks.remove(&block);
+            }
+        } else {
+            file.dirty_blocks.extend(landed_blocks);
+        }
         disk.stats.writes += 1;
         disk.stats.bytes_written += landed_bytes as u64;
         if eio {
@@ -285,6 +304,10 @@ impl SegmentStore for SimStore {
 
     fn fsync_failure(&self) -> FsyncFailure {
         FsyncFailure::StopTheWal
+    }
+
+    fn writes_are_durable(&self) -> bool {
+        self.disk.borrow().durable_writes
     }
 }
 

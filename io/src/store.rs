@@ -60,7 +60,8 @@ pub trait SegmentStore: 'static {
         len: usize,
     ) -> io::Result<Vec<u8>>;
 
-    /// Writes all of `data` at `offset`; both are block-aligned. Not durable until `fdatasync`.
+    /// Writes all of `data` at `offset`; both are block-aligned. Not durable until `fdatasync`,
+    /// unless `writes_are_durable`.
     async fn write_at(&self, segment: &Self::Segment, offset: u64, data: &[u8]) -> io::Result<()>;
 
     /// Makes every completed write to the segment durable.

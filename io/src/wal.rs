@@ -1024,10 +1024,16 @@ mod tests {
     }
 
     /// One seeded world: cycles of open (recover, check) → concurrent appends → crash at a random point.
+    /// Odd seeds run on a store whose writes are durable (`DmaStore`'s O_DSYNC segments): the
+    /// WAL then skips its fdatasyncs, and a failed write is a failed sync.
     fn run_crash_simulation(seed: u64) -> SimTotals {
         let mut totals = SimTotals::default();
         let mut rng = StdRng::seed_from_u64(seed);
-        let store = SimStore::new(seed);
+        let store = if seed % 2 == 1 {
+            SimStore::with_durable_writes(seed)
+        } else {
+            SimStore::new(seed)
+        };
         let config = small_config();
         let model = Rc::new(RefCell::new(Model {
             next_index: 1,
@@ -1119,6 +1125,7 @@ mod tests {
             store.crash();
         }
         totals.appends_failed = model.borrow().appends_failed;
+        totals.durable_writes = store.writes_are_durable();
         totals
     }
 
@@ -1130,6 +1137,7 @@ mod tests {
         records_recovered: u64,
         tails_zeroed: u64,
         appends_failed: u64,
+        durable_writes: bool,
     }
 
     /// Found by the whole-cluster simulation: a write that failed with EIO left a complete
@@ -1219,6 +1227,12 @@ mod tests {
         // The simulation must reach the paths it exists to test.
         if totals.len() > 50 {
             assert!(rotations > 0 && released > 0 && zeroed > 0 && failed > 0);
+            // With durable writes too: batches without fdatasyncs, and failed synchronous
+            // writes stopping the log.
+            let durable = totals.iter().filter(|t| t.durable_writes);
+            let (durable_batches, durable_failed) =
+                durable.fold((0, 0), |(b, f), t| (b + t.batches, f + t.appends_failed));
+            assert!(durable_batches > 0 && durable_failed > 0);
         }
     }
 
