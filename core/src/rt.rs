@@ -611,6 +611,48 @@ mod tests {
         );
     }
 
+    /// A turn's time slice is a deadline read from the clock (third_party/glommio, KEEL
+    /// PATCH), and a task queue may ask for a slice shorter than the time it takes to reach
+    /// its first task, or a timer kept from a past sleep may fire before it. A turn must
+    /// still run a task before it yields; one that yielded first ran nothing, every turn,
+    /// and the executor spun without progress (or parked with tasks queued).
+    #[test]
+    fn a_turn_runs_a_task_even_when_its_slice_is_over_before_the_first() {
+        const ROUNDS: u32 = 20;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let executor = spawn_pinned("slice-test", process_cpu_list()[0], move || async move {
+            let queue = glommio::executor().create_task_queue(
+                glommio::Shares::default(),
+                glommio::Latency::Matters(Duration::from_nanos(1)),
+                "one-ns-slice",
+            );
+            let rounds = glommio::spawn_local_into(
+                async {
+                    let mut rounds = 0;
+                    // Each wake-up comes from a timer, at the start of a turn, so every turn
+                    // that should run this task begins with its queue active and a 1 ns slice.
+                    while rounds < ROUNDS {
+                        glommio::timer::sleep(Duration::from_millis(1)).await;
+                        rounds += 1;
+                    }
+                    rounds
+                },
+                queue,
+            )
+            .expect("the queue exists")
+            .await;
+            tx.send(rounds).expect("the test waits");
+        })
+        .expect("executor starts");
+        // Bounded, so the broken case fails instead of hanging (its executor thread spins on
+        // until the test binary exits).
+        let rounds = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the task of a queue with a 1 ns slice ran to its end");
+        assert_eq!(rounds, ROUNDS);
+        executor.join().expect("the executor finishes");
+    }
+
     /// The sleeping side of a cross-core wake-up: the consumer goes to sleep before every
     /// item (the producer waits for each answer), so each round runs the sleep handshake that
     /// the patched glommio does with fences instead of `membarrier` (third_party/glommio,

@@ -1324,13 +1324,15 @@ impl LocalExecutor {
         let mut ran = false;
         loop {
             self.reactor.sys.install_eventfd();
-            if self.need_preempt() {
-                // KEEL PATCH: preempted with tasks still queued, say so: the run loop parks
-                // when this returns false. Upstream's turn timer could not fire this early,
-                // but a sleep timer kept from an earlier sleep (sys/uring.rs) can fire at any
-                // moment, and parking then would leave runnable tasks waiting for the next
-                // wake-up.
-                return ran || !self.queues.borrow().active_executors.is_empty();
+            // KEEL PATCH: a turn runs one task queue before it honours preemption. The time
+            // slice is a deadline now (sys/uring.rs), which a queue's `Latency::Matters` can
+            // set shorter than the way to its first task, and a sleep timer kept from an
+            // earlier sleep can fire at any moment. Upstream checked first: a turn preempted
+            // before its first task ran nothing and returned false, so the run loop parked
+            // with tasks queued, or, with a slice that short, went round without progress
+            // forever (core/src/rt.rs, `a_turn_runs_a_task_even_when_its_slice_is_over_before_the_first`).
+            if ran && self.need_preempt() {
+                return true;
             }
             if !self.run_one_task_queue() {
                 return false;
@@ -1377,7 +1379,9 @@ impl LocalExecutor {
             let mut tasks_executed_this_loop = 0;
             loop {
                 let mut queue_ref = queue.borrow_mut();
-                if self.need_preempt() || queue_ref.yielded() {
+                // KEEL PATCH: the queue runs one task before it honours preemption (see
+                // `run_task_queues`).
+                if (tasks_executed_this_loop > 0 && self.need_preempt()) || queue_ref.yielded() {
                     break;
                 }
 
