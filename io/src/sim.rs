@@ -1,8 +1,9 @@
 //! In-memory, seeded storage and a tiny seeded executor for deterministic simulations.
 //!
 //! `SimStore` models a disk with a volatile cache: writes land in `current`, `fdatasync` copies them
-//! to `durable` (or, made `with_durable_writes`, a successful write goes to both at once), and `crash()` keeps `durable` plus, for every block written since the last sync, one
-//! of: the old bytes, the new bytes, or a torn block (a prefix of its 512-byte sectors new). Writes
+//! to `durable` (or, made `with_durable_writes`, a successful write goes to both at once), and
+//! `crash()` keeps `durable` plus, for every block written since the last sync, one of: the old
+//! bytes, the new bytes, or a torn block (a prefix of its 512-byte sectors new). Writes
 //! can fail with EIO on request. Nothing here needs glommio: drive it with
 //! `futures_lite::future::block_on` or with `SimExecutor`.
 

@@ -1330,7 +1330,8 @@ impl LocalExecutor {
             // earlier sleep can fire at any moment. Upstream checked first: a turn preempted
             // before its first task ran nothing and returned false, so the run loop parked
             // with tasks queued, or, with a slice that short, went round without progress
-            // forever (core/src/rt.rs, `a_turn_runs_a_task_even_when_its_slice_is_over_before_the_first`).
+            // forever (core/src/rt.rs,
+            // `a_turn_runs_a_task_even_when_its_slice_is_over_before_the_first`).
             if ran && self.need_preempt() {
                 return true;
             }
