@@ -653,6 +653,101 @@ mod tests {
         executor.join().expect("the executor finishes");
     }
 
+    /// A future that is ready on its second poll: a task that awaits it goes back to its queue.
+    struct YieldNow(bool);
+
+    impl std::future::Future for YieldNow {
+        type Output = ();
+        fn poll(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<()> {
+            if self.0 {
+                return std::task::Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
+
+    /// Two task queues that always have work, each task yielding only when glommio asks:
+    /// they take turns, a slice each. Returns the longest time one task waited for the
+    /// other to run again, about two slices. glommio here reads a long slice's end on the
+    /// coarse clock and a short one's on the precise clock (third_party/glommio, KEEL PATCH
+    /// `PreemptDeadline`): either way a slice must end, and not before its time. The slice
+    /// is the shortest latency a queue with work asks for; `None` leaves the executor's own
+    /// (100 ms, coarse on a kernel with 4 ms ticks).
+    fn longest_wait_for_the_other_queue(slice: Option<Duration>) -> Duration {
+        const ROUNDS: u32 = 5;
+        let executor = spawn_pinned("slice-end", process_cpu_list()[0], move || async move {
+            let latency = slice.map_or(glommio::Latency::NotImportant, glommio::Latency::Matters);
+            let queue_a =
+                glommio::executor().create_task_queue(glommio::Shares::default(), latency, "a");
+            let queue_b =
+                glommio::executor().create_task_queue(glommio::Shares::default(), latency, "b");
+            let b_rounds = std::rc::Rc::new(std::cell::Cell::new(0u32));
+            let done = std::rc::Rc::new(std::cell::Cell::new(false));
+            let b = glommio::spawn_local_into(
+                {
+                    let (b_rounds, done) = (b_rounds.clone(), done.clone());
+                    async move {
+                        while !done.get() {
+                            // Back to its queue at once, so the queue never runs dry; the
+                            // queue itself yields only when the slice is over.
+                            b_rounds.set(b_rounds.get() + 1);
+                            YieldNow(false).await;
+                        }
+                    }
+                },
+                queue_b,
+            )
+            .expect("the queue exists");
+            let longest = glommio::spawn_local_into(
+                async move {
+                    let mut longest = Duration::ZERO;
+                    // Round 0's turn began before the queues had work, so it ran on the
+                    // executor's own slice whatever the queues ask for: not counted.
+                    for round in 0..=ROUNDS {
+                        let seen = b_rounds.get();
+                        let started = std::time::Instant::now();
+                        // Bounded, so a slice that never ends fails the test instead of
+                        // hanging it.
+                        while b_rounds.get() == seen && started.elapsed() < Duration::from_secs(5) {
+                            glommio::yield_if_needed().await;
+                        }
+                        if round > 0 {
+                            longest = longest.max(started.elapsed());
+                        }
+                    }
+                    done.set(true);
+                    longest
+                },
+                queue_a,
+            )
+            .expect("the queue exists")
+            .await;
+            b.await;
+            longest
+        })
+        .expect("executor starts");
+        executor.join().expect("the test body finishes")
+    }
+
+    #[test]
+    fn a_busy_task_yields_when_its_slice_ends_on_either_clock() {
+        let long = longest_wait_for_the_other_queue(None);
+        assert!(
+            long >= Duration::from_millis(50) && long < Duration::from_secs(2),
+            "with 100 ms slices, the other queue waited up to {long:?}"
+        );
+        let short = longest_wait_for_the_other_queue(Some(Duration::from_millis(2)));
+        assert!(
+            short < Duration::from_millis(50),
+            "with 2 ms slices, the other queue waited up to {short:?}"
+        );
+    }
+
     /// The sleeping side of a cross-core wake-up: the consumer goes to sleep before every
     /// item (the producer waits for each answer), so each round runs the sleep handshake that
     /// the patched glommio does with fences instead of `membarrier` (third_party/glommio,
