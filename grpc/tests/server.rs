@@ -173,6 +173,21 @@ async fn download(mut call: Call, sink: &mut ResponseSink) -> Status {
     Status::ok()
 }
 
+/// One Range answer, then an error whose message is the request's key 100 times over: a
+/// status in trailers after a message, with a message longer than HPACK's 7-bit length
+/// prefix.
+async fn fail_after_one(mut call: Call, sink: &mut ResponseSink) -> Status {
+    let request = match call.requests.decode_one::<RangeRequest>().await {
+        Ok(request) => request,
+        Err(status) => return status,
+    };
+    if let Err(status) = sink.send(&range_response(request.key.clone())).await {
+        return status;
+    }
+    let message = String::from_utf8_lossy(&request.key).repeat(100);
+    Status::new(Code::FailedPrecondition, message)
+}
+
 /// A Range answer of `PIECES_KV_COUNT` values, encoded a piece at a time and counted.
 struct CountedPieces {
     answer: RangeResponse,
@@ -246,6 +261,7 @@ impl Handler for TestHandler {
             "/etcdserverpb.KV/Range" => unary(call, sink, range).await,
             "/etcdserverpb.Watch/Watch" => watch(call, sink).await,
             "/test.Big/Download" => download(call, sink).await,
+            "/test.Big/FailAfterOne" => fail_after_one(call, sink).await,
             "/test.Big/Pieces" => {
                 unary_pieces(call, sink, |_: RangeRequest, _| async {
                     Ok(CountedPieces {
@@ -418,11 +434,15 @@ async fn connect() -> SendRequest<Bytes> {
 }
 
 async fn connect_to(addr: SocketAddr) -> SendRequest<Bytes> {
+    connect_with(addr, h2::client::Builder::new()).await
+}
+
+async fn connect_with(addr: SocketAddr, mut builder: h2::client::Builder) -> SendRequest<Bytes> {
     let stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     // A large connection window gives h2's small-DATA-frame budget room for 200 buffered
     // replies; the stream window stays at the 64 KiB default to exercise flow control.
-    let (client, connection) = h2::client::Builder::new()
+    let (client, connection) = builder
         .initial_connection_window_size(16 * 1024 * 1024)
         .handshake(stream.compat())
         .await
@@ -449,6 +469,7 @@ fn grpc_request(path: &str, metadata: &[(&str, &str)]) -> http::Request<()> {
 #[derive(Debug)]
 struct Reply {
     http_status: StatusCode,
+    content_type: Option<http::HeaderValue>,
     messages: Vec<Bytes>,
     code: Code,
     message: String,
@@ -458,6 +479,7 @@ async fn read_reply(response: h2::client::ResponseFuture) -> Reply {
     let response = response.await.expect("response head");
     let http_status = response.status();
     let headers = response.headers().clone();
+    let content_type = headers.get("content-type").cloned();
     let mut body = response.into_body();
     let messages = read_messages(&mut body).await;
     let trailers = if body.is_end_stream() && messages.is_empty() {
@@ -476,6 +498,7 @@ async fn read_reply(response: h2::client::ResponseFuture) -> Reply {
         .unwrap_or_default();
     Reply {
         http_status,
+        content_type,
         messages,
         code,
         message,
@@ -564,6 +587,94 @@ fn unary_round_trip_with_metadata_and_error_mapping() {
             (Code::InvalidArgument, "etcdserver: key is not provided")
         );
     });
+}
+
+/// Response heads and trailers go out as HPACK blocks encoded once, beside h2's encoder
+/// (third_party/h2, KEEL PATCH `send_response_encoded`). They must decode whatever
+/// dynamic table the client asked for: with a table of size 0, each block must begin with
+/// the size update the encoder owes, and none may add to the table. Several rounds, so a
+/// block that broke the table would fail a later one.
+#[test]
+fn encoded_response_heads_and_trailers_decode_with_any_header_table_size() {
+    for table_bytes in [0, 4096, 64 * 1024] {
+        run_client(move || async move {
+            let mut builder = h2::client::Builder::new();
+            builder.header_table_size(table_bytes);
+            let mut client = connect_with(server_addr(), builder).await;
+            for round in 0..3 {
+                let context = format!("table {table_bytes}, round {round}");
+                let ok = call_raw(
+                    &mut client,
+                    "/etcdserverpb.KV/Range",
+                    &[],
+                    Some(range_request(b"foo")),
+                )
+                .await;
+                assert_eq!(ok.code, Code::Ok, "{context}: {ok:?}");
+                assert_eq!(ok.messages.len(), 1, "{context}");
+                assert_eq!(
+                    ok.content_type.as_ref().map(|v| v.as_bytes()),
+                    Some(&b"application/grpc"[..]),
+                    "{context}"
+                );
+                // A trailers-only answer: its head carries the status.
+                let error = call_raw(
+                    &mut client,
+                    "/etcdserverpb.KV/Range",
+                    &[],
+                    Some(range_request(b"")),
+                )
+                .await;
+                assert_eq!(
+                    (error.code, error.message.as_str()),
+                    (Code::InvalidArgument, "etcdserver: key is not provided"),
+                    "{context}"
+                );
+                assert_eq!(
+                    error.content_type.as_ref().map(|v| v.as_bytes()),
+                    Some(&b"application/grpc"[..]),
+                    "{context}"
+                );
+                // A message, then trailers with a status whose message needs percent-encoding
+                // and is longer than the 7-bit length prefix.
+                let failed = call_raw(
+                    &mut client,
+                    "/test.Big/FailAfterOne",
+                    &[],
+                    Some(range_request(b"k%\n")),
+                )
+                .await;
+                assert_eq!(failed.messages.len(), 1, "{context}");
+                assert_eq!(
+                    (failed.code, failed.message),
+                    (Code::FailedPrecondition, "k%\n".repeat(100)),
+                    "{context}"
+                );
+                // A head that h2's own encoder writes, with the dynamic table: had a block
+                // above added to the client's table, the two tables would disagree here.
+                let request = http::Request::builder()
+                    .method("GET")
+                    .uri("http://keel/health")
+                    .body(())
+                    .expect("request");
+                let (response, _) = client.send_request(request, true).expect("send");
+                let response = response.await.expect("a response");
+                assert_eq!(
+                    (response.status(), response.headers().get("content-type")),
+                    (
+                        StatusCode::OK,
+                        Some(&http::HeaderValue::from_static("application/json"))
+                    ),
+                    "{context}"
+                );
+                let mut body = response.into_body();
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk.expect("body data");
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+            }
+        });
+    }
 }
 
 #[test]

@@ -1273,6 +1273,25 @@ impl<B: Buf> SendResponse<B> {
             .map_err(Into::into)
     }
 
+    /// KEEL PATCH: `send_response` with a status and header fields that the caller
+    /// HPACK-encoded once, for a response sent again and again (gRPC's `content-type`).
+    ///
+    /// `encoded` must leave the peer's dynamic table alone: only indexed fields of the
+    /// static table, and literals without indexing or never indexed. It is not checked; a
+    /// block that broke this rule would desync the peer's decoder. A pending dynamic
+    /// table size update is written before it.
+    pub fn send_response_encoded(
+        &mut self,
+        status: http::StatusCode,
+        encoded: Bytes,
+        end_of_stream: bool,
+    ) -> Result<SendStream<B>, crate::Error> {
+        self.inner
+            .send_response_encoded(status, encoded, end_of_stream)
+            .map(|_| SendStream::new(self.inner.clone()))
+            .map_err(Into::into)
+    }
+
     /// Push a request and response to the client
     ///
     /// On success, a [`SendResponse`] instance is returned.

@@ -345,6 +345,12 @@ impl<B: Buf> SendStream<B> {
         self.inner.send_trailers(trailers).map_err(Into::into)
     }
 
+    /// KEEL PATCH: `send_trailers` with fields the caller HPACK-encoded once; the same
+    /// rules as `server::SendResponse::send_response_encoded`.
+    pub fn send_trailers_encoded(&mut self, encoded: Bytes) -> Result<(), crate::Error> {
+        self.inner.send_trailers_encoded(encoded).map_err(Into::into)
+    }
+
     /// Resets the stream.
     ///
     /// This cancels the request / response exchange. If the response has not

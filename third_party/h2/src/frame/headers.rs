@@ -6,7 +6,7 @@ use crate::hpack::{self, BytesStr};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{uri, HeaderMap, Method, Request, StatusCode, Uri};
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use std::fmt;
 use std::io::Cursor;
@@ -100,6 +100,10 @@ struct HeaderBlock {
     /// Pseudo headers, these are broken out as they must be sent as part of the
     /// headers frame.
     pseudo: Pseudo,
+
+    /// KEEL PATCH: header fields already HPACK-encoded, sent after `pseudo` and `fields`
+    /// (see `Headers::with_encoded_fields`).
+    encoded: Option<Bytes>,
 }
 
 #[derive(Debug)]
@@ -126,9 +130,30 @@ impl Headers {
                 fields,
                 is_over_size: false,
                 pseudo,
+                encoded: None,
             },
             flags: HeadersFlag::default(),
         }
+    }
+
+    /// KEEL PATCH: a HEADERS frame whose fields after `pseudo` are `encoded`, an HPACK
+    /// block the caller encoded once. It saves building a `HeaderMap` and encoding it
+    /// again for each response. Only for a block that leaves the decoder's dynamic table
+    /// alone: indexed fields of the static table and literals without indexing or never
+    /// indexed. The encoder writes any pending dynamic table size update first, as the
+    /// block must begin with it. Not checked: a block that broke this rule would desync
+    /// the peer's decoder.
+    pub fn with_encoded_fields(stream_id: StreamId, pseudo: Pseudo, encoded: Bytes) -> Self {
+        let mut frame = Headers::new(stream_id, pseudo, HeaderMap::new());
+        frame.header_block.encoded = Some(encoded);
+        frame
+    }
+
+    /// KEEL PATCH: trailers whose fields are `encoded` (see `with_encoded_fields`).
+    pub fn trailers_with_encoded_fields(stream_id: StreamId, encoded: Bytes) -> Self {
+        let mut frame = Headers::trailers(stream_id, HeaderMap::new());
+        frame.header_block.encoded = Some(encoded);
+        frame
     }
 
     pub fn trailers(stream_id: StreamId, fields: HeaderMap) -> Self {
@@ -143,6 +168,7 @@ impl Headers {
                 fields,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
+                encoded: None,
             },
             flags,
         }
@@ -208,6 +234,7 @@ impl Headers {
                 field_size: 0,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
+                encoded: None,
             },
             flags,
         };
@@ -368,6 +395,7 @@ impl PushPromise {
                 fields,
                 is_over_size: false,
                 pseudo,
+                encoded: None,
             },
             promised_id,
             stream_id,
@@ -459,6 +487,7 @@ impl PushPromise {
                 field_size: 0,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
+                encoded: None,
             },
             promised_id,
             stream_id: head.stream_id(),
@@ -998,6 +1027,10 @@ impl HeaderBlock {
         };
 
         encoder.encode(headers, &mut hpack);
+        // KEEL PATCH: see `Headers::with_encoded_fields`.
+        if let Some(encoded) = self.encoded {
+            hpack.extend_from_slice(&encoded);
+        }
 
         EncodingHeaderBlock { hpack }
     }

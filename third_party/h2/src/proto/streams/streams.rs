@@ -1234,6 +1234,25 @@ impl<B> StreamRef<B> {
         })
     }
 
+    /// KEEL PATCH: `send_trailers` with fields already HPACK-encoded (see
+    /// `frame::Headers::with_encoded_fields`).
+    pub fn send_trailers_encoded(&mut self, encoded: Bytes) -> Result<(), UserError> {
+        let mut me = self.opaque.inner.lock().unwrap();
+        let me = &mut *me;
+
+        let stream = me.store.resolve(self.opaque.key);
+        let actions = &mut me.actions;
+        let mut send_buffer = self.send_buffer.inner.lock().unwrap();
+        let send_buffer = &mut *send_buffer;
+
+        me.counts.transition(stream, |counts, stream| {
+            let frame = frame::Headers::trailers_with_encoded_fields(stream.id, encoded);
+            actions
+                .send
+                .send_trailers(frame, send_buffer, stream, counts, &mut actions.task)
+        })
+    }
+
     pub fn send_reset(&mut self, reason: Reason) {
         let mut me = self.opaque.inner.lock().unwrap();
         let me = &mut *me;
@@ -1313,6 +1332,37 @@ impl<B> StreamRef<B> {
         me.counts.transition(stream, |counts, stream| {
             let frame = server::Peer::convert_send_message(stream.id, response, end_of_stream);
 
+            actions
+                .send
+                .send_headers(frame, send_buffer, stream, counts, &mut actions.task)
+        })
+    }
+
+    /// KEEL PATCH: `send_response` with a status and fields already HPACK-encoded (see
+    /// `frame::Headers::with_encoded_fields`).
+    pub fn send_response_encoded(
+        &mut self,
+        status: http::StatusCode,
+        encoded: Bytes,
+        end_of_stream: bool,
+    ) -> Result<(), UserError> {
+        let mut me = self.opaque.inner.lock().unwrap();
+        let me = &mut *me;
+
+        let stream = me.store.resolve(self.opaque.key);
+        let actions = &mut me.actions;
+        let mut send_buffer = self.send_buffer.inner.lock().unwrap();
+        let send_buffer = &mut *send_buffer;
+
+        me.counts.transition(stream, |counts, stream| {
+            let mut frame = frame::Headers::with_encoded_fields(
+                stream.id,
+                frame::Pseudo::response(status),
+                encoded,
+            );
+            if end_of_stream {
+                frame.set_end_stream();
+            }
             actions
                 .send
                 .send_headers(frame, send_buffer, stream, counts, &mut actions.task)
