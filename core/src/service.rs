@@ -1057,8 +1057,10 @@ impl Api {
 }
 
 fn requires_leader(head: &CallHead) -> bool {
+    // A static name: one given as `&str` is parsed again at every lookup.
+    const HAS_LEADER: http::HeaderName = http::HeaderName::from_static("hasleader");
     head.metadata
-        .get("hasleader")
+        .get(HAS_LEADER)
         .is_some_and(|v| v.as_bytes() == b"true")
 }
 

@@ -682,6 +682,9 @@ impl ResponseSink {
 // call (keel_heap_allocations_total counted it).
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+// The same for lookups: a name given as `&str` is parsed again at every `get`.
+const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// The HPACK block (RFC 7541) of the fields of every gRPC response head after `:status`,
 /// which h2's encoder writes from the static table: `content-type: application/grpc`, a
@@ -969,7 +972,7 @@ async fn serve_stream<H: Handler, R: Runtime>(
         return;
     }
     // We install no decompressor; grpc-go answers a compressed call the same way.
-    if let Some(encoding) = parts.headers.get("grpc-encoding") {
+    if let Some(encoding) = parts.headers.get(GRPC_ENCODING) {
         if encoding != "identity" {
             let status = Status::new(
                 Code::Unimplemented,
@@ -982,7 +985,7 @@ async fn serve_stream<H: Handler, R: Runtime>(
             return;
         }
     }
-    let timeout = match parts.headers.get("grpc-timeout") {
+    let timeout = match parts.headers.get(GRPC_TIMEOUT) {
         None => None,
         Some(value) => match crate::codec::parse_grpc_timeout(value.as_bytes()) {
             Ok(timeout) => Some(timeout),

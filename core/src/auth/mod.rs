@@ -47,8 +47,10 @@ const TOKEN_INDEX_WAIT_MS_MAX: u64 = 5_000;
 
 /// The metadata key a TLS connection's verified client-certificate common name travels under,
 /// from the connection to `who`. Keel sets it; whatever a client sends under it is removed
-/// first (`Api::grpc_from`, `Api::http`).
-pub const CERT_USER_HEADER: &str = "keel-internal-client-cert-cn";
+/// first (`Api::grpc_from`, `Api::http`). A `HeaderName`, not a `&str`: every call removes it,
+/// and a name given as `&str` is parsed again at every lookup.
+pub const CERT_USER_HEADER: http::HeaderName =
+    http::HeaderName::from_static("keel-internal-client-cert-cn");
 
 /// Who a call comes from (etcd's `AuthInfo`): the user and the auth revision its credentials
 /// were resolved at. The default (no user, revision 0) is a call without credentials.
@@ -61,9 +63,11 @@ pub struct AuthInfo {
 /// The token a call carries: gRPC metadata `token`, or `authorization` as etcd's JSON gateway
 /// passes it on (etcd's TokenFieldNameGRPC and TokenFieldNameSwagger).
 fn token_of(headers: &HeaderMap) -> Option<&str> {
+    // A static name: one given as `&str` is parsed again at every lookup.
+    const TOKEN: http::HeaderName = http::HeaderName::from_static("token");
     headers
-        .get("token")
-        .or_else(|| headers.get("authorization"))
+        .get(TOKEN)
+        .or_else(|| headers.get(http::header::AUTHORIZATION))
         .and_then(|v| v.to_str().ok())
 }
 
