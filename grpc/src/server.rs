@@ -613,11 +613,7 @@ impl ResponseSink {
         match std::mem::replace(&mut *wire, Wire::Finished) {
             Wire::Fresh(mut respond) => {
                 let stream = respond
-                    .send_response_encoded(
-                        StatusCode::OK,
-                        Bytes::from_static(RESPONSE_FIELDS_HPACK),
-                        false,
-                    )
+                    .send_response_repeated(StatusCode::OK, &GRPC_RESPONSE_HEAD, false)
                     .map_err(|error| status_from_h2(&error))?;
                 *wire = Wire::Streaming(stream);
             }
@@ -636,9 +632,8 @@ impl ResponseSink {
             // The in-process caller gets the status from the handler itself.
             Wire::Finished | Wire::Local(_) => {}
             Wire::Fresh(mut respond) => {
-                let mut fields = BytesMut::from(RESPONSE_FIELDS_HPACK);
-                fields.extend_from_slice(&encoded_status_fields(status));
-                let _ = respond.send_response_encoded(StatusCode::OK, fields.freeze(), true);
+                let response = grpc_response(StatusCode::OK, Some(status));
+                let _ = respond.send_response(response, true);
             }
             Wire::Streaming(mut stream) if self.frame_torn => {
                 // No trailers can follow a torn message. A deadline or the client's own reset
@@ -658,7 +653,11 @@ impl ResponseSink {
                 stream.send_reset(reason);
             }
             Wire::Streaming(mut stream) => {
-                let _ = stream.send_trailers_encoded(encoded_status_fields(status));
+                let _ = if status.code == Code::Ok && status.message.is_empty() {
+                    stream.send_trailers_repeated(&GRPC_STATUS_OK)
+                } else {
+                    stream.send_trailers(status_headers(status))
+                };
             }
         }
         assert!(matches!(*wire, Wire::Finished));
@@ -686,65 +685,19 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
-/// The HPACK block (RFC 7541) of the fields of every gRPC response head after `:status`,
-/// which h2's encoder writes from the static table: `content-type: application/grpc`, a
-/// literal without indexing whose name is static entry 31 (§6.2.2: `0000 1111`, then
-/// 31 - 15). Encoded once here, where h2 would build a `HeaderMap` per call and encode it
-/// (third_party/h2, KEEL PATCH `send_response_encoded`). A block of static entries and
-/// literals without indexing leaves the peer's dynamic table alone, as h2 requires of it.
-/// It costs the client no more than an indexed field: it copies 16 bytes.
-const RESPONSE_FIELDS_HPACK: &[u8] = b"\x0f\x10\x10application/grpc";
-
-/// `grpc-status: 0`, a literal without indexing with a literal name (§6.2.2): the trailers
-/// of nearly every call.
-const STATUS_OK_HPACK: &[u8] = b"\x00\x0bgrpc-status\x010";
-
-/// The trailer fields of `status` as an HPACK block (see `RESPONSE_FIELDS_HPACK`).
-fn encoded_status_fields(status: &Status) -> Bytes {
-    if status.code == Code::Ok && status.message.is_empty() {
-        return Bytes::from_static(STATUS_OK_HPACK);
-    }
-    let mut fields = BytesMut::new();
-    hpack_literal(
-        &mut fields,
-        GRPC_STATUS.as_str().as_bytes(),
-        status.code.as_header_value().as_bytes(),
-    );
-    if !status.message.is_empty() {
-        hpack_literal(
-            &mut fields,
-            GRPC_MESSAGE.as_str().as_bytes(),
-            status.encoded_message().as_bytes(),
-        );
-    }
-    fields.freeze()
-}
-
-/// A literal header field without indexing, with a literal name, neither Huffman-coded
-/// (RFC 7541 §6.2.2).
-fn hpack_literal(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
-    dst.extend_from_slice(&[0x00]);
-    for string in [name, value] {
-        hpack_integer(dst, 7, string.len());
-        dst.extend_from_slice(string);
-    }
-}
-
-/// An integer with an N-bit prefix (RFC 7541 §5.1); the prefix's other bits are zero.
-fn hpack_integer(dst: &mut BytesMut, prefix_bits: u32, mut value: usize) {
-    let max_prefix = (1usize << prefix_bits) - 1;
-    if value < max_prefix {
-        dst.extend_from_slice(&[value as u8]);
-        return;
-    }
-    dst.extend_from_slice(&[max_prefix as u8]);
-    value -= max_prefix;
-    while value >= 128 {
-        dst.extend_from_slice(&[(value % 128) as u8 | 0x80]);
-        value /= 128;
-    }
-    dst.extend_from_slice(&[value as u8]);
-}
+/// The fields of every gRPC response head after `:status`, and the trailers of nearly every
+/// call. Sent as h2 `RepeatedFields` (third_party/h2, KEEL PATCH): no `HeaderMap` is built
+/// per call, and each connection writes again the HPACK block it wrote for the set last
+/// time, while its dynamic table is unchanged: after the first few calls, one index byte a
+/// field, as h2's encoder writes them.
+static GRPC_RESPONSE_HEAD: h2::RepeatedFields = h2::RepeatedFields::new(&GRPC_RESPONSE_HEAD_FIELDS);
+static GRPC_STATUS_OK: h2::RepeatedFields = h2::RepeatedFields::new(&GRPC_STATUS_OK_FIELDS);
+// Statics of their own: a static's initializer cannot borrow a temporary that has a
+// destructor.
+static GRPC_RESPONSE_HEAD_FIELDS: [(HeaderName, HeaderValue); 1] =
+    [(CONTENT_TYPE, HeaderValue::from_static("application/grpc"))];
+static GRPC_STATUS_OK_FIELDS: [(HeaderName, HeaderValue); 1] =
+    [(GRPC_STATUS, HeaderValue::from_static("0"))];
 
 fn status_headers(status: &Status) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(2);
@@ -1238,33 +1191,6 @@ mod tests {
         ] {
             assert!(!is_grpc_content_type(bad), "{bad}");
         }
-    }
-
-    /// The HPACK blocks sent without h2's encoder. The integration tests decode them with
-    /// h2's client; these pin the encoding itself.
-    #[test]
-    fn status_fields_are_hpack_literals_without_indexing() {
-        assert_eq!(
-            encoded_status_fields(&Status::ok()).as_ref(),
-            b"\x00\x0bgrpc-status\x010"
-        );
-        let mut expected = b"\x00\x0bgrpc-status\x0213\x00\x0cgrpc-message\x04a%25".to_vec();
-        assert_eq!(
-            encoded_status_fields(&Status::new(Code::Internal, "a%")).as_ref(),
-            expected.as_slice()
-        );
-        // A length of 127 or more continues past the 7-bit prefix (§5.1): 200 is 127 + 73.
-        let long = "x".repeat(200);
-        expected = b"\x00\x0bgrpc-status\x012\x00\x0cgrpc-message\x7f\x49".to_vec();
-        expected.extend_from_slice(long.as_bytes());
-        assert_eq!(
-            encoded_status_fields(&Status::new(Code::Unknown, long)).as_ref(),
-            expected.as_slice()
-        );
-        // RFC 7541 C.1.2: 1337 with a 5-bit prefix.
-        let mut big = BytesMut::new();
-        hpack_integer(&mut big, 5, 1337);
-        assert_eq!(big.as_ref(), &[31, 154, 10]);
     }
 
     #[test]

@@ -136,6 +136,8 @@ mod share;
 pub mod fuzz_bridge;
 
 pub use crate::error::{Error, Reason};
+// KEEL PATCH: header fields sent again and again (`SendResponse::send_response_repeated`).
+pub use crate::hpack::RepeatedFields;
 pub use crate::share::{FlowControl, Ping, PingPong, Pong, RecvStream, SendStream, StreamId};
 
 #[cfg(feature = "unstable")]

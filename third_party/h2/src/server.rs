@@ -1273,21 +1273,18 @@ impl<B: Buf> SendResponse<B> {
             .map_err(Into::into)
     }
 
-    /// KEEL PATCH: `send_response` with a status and header fields that the caller
-    /// HPACK-encoded once, for a response sent again and again (gRPC's `content-type`).
-    ///
-    /// `encoded` must leave the peer's dynamic table alone: only indexed fields of the
-    /// static table, and literals without indexing or never indexed. It is not checked; a
-    /// block that broke this rule would desync the peer's decoder. A pending dynamic
-    /// table size update is written before it.
-    pub fn send_response_encoded(
+    /// KEEL PATCH: `send_response` with a status and a set of header fields sent again
+    /// and again (gRPC's `content-type`): no `HeaderMap` is built, and the connection
+    /// reuses the HPACK block it wrote for the set last time while its dynamic table has
+    /// not changed since (see `RepeatedFields`).
+    pub fn send_response_repeated(
         &mut self,
         status: http::StatusCode,
-        encoded: Bytes,
+        repeated: &'static crate::RepeatedFields,
         end_of_stream: bool,
     ) -> Result<SendStream<B>, crate::Error> {
         self.inner
-            .send_response_encoded(status, encoded, end_of_stream)
+            .send_response_repeated(status, repeated, end_of_stream)
             .map(|_| SendStream::new(self.inner.clone()))
             .map_err(Into::into)
     }

@@ -345,10 +345,13 @@ impl<B: Buf> SendStream<B> {
         self.inner.send_trailers(trailers).map_err(Into::into)
     }
 
-    /// KEEL PATCH: `send_trailers` with fields the caller HPACK-encoded once; the same
-    /// rules as `server::SendResponse::send_response_encoded`.
-    pub fn send_trailers_encoded(&mut self, encoded: Bytes) -> Result<(), crate::Error> {
-        self.inner.send_trailers_encoded(encoded).map_err(Into::into)
+    /// KEEL PATCH: `send_trailers` with a set of fields sent again and again (see
+    /// `server::SendResponse::send_response_repeated`).
+    pub fn send_trailers_repeated(
+        &mut self,
+        repeated: &'static crate::RepeatedFields,
+    ) -> Result<(), crate::Error> {
+        self.inner.send_trailers_repeated(repeated).map_err(Into::into)
     }
 
     /// Resets the stream.

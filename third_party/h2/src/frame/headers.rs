@@ -6,7 +6,7 @@ use crate::hpack::{self, BytesStr};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{uri, HeaderMap, Method, Request, StatusCode, Uri};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 
 use std::fmt;
 use std::io::Cursor;
@@ -101,9 +101,9 @@ struct HeaderBlock {
     /// headers frame.
     pseudo: Pseudo,
 
-    /// KEEL PATCH: header fields already HPACK-encoded, sent after `pseudo` and `fields`
-    /// (see `Headers::with_encoded_fields`).
-    encoded: Option<Bytes>,
+    /// KEEL PATCH: fields sent again and again, after `pseudo` and `fields` (see
+    /// `hpack::RepeatedFields`).
+    repeated: Option<&'static hpack::RepeatedFields>,
 }
 
 #[derive(Debug)]
@@ -130,29 +130,33 @@ impl Headers {
                 fields,
                 is_over_size: false,
                 pseudo,
-                encoded: None,
+                repeated: None,
             },
             flags: HeadersFlag::default(),
         }
     }
 
-    /// KEEL PATCH: a HEADERS frame whose fields after `pseudo` are `encoded`, an HPACK
-    /// block the caller encoded once. It saves building a `HeaderMap` and encoding it
-    /// again for each response. Only for a block that leaves the decoder's dynamic table
-    /// alone: indexed fields of the static table and literals without indexing or never
-    /// indexed. The encoder writes any pending dynamic table size update first, as the
-    /// block must begin with it. Not checked: a block that broke this rule would desync
-    /// the peer's decoder.
-    pub fn with_encoded_fields(stream_id: StreamId, pseudo: Pseudo, encoded: Bytes) -> Self {
+    /// KEEL PATCH: a HEADERS frame whose fields after `pseudo` are `repeated`, a set sent
+    /// again and again: no `HeaderMap` is built for it, and the connection's encoder
+    /// reuses the block it wrote for the set last time while its dynamic table is unchanged
+    /// (see `hpack::RepeatedFields`).
+    pub fn with_repeated_fields(
+        stream_id: StreamId,
+        pseudo: Pseudo,
+        repeated: &'static hpack::RepeatedFields,
+    ) -> Self {
         let mut frame = Headers::new(stream_id, pseudo, HeaderMap::new());
-        frame.header_block.encoded = Some(encoded);
+        frame.header_block.repeated = Some(repeated);
         frame
     }
 
-    /// KEEL PATCH: trailers whose fields are `encoded` (see `with_encoded_fields`).
-    pub fn trailers_with_encoded_fields(stream_id: StreamId, encoded: Bytes) -> Self {
+    /// KEEL PATCH: trailers whose fields are `repeated` (see `with_repeated_fields`).
+    pub fn trailers_with_repeated_fields(
+        stream_id: StreamId,
+        repeated: &'static hpack::RepeatedFields,
+    ) -> Self {
         let mut frame = Headers::trailers(stream_id, HeaderMap::new());
-        frame.header_block.encoded = Some(encoded);
+        frame.header_block.repeated = Some(repeated);
         frame
     }
 
@@ -168,7 +172,7 @@ impl Headers {
                 fields,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
-                encoded: None,
+                repeated: None,
             },
             flags,
         }
@@ -234,7 +238,7 @@ impl Headers {
                 field_size: 0,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
-                encoded: None,
+                repeated: None,
             },
             flags,
         };
@@ -395,7 +399,7 @@ impl PushPromise {
                 fields,
                 is_over_size: false,
                 pseudo,
-                encoded: None,
+                repeated: None,
             },
             promised_id,
             stream_id,
@@ -487,7 +491,7 @@ impl PushPromise {
                 field_size: 0,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
-                encoded: None,
+                repeated: None,
             },
             promised_id,
             stream_id: head.stream_id(),
@@ -1027,9 +1031,9 @@ impl HeaderBlock {
         };
 
         encoder.encode(headers, &mut hpack);
-        // KEEL PATCH: see `Headers::with_encoded_fields`.
-        if let Some(encoded) = self.encoded {
-            hpack.extend_from_slice(&encoded);
+        // KEEL PATCH: see `Headers::with_repeated_fields`.
+        if let Some(repeated) = self.repeated {
+            encoder.encode_repeated(repeated, &mut hpack);
         }
 
         EncodingHeaderBlock { hpack }

@@ -1,7 +1,7 @@
 use super::table::{Index, Table};
 use super::{huffman, Header};
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 
 const DEFAULT_MAX_ALLOWED_SIZE: usize = 4 * 1024;
@@ -18,6 +18,51 @@ pub struct Encoder {
     /// across frames instead of being allocated and freed per frame. See
     /// `take_scratch` / `return_scratch`.
     scratch: BytesMut,
+    /// KEEL PATCH: how many times the dynamic table has changed (an insertion, which may
+    /// evict, or a size update). A block that changed nothing decodes the same way for as
+    /// long as this stays put.
+    table_changes: u64,
+    /// KEEL PATCH: the last block written for each `RepeatedFields`, at most
+    /// `REPEATED_BLOCKS_MAX`.
+    repeated: Vec<RepeatedBlock>,
+}
+
+/// KEEL PATCH: a set of header fields that a server sends again and again, such as gRPC's
+/// `content-type: application/grpc` on every response and `grpc-status: 0` in nearly every
+/// trailer.
+///
+/// Sent through `SendResponse::send_response_repeated` or `SendStream::send_trailers_repeated`,
+/// it skips building a `HeaderMap` per response, and the connection's encoder skips
+/// encoding it again: it keeps the block it wrote for the set (known by the set's address,
+/// so it must be a `static`), and writes that block again while the dynamic table has not
+/// changed since. The block's fields are then indexed in the table (after the first few
+/// responses), so the peer decodes them as cheaply as h2 would have encoded them: a block
+/// of literals would have cost each client a copy of every value.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RepeatedFields {
+    fields: &'static [(HeaderName, HeaderValue)],
+}
+
+impl RepeatedFields {
+    /// The set of `fields`, in the order they are sent.
+    pub const fn new(fields: &'static [(HeaderName, HeaderValue)]) -> RepeatedFields {
+        RepeatedFields { fields }
+    }
+
+    fn id(&'static self) -> usize {
+        self as *const RepeatedFields as usize
+    }
+}
+
+/// KEEL PATCH: how many `RepeatedFields` blocks one connection keeps (a limit on every
+/// queue); a server uses a handful of sets.
+const REPEATED_BLOCKS_MAX: usize = 8;
+
+#[derive(Debug)]
+struct RepeatedBlock {
+    id: usize,
+    table_changes: u64,
+    block: Bytes,
 }
 
 #[derive(Debug, Copy, Clone, Eq, PartialEq)]
@@ -35,6 +80,8 @@ impl Encoder {
             max_allowed_size: DEFAULT_MAX_ALLOWED_SIZE,
             size_update: None,
             scratch: BytesMut::new(),
+            table_changes: 0,
+            repeated: Vec::new(),
         }
     }
 
@@ -114,7 +161,7 @@ impl Encoder {
                 // The header has an associated name. In which case, try to
                 // index it in the table.
                 Ok(header) => {
-                    let index = self.table.index(header);
+                    let index = self.index(header);
                     self.encode_header(&index, dst);
 
                     last_index = Some(index);
@@ -136,7 +183,66 @@ impl Encoder {
         }
     }
 
+    /// KEEL PATCH: `Table::index`, counting the changes it makes to the table.
+    fn index(&mut self, header: Header) -> Index {
+        let index = self.table.index(header);
+        if matches!(index, Index::Inserted(..) | Index::InsertedValue(..)) {
+            self.table_changes += 1;
+        }
+        index
+    }
+
+    /// KEEL PATCH: writes `fields` (see `RepeatedFields`), after whatever `encode` wrote
+    /// into `dst` for the same header block (a size update the table owed comes first).
+    pub fn encode_repeated(&mut self, fields: &'static RepeatedFields, dst: &mut BytesMut) {
+        debug_assert!(self.size_update.is_none(), "a size update goes first");
+        let id = fields.id();
+        let changes_before = self.table_changes;
+        if let Some(kept) = self
+            .repeated
+            .iter()
+            .find(|kept| kept.id == id && kept.table_changes == changes_before)
+        {
+            dst.extend_from_slice(&kept.block);
+            return;
+        }
+        let start = dst.len();
+        for (name, value) in fields.fields {
+            let index = self.index(Header::Field {
+                name: name.clone(),
+                value: value.clone(),
+            });
+            self.encode_header(&index, dst);
+        }
+        // A block that inserted into the table is not written again: the next time, its
+        // fields are found in the table and the block differs.
+        if self.table_changes != changes_before {
+            return;
+        }
+        let block = Bytes::copy_from_slice(&dst[start..]);
+        match self.repeated.iter_mut().find(|kept| kept.id == id) {
+            Some(kept) => {
+                kept.table_changes = changes_before;
+                kept.block = block;
+            }
+            None => {
+                if self.repeated.len() == REPEATED_BLOCKS_MAX {
+                    self.repeated.remove(0);
+                }
+                self.repeated.push(RepeatedBlock {
+                    id,
+                    table_changes: changes_before,
+                    block,
+                });
+            }
+        }
+    }
+
     fn encode_size_updates(&mut self, dst: &mut BytesMut) {
+        if self.size_update.is_some() {
+            // KEEL PATCH: see `table_changes`.
+            self.table_changes += 1;
+        }
         match self.size_update.take() {
             Some(SizeUpdate::One(val)) => {
                 self.table.resize(val);

@@ -1234,9 +1234,12 @@ impl<B> StreamRef<B> {
         })
     }
 
-    /// KEEL PATCH: `send_trailers` with fields already HPACK-encoded (see
-    /// `frame::Headers::with_encoded_fields`).
-    pub fn send_trailers_encoded(&mut self, encoded: Bytes) -> Result<(), UserError> {
+    /// KEEL PATCH: `send_trailers` with a set of fields sent again and again (see
+    /// `frame::Headers::with_repeated_fields`).
+    pub fn send_trailers_repeated(
+        &mut self,
+        repeated: &'static crate::hpack::RepeatedFields,
+    ) -> Result<(), UserError> {
         let mut me = self.opaque.inner.lock().unwrap();
         let me = &mut *me;
 
@@ -1246,7 +1249,7 @@ impl<B> StreamRef<B> {
         let send_buffer = &mut *send_buffer;
 
         me.counts.transition(stream, |counts, stream| {
-            let frame = frame::Headers::trailers_with_encoded_fields(stream.id, encoded);
+            let frame = frame::Headers::trailers_with_repeated_fields(stream.id, repeated);
             actions
                 .send
                 .send_trailers(frame, send_buffer, stream, counts, &mut actions.task)
@@ -1338,12 +1341,12 @@ impl<B> StreamRef<B> {
         })
     }
 
-    /// KEEL PATCH: `send_response` with a status and fields already HPACK-encoded (see
-    /// `frame::Headers::with_encoded_fields`).
-    pub fn send_response_encoded(
+    /// KEEL PATCH: `send_response` with a status and a set of fields sent again and again
+    /// (see `frame::Headers::with_repeated_fields`).
+    pub fn send_response_repeated(
         &mut self,
         status: http::StatusCode,
-        encoded: Bytes,
+        repeated: &'static crate::hpack::RepeatedFields,
         end_of_stream: bool,
     ) -> Result<(), UserError> {
         let mut me = self.opaque.inner.lock().unwrap();
@@ -1355,10 +1358,10 @@ impl<B> StreamRef<B> {
         let send_buffer = &mut *send_buffer;
 
         me.counts.transition(stream, |counts, stream| {
-            let mut frame = frame::Headers::with_encoded_fields(
+            let mut frame = frame::Headers::with_repeated_fields(
                 stream.id,
                 frame::Pseudo::response(status),
-                encoded,
+                repeated,
             );
             if end_of_stream {
                 frame.set_end_stream();
