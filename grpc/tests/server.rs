@@ -596,6 +596,38 @@ fn unary_round_trip_with_metadata_and_error_mapping() {
 /// the table itself: either way the client's table and the server's would differ, and a
 /// later field would decode as another. Heads back to back, then rounds that mix in
 /// statuses and an HTTP answer that h2 encodes from a `HeaderMap`.
+/// `count` Range calls at once on `client`'s connection, each in a task of its own.
+fn spawn_ranges(client: &SendRequest<Bytes>, count: usize) -> Vec<glommio::Task<Reply>> {
+    (0..count)
+        .map(|_| {
+            let mut client = client.clone();
+            glommio::spawn_local(async move {
+                call_raw(
+                    &mut client,
+                    "/etcdserverpb.KV/Range",
+                    &[],
+                    Some(range_request(b"k")),
+                )
+                .await
+            })
+        })
+        .collect()
+}
+
+/// A gRPC answer's content type and status, as `context` expects them.
+fn assert_grpc_reply(reply: &Reply, code: Code, message: &str, context: &str) {
+    assert_eq!(
+        (reply.code, reply.message.as_str()),
+        (code, message),
+        "{context}: {reply:?}"
+    );
+    assert_eq!(
+        reply.content_type.as_ref().map(|v| v.as_bytes()),
+        Some(&b"application/grpc"[..]),
+        "{context}"
+    );
+}
+
 #[test]
 fn repeated_response_fields_decode_with_any_header_table_size() {
     for table_bytes in [0, 4096, 64 * 1024] {
@@ -605,28 +637,9 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
             let mut client = connect_with(server_addr(), builder).await;
             // Calls at once on a fresh connection: heads go out back to back, the first
             // inserting into the table, the next ones finding it there.
-            let calls: Vec<_> = (0..20)
-                .map(|_| {
-                    let mut client = client.clone();
-                    glommio::spawn_local(async move {
-                        call_raw(
-                            &mut client,
-                            "/etcdserverpb.KV/Range",
-                            &[],
-                            Some(range_request(b"k")),
-                        )
-                        .await
-                    })
-                })
-                .collect();
-            for call in calls {
+            for call in spawn_ranges(&client, 20) {
                 let reply = call.await;
-                assert_eq!(reply.code, Code::Ok, "table {table_bytes}: {reply:?}");
-                assert_eq!(
-                    reply.content_type.as_ref().map(|v| v.as_bytes()),
-                    Some(&b"application/grpc"[..]),
-                    "table {table_bytes}"
-                );
+                assert_grpc_reply(&reply, Code::Ok, "", &format!("table {table_bytes}"));
             }
             for round in 0..3 {
                 let context = format!("table {table_bytes}, round {round}");
@@ -637,13 +650,8 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
                     Some(range_request(b"foo")),
                 )
                 .await;
-                assert_eq!(ok.code, Code::Ok, "{context}: {ok:?}");
+                assert_grpc_reply(&ok, Code::Ok, "", &context);
                 assert_eq!(ok.messages.len(), 1, "{context}");
-                assert_eq!(
-                    ok.content_type.as_ref().map(|v| v.as_bytes()),
-                    Some(&b"application/grpc"[..]),
-                    "{context}"
-                );
                 // A trailers-only answer: its head carries the status.
                 let error = call_raw(
                     &mut client,
@@ -652,18 +660,15 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
                     Some(range_request(b"")),
                 )
                 .await;
-                assert_eq!(
-                    (error.code, error.message.as_str()),
-                    (Code::InvalidArgument, "etcdserver: key is not provided"),
-                    "{context}"
+                assert_grpc_reply(
+                    &error,
+                    Code::InvalidArgument,
+                    "etcdserver: key is not provided",
+                    &context,
                 );
-                assert_eq!(
-                    error.content_type.as_ref().map(|v| v.as_bytes()),
-                    Some(&b"application/grpc"[..]),
-                    "{context}"
-                );
-                // A message, then trailers with a status whose message needs percent-encoding
-                // and is longer than the 7-bit length prefix.
+                // A message, then trailers with an error status, which h2 encodes from a
+                // `HeaderMap`: its message needs percent-encoding, and its length is past
+                // HPACK's 7-bit prefix.
                 let failed = call_raw(
                     &mut client,
                     "/test.Big/FailAfterOne",
@@ -679,26 +684,15 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
                 );
                 // A head that h2's own encoder writes, with the dynamic table: had a block
                 // above added to the client's table, the two tables would disagree here.
-                let request = http::Request::builder()
-                    .method("GET")
-                    .uri("http://keel/health")
-                    .body(())
-                    .expect("request");
-                let (response, _) = client.send_request(request, true).expect("send");
-                let response = response.await.expect("a response");
+                let (status, content_type, _) = get_health(&mut client).await;
                 assert_eq!(
-                    (response.status(), response.headers().get("content-type")),
+                    (status, content_type),
                     (
                         StatusCode::OK,
-                        Some(&http::HeaderValue::from_static("application/json"))
+                        Some(http::HeaderValue::from_static("application/json"))
                     ),
                     "{context}"
                 );
-                let mut body = response.into_body();
-                while let Some(chunk) = body.data().await {
-                    let chunk = chunk.expect("body data");
-                    let _ = body.flow_control().release_capacity(chunk.len());
-                }
             }
         });
     }
@@ -708,20 +702,7 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
 fn many_concurrent_unary_calls_on_one_connection() {
     run_client(|| async {
         let client = connect().await;
-        let mut calls = Vec::new();
-        for _ in 0..200 {
-            let mut client = client.clone();
-            calls.push(glommio::spawn_local(async move {
-                call_raw(
-                    &mut client,
-                    "/etcdserverpb.KV/Range",
-                    &[],
-                    Some(range_request(b"k")),
-                )
-                .await
-            }));
-        }
-        for call in calls {
+        for call in spawn_ranges(&client, 200) {
             let reply = call.await;
             assert_eq!(reply.code, Code::Ok);
             assert_eq!(reply.messages.len(), 1);
@@ -937,23 +918,37 @@ fn non_grpc_content_type_is_http_415() {
 fn http2_get_health_is_served_by_the_http_endpoints() {
     run_client(|| async {
         let mut client = connect().await;
-        let request = http::Request::builder()
-            .method("GET")
-            .uri("http://keel/health")
-            .body(())
-            .expect("request");
-        let (response, _) = client.send_request(request, true).expect("send");
-        let response = response.await.expect("a response");
-        assert_eq!(response.status(), StatusCode::OK);
-        let mut body = response.into_body();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.expect("body data");
-            let _ = body.flow_control().release_capacity(chunk.len());
-            bytes.extend_from_slice(&chunk);
-        }
-        assert_eq!(bytes, b"{\"health\":\"true\",\"reason\":\"\"}");
+        let (status, _, body) = get_health(&mut client).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, b"{\"health\":\"true\",\"reason\":\"\"}");
     });
+}
+
+/// A plain HTTP/2 GET of /health: the status, the content type and the body.
+async fn get_health(
+    client: &mut SendRequest<Bytes>,
+) -> (StatusCode, Option<http::HeaderValue>, Vec<u8>) {
+    let request = http::Request::builder()
+        .method("GET")
+        .uri("http://keel/health")
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send");
+    let response = response.await.expect("a response");
+    let status = response.status();
+    let content_type = response.headers().get("content-type").cloned();
+    (status, content_type, read_body(response.into_body()).await)
+}
+
+/// A plain HTTP/2 answer's whole body.
+async fn read_body(mut body: RecvStream) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
+    }
+    bytes
 }
 
 /// A plain HTTP/2 POST of `body` to /echo: the status and the answer's body.
@@ -968,14 +963,7 @@ async fn post_echo(client: &mut SendRequest<Bytes>, body: Bytes) -> (StatusCode,
     send.send_data(body, true).expect("the body is sent");
     let response = response.await.expect("a response");
     let status = response.status();
-    let mut body = response.into_body();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.expect("body data");
-        let _ = body.flow_control().release_capacity(chunk.len());
-        bytes.extend_from_slice(&chunk);
-    }
-    (status, bytes)
+    (status, read_body(response.into_body()).await)
 }
 
 #[test]
