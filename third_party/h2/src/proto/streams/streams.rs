@@ -1189,6 +1189,13 @@ where
 
 // ===== impl StreamRef =====
 
+/// KEEL PATCH: which HEADERS frame `StreamRef::send_headers_frame` sends.
+#[derive(Clone, Copy)]
+enum HeadersKind {
+    Response,
+    Trailers,
+}
+
 impl<B> StreamRef<B> {
     pub fn send_data(&mut self, data: B, end_stream: bool) -> Result<(), UserError>
     where
@@ -1215,22 +1222,8 @@ impl<B> StreamRef<B> {
     }
 
     pub fn send_trailers(&mut self, trailers: HeaderMap) -> Result<(), UserError> {
-        let mut me = self.opaque.inner.lock().unwrap();
-        let me = &mut *me;
-
-        let stream = me.store.resolve(self.opaque.key);
-        let actions = &mut me.actions;
-        let mut send_buffer = self.send_buffer.inner.lock().unwrap();
-        let send_buffer = &mut *send_buffer;
-
-        me.counts.transition(stream, |counts, stream| {
-            // Create the trailers frame
-            let frame = frame::Headers::trailers(stream.id, trailers);
-
-            // Send the trailers frame
-            actions
-                .send
-                .send_trailers(frame, send_buffer, stream, counts, &mut actions.task)
+        self.send_headers_frame(HeadersKind::Trailers, |id| {
+            frame::Headers::trailers(id, trailers)
         })
     }
 
@@ -1239,6 +1232,18 @@ impl<B> StreamRef<B> {
     pub fn send_trailers_repeated(
         &mut self,
         repeated: &'static crate::hpack::RepeatedFields,
+    ) -> Result<(), UserError> {
+        self.send_headers_frame(HeadersKind::Trailers, |id| {
+            frame::Headers::trailers_with_repeated_fields(id, repeated)
+        })
+    }
+
+    /// KEEL PATCH: what `send_response` and `send_trailers` share (upstream wrote it out in
+    /// each): sends the HEADERS frame `make` builds for the stream's id, under the locks.
+    fn send_headers_frame(
+        &mut self,
+        kind: HeadersKind,
+        make: impl FnOnce(StreamId) -> frame::Headers,
     ) -> Result<(), UserError> {
         let mut me = self.opaque.inner.lock().unwrap();
         let me = &mut *me;
@@ -1249,10 +1254,20 @@ impl<B> StreamRef<B> {
         let send_buffer = &mut *send_buffer;
 
         me.counts.transition(stream, |counts, stream| {
-            let frame = frame::Headers::trailers_with_repeated_fields(stream.id, repeated);
-            actions
-                .send
-                .send_trailers(frame, send_buffer, stream, counts, &mut actions.task)
+            let frame = make(stream.id);
+            let task = &mut actions.task;
+            match kind {
+                HeadersKind::Response => {
+                    actions
+                        .send
+                        .send_headers(frame, send_buffer, stream, counts, task)
+                }
+                HeadersKind::Trailers => {
+                    actions
+                        .send
+                        .send_trailers(frame, send_buffer, stream, counts, task)
+                }
+            }
         })
     }
 
@@ -1324,20 +1339,8 @@ impl<B> StreamRef<B> {
     ) -> Result<(), UserError> {
         // Clear before taking lock, incase extensions contain a StreamRef.
         response.extensions_mut().clear();
-        let mut me = self.opaque.inner.lock().unwrap();
-        let me = &mut *me;
-
-        let stream = me.store.resolve(self.opaque.key);
-        let actions = &mut me.actions;
-        let mut send_buffer = self.send_buffer.inner.lock().unwrap();
-        let send_buffer = &mut *send_buffer;
-
-        me.counts.transition(stream, |counts, stream| {
-            let frame = server::Peer::convert_send_message(stream.id, response, end_of_stream);
-
-            actions
-                .send
-                .send_headers(frame, send_buffer, stream, counts, &mut actions.task)
+        self.send_headers_frame(HeadersKind::Response, |id| {
+            server::Peer::convert_send_message(id, response, end_of_stream)
         })
     }
 
@@ -1349,26 +1352,13 @@ impl<B> StreamRef<B> {
         repeated: &'static crate::hpack::RepeatedFields,
         end_of_stream: bool,
     ) -> Result<(), UserError> {
-        let mut me = self.opaque.inner.lock().unwrap();
-        let me = &mut *me;
-
-        let stream = me.store.resolve(self.opaque.key);
-        let actions = &mut me.actions;
-        let mut send_buffer = self.send_buffer.inner.lock().unwrap();
-        let send_buffer = &mut *send_buffer;
-
-        me.counts.transition(stream, |counts, stream| {
-            let mut frame = frame::Headers::with_repeated_fields(
-                stream.id,
-                frame::Pseudo::response(status),
-                repeated,
-            );
+        self.send_headers_frame(HeadersKind::Response, |id| {
+            let mut frame =
+                frame::Headers::with_repeated_fields(id, frame::Pseudo::response(status), repeated);
             if end_of_stream {
                 frame.set_end_stream();
             }
-            actions
-                .send
-                .send_headers(frame, send_buffer, stream, counts, &mut actions.task)
+            frame
         })
     }
 
