@@ -21,15 +21,72 @@ async fn connect(url: &str) -> Client {
 }
 
 /// Each member's (applied index, compact revision, Hash, header revision), asked of every
-/// member in turn.
-async fn snapshot(clients: &mut [Client]) -> Vec<(u64, i64, u32, i64)> {
+/// member in turn, and whether the member stood still while it was asked: its applied index
+/// is read again after the Hash. A compaction is an entry, so one the leader proposes between
+/// a member's status and its Hash moves that index; without the second read such a member
+/// looks as if it applied what the others did yet hashes a compacted store.
+async fn snapshot(clients: &mut [Client]) -> (Vec<(u64, i64, u32, i64)>, bool) {
     let mut out = Vec::new();
+    let mut still = true;
     for c in clients.iter_mut() {
         let applied = c.status().await.expect("status").raft_applied_index();
         let compact = c.hash_kv(0).await.expect("hash_kv").compact_version();
         let h = c.hash().await.expect("hash");
         let revision = h.header().expect("a header").revision();
+        let applied_after = c.status().await.expect("status").raft_applied_index();
+        still &= applied_after == applied;
         out.push((applied, compact, h.hash(), revision));
+    }
+    (out, still)
+}
+
+/// What each member holds, for a failure message that says which part of the state differs:
+/// HashKV at every revision up to `revision` (the first that differs names the write; 0 where
+/// compacted), the leases with their granted TTLs, the voters and the keys.
+async fn diagnose(clients: &mut [Client], revision: i64) -> String {
+    let mut out = String::new();
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut kv = Vec::new();
+        for r in 1..=revision {
+            kv.push(c.hash_kv(r).await.map(|h| h.hash()).unwrap_or(0));
+        }
+        let mut leases = Vec::new();
+        for l in c.leases().await.expect("leases").leases() {
+            let ttl = c.lease_time_to_live(l.id(), None).await.expect("ttl");
+            leases.push((l.id(), ttl.granted_ttl()));
+        }
+        let mut voters: Vec<u64> = c
+            .member_list()
+            .await
+            .expect("member list")
+            .members()
+            .iter()
+            .filter(|m| !m.is_learner())
+            .map(|m| m.id())
+            .collect();
+        voters.sort_unstable();
+        let all = c
+            .get("", Some(etcd_client::GetOptions::new().with_all_keys()))
+            .await
+            .expect("get all");
+        let keys: Vec<String> = all
+            .kvs()
+            .iter()
+            .map(|kv| {
+                format!(
+                    "{}={}@{}/{}/{}/{}",
+                    String::from_utf8_lossy(kv.key()),
+                    String::from_utf8_lossy(kv.value()),
+                    kv.create_revision(),
+                    kv.mod_revision(),
+                    kv.version(),
+                    kv.lease()
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "n{i}: HashKV by revision {kv:?}\n    leases {leases:?} voters {voters:?}\n    keys {keys:?}\n"
+        ));
     }
     out
 }
@@ -39,14 +96,19 @@ async fn snapshot(clients: &mut [Client]) -> Vec<(u64, i64, u32, i64)> {
 async fn agreed_state(clients: &mut [Client], timeout: Duration) -> (u64, i64, u32, i64) {
     let start = Instant::now();
     loop {
-        let before = snapshot(clients).await;
-        let after = snapshot(clients).await;
-        let quiet = before
-            .iter()
-            .chain(after.iter())
-            .all(|s| s.0 == before[0].0);
+        let (before, still_before) = snapshot(clients).await;
+        let (after, still_after) = snapshot(clients).await;
+        let quiet = still_before
+            && still_after
+            && before
+                .iter()
+                .chain(after.iter())
+                .all(|s| s.0 == before[0].0);
         if quiet {
             // Same index applied everywhere: everything replicated must hash the same.
+            if after.iter().any(|s| *s != after[0]) {
+                eprintln!("{}", diagnose(clients, after[0].3).await);
+            }
             for (i, s) in after.iter().enumerate() {
                 assert_eq!(
                     *s, after[0],
