@@ -30,6 +30,16 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     // Every size limit must hold the one before it, or a request a shard accepted could stop
     // the raft core: refuse to start instead.
     Limits::new(&config).assert_nested();
+    // Every port before the data directory, as etcd binds its listeners before it opens it.
+    for addr in config
+        .listen_peer
+        .iter()
+        .chain(&config.listen_client)
+        .chain(&config.listen_metrics)
+        .map(|l| l.addr)
+    {
+        rt::ensure_unused(addr).map_err(|source| CoreError::Listen { addr, source })?;
+    }
     let _lock = lock_data_dir(&config)?;
     let (identity, bootstrap) = Identity::load_or_create(&config)?;
     crate::lifecycle::log_starting(&identity, &bootstrap);

@@ -172,6 +172,26 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
 }
 
+/// Fails with EADDRINUSE when something already listens on `addr`, as etcd's start does
+/// ("bind: address already in use"). Call it before the first [`bind_listener`] of `addr`:
+/// that one sets SO_REUSEPORT so that every shard can bind the address, and Linux lets any
+/// process of the same user join such a group, so a second member started on a taken port
+/// would otherwise share it and take half of its clients. This probe sets only SO_REUSEADDR,
+/// which a listener blocks and a previous owner's TIME_WAIT connections do not.
+pub fn ensure_unused(addr: SocketAddr) -> std::io::Result<()> {
+    if addr.port() == 0 {
+        // The kernel picks a free port for each bind.
+        return Ok(());
+    }
+    let probe = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into())
+}
+
 /// The socket under [`bind_listener`]: bound and listening, not yet tied to an executor.
 fn listening_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
     // socket2 opens it with SOCK_CLOEXEC, as glommio does.

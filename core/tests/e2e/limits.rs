@@ -415,6 +415,84 @@ async fn keel_takes_over_the_ports_of_an_etcd_that_just_stopped() {
     drop(etcd);
 }
 
+/// A second server started on a port the first one listens on stops at once with "address
+/// already in use", as etcd does, and the first one goes on serving. Keel's shards bind their
+/// client ports with SO_REUSEPORT, which Linux lets another process of the same user join:
+/// without its check at start, the second member shared the port and took half of the
+/// first one's clients.
+#[test]
+fn a_second_member_on_a_taken_port_stops_as_etcd_does() {
+    for kind in [Kind::Etcd, Kind::Keel] {
+        let first = Server::start(kind, &[]);
+        for (taken, client_port, peer_port) in [
+            ("client", first.client_port, crate::common::free_port()),
+            ("peer", crate::common::free_port(), first.peer_port),
+        ] {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let client = format!("http://127.0.0.1:{client_port}");
+            let peer = format!("http://127.0.0.1:{peer_port}");
+            let program = match kind {
+                Kind::Keel => env!("CARGO_BIN_EXE_keel"),
+                Kind::Etcd => "etcd",
+            };
+            let mut second = std::process::Command::new(program)
+                .args(["--name", "second", "--data-dir"])
+                .arg(dir.path().join("data"))
+                .args([
+                    "--listen-client-urls",
+                    &client,
+                    "--advertise-client-urls",
+                    &client,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer,
+                    "--initial-advertise-peer-urls",
+                    &peer,
+                ])
+                .args(["--initial-cluster", &format!("second={peer}")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("the second server runs");
+            let started = Instant::now();
+            let status = loop {
+                if let Some(status) = second.try_wait().expect("wait") {
+                    break status;
+                }
+                if started.elapsed() > Duration::from_secs(20) {
+                    let _ = second.kill();
+                    panic!("{kind:?}: a second member on the taken {taken} port kept running");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            let mut stderr = String::new();
+            second
+                .stderr
+                .take()
+                .expect("piped")
+                .read_to_string(&mut stderr)
+                .expect("its stderr");
+            assert!(!status.success(), "{kind:?}, {taken} port: {status}");
+            assert!(
+                stderr.to_lowercase().contains("address already in use"),
+                "{kind:?}, {taken} port: {stderr}"
+            );
+        }
+        // The first one was not disturbed: it alone answers on its client port.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let mut c = client(&first).await;
+                c.put("still-here", "yes", None).await.expect("a put");
+                let r = c.get("still-here", None).await.expect("a get");
+                assert_eq!(r.kvs()[0].value(), b"yes", "{kind:?}");
+            });
+    }
+}
+
 /// Raw TCP to `port` that sends the HTTP/2 preface; returns how long until the server closed
 /// it, or `None` when it answered with SETTINGS instead (the connection was served).
 fn time_to_close(port: u16) -> Option<Duration> {
