@@ -178,6 +178,11 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// process of the same user join such a group, so a second member started on a taken port
 /// would otherwise share it and take half of its clients. This probe sets only SO_REUSEADDR,
 /// which a listener blocks and a previous owner's TIME_WAIT connections do not.
+///
+/// A listener stays for a few milliseconds after its process was killed and reaped (5-10 ms
+/// after a `kill -9` here): io_uring tears a dead process's ring down in the background,
+/// and requests still in flight on the listener hold it open until then. A port in use is
+/// therefore probed again for up to `PORT_FREED_WAIT` before the start gives up.
 pub fn ensure_unused(addr: SocketAddr) -> std::io::Result<()> {
     if addr.port() == 0 {
         // The kernel picks a free port for each bind.
@@ -189,8 +194,22 @@ pub fn ensure_unused(addr: SocketAddr) -> std::io::Result<()> {
         Some(socket2::Protocol::TCP),
     )?;
     probe.set_reuse_address(true)?;
-    probe.bind(&addr.into())
+    let started = std::time::Instant::now();
+    loop {
+        match probe.bind(&addr.into()) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && started.elapsed() < PORT_FREED_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            bound => return bound,
+        }
+    }
 }
+
+/// How long [`ensure_unused`] waits for a port in use to be freed.
+const PORT_FREED_WAIT: Duration = Duration::from_secs(2);
 
 /// The socket under [`bind_listener`]: bound and listening, not yet tied to an executor.
 fn listening_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
@@ -463,6 +482,34 @@ mod tests {
             .expect_err("TIME_WAIT blocks a plain bind");
         assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
         listening_socket(addr).expect("SO_REUSEADDR takes the port over");
+    }
+
+    #[test]
+    fn a_port_counts_as_taken_while_it_is_listened_on_and_free_once_that_ends() {
+        // Taken by a listener of our own kind (SO_REUSEPORT): the probe refuses it, having
+        // waited for it to be freed.
+        let taken = listening_socket("127.0.0.1:0".parse().expect("an address")).expect("bind");
+        let addr = taken
+            .local_addr()
+            .expect("address")
+            .as_socket()
+            .expect("an inet address");
+        let started = std::time::Instant::now();
+        let err = ensure_unused(addr).expect_err("a listened-on port is taken");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+        assert!(started.elapsed() >= PORT_FREED_WAIT);
+        // Freed while the probe waits (as a killed process's listener is, a moment after it
+        // was reaped): the probe takes it.
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(taken);
+        });
+        let taken_again = listening_socket(addr).expect("our own kind joins the group");
+        drop(taken_again);
+        ensure_unused(addr).expect("free once the listener is closed");
+        closer.join().expect("the closer ends");
+        // Port 0 is never taken.
+        ensure_unused("127.0.0.1:0".parse().expect("an address")).expect("port 0");
     }
 
     #[test]
