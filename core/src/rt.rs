@@ -188,12 +188,7 @@ pub fn ensure_unused(addr: SocketAddr) -> std::io::Result<()> {
         // The kernel picks a free port for each bind.
         return Ok(());
     }
-    let probe = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    probe.set_reuse_address(true)?;
+    let probe = reusable_tcp_socket(addr)?;
     let started = std::time::Instant::now();
     loop {
         match probe.bind(&addr.into()) {
@@ -208,18 +203,24 @@ pub fn ensure_unused(addr: SocketAddr) -> std::io::Result<()> {
     }
 }
 
-/// How long [`ensure_unused`] waits for a port in use to be freed.
-const PORT_FREED_WAIT: Duration = Duration::from_secs(2);
-
-/// The socket under [`bind_listener`]: bound and listening, not yet tied to an executor.
-fn listening_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
-    // socket2 opens it with SOCK_CLOEXEC, as glommio does.
+/// An unbound TCP socket for `addr`'s family with SO_REUSEADDR, as Go sets it on every
+/// listener. socket2 opens it with SOCK_CLOEXEC, as glommio does.
+fn reusable_tcp_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )?;
     socket.set_reuse_address(true)?;
+    Ok(socket)
+}
+
+/// How long [`ensure_unused`] waits for a port in use to be freed.
+const PORT_FREED_WAIT: Duration = Duration::from_secs(2);
+
+/// The socket under [`bind_listener`]: bound and listening, not yet tied to an executor.
+fn listening_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    let socket = reusable_tcp_socket(addr)?;
     socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;

@@ -72,17 +72,7 @@ async fn diagnose(clients: &mut [Client], revision: i64) -> String {
         let keys: Vec<String> = all
             .kvs()
             .iter()
-            .map(|kv| {
-                format!(
-                    "{}={}@{}/{}/{}/{}",
-                    String::from_utf8_lossy(kv.key()),
-                    String::from_utf8_lossy(kv.value()),
-                    kv.create_revision(),
-                    kv.mod_revision(),
-                    kv.version(),
-                    kv.lease()
-                )
-            })
+            .map(crate::common::key_value_line)
             .collect();
         out.push_str(&format!(
             "n{i}: HashKV by revision {kv:?}\n    leases {leases:?} voters {voters:?}\n    keys {keys:?}\n"

@@ -847,3 +847,17 @@ impl OpensslPki {
         self.path(name).display().to_string()
     }
 }
+
+/// One key-value as a line for comparisons and failure messages: key, value and the fields
+/// etcd versions it by (create and mod revision, version, lease).
+pub fn key_value_line(kv: &etcd_client::KeyValue) -> String {
+    format!(
+        "{}={} c{} m{} v{} l{}",
+        String::from_utf8_lossy(kv.key()),
+        String::from_utf8_lossy(kv.value()),
+        kv.create_revision(),
+        kv.mod_revision(),
+        kv.version(),
+        kv.lease()
+    )
+}

@@ -1075,17 +1075,7 @@ async fn a_txn_deleting_more_keys_than_a_step_answers_whole_with_etcds_prev_kv()
 fn txn_summary(r: &etcd_client::TxnResponse) -> String {
     fn kvs(kvs: &[etcd_client::KeyValue]) -> String {
         kvs.iter()
-            .map(|kv| {
-                format!(
-                    "{}={} c{} m{} v{} l{}",
-                    String::from_utf8_lossy(kv.key()),
-                    String::from_utf8_lossy(kv.value()),
-                    kv.create_revision(),
-                    kv.mod_revision(),
-                    kv.version(),
-                    kv.lease()
-                )
-            })
+            .map(crate::common::key_value_line)
             .collect::<Vec<_>>()
             .join(", ")
     }
