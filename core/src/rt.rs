@@ -251,25 +251,53 @@ pub fn disable_transparent_huge_pages() -> std::io::Result<()> {
     }
 }
 
-/// Returns the memory this thread freed to the OS now, rather than keep it for reuse: for
-/// the rare steps that free copies of the index's size (a checkpoint, a restore), after
-/// which a member at rest would otherwise hold them.
+/// Hands all memory freed into the allocator's arenas since the last purge back to the OS
+/// now, whatever its delay, rather than keep it for reuse. It costs what the purged ranges
+/// cost to unmap, on the calling thread. Called for the rare steps that free copies of the
+/// index's size (a checkpoint, a restore), and as the purger's turn (see
+/// `leave_freed_memory_to_the_purger`). A member at rest makes no allocation calls, so
+/// without these it would also keep what a load freed: measured after a load of 1M keys of
+/// 1 KiB, 360 MiB held 20 s after the load against 239 MiB once purged.
 pub fn release_freed_memory() {
     // SAFETY: mi_collect takes no pointers and may be called from any thread at any time;
     // where mimalloc is not the global allocator (the library's tests) it collects an empty
-    // heap.
+    // heap. Forced, it purges every range scheduled for purging in every arena, whichever
+    // thread freed it.
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
-/// Runs mimalloc's purge of freed memory whose purge delay has passed. mimalloc purges lazily:
-/// memory freed into its arenas is scheduled to go back to the OS after a short delay, but only
-/// a later call into the allocator's slow paths carries the purge out, and a member at rest
-/// makes none. Measured after a load of 1M keys of 1 KiB: 360 MiB held 20 s after the load
-/// against 239 MiB once this ran. Cheap (the caller's heap is visited, and only what has
-/// expired is purged), so a thread with a timer calls it on each tick.
-pub fn purge_expired_freed_memory() {
-    // SAFETY: as in `release_freed_memory`.
-    unsafe { libmimalloc_sys::mi_collect(false) };
+/// How often one thread beside the cores hands the memory freed since its last turn back to
+/// the OS (`release_freed_memory`).
+pub const FREED_MEMORY_PURGE_EVERY: Duration = Duration::from_secs(1);
+
+/// mimalloc's own purge delay once a purger runs: far past `FREED_MEMORY_PURGE_EVERY`, so an
+/// allocating thread never finds a purge due unless the purger stopped turning for this long.
+pub const ALLOCATOR_PURGE_DELAY_MS: i64 = 10 * FREED_MEMORY_PURGE_EVERY.as_millis() as i64;
+
+/// `mi_option_purge_delay` in the `mi_option_e` enum of the mimalloc v3 that libmimalloc-sys
+/// builds (its `mimalloc.h`; the crate's Rust constants leave this one out).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Moves the allocator's purges of freed memory off the threads that allocate, onto the
+/// caller of `release_freed_memory`. mimalloc purges lazily: memory freed into an arena is
+/// scheduled to go back to the OS a delay after the first free of a cycle (1 s by default),
+/// and the first allocation slow path past that moment carries out the whole cycle's purge.
+/// Under a load of millions of keys that was the raft core, 10-22 ms at a time
+/// (`madvise` of everything freed in the last second), during which no batch committed
+/// (BENCHMARKS.md, "The allocator's purges moved off the raft core"). So the delay becomes
+/// `ALLOCATOR_PURGE_DELAY_MS`, and the watchdog thread purges every
+/// `FREED_MEMORY_PURGE_EVERY`: memory goes back as soon as before, on a thread beside the
+/// cores.
+pub fn leave_freed_memory_to_the_purger() {
+    // SAFETY: mi_option_set takes an enum index and a value; mimalloc reads options at each
+    // purge decision, so a change takes effect from then on, on every thread.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS as _) };
+}
+
+/// mimalloc's purge delay now, in milliseconds.
+pub fn allocator_purge_delay_ms() -> i64 {
+    // SAFETY: as in `leave_freed_memory_to_the_purger`.
+    unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) as i64 }
 }
 
 /// Spawns a task on the current executor and lets it run detached.
@@ -483,6 +511,20 @@ mod tests {
             .expect_err("TIME_WAIT blocks a plain bind");
         assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
         listening_socket(addr).expect("SO_REUSEADDR takes the port over");
+    }
+
+    #[test]
+    fn the_purge_delay_set_is_the_allocators_purge_delay() {
+        // mimalloc's default (1000 ms), or ours where a member started in this process
+        // already set it: another option's value here would mean the enum index is wrong.
+        let before = allocator_purge_delay_ms();
+        assert!(
+            before == 1000 || before == ALLOCATOR_PURGE_DELAY_MS,
+            "mi_option_get({MI_OPTION_PURGE_DELAY}) read {before}, not a purge delay"
+        );
+        leave_freed_memory_to_the_purger();
+        assert_eq!(allocator_purge_delay_ms(), ALLOCATOR_PURGE_DELAY_MS);
+        assert!(ALLOCATOR_PURGE_DELAY_MS >= 5 * FREED_MEMORY_PURGE_EVERY.as_millis() as i64);
     }
 
     #[test]
