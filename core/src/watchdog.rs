@@ -117,21 +117,25 @@ pub fn judge(
 pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
     let stall_ms_max = crate::http::raft_stall_ms_max(&shared);
     let every = Duration::from_millis((stall_ms_max / 4).clamp(50, 1000));
-    // This thread wakes on a timer whatever the member is doing, runs beside the cores and
-    // its own heap is tiny: the allocator's purges are carried out here, not on the raft core
-    // or a shard (see `rt::leave_freed_memory_to_the_purger`).
+    // This thread wakes on a timer whatever the member is doing, keeps off the raft core's
+    // CPU, and its own heap is tiny: the allocator's purges are carried out here, not on the
+    // raft core or a shard (see `rt::leave_freed_memory_to_the_purger`).
     crate::rt::leave_freed_memory_to_the_purger();
-    crate::rt::spawn_beside("keel-watchdog", move || {
+    let raft_cpu = shared.config.raft_cpu;
+    crate::rt::spawn_off_cpu("keel-watchdog", raft_cpu, move || {
         let mut last_logged_ms: Option<u64> = None;
         let mut last_look_ms = shared.uptime_ms();
         let mut last_purge_ms = last_look_ms;
         while !shared.stopping.load(Ordering::Acquire) {
             std::thread::sleep(every);
-            let now_ms = shared.uptime_ms();
-            if now_ms >= last_purge_ms + crate::rt::FREED_MEMORY_PURGE_EVERY.as_millis() as u64 {
+            let purge_due_ms =
+                last_purge_ms + crate::rt::FREED_MEMORY_PURGE_EVERY.as_millis() as u64;
+            if shared.uptime_ms() >= purge_due_ms {
                 crate::rt::release_freed_memory();
-                last_purge_ms = now_ms;
+                last_purge_ms = shared.uptime_ms();
             }
+            // Read after the purge, which may take tens of milliseconds.
+            let now_ms = shared.uptime_ms();
             let slept_ms = now_ms.saturating_sub(last_look_ms);
             last_look_ms = now_ms;
             if slept_ms > PAUSE_MS_MIN.max(4 * every.as_millis() as u64) {
