@@ -991,9 +991,10 @@ impl RaftCore {
     /// behind a checkpoint, on a thread beside the raft CPU: unlinking a file as large as the
     /// store frees every block it held (0.4-0.5 s for 1.1 GB on dev-vm's ext4), freeing the
     /// image about 80 ms per GB, and freeing a checkpoint's entries (each holds its request)
-    /// 12-45 ms in a 4 GiB load, which this loop must not wait for. Only files the member no longer needs are named, and no newer checkpoint
-    /// can reuse their names, so the removal may finish whenever it does; one cut short by a
-    /// crash leaves an old file that the next removal takes.
+    /// 12-45 ms in a 4 GiB load, which this loop must not wait for. Only files the member no
+    /// longer needs are named, and no newer checkpoint can reuse their names, so the removal
+    /// may finish whenever it does; one cut short by a crash leaves an old file that the next
+    /// removal takes.
     fn release_beside(
         &self,
         removal: Removal,

@@ -334,13 +334,7 @@ pub fn spawn_beside<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<T>> {
-    let move_beside = mover_beside_caller();
-    std::thread::Builder::new()
-        .name(name.to_string())
-        .spawn(move || {
-            move_beside();
-            f()
-        })
+    spawn_on(name, cpus_beside_caller(), f)
 }
 
 /// What a thread started from the calling thread runs first to move beside the caller's CPUs,
@@ -370,11 +364,21 @@ pub fn spawn_off_cpu<T: Send + 'static>(
         libc::CPU_SET(cpu, &mut away);
         away
     };
-    let move_off = mover_to(process_cpus_except(&away));
+    spawn_on(name, process_cpus_except(&away), f)
+}
+
+/// Starts a plain thread that first moves itself onto `cpus` (stays where it was created
+/// where None).
+fn spawn_on<T: Send + 'static>(
+    name: &str,
+    cpus: Option<libc::cpu_set_t>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    let move_to = mover_to(cpus);
     std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
-            move_off();
+            move_to();
             f()
         })
 }

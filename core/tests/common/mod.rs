@@ -180,6 +180,14 @@ impl Server {
         Server::start_with(kind, client_port, peer_port, extra_args, &[], None, None)
     }
 
+    /// Starts a server on the given ports with a fresh data directory, without waiting for it
+    /// to answer: for a start that must fail ([`Server::wait_exit`], [`Server::log_all`]).
+    pub fn launch_on(kind: Kind, client_port: u16, peer_port: u16) -> Server {
+        let mut server = Server::unstarted(kind, client_port, peer_port, &[], &[], None, None);
+        server.launch();
+        server
+    }
+
     /// Starts a server with environment variables set and, optionally, its data directory at
     /// `data_dir` instead of inside its own temp dir (e.g. on a small filesystem a test made).
     pub fn start_in(

@@ -428,55 +428,15 @@ fn a_second_member_on_a_taken_port_stops_as_etcd_does() {
             ("client", first.client_port, crate::common::free_port()),
             ("peer", crate::common::free_port(), first.peer_port),
         ] {
-            let dir = tempfile::tempdir().expect("a temp dir");
-            let client = format!("http://127.0.0.1:{client_port}");
-            let peer = format!("http://127.0.0.1:{peer_port}");
-            let program = match kind {
-                Kind::Keel => env!("CARGO_BIN_EXE_keel"),
-                Kind::Etcd => "etcd",
+            let mut second = Server::launch_on(kind, client_port, peer_port);
+            let Some(status) = second.wait_exit(Duration::from_secs(20)) else {
+                panic!("{kind:?}: a second member on the taken {taken} port kept running");
             };
-            let mut second = std::process::Command::new(program)
-                .args(["--name", "second", "--data-dir"])
-                .arg(dir.path().join("data"))
-                .args([
-                    "--listen-client-urls",
-                    &client,
-                    "--advertise-client-urls",
-                    &client,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                ])
-                .args(["--initial-cluster", &format!("second={peer}")])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("the second server runs");
-            let started = Instant::now();
-            let status = loop {
-                if let Some(status) = second.try_wait().expect("wait") {
-                    break status;
-                }
-                if started.elapsed() > Duration::from_secs(20) {
-                    let _ = second.kill();
-                    panic!("{kind:?}: a second member on the taken {taken} port kept running");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            let mut stderr = String::new();
-            second
-                .stderr
-                .take()
-                .expect("piped")
-                .read_to_string(&mut stderr)
-                .expect("its stderr");
+            let log = second.log_all();
             assert!(!status.success(), "{kind:?}, {taken} port: {status}");
             assert!(
-                stderr.to_lowercase().contains("address already in use"),
-                "{kind:?}, {taken} port: {stderr}"
+                log.to_lowercase().contains("address already in use"),
+                "{kind:?}, {taken} port: {log}"
             );
         }
         // The first one was not disturbed: it alone answers on its client port.
