@@ -130,8 +130,8 @@ struct LeaseRecord {
     ttl_s: i64,
 }
 
-/// What the first pass of `serialize_parts` counts: the archive's key count and the sizes
-/// that bound its bytes.
+/// An archive's key count and the sizes that bound its bytes (see
+/// `CheckpointSource::serialize_parts_choosing`).
 #[derive(Default)]
 struct StreamTotals {
     keys: usize,
@@ -190,31 +190,33 @@ struct CheckpointStream<'a> {
 }
 
 /// The index's keys (those with a version at or below the captured revision) as an archived
-/// `Vec<KeyRecord>`. rkyv walks them twice: once to write each key's bytes and version
-/// records (and the inline values into `values`), once to write the key records that point at
-/// them; each walk reads the index afresh.
+/// `Vec<KeyRecord>`, in one walk that reads the index as it goes: each key's bytes and version
+/// records (and its inline values, into `values`) are written when the walk meets it, and the
+/// key records that point at them, which rkyv writes after all of them, are resolved from
+/// what the walk kept of each key (`KeyShape`), not from a second walk. At millions of keys a
+/// walk of the skip list is seconds of cache misses.
 struct IndexKeys<'a> {
     source: &'a CheckpointSource,
     /// A delta's base: only the keys that changed since it are archived.
     base: Option<&'a DeltaBase>,
     /// For a delta, the keys the writer wrote since the base (ascending), when it could
-    /// say: only those are read. Otherwise the walks go over the whole index.
+    /// say: only those are read. Otherwise the walk goes over the whole index.
     named: Option<&'a [&'a [u8]]>,
     guard: &'a epoch::Guard,
-    /// The keys the first count found: the archived vector's length.
-    count: usize,
+    /// The keys the archive is expected to hold (an estimate: the list of shapes starts at
+    /// this capacity).
+    keys_expected: usize,
     values: &'a std::cell::RefCell<Vec<u8>>,
     /// Segments durable by the time the walk met a version in them, not at the capture.
     late: &'a std::cell::RefCell<LateSegments>,
-    /// Keys handed out over both walks (checked against `count` once the archive is done).
-    yielded: &'a std::cell::Cell<usize>,
+    /// The keys the walk archived, once it is done.
+    archived: &'a std::cell::Cell<usize>,
 }
 
 /// One walk over the index's kept keys.
 struct KeptKeys<'a> {
     keys: &'a IndexKeys<'a>,
     entries: Entries<'a>,
-    left: usize,
 }
 
 /// The index entries a walk visits, ascending: all of them, or those of the named keys.
@@ -255,16 +257,11 @@ impl<'a> Iterator for KeptKeys<'a> {
     type Item = KeptKey<'a>;
 
     fn next(&mut self) -> Option<KeptKey<'a>> {
-        if self.left == 0 {
-            return None;
-        }
         for entry in self.entries.by_ref() {
             let list = entry.value().load(self.keys.guard);
             let kept = &list[..list.partition_point(|v| v.main() <= self.keys.source.revision)];
             let versions = self.keys.base.map_or(kept, |b| b.new_versions(kept));
             if !versions.is_empty() {
-                self.left -= 1;
-                self.keys.yielded.set(self.keys.yielded.get() + 1);
                 return Some(KeptKey {
                     keys: self.keys,
                     entry,
@@ -272,26 +269,7 @@ impl<'a> Iterator for KeptKeys<'a> {
                 });
             }
         }
-        // Fewer than counted: a compaction removed keys meanwhile, which the caller detects.
-        self.left = 0;
         None
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.left, Some(self.left))
-    }
-}
-
-impl ExactSizeIterator for KeptKeys<'_> {}
-
-impl<'a> Clone for KeptKeys<'a> {
-    /// A new walk from the first key: rkyv clones the walk before it starts, once per pass.
-    fn clone(&self) -> Self {
-        assert_eq!(
-            self.left, self.keys.count,
-            "a walk is cloned before it starts"
-        );
-        self.keys.walk()
     }
 }
 
@@ -300,7 +278,6 @@ impl<'a> IndexKeys<'a> {
         KeptKeys {
             keys: self,
             entries: Entries::of(&self.source.reader.shared.index, self.named),
-            left: self.count,
         }
     }
 }
@@ -312,23 +289,42 @@ struct KeptKey<'a> {
     versions: &'a [Version],
 }
 
-impl rkyv::Archive for KeptKey<'_> {
+/// What resolving a key's record needs once its bytes and versions are written: their
+/// lengths (u32s, so the walk keeps 16 bytes a key, resolver included).
+struct KeyShape {
+    key_bytes: u32,
+    versions: u32,
+}
+
+impl rkyv::Archive for KeyShape {
     type Archived = ArchivedKeyRecord;
     type Resolver = KeyRecordResolver;
 
     fn resolve(&self, resolver: KeyRecordResolver, out: rkyv::Place<ArchivedKeyRecord>) {
         use rkyv::munge::munge;
         munge!(let ArchivedKeyRecord { key, versions } = out);
-        rkyv::vec::ArchivedVec::resolve_from_len(self.entry.key().len(), resolver.key, key);
-        rkyv::vec::ArchivedVec::resolve_from_len(self.versions.len(), resolver.versions, versions);
+        rkyv::vec::ArchivedVec::resolve_from_len(self.key_bytes as usize, resolver.key, key);
+        rkyv::vec::ArchivedVec::resolve_from_len(
+            self.versions as usize,
+            resolver.versions,
+            versions,
+        );
     }
 }
 
-impl<S> rkyv::Serialize<S> for KeptKey<'_>
-where
-    S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
-{
-    fn serialize(&self, serializer: &mut S) -> std::result::Result<KeyRecordResolver, S::Error> {
+impl KeptKey<'_> {
+    fn shape(&self) -> KeyShape {
+        KeyShape {
+            key_bytes: u32::try_from(self.entry.key().len()).expect("a key is under 4 GiB"),
+            versions: u32::try_from(self.versions.len()).expect("a key has under 2^32 versions"),
+        }
+    }
+
+    /// Writes the key's bytes and its version records (its inline values into `values`).
+    fn serialize<S>(&self, serializer: &mut S) -> std::result::Result<KeyRecordResolver, S::Error>
+    where
+        S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
+    {
         let key = self.entry.key();
         let records: Vec<VersionRecord> = {
             let mut values = self.keys.values.borrow_mut();
@@ -361,12 +357,18 @@ where
     }
 }
 
+/// Where the archived key records start, and how many there are.
+struct IndexKeysResolver {
+    records: rkyv::vec::VecResolver,
+    len: usize,
+}
+
 impl rkyv::Archive for IndexKeys<'_> {
     type Archived = rkyv::vec::ArchivedVec<ArchivedKeyRecord>;
-    type Resolver = rkyv::vec::VecResolver;
+    type Resolver = IndexKeysResolver;
 
-    fn resolve(&self, resolver: rkyv::vec::VecResolver, out: rkyv::Place<Self::Archived>) {
-        rkyv::vec::ArchivedVec::resolve_from_len(self.count, resolver, out);
+    fn resolve(&self, resolver: IndexKeysResolver, out: rkyv::Place<Self::Archived>) {
+        rkyv::vec::ArchivedVec::resolve_from_len(resolver.len, resolver.records, out);
     }
 }
 
@@ -374,14 +376,28 @@ impl<S> rkyv::Serialize<S> for IndexKeys<'_>
 where
     S: rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
 {
-    fn serialize(
-        &self,
-        serializer: &mut S,
-    ) -> std::result::Result<rkyv::vec::VecResolver, S::Error> {
-        rkyv::vec::ArchivedVec::<ArchivedKeyRecord>::serialize_from_iter::<KeptKey<'_>, _, _>(
-            self.walk(),
-            serializer,
-        )
+    fn serialize(&self, serializer: &mut S) -> std::result::Result<IndexKeysResolver, S::Error> {
+        use rkyv::ser::WriterExt;
+        let mut shapes: Vec<(KeyRecordResolver, KeyShape)> = Vec::with_capacity(self.keys_expected);
+        for key in self.walk() {
+            let resolver = key.serialize(serializer)?;
+            shapes.push((resolver, key.shape()));
+        }
+        // As `ArchivedVec::serialize_from_iter` writes the elements after their contents.
+        let pos = serializer.align_for::<ArchivedKeyRecord>()?;
+        let len = shapes.len();
+        for (resolver, shape) in shapes {
+            // SAFETY: `align_for` aligned the position for the first record, and each record
+            // is a whole `ArchivedKeyRecord`, so every one after it starts aligned too.
+            unsafe {
+                serializer.resolve_aligned(&shape, resolver)?;
+            }
+        }
+        self.archived.set(len);
+        Ok(IndexKeysResolver {
+            records: rkyv::vec::VecResolver::from_pos(pos),
+            len,
+        })
     }
 }
 
@@ -561,6 +577,14 @@ pub struct CheckpointSource {
     /// The index's keys and versions at the capture: a full checkpoint's size, without a walk.
     keys_held: usize,
     versions_held: u64,
+    /// The writer's index bytes at the capture: every version's key bytes plus
+    /// `VERSION_INDEX_BYTES` (so they bound the keys' bytes a full checkpoint holds).
+    index_bytes: u64,
+    /// Value bytes in segments not durable at the capture: what a checkpoint may hold inline.
+    undurable_value_bytes: u64,
+    /// Versions written since the delta base's capture, when the writer still knew the base
+    /// (it remembers the latest `BASE_CAPTURES_KEPT` captures): bounds a delta without a walk.
+    versions_since_base: Option<u64>,
 }
 
 impl Writer {
@@ -583,7 +607,20 @@ impl Writer {
     /// this capture needs (see `Writer::set_delta_base_revision`).
     pub fn checkpoint_source_against(&mut self, base: Option<&DeltaBase>) -> CheckpointSource {
         self.may_become_base(self.current_rev);
-        self.capture(base.and_then(|b| self.dirty.since_base(b.revision)))
+        if self.base_captures.len() == crate::store::BASE_CAPTURES_KEPT {
+            self.base_captures.pop_front();
+        }
+        self.base_captures
+            .push_back((self.current_rev, self.versions_added));
+        let mut source = self.capture(base.and_then(|b| self.dirty.since_base(b.revision)));
+        source.versions_since_base = base.and_then(|b| {
+            // Every capture at one revision saw the same count: none is taken mid-entry.
+            self.base_captures
+                .iter()
+                .find(|(rev, _)| *rev == b.revision)
+                .map(|(_, added)| self.versions_added - added)
+        });
+        source
     }
 
     fn capture(&self, dirty: Option<crate::dirty::DirtyList>) -> CheckpointSource {
@@ -591,16 +628,21 @@ impl Writer {
         // revision, but the counts captured here (keys, versions held) and the dirty keys a
         // delta reads already include them.
         self.assert_not_stepping();
+        let durable_segments = self.vlog.durable_segments();
+        let durable_value_bytes: u64 = durable_segments.iter().map(|d| d.value_bytes).sum();
         CheckpointSource {
             reader: self.reader(),
             revision: self.current_rev,
             compact_rev: self.compact_rev,
             applied_index: self.applied_index,
             leases: self.leases.iter().map(|(id, e)| (*id, e.ttl_s)).collect(),
-            durable_segments: self.vlog.durable_segments(),
+            durable_segments,
             dirty,
             keys_held: self.shared.index.len(),
             versions_held: self.versions_held,
+            index_bytes: self.index_bytes,
+            undurable_value_bytes: self.vlog.bytes_total().saturating_sub(durable_value_bytes),
+            versions_since_base: None,
         }
     }
 }
@@ -716,44 +758,39 @@ impl CheckpointSource {
         let named: Option<Vec<&[u8]>> = base
             .and_then(|b| self.dirty.as_ref().filter(|d| d.base_rev() <= b.revision))
             .map(|d| d.sorted());
-        // First the sizes: how many keys the archive holds, and an upper bound on its bytes,
-        // for the changes since `base` and (by a walk, or from the writer's counts when the
-        // keys are named) for the whole store.
-        let mut full = StreamTotals::default();
-        let mut delta = StreamTotals::default();
-        self.count_totals(
-            &guard,
-            named.as_deref(),
-            base,
-            named.is_none().then_some(&mut full),
-            &mut delta,
-        );
-        if named.is_some() {
+        // The sizes, before the one walk that writes the archive: how many keys it holds and
+        // its bytes, to choose a delta or a full checkpoint and to size the buffer. A full
+        // checkpoint's come from the writer's counts; a delta's are counted over its named
+        // keys, or bounded by the versions written since its base, or, when the writer no
+        // longer knew that (a base older than it remembers, or from before a restart),
+        // counted by a walk. Each walk over millions of keys takes seconds.
+        let full_max = self.full_totals_max();
+        let delta = base.map(|b| match (&named, self.versions_since_base) {
+            (Some(keys), _) => (self.count_totals(&guard, Some(keys), b), true),
+            (None, Some(written)) => (self.delta_totals_estimate(written), false),
+            (None, None) => (self.count_totals(&guard, None, b), true),
+        });
+        let (leases, segments) = (self.leases.len(), self.durable_segments.len());
+        let delta = delta.filter(|(delta, _)| {
             // A lower bound on the full archive (keys' bytes and inline values left out but
-            // the delta's), so the choice below errs towards a full checkpoint.
-            full = StreamTotals {
+            // the delta's), so the choice errs towards a full checkpoint.
+            let full_min = StreamTotals {
                 keys: self.keys_held,
                 key_bytes: 0,
                 versions: self.versions_held as usize,
                 inline_bytes: delta.inline_bytes,
             };
-        }
-        let (leases, segments) = (self.leases.len(), self.durable_segments.len());
-        let base = base.filter(|_| {
             always_delta
                 || delta.archived_bytes_max(leases, segments) * DELTA_SHARE_MAX
-                    <= full.archived_bytes_max(leases, segments)
+                    <= full_min.archived_bytes_max(leases, segments)
         });
-        if base.is_none() && named.is_some() {
-            // A full checkpoint after all: its exact sizes need the walk.
-            full = StreamTotals::default();
-            self.count_totals(&guard, None, None, Some(&mut full), &mut delta);
-        }
+        let base = base.filter(|_| delta.is_some());
         let named = named.filter(|_| base.is_some());
-        let totals = if base.is_some() { delta } else { full };
+        // Whether `totals` bounds the archive (an estimate may fall short: the buffer grows).
+        let (totals, bounded) = delta.unwrap_or((full_max, true));
         let values = std::cell::RefCell::new(Vec::with_capacity(totals.inline_bytes));
         let late = std::cell::RefCell::new(LateSegments::new());
-        let yielded = std::cell::Cell::new(0usize);
+        let archived = std::cell::Cell::new(0usize);
         let stream = CheckpointStream {
             applied_index: self.applied_index,
             current_rev: self.revision,
@@ -763,10 +800,10 @@ impl CheckpointSource {
                 base,
                 named: named.as_deref(),
                 guard: &guard,
-                count: totals.keys,
+                keys_expected: totals.keys,
                 values: &values,
                 late: &late,
-                yielded: &yielded,
+                archived: &archived,
             },
             values: InlineValues(&values),
             leases: self.lease_records(),
@@ -785,6 +822,8 @@ impl CheckpointSource {
         // alignment unit, so the archive read from after it is laid out as if on its own.
         let prefix = base_ref.map_or(0, |_| DELTA_PREFIX_BYTES);
         const _: () = assert!(DELTA_PREFIX_BYTES.is_multiple_of(PAYLOAD_ALIGN_BYTES));
+        // Capacity the archive does not reach is never touched, so it costs address space,
+        // not memory.
         let mut buffer =
             rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(prefix + bound);
         if let Some(b) = base_ref {
@@ -793,24 +832,22 @@ impl CheckpointSource {
         let payload = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&stream, buffer)
             .expect("serializing plain data into memory cannot fail");
         if self.reader.compact_revision() != self.compact_rev {
-            // A compaction trimmed lists between the passes: the archive is not one state.
+            // A compaction trimmed lists during the walk: the archive is not one state.
             return Err(KvError::Compacted);
         }
-        assert_eq!(
-            yielded.get(),
-            2 * totals.keys,
-            "without a compaction, each pass over the index finds the keys the first count found"
-        );
-        // Reclaim may move a value out of a durable segment between the count and the
-        // archive (into the open segment, in memory): the archive then holds it inline, past
-        // the bound by its bytes, and the buffer grew to take them; and the walk may find
-        // values in segments that became durable after the count, each listed once. The
-        // values are the same, so the image is still one state; nothing else may pass the
-        // bound.
+        // Reclaim may move a value out of a durable segment between the capture and the walk
+        // (into the open segment, in memory): the archive then holds it inline, past the
+        // bound by its bytes, and the buffer grew to take them; and the walk may find values
+        // in segments that became durable after the capture, each listed once. The values are
+        // the same, so the image is still one state. Past that, a bound that does not hold
+        // costs a copy of the buffer as it grows, not a wrong image: checked where tests run,
+        // not in a server.
         let inline_moved = values.borrow().len().saturating_sub(totals.inline_bytes);
         let late_listed = late.borrow().len() * std::mem::size_of::<ArchivedSegmentRecord>();
-        assert!(
-            payload.len() <= prefix + bound + inline_moved + late_listed + PAYLOAD_ALIGN_BYTES,
+        debug_assert!(
+            !bounded
+                || payload.len()
+                    <= prefix + bound + inline_moved + late_listed + PAYLOAD_ALIGN_BYTES,
             "the archive fits the bound it was sized for, plus the values reclaim moved inline \
              and the segments that became durable"
         );
@@ -820,55 +857,91 @@ impl CheckpointSource {
             FORMAT_VERSION
         };
         Ok(ImageParts {
-            header: frame_header(format, totals.keys as u64, &payload),
+            header: frame_header(format, archived.get() as u64, &payload),
             payload,
             delta_of: base_ref.map(|b| b.applied_index),
         })
     }
 
-    /// Counts what the archive would hold: into `full` (when given) every kept key's versions
-    /// at or below the captured revision, into `delta` those newer than `base`; over the
-    /// `named` keys only, or the whole index.
+    /// Bounds on a full checkpoint's sizes from the writer's counts at the capture, without a
+    /// walk: keys created after it are left out and compaction only removes, so the walk finds
+    /// at most these keys and versions; the keys' bytes are at most those the index counts
+    /// once per version; values inline are those of segments not durable at the capture
+    /// (plus any reclaim moves meanwhile, which the bound's check allows for).
+    fn full_totals_max(&self) -> StreamTotals {
+        StreamTotals {
+            keys: self.keys_held,
+            key_bytes: self
+                .index_bytes
+                .saturating_sub(self.versions_held * crate::store::VERSION_INDEX_BYTES)
+                as usize,
+            versions: self.versions_held as usize,
+            inline_bytes: self.undurable_value_bytes as usize,
+        }
+    }
+
+    /// A delta's sizes when `written` versions were written since its base: at most that
+    /// many versions (of as many keys), with the keys' bytes of as many average versions
+    /// (an estimate, not a bound: a delta of long keys grows the buffer).
+    fn delta_totals_estimate(&self, written: u64) -> StreamTotals {
+        let full = self.full_totals_max();
+        let versions = (written as usize).min(full.versions);
+        let key_bytes = (full.key_bytes as u128 * versions as u128)
+            .checked_div(full.versions as u128)
+            .unwrap_or(0) as usize;
+        StreamTotals {
+            keys: versions.min(full.keys),
+            key_bytes,
+            versions,
+            inline_bytes: full.inline_bytes,
+        }
+    }
+
+    /// Counts what a delta against `base` holds: each kept key's versions newer than the
+    /// base, over the `named` keys only, or the whole index.
     fn count_totals(
         &self,
         guard: &epoch::Guard,
         named: Option<&[&[u8]]>,
-        base: Option<&DeltaBase>,
-        mut full: Option<&mut StreamTotals>,
-        delta: &mut StreamTotals,
-    ) {
+        base: &DeltaBase,
+    ) -> StreamTotals {
+        let mut delta = StreamTotals::default();
         for entry in Entries::of(&self.reader.shared.index, named) {
             let list = entry.value().load(guard);
-            let kept = list.partition_point(|v| v.main() <= self.revision);
-            if kept == 0 {
-                // A key created after the captured revision has nothing to keep.
+            let kept = &list[..list.partition_point(|v| v.main() <= self.revision)];
+            let new = base.new_versions(kept);
+            if new.is_empty() {
                 continue;
             }
-            let kept = &list[..kept];
             // Loaded after the list, as the walk loads it (see `KeptKey::serialize`).
             let table = self.reader.shared.segments.load(guard);
-            let inline_bytes = |versions: &[Version]| {
-                versions
-                    .iter()
-                    .filter(|v| {
-                        v.segment != SEGMENT_NONE && self.durable(v.segment, table).is_none()
-                    })
-                    .map(|v| v.value_len())
-                    .sum::<usize>()
-            };
-            if let Some(full) = full.as_deref_mut() {
-                full.count(entry.key().len(), kept.len(), inline_bytes(kept));
-            }
-            if let Some(new) = base.map(|b| b.new_versions(kept)).filter(|n| !n.is_empty()) {
-                delta.count(entry.key().len(), new.len(), inline_bytes(new));
-            }
+            let inline_bytes = new
+                .iter()
+                .filter(|v| v.segment != SEGMENT_NONE && self.durable(v.segment, table).is_none())
+                .map(|v| v.value_len())
+                .sum::<usize>();
+            delta.count(entry.key().len(), new.len(), inline_bytes);
         }
+        delta
     }
 
     /// Whether the capture names the keys written since its base (tests).
     #[cfg(test)]
     pub(crate) fn names_keys(&self) -> bool {
         self.dirty.is_some()
+    }
+
+    /// The bound a full checkpoint's buffer is sized by (tests).
+    #[cfg(test)]
+    pub(crate) fn full_archive_bytes_max(&self) -> usize {
+        self.full_totals_max()
+            .archived_bytes_max(self.leases.len(), self.durable_segments.len())
+    }
+
+    /// The versions written since the delta base, when the writer knew (tests).
+    #[cfg(test)]
+    pub(crate) fn versions_since_base(&self) -> Option<u64> {
+        self.versions_since_base
     }
 
     /// Where a value in `segment` may be pointed at: the segment as the capture listed it

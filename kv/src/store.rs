@@ -34,6 +34,10 @@ pub const REVISION_INITIAL: i64 = 1;
 /// The compact revision before any compaction, as etcd's HashKV reports it.
 pub const COMPACT_REVISION_NONE: i64 = -1;
 
+/// Captures that may become a delta base remembered by the writer (see
+/// `Writer::base_captures`). A server's base is its newest full checkpoint, at most
+/// `DELTAS_PER_FULL` (7) captures back; an older one falls back to counting by a walk.
+pub(crate) const BASE_CAPTURES_KEPT: usize = 16;
 /// What one version costs the index besides its key bytes: the `Version` itself plus its slot
 /// in the key's copy-on-write list. The store's size (and so the quota) counts it.
 pub const VERSION_INDEX_BYTES: u64 = std::mem::size_of::<Version>() as u64 + 8;
@@ -121,6 +125,8 @@ impl Store {
             tombstones_kept_after: i64::MAX,
             dirty: crate::dirty::DirtyKeys::since(REVISION_INITIAL),
             versions_held: 0,
+            versions_added: 0,
+            base_captures: std::collections::VecDeque::with_capacity(BASE_CAPTURES_KEPT),
             stepping: None,
         };
         (writer, Reader { shared })
@@ -282,6 +288,13 @@ pub struct Writer {
     pub(crate) dirty: crate::dirty::DirtyKeys,
     /// Versions held in the index (what a full checkpoint's size grows with).
     pub(crate) versions_held: u64,
+    /// Versions added to the index since this writer was built or restored; never falls, so
+    /// the difference of two readings bounds the versions written in between.
+    pub(crate) versions_added: u64,
+    /// `(revision, versions_added)` at the latest captures that may become a delta base,
+    /// oldest first, at most `BASE_CAPTURES_KEPT`: what bounds a delta's size without a walk
+    /// of the index when the dirty set cannot name its keys (see `CheckpointSource`).
+    pub(crate) base_captures: std::collections::VecDeque<(i64, u64)>,
     /// The raft index of the entry being applied in steps (`apply_in_steps`): until it
     /// completes, nothing else may change the store, nor may a checkpoint capture it.
     stepping: Option<u64>,
@@ -667,6 +680,7 @@ impl Writer {
     pub(crate) fn index_grew(&mut self, key_bytes: usize) {
         self.index_bytes += key_bytes as u64 + VERSION_INDEX_BYTES;
         self.versions_held += 1;
+        self.versions_added += 1;
     }
 
     /// Records a raft entry that carries no store operation (empty entries, conf changes).

@@ -456,3 +456,46 @@ fn compact_at_current_revision(w: &mut Writer) {
     )
     .expect("compact");
 }
+
+/// A full checkpoint's buffer is sized from the writer's counts, not from a walk of the
+/// index: the bound holds for values held inline (in memory) and in durable segments, for
+/// keys with many versions, leases, a tombstone and a compaction half done, and it is not
+/// so loose that it reserves several times the archive.
+#[test]
+fn a_full_checkpoint_fits_the_bound_from_the_writers_counts() {
+    let check = |w: &Writer, what: &str| {
+        let source = w.checkpoint_source();
+        let payload_bytes =
+            source.serialize_parts().unwrap().to_vec().len() - CHECKPOINT_HEADER_BYTES;
+        let bound = source.full_archive_bytes_max();
+        assert!(
+            payload_bytes <= bound,
+            "{what}: {payload_bytes} archive bytes past the bound of {bound}"
+        );
+        assert!(
+            bound <= 2 * payload_bytes + 4096,
+            "{what}: a bound of {bound} for {payload_bytes} archive bytes"
+        );
+    };
+    let (w, _) = populated();
+    check(&w, "populated, in memory");
+    // Long keys with many versions each, then most of their values in durable segments.
+    let (mut w, _) = Store::with_value_log(ValueLogOptions {
+        segment_bytes: 4096,
+        first_segment_id: 0,
+        on_disk: true,
+    });
+    let mut disk = std::collections::BTreeMap::new();
+    let mut index = 0;
+    for round in 0..6 {
+        for k in 0..50 {
+            index += 1;
+            let key = format!("{}{k:04}", "a-long-key-prefix/".repeat(4));
+            w.apply(index, &put(&key, &vec![round as u8; 700], 0))
+                .unwrap();
+        }
+    }
+    check(&w, "every value in memory");
+    super::write_sealed(&mut w, &mut disk);
+    check(&w, "values in durable segments");
+}

@@ -530,3 +530,56 @@ fn a_key_deleted_while_the_first_base_is_written_stays_deleted() {
     assert!(got.is_empty(), "the deleted key came back: {got:?}");
     assert_eq!(contents(&restored), contents(&w));
 }
+
+/// An insert-heavy load writes to more keys between checkpoints than the writer names (a
+/// sixteenth of the index): the delta is then sized from the versions written since its
+/// base, without a walk, and is the delta a walk finds; past a quarter of the full size both
+/// choose a full checkpoint. A capture that does not know its base's count (as after a
+/// restart) still counts by a walk.
+#[test]
+fn a_delta_past_the_named_keys_is_sized_from_the_writes_since_its_base() {
+    let (mut w, _r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    let mut put_keys = |w: &mut Writer, keys: std::ops::Range<u64>, value: &[u8]| {
+        for k in keys {
+            index += 1;
+            w.apply(index, &put(k, value, 0)).unwrap();
+        }
+    };
+    put_keys(&mut w, 0..16_000, b"in the base");
+    write_sealed(&mut w, &mut disk);
+    let full = w.checkpoint_source_against(None);
+    let base_image = full.serialize().unwrap();
+    w.set_delta_base_revision(full.revision());
+    let base = full.delta_base();
+    // 2,000 keys written: past the 1,024 the writer names at this size.
+    put_keys(&mut w, 16_000..17_500, b"new");
+    put_keys(&mut w, 0..500, b"rewritten");
+    write_sealed(&mut w, &mut disk);
+    let bounded = w.checkpoint_source_against(Some(&base));
+    let walked = w.checkpoint_source();
+    assert!(!bounded.names_keys());
+    assert_eq!(bounded.versions_since_base(), Some(2000));
+    assert_eq!(walked.versions_since_base(), None);
+    let by_bound = bounded.serialize_parts_against(Some(&base)).unwrap();
+    let by_walk = walked.serialize_parts_against(Some(&base)).unwrap();
+    assert_eq!(by_bound.delta_of(), Some(base.applied_index()));
+    assert_eq!(by_bound.to_vec(), by_walk.to_vec());
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (restored, _) = restore(&by_bound.to_vec(), Some(&base_image), &disk, first_free);
+    assert_eq!(contents(&restored), contents(&w));
+    // 7,500 more keys: the delta would be over a quarter of the store.
+    put_keys(&mut w, 17_500..25_000, b"new");
+    write_sealed(&mut w, &mut disk);
+    let bounded = w.checkpoint_source_against(Some(&base));
+    let walked = w.checkpoint_source();
+    assert_eq!(bounded.versions_since_base(), Some(9500));
+    let by_bound = bounded.serialize_parts_against(Some(&base)).unwrap();
+    let by_walk = walked.serialize_parts_against(Some(&base)).unwrap();
+    assert_eq!(by_bound.delta_of(), None);
+    assert_eq!(by_bound.to_vec(), by_walk.to_vec());
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (restored, _) = restore(&by_bound.to_vec(), None, &disk, first_free);
+    assert_eq!(contents(&restored), contents(&w));
+}
