@@ -331,6 +331,18 @@ impl Drop for Chunk {
     }
 }
 
+/// Asks the CPU to start loading the cache line at `at` (a hint: nothing is read, and any
+/// address may be given).
+pub(crate) fn prefetch<T>(at: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 /// The published history of one key.
 pub(crate) struct KeyHistory {
     chunk: Atomic<Chunk>,
@@ -350,6 +362,20 @@ impl KeyHistory {
         // non-null chunk) and the chunk it points to is destroyed only through `defer_destroy`,
         // which waits for every guard pinned before the swap, including `guard`.
         unsafe { shared.deref() }.published()
+    }
+
+    /// Starts loading this history's chunk into the CPU's cache, for a walk that reads it a
+    /// few keys from now (see `checkpoint::WalkAhead`).
+    pub(crate) fn prefetch_chunk(&self, guard: &Guard) {
+        prefetch(self.chunk.load(Ordering::Acquire, guard).as_raw());
+    }
+
+    /// Starts loading the first of this history's versions; its chunk should be in the cache
+    /// by now (`prefetch_chunk`), or this waits for it.
+    pub(crate) fn prefetch_versions(&self, guard: &Guard) {
+        let shared = self.chunk.load(Ordering::Acquire, guard);
+        // SAFETY: as in `load`.
+        prefetch(unsafe { shared.deref() }.ptr);
     }
 
     /// Appends `version`, newer than every version in the list. Only the single writer calls
