@@ -2,8 +2,8 @@
 //! those keys' lists and not the whole index.
 //!
 //! A delta holds each key's versions newer than its base's revision. Finding them by walking
-//! the index costs a pass over every key, twice (rkyv sizes, then writes), for each delta: at
-//! millions of keys, more than the delta itself when the writes go to a small working set.
+//! the index costs a pass over every key for each delta: at millions of keys, more than the
+//! delta itself when the writes go to a small working set.
 //! The writer instead notes each key it writes, with the revision of that write, and a
 //! checkpoint captures the keys newer than its base (a copy of their bytes, on the writer:
 //! O(changed keys), never O(keys)).

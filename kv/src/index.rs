@@ -374,7 +374,9 @@ impl KeyHistory {
     /// by now (`prefetch_chunk`), or this waits for it.
     pub(crate) fn prefetch_versions(&self, guard: &Guard) {
         let shared = self.chunk.load(Ordering::Acquire, guard);
-        // SAFETY: as in `load`.
+        // SAFETY: the caller holds this history's index entry, so the history is alive and its
+        // pointer is the non-null one `load` relies on (only `drop` nulls it); the chunk is
+        // destroyed only through `defer_destroy`, which waits for `guard`.
         prefetch(unsafe { shared.deref() }.ptr);
     }
 

@@ -125,7 +125,8 @@ impl Store {
             tombstones_kept_after: i64::MAX,
             dirty: crate::dirty::DirtyKeys::since(REVISION_INITIAL),
             versions_held: 0,
-            versions_added: 0,
+            key_bytes_held: 0,
+            writes: IndexWrites::default(),
             base_captures: std::collections::VecDeque::with_capacity(BASE_CAPTURES_KEPT),
             stepping: None,
         };
@@ -288,16 +289,48 @@ pub struct Writer {
     pub(crate) dirty: crate::dirty::DirtyKeys,
     /// Versions held in the index (what a full checkpoint's size grows with).
     pub(crate) versions_held: u64,
-    /// Versions added to the index since this writer was built or restored; never falls, so
-    /// the difference of two readings bounds the versions written in between.
-    pub(crate) versions_added: u64,
-    /// `(revision, versions_added)` at the latest captures that may become a delta base,
-    /// oldest first, at most `BASE_CAPTURES_KEPT`: what bounds a delta's size without a walk
-    /// of the index when the dirty set cannot name its keys (see `CheckpointSource`).
-    pub(crate) base_captures: std::collections::VecDeque<(i64, u64)>,
+    /// The bytes of the index's keys, each once (what a full checkpoint holds of them).
+    pub(crate) key_bytes_held: u64,
+    /// What the writer did to the index since it was built or restored; never falls.
+    pub(crate) writes: IndexWrites,
+    /// `(revision, writes)` at the latest captures that may become a delta base, oldest
+    /// first, at most `BASE_CAPTURES_KEPT`: what bounds a delta's size without a walk of the
+    /// index when the dirty set cannot name its keys (see `CheckpointSource`).
+    pub(crate) base_captures: std::collections::VecDeque<(i64, IndexWrites)>,
     /// The raft index of the entry being applied in steps (`apply_in_steps`): until it
     /// completes, nothing else may change the store, nor may a checkpoint capture it.
     stepping: Option<u64>,
+}
+
+/// Running counts of the writer's changes to the index. Two readings' difference says what
+/// was written between them: every version newer than the first reading's revision is among
+/// the versions added since, so a delta against a capture holds at most those, of at most as
+/// many keys, whose bytes are at most the key bytes added.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct IndexWrites {
+    pub(crate) versions_added: u64,
+    /// The key's bytes of each version added, summed.
+    pub(crate) key_bytes_added: u64,
+    /// Versions added that created a key (the rest went onto a key's list).
+    pub(crate) keys_created: u64,
+    /// Versions compaction dropped.
+    pub(crate) versions_dropped: u64,
+}
+
+impl IndexWrites {
+    /// What was written between `earlier` and these counts.
+    pub(crate) fn since(&self, earlier: &IndexWrites) -> IndexWrites {
+        let less = |now: u64, then: u64| {
+            now.checked_sub(then)
+                .expect("the writer's counts never fall")
+        };
+        IndexWrites {
+            versions_added: less(self.versions_added, earlier.versions_added),
+            key_bytes_added: less(self.key_bytes_added, earlier.key_bytes_added),
+            keys_created: less(self.keys_created, earlier.keys_created),
+            versions_dropped: less(self.versions_dropped, earlier.versions_dropped),
+        }
+    }
 }
 
 /// A DeleteRange or a lease revoke being applied in steps (`Writer::apply_in_steps`): its
@@ -680,7 +713,8 @@ impl Writer {
     pub(crate) fn index_grew(&mut self, key_bytes: usize) {
         self.index_bytes += key_bytes as u64 + VERSION_INDEX_BYTES;
         self.versions_held += 1;
-        self.versions_added += 1;
+        self.writes.versions_added += 1;
+        self.writes.key_bytes_added += key_bytes as u64;
     }
 
     /// Records a raft entry that carries no store operation (empty entries, conf changes).
@@ -1035,6 +1069,8 @@ impl Writer {
                 self.shared
                     .index
                     .insert(Box::from(key), KeyHistory::new(vec![version]));
+                self.key_bytes_held += key.len() as u64;
+                self.writes.keys_created += 1;
             }
         }
         ctx.writes += 1;
@@ -1481,6 +1517,7 @@ impl Writer {
                 assert!(self.index_bytes >= version_bytes, "index bytes underflow");
                 self.index_bytes -= version_bytes;
                 self.versions_held -= 1;
+                self.writes.versions_dropped += 1;
             }
             if keep_from == versions.len() {
                 emptied.push(Bytes::copy_from_slice(entry.key()));
@@ -1493,6 +1530,10 @@ impl Writer {
         for key in emptied {
             // Only a key whose history is a tombstone at or below the compact revision is removed:
             // no readable revision can see it.
+            self.key_bytes_held = self
+                .key_bytes_held
+                .checked_sub(key.len() as u64)
+                .expect("key bytes underflow");
             self.shared.index.remove(key.as_ref());
         }
         next_key.map(|k| CompactionCursor {

@@ -463,6 +463,16 @@ impl ValueLog {
             .collect()
     }
 
+    /// Live value bytes in segments whose files are not durable: what a checkpoint taken now
+    /// holds inline, at most.
+    pub(crate) fn undurable_live_bytes(&self) -> u64 {
+        self.segments
+            .values()
+            .filter(|s| !s.durable)
+            .map(|s| s.bytes_live)
+            .sum()
+    }
+
     /// Records that a value (of `value_bytes`, in a record of `record_bytes`) left the index
     /// (compaction dropped its version, or reclaim moved it).
     pub(crate) fn release(&mut self, segment: u32, value_bytes: usize, record_bytes: usize) {

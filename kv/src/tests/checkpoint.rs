@@ -498,4 +498,42 @@ fn a_full_checkpoint_fits_the_bound_from_the_writers_counts() {
     check(&w, "every value in memory");
     super::write_sealed(&mut w, &mut disk);
     check(&w, "values in durable segments");
+    // 50 versions each of 200-byte keys: their bytes are held once, not once per version.
+    let (mut w, _) = Store::new();
+    let mut index = 0;
+    for round in 0..50 {
+        for k in 0..20 {
+            index += 1;
+            let key = format!("{k:0200}");
+            w.apply(index, &put(&key, &[round as u8; 10], 0)).unwrap();
+        }
+    }
+    check(&w, "long keys with many versions");
+    // Half the keys deleted and compacted away: their bytes leave the count.
+    for k in 0..10 {
+        index += 1;
+        w.apply(
+            index,
+            &Op::DeleteRange(DeleteRangeRequest {
+                key: Bytes::from(format!("{k:0200}")),
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+    }
+    index += 1;
+    let now = w.current_revision();
+    w.apply(
+        index,
+        &Op::Compact(CompactionRequest {
+            revision: now,
+            physical: false,
+        }),
+    )
+    .unwrap();
+    while w.compact_step(1000) == CompactionStatus::Pending {}
+    check(&w, "after deletes compacted away");
+    // A restored store counts what it restored.
+    let (restored, _) = Store::restore(&w.checkpoint()).unwrap();
+    check(&restored, "restored");
 }

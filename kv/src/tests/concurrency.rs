@@ -285,8 +285,8 @@ fn a_checkpoint_points_into_segments_durable_since_its_capture() {
 }
 
 /// Reclaim moving values out of segments the capture holds durable (into the open segment,
-/// in memory) while a checkpoint is archived: the archive takes them inline, past what its
-/// first pass counted, and is still whole. At 4M keys, after deleting half, this stopped a
+/// in memory) while a checkpoint is archived: the archive takes them inline, past the bound
+/// its buffer was sized by, and is still whole. At 4M keys, after deleting half, this stopped a
 /// member ("the archive fits the bound it was sized for").
 #[test]
 fn a_checkpoint_beside_reclaim_of_durable_segments_is_whole() {

@@ -583,3 +583,90 @@ fn a_delta_past_the_named_keys_is_sized_from_the_writes_since_its_base() {
     let (restored, _) = restore(&by_bound.to_vec(), None, &disk, first_free);
     assert_eq!(contents(&restored), contents(&w));
 }
+
+/// Keys written several times each since the base, past what the writer names: the bound
+/// from the writer's counts (a version, a key record and a key's bytes for every write) is
+/// then too loose to refuse a delta by, so the delta is counted by a walk, and both captures
+/// choose the same delta.
+#[test]
+fn a_loose_bound_does_not_refuse_a_delta_a_walk_would_write() {
+    let (mut w, _r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for k in 0..16_000 {
+        index += 1;
+        w.apply(index, &put(k, b"in the base", 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let full = w.checkpoint_source_against(None);
+    let base_image = full.serialize().unwrap();
+    w.set_delta_base_revision(full.revision());
+    let base = full.delta_base();
+    // 2,000 keys (past the 1,024 named) written three times each.
+    for round in 0..3u8 {
+        for k in 0..2000 {
+            index += 1;
+            w.apply(index, &put(k, &[round; 11], 0)).unwrap();
+        }
+    }
+    write_sealed(&mut w, &mut disk);
+    let bounded = w.checkpoint_source_against(Some(&base));
+    let walked = w.checkpoint_source();
+    assert!(!bounded.names_keys());
+    assert_eq!(bounded.versions_since_base(), Some(6000));
+    let by_bound = bounded.serialize_parts_against(Some(&base)).unwrap();
+    let by_walk = walked.serialize_parts_against(Some(&base)).unwrap();
+    assert_eq!(by_walk.delta_of(), Some(base.applied_index()));
+    assert_eq!(by_bound.to_vec(), by_walk.to_vec());
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (restored, _) = restore(&by_bound.to_vec(), Some(&base_image), &disk, first_free);
+    assert_eq!(contents(&restored), contents(&w));
+}
+
+/// The writer remembers its last 16 captures: a base pushed out of them, or one from before a
+/// restart, is counted by a walk, and the delta is the same.
+#[test]
+fn a_base_the_writer_no_longer_remembers_is_counted_by_a_walk() {
+    let (mut w, _r) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for k in 0..2000 {
+        index += 1;
+        w.apply(index, &put(k, b"in the base", 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let full = w.checkpoint_source_against(None);
+    let base_image = full.serialize().unwrap();
+    w.set_delta_base_revision(full.revision());
+    let base = full.delta_base();
+    for capture in 1..=16u64 {
+        index += 1;
+        w.apply(index, &put(2000 + capture, b"new", 0)).unwrap();
+        let source = w.checkpoint_source_against(Some(&base));
+        let remembered = source.versions_since_base();
+        if capture < 16 {
+            assert_eq!(remembered, Some(capture), "capture {capture}");
+        } else {
+            assert_eq!(remembered, None, "the base was pushed out");
+        }
+        let walked = w.checkpoint_source();
+        assert_eq!(
+            source
+                .serialize_parts_against(Some(&base))
+                .unwrap()
+                .to_vec(),
+            walked
+                .serialize_parts_against(Some(&base))
+                .unwrap()
+                .to_vec(),
+            "capture {capture}"
+        );
+    }
+    write_sealed(&mut w, &mut disk);
+    let delta = w.checkpoint_source().serialize_delta_parts(&base).unwrap();
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (mut restored, _) = restore(&delta.to_vec(), Some(&base_image), &disk, first_free);
+    assert_eq!(contents(&restored), contents(&w));
+    let after_restart = restored.checkpoint_source_against(Some(&base));
+    assert_eq!(after_restart.versions_since_base(), None);
+}
