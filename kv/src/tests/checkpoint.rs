@@ -521,16 +521,8 @@ fn a_full_checkpoint_fits_the_bound_from_the_writers_counts() {
         )
         .unwrap();
     }
-    index += 1;
     let now = w.current_revision();
-    w.apply(
-        index,
-        &Op::Compact(CompactionRequest {
-            revision: now,
-            physical: false,
-        }),
-    )
-    .unwrap();
+    super::compact(&mut w, index + 1, now);
     while w.compact_step(1000) == CompactionStatus::Pending {}
     check(&w, "after deletes compacted away");
     // A restored store counts what it restored.

@@ -531,57 +531,87 @@ fn a_key_deleted_while_the_first_base_is_written_stays_deleted() {
     assert_eq!(contents(&restored), contents(&w));
 }
 
+/// Writes `value` to each of `keys`, one raft entry each after `index`.
+fn put_keys(w: &mut Writer, index: &mut u64, keys: std::ops::Range<u64>, value: &[u8]) {
+    for k in keys {
+        *index += 1;
+        w.apply(*index, &put(k, value, 0)).unwrap();
+    }
+}
+
+/// A store written through raft indexes, its segments written to an in-memory disk, and a
+/// full checkpoint of it adopted as the delta base.
+struct Based {
+    w: Writer,
+    disk: BTreeMap<u32, Bytes>,
+    index: u64,
+    base_image: Vec<u8>,
+    base: DeltaBase,
+}
+
+impl Based {
+    /// Keys `0..keys` written once, then the base.
+    fn of(keys: u64) -> Based {
+        let (mut w, _r) = Store::with_value_log(on_disk(0));
+        let (mut disk, mut index) = (BTreeMap::new(), 0);
+        put_keys(&mut w, &mut index, 0..keys, b"in the base");
+        write_sealed(&mut w, &mut disk);
+        let full = w.checkpoint_source_against(None);
+        let base_image = full.serialize().unwrap();
+        w.set_delta_base_revision(full.revision());
+        Based {
+            w,
+            disk,
+            index,
+            base_image,
+            base: full.delta_base(),
+        }
+    }
+
+    fn put_keys(&mut self, keys: std::ops::Range<u64>, value: &[u8]) {
+        put_keys(&mut self.w, &mut self.index, keys, value);
+    }
+
+    /// A checkpoint against the base from a capture that may bound it by the writer's counts
+    /// (which remembered the base when `remembered` is Some: that many versions written
+    /// since), checked to be the one a plain capture (which counts by a walk) writes, and
+    /// to restore the store. Whether it is a delta.
+    fn checkpoint_as_walked(&mut self, remembered: Option<u64>) -> bool {
+        write_sealed(&mut self.w, &mut self.disk);
+        let bounded = self.w.checkpoint_source_against(Some(&self.base));
+        let walked = self.w.checkpoint_source();
+        assert!(!bounded.names_keys());
+        assert_eq!(bounded.versions_since_base(), remembered);
+        assert_eq!(walked.versions_since_base(), None);
+        let image = bounded.serialize_parts_against(Some(&self.base)).unwrap();
+        let by_walk = walked.serialize_parts_against(Some(&self.base)).unwrap();
+        assert_eq!(image.to_vec(), by_walk.to_vec());
+        let first_free = self.w.segment_ids().last().unwrap() + 1;
+        let delta = image.delta_of().is_some();
+        if delta {
+            assert_eq!(image.delta_of(), Some(self.base.applied_index()));
+        }
+        let base_image = delta.then_some(self.base_image.as_slice());
+        let (restored, _) = restore(&image.to_vec(), base_image, &self.disk, first_free);
+        assert_eq!(contents(&restored), contents(&self.w));
+        delta
+    }
+}
+
 /// An insert-heavy load writes to more keys between checkpoints than the writer names (a
 /// sixteenth of the index): the delta is then sized from the versions written since its
 /// base, without a walk, and is the delta a walk finds; past a quarter of the full size both
-/// choose a full checkpoint. A capture that does not know its base's count (as after a
-/// restart) still counts by a walk.
+/// choose a full checkpoint.
 #[test]
 fn a_delta_past_the_named_keys_is_sized_from_the_writes_since_its_base() {
-    let (mut w, _r) = Store::with_value_log(on_disk(0));
-    let mut disk = BTreeMap::new();
-    let mut index = 0;
-    let mut put_keys = |w: &mut Writer, keys: std::ops::Range<u64>, value: &[u8]| {
-        for k in keys {
-            index += 1;
-            w.apply(index, &put(k, value, 0)).unwrap();
-        }
-    };
-    put_keys(&mut w, 0..16_000, b"in the base");
-    write_sealed(&mut w, &mut disk);
-    let full = w.checkpoint_source_against(None);
-    let base_image = full.serialize().unwrap();
-    w.set_delta_base_revision(full.revision());
-    let base = full.delta_base();
+    let mut b = Based::of(16_000);
     // 2,000 keys written: past the 1,024 the writer names at this size.
-    put_keys(&mut w, 16_000..17_500, b"new");
-    put_keys(&mut w, 0..500, b"rewritten");
-    write_sealed(&mut w, &mut disk);
-    let bounded = w.checkpoint_source_against(Some(&base));
-    let walked = w.checkpoint_source();
-    assert!(!bounded.names_keys());
-    assert_eq!(bounded.versions_since_base(), Some(2000));
-    assert_eq!(walked.versions_since_base(), None);
-    let by_bound = bounded.serialize_parts_against(Some(&base)).unwrap();
-    let by_walk = walked.serialize_parts_against(Some(&base)).unwrap();
-    assert_eq!(by_bound.delta_of(), Some(base.applied_index()));
-    assert_eq!(by_bound.to_vec(), by_walk.to_vec());
-    let first_free = w.segment_ids().last().unwrap() + 1;
-    let (restored, _) = restore(&by_bound.to_vec(), Some(&base_image), &disk, first_free);
-    assert_eq!(contents(&restored), contents(&w));
+    b.put_keys(16_000..17_500, b"new");
+    b.put_keys(0..500, b"rewritten");
+    assert!(b.checkpoint_as_walked(Some(2000)));
     // 7,500 more keys: the delta would be over a quarter of the store.
-    put_keys(&mut w, 17_500..25_000, b"new");
-    write_sealed(&mut w, &mut disk);
-    let bounded = w.checkpoint_source_against(Some(&base));
-    let walked = w.checkpoint_source();
-    assert_eq!(bounded.versions_since_base(), Some(9500));
-    let by_bound = bounded.serialize_parts_against(Some(&base)).unwrap();
-    let by_walk = walked.serialize_parts_against(Some(&base)).unwrap();
-    assert_eq!(by_bound.delta_of(), None);
-    assert_eq!(by_bound.to_vec(), by_walk.to_vec());
-    let first_free = w.segment_ids().last().unwrap() + 1;
-    let (restored, _) = restore(&by_bound.to_vec(), None, &disk, first_free);
-    assert_eq!(contents(&restored), contents(&w));
+    b.put_keys(17_500..25_000, b"new");
+    assert!(!b.checkpoint_as_walked(Some(9500)));
 }
 
 /// Keys written several times each since the base, past what the writer names: the bound
@@ -590,83 +620,33 @@ fn a_delta_past_the_named_keys_is_sized_from_the_writes_since_its_base() {
 /// choose the same delta.
 #[test]
 fn a_loose_bound_does_not_refuse_a_delta_a_walk_would_write() {
-    let (mut w, _r) = Store::with_value_log(on_disk(0));
-    let mut disk = BTreeMap::new();
-    let mut index = 0;
-    for k in 0..16_000 {
-        index += 1;
-        w.apply(index, &put(k, b"in the base", 0)).unwrap();
-    }
-    write_sealed(&mut w, &mut disk);
-    let full = w.checkpoint_source_against(None);
-    let base_image = full.serialize().unwrap();
-    w.set_delta_base_revision(full.revision());
-    let base = full.delta_base();
+    let mut b = Based::of(16_000);
     // 2,000 keys (past the 1,024 named) written three times each.
     for round in 0..3u8 {
-        for k in 0..2000 {
-            index += 1;
-            w.apply(index, &put(k, &[round; 11], 0)).unwrap();
-        }
+        b.put_keys(0..2000, &[round; 11]);
     }
-    write_sealed(&mut w, &mut disk);
-    let bounded = w.checkpoint_source_against(Some(&base));
-    let walked = w.checkpoint_source();
-    assert!(!bounded.names_keys());
-    assert_eq!(bounded.versions_since_base(), Some(6000));
-    let by_bound = bounded.serialize_parts_against(Some(&base)).unwrap();
-    let by_walk = walked.serialize_parts_against(Some(&base)).unwrap();
-    assert_eq!(by_walk.delta_of(), Some(base.applied_index()));
-    assert_eq!(by_bound.to_vec(), by_walk.to_vec());
-    let first_free = w.segment_ids().last().unwrap() + 1;
-    let (restored, _) = restore(&by_bound.to_vec(), Some(&base_image), &disk, first_free);
-    assert_eq!(contents(&restored), contents(&w));
+    assert!(b.checkpoint_as_walked(Some(6000)));
 }
 
 /// The writer remembers its last 16 captures: a base pushed out of them, or one from before a
-/// restart, is counted by a walk, and the delta is the same.
+/// restart, is counted by a walk, and the checkpoint is the same.
 #[test]
 fn a_base_the_writer_no_longer_remembers_is_counted_by_a_walk() {
-    let (mut w, _r) = Store::with_value_log(on_disk(0));
-    let mut disk = BTreeMap::new();
-    let mut index = 0;
-    for k in 0..2000 {
-        index += 1;
-        w.apply(index, &put(k, b"in the base", 0)).unwrap();
-    }
-    write_sealed(&mut w, &mut disk);
-    let full = w.checkpoint_source_against(None);
-    let base_image = full.serialize().unwrap();
-    w.set_delta_base_revision(full.revision());
-    let base = full.delta_base();
+    let mut b = Based::of(8000);
+    // Past the 1,024 keys the writer names.
+    b.put_keys(8000..9100, b"new");
     for capture in 1..=16u64 {
-        index += 1;
-        w.apply(index, &put(2000 + capture, b"new", 0)).unwrap();
-        let source = w.checkpoint_source_against(Some(&base));
-        let remembered = source.versions_since_base();
-        if capture < 16 {
-            assert_eq!(remembered, Some(capture), "capture {capture}");
-        } else {
-            assert_eq!(remembered, None, "the base was pushed out");
-        }
-        let walked = w.checkpoint_source();
-        assert_eq!(
-            source
-                .serialize_parts_against(Some(&base))
-                .unwrap()
-                .to_vec(),
-            walked
-                .serialize_parts_against(Some(&base))
-                .unwrap()
-                .to_vec(),
-            "capture {capture}"
-        );
+        b.put_keys(9100 + capture..9101 + capture, b"new");
+        // Each capture is remembered; the 16th pushes the base's out.
+        let remembered = (capture < 16).then_some(1100 + capture);
+        assert!(b.checkpoint_as_walked(remembered), "capture {capture}");
     }
-    write_sealed(&mut w, &mut disk);
-    let delta = w.checkpoint_source().serialize_delta_parts(&base).unwrap();
-    let first_free = w.segment_ids().last().unwrap() + 1;
-    let (mut restored, _) = restore(&delta.to_vec(), Some(&base_image), &disk, first_free);
-    assert_eq!(contents(&restored), contents(&w));
-    let after_restart = restored.checkpoint_source_against(Some(&base));
+    let delta =
+        b.w.checkpoint_source()
+            .serialize_delta_parts(&b.base)
+            .unwrap();
+    let first_free = b.w.segment_ids().last().unwrap() + 1;
+    let (mut restored, _) = restore(&delta.to_vec(), Some(&b.base_image), &b.disk, first_free);
+    let after_restart = restored.checkpoint_source_against(Some(&b.base));
     assert_eq!(after_restart.versions_since_base(), None);
 }
