@@ -66,8 +66,12 @@ count_on() {
 }
 
 for i in 0 1 2; do start "$i" new "$initial"; done
-until ETCDCTL_API=3 etcdctl --endpoints "$eps" --command-timeout=1s put probe 1 >/dev/null 2>&1; do
-  sleep 0.2
+# Each member must know the leader before the load: one that started late answers "no leader"
+# until the leader's first heartbeat reaches it.
+for i in 0 1 2; do
+  until ETCDCTL_API=3 etcdctl --endpoints "$(client_url "$i")" --command-timeout=1s put probe 1 >/dev/null 2>&1; do
+    sleep 0.2
+  done
 done
 echo "== $kind: loading $total keys of 1 KiB into 3 members"
 "$bench" --endpoints "$eps" --conns "$conns" --clients "$clients" \

@@ -202,6 +202,7 @@ mod tests {
             apply_keys_per_step: crate::limits::APPLY_KEYS_PER_STEP,
             ids_first: 1,
             values_resident: |_| Some(true),
+            install_helpers: crate::member::InstallHelpers::NONE,
         };
         let members = vec![crate::ids::Member {
             id: 1,

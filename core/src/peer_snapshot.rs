@@ -6,15 +6,17 @@
 //! last the raft message itself with its data left empty. The stream runs on its own
 //! connection (dialed like any other, handshake and TLS included), so heartbeats and appends
 //! never queue behind gigabytes, and nothing in it has a size limit: memory on each side is a
-//! few chunks, plus the checkpoint file on the receiver (the index's size, which a restart
-//! holds too). Segment files are read on a thread beside the raft CPU.
+//! few chunks. Segment files are read on a thread beside the raft CPU.
 //!
-//! The receiver writes the segments into `<data-dir>/snap/incoming/<index>-<from>/` as they
-//! come, syncing each, and collects the checkpoint file in memory. Only when the raft message
-//! arrives, with every part complete, is the staging directory synced and the message handed to
-//! raft with the file as its data. The driver then stores the segments under this member's own
-//! ids ([`place`]: above every id of its stores, `kv::renumber_segments` renames them in the
-//! image) and writes the renamed file as its newest checkpoint.
+//! The receiver writes every part into `<data-dir>/snap/incoming/<index>-<from>-<stream>/` as
+//! it comes, syncing each file once whole: the segments, and the checkpoint file too (paced,
+//! then mapped). Only when the raft message arrives, with every part complete, is the staging
+//! directory synced and the message handed to raft with the mapped file as its data. The
+//! driver then stores the segments under this member's own ids ([`place`]), above every id of
+//! its stores. Where no id moves (a member that never had a segment file, such as one just
+//! added, or one whose ids all lie below the leader's), the staged checkpoint file is moved
+//! into place as it is; otherwise the file is written again renamed to match
+//! (`kv::renumber_segments`) as the newest checkpoint.
 //!
 //! The receiver answers with one frame once the message is in raft's inbox, and only then does
 //! the leader report the snapshot sent: reported as soon as it was written, raft would probe
@@ -381,31 +383,94 @@ pub struct StagedSnapshot {
     /// The segment files in `dir`, by the leader's ids, ascending: exactly those `data` names.
     pub segments: Vec<u32>,
     /// The checkpoint file, which the raft message carries on as its data (the same buffer:
-    /// the driver finds this staging by it).
+    /// the driver finds this staging by it): `dir/CHECKPOINT_FILE`, durable and mapped.
     pub data: Bytes,
-    /// For a delta, its base's checkpoint file.
+    /// The mapping `data` is, for the driver to drop its pages once the store is restored.
+    pub data_file: keel_io::vlog::MappedFile,
+    /// For a delta, its base's checkpoint file (`dir/BASE_FILE`, durable and mapped).
     pub base: Option<Bytes>,
 }
 
-/// The segment file being received.
-struct OpenSegment {
-    id: u32,
-    file: std::fs::File,
+/// The file being received of one part.
+struct Receiving {
+    path: PathBuf,
+    /// Out on a thread while a chunk is written (None after a failed write, which fails the
+    /// stream). Paced: a checkpoint file of hundreds of MB never sits dirty in the page cache
+    /// for the WAL's syncs to wait behind (see `keel_io::pages::write_paced`).
+    file: Option<keel_io::pages::PacedWriter<std::fs::File>>,
     written: u64,
     file_bytes: u64,
 }
 
-/// A snapshot being received on one connection.
+impl Receiving {
+    async fn create(path: PathBuf, file_bytes: u64) -> io::Result<Receiving> {
+        let at = path.clone();
+        let file = rt::on_thread("keel-snapshot-in", move || std::fs::File::create(at)).await?;
+        Ok(Receiving {
+            path,
+            file: Some(keel_io::pages::PacedWriter::new(file)),
+            written: 0,
+            file_bytes,
+        })
+    }
+
+    fn complete(&self) -> bool {
+        self.written == self.file_bytes
+    }
+
+    /// Appends `frame[body_at..]`, a chunk at `offset` of a file of `file_bytes`, on a thread
+    /// beside the raft CPU; the file is synced once whole.
+    async fn append(
+        &mut self,
+        (offset, file_bytes): (u64, u64),
+        frame: Vec<u8>,
+        body_at: usize,
+    ) -> io::Result<()> {
+        let len = (frame.len() - body_at) as u64;
+        // A chunk past its file's announced end (which `parse_chunk_header` refuses too) must
+        // never grow a file on the disk the WAL shares.
+        if offset != self.written || file_bytes != self.file_bytes || len > file_bytes - offset {
+            return Err(protocol("chunk out of order"));
+        }
+        let mut file = self
+            .file
+            .take()
+            .ok_or_else(|| protocol("a chunk after a failed write"))?;
+        let complete = self.written + len == self.file_bytes;
+        let path = self.path.clone();
+        self.file = Some(
+            rt::on_thread("keel-snapshot-in", move || {
+                file.append(&frame[body_at..])?;
+                if complete {
+                    sync_or_abort(file.file(), &path);
+                }
+                Ok::<_, io::Error>(file)
+            })
+            .await?,
+        );
+        self.written += len;
+        Ok(())
+    }
+}
+
+/// The staged checkpoint file's name in its staging directory.
+const CHECKPOINT_FILE: &str = "checkpoint";
+/// A delta's base file's name in its staging directory.
+const BASE_FILE: &str = "base";
+
+/// A snapshot being received on one connection. Every part goes to a file in the staging
+/// directory as it comes, the checkpoint file too: held in memory until installed, it was a
+/// copy as large as the index (416 MB at 4M keys) on a member that also builds its index
+/// from it, and writing it then held up the raft loop.
 pub struct IncomingSnapshot {
     from: u64,
     index: u64,
     dir: PathBuf,
-    checkpoint: Vec<u8>,
-    checkpoint_bytes: u64,
-    /// A delta's base file as it comes, and its length (from its first chunk).
-    base: Vec<u8>,
-    base_bytes: Option<u64>,
-    open: Option<OpenSegment>,
+    checkpoint: Receiving,
+    /// A delta's base, from its first chunk.
+    base: Option<Receiving>,
+    /// The segment being received, by the leader's id.
+    open: Option<(u32, Receiving)>,
     segments: Vec<u32>,
     /// Set once handed on: the staging directory is then the driver's.
     finished: bool,
@@ -427,14 +492,6 @@ impl IncomingSnapshot {
         checkpoint_bytes: u64,
     ) -> io::Result<IncomingSnapshot> {
         let dir = staging_root.join(format!("{index:016x}-{from:016x}-{stream}"));
-        let mut checkpoint = Vec::new();
-        // The peer is a member of this cluster; still, an absurd length fails the stream
-        // rather than the process.
-        checkpoint
-            .try_reserve_exact(
-                usize::try_from(checkpoint_bytes).map_err(|_| protocol("checkpoint too large"))?,
-            )
-            .map_err(|_| protocol("no memory for the checkpoint file"))?;
         let fresh = dir.clone();
         rt::on_thread("keel-snapshot-in", move || {
             match std::fs::remove_dir_all(&fresh) {
@@ -445,14 +502,21 @@ impl IncomingSnapshot {
             std::fs::create_dir_all(&fresh)
         })
         .await?;
+        let checkpoint = match Receiving::create(dir.join(CHECKPOINT_FILE), checkpoint_bytes).await
+        {
+            Ok(checkpoint) => checkpoint,
+            Err(e) => {
+                // No `IncomingSnapshot` yet, whose drop would delete the staging.
+                remove_staged(vec![dir]);
+                return Err(e);
+            }
+        };
         Ok(IncomingSnapshot {
             from,
             index,
             dir,
             checkpoint,
-            checkpoint_bytes,
-            base: Vec::new(),
-            base_bytes: None,
+            base: None,
             open: None,
             segments: Vec::new(),
             finished: false,
@@ -467,89 +531,51 @@ impl IncomingSnapshot {
         frame: Vec<u8>,
         body_at: usize,
     ) -> io::Result<()> {
-        let len = (frame.len() - body_at) as u64;
+        let at = (h.offset, h.file_bytes);
         match h.part {
             Part::Checkpoint => {
-                if h.file_bytes != self.checkpoint_bytes
-                    || h.offset != self.checkpoint.len() as u64
-                    || self.open.is_some()
-                    || !self.segments.is_empty()
-                {
+                if self.checkpoint.complete() || self.open.is_some() || !self.segments.is_empty() {
                     return Err(protocol("checkpoint chunk out of order"));
                 }
-                self.checkpoint.extend_from_slice(&frame[body_at..]);
-                Ok(())
+                self.checkpoint.append(at, frame, body_at).await
             }
             Part::Base => {
-                if (self.checkpoint.len() as u64) < self.checkpoint_bytes
+                if !self.checkpoint.complete()
                     || self.open.is_some()
                     || !self.segments.is_empty()
-                    || h.offset != self.base.len() as u64
-                    || self.base_bytes.is_some_and(|b| b != h.file_bytes)
+                    || self.base.as_ref().is_some_and(Receiving::complete)
                 {
                     return Err(protocol("base chunk out of order"));
                 }
-                if self.base_bytes.is_none() {
-                    // As large as the index, like the checkpoint file: an absurd length fails
-                    // the stream, not the process.
-                    self.base
-                        .try_reserve_exact(
-                            usize::try_from(h.file_bytes)
-                                .map_err(|_| protocol("base checkpoint too large"))?,
-                        )
-                        .map_err(|_| protocol("no memory for the base checkpoint file"))?;
-                    self.base_bytes = Some(h.file_bytes);
+                if self.base.is_none() {
+                    let base = Receiving::create(self.dir.join(BASE_FILE), h.file_bytes).await?;
+                    self.base = Some(base);
                 }
-                self.base.extend_from_slice(&frame[body_at..]);
-                Ok(())
+                let base = self.base.as_mut().expect("created above");
+                base.append(at, frame, body_at).await
             }
             Part::Segment(id) => {
-                if (self.checkpoint.len() as u64) < self.checkpoint_bytes
-                    || self
-                        .base_bytes
-                        .is_some_and(|b| (self.base.len() as u64) < b)
+                if !self.checkpoint.complete() || self.base.as_ref().is_some_and(|b| !b.complete())
                 {
                     return Err(protocol("segment chunk before the whole checkpoint"));
                 }
                 let mut open = match self.open.take() {
-                    Some(open) if open.id == id => open,
+                    Some((open_id, open)) if open_id == id => open,
                     Some(_) => return Err(protocol("segment chunk out of order")),
                     None => {
                         if self.segments.last().is_some_and(|last| *last >= id) || h.offset != 0 {
                             return Err(protocol("segment out of order"));
                         }
                         let path = keel_io::vlog::segment_path(&self.dir, id);
-                        let file =
-                            rt::on_thread("keel-snapshot-in", move || std::fs::File::create(path))
-                                .await?;
-                        OpenSegment {
-                            id,
-                            file,
-                            written: 0,
-                            file_bytes: h.file_bytes,
-                        }
+                        Receiving::create(path, h.file_bytes).await?
                     }
                 };
-                if h.offset != open.written || h.file_bytes != open.file_bytes {
-                    return Err(protocol("segment chunk out of order"));
-                }
-                let complete = open.written + len == open.file_bytes;
-                let dir = self.dir.clone();
-                let mut file = open.file;
-                open.file = rt::on_thread("keel-snapshot-in", move || {
-                    use std::io::Write;
-                    file.write_all(&frame[body_at..])?;
-                    if complete {
-                        sync_or_abort(&file, &keel_io::vlog::segment_path(&dir, id));
-                    }
-                    Ok::<_, io::Error>(file)
-                })
-                .await?;
-                open.written += len;
-                if complete {
+                open.append(at, frame, body_at).await?;
+                // An empty file is whole at its one chunk.
+                if open.complete() {
                     self.segments.push(id);
                 } else {
-                    self.open = Some(open);
+                    self.open = Some((id, open));
                 }
                 Ok(())
             }
@@ -562,28 +588,29 @@ impl IncomingSnapshot {
     pub async fn finish(mut self, index: u64) -> io::Result<StagedSnapshot> {
         if index != self.index
             || self.open.is_some()
-            || (self.checkpoint.len() as u64) != self.checkpoint_bytes
+            || !self.checkpoint.complete()
+            || self.base.as_ref().is_some_and(|b| !b.complete())
         {
             return Err(protocol("the raft message came before the whole snapshot"));
         }
-        if self
-            .base_bytes
-            .is_some_and(|b| (self.base.len() as u64) != b)
-        {
-            return Err(protocol("the raft message came before the whole snapshot"));
-        }
-        let data = Bytes::from(std::mem::take(&mut self.checkpoint));
-        let base = self
-            .base_bytes
-            .map(|_| Bytes::from(std::mem::take(&mut self.base)));
-        let (dir, checked, received) = (self.dir.clone(), data.clone(), self.segments.clone());
-        let checked_base = base.clone();
-        rt::on_thread("keel-snapshot-in", move || {
+        let (dir, received) = (self.dir.clone(), self.segments.clone());
+        let checkpoint_path = self.checkpoint.path.clone();
+        let base_path = self.base.as_ref().map(|b| b.path.clone());
+        let (data_file, base) = rt::on_thread("keel-snapshot-in", move || {
+            let map = |path: &Path| {
+                keel_io::vlog::map_file_to_read(path)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+            };
+            let data_file = map(&checkpoint_path)?;
+            let base = base_path
+                .map(|path| map(&path).map(|f| f.bytes().clone()))
+                .transpose()?;
+            let checked = data_file.bytes();
             // Checked here, off the raft CPU, so that a snapshot raft installs is whole: a
             // delta comes with the base it names, a full checkpoint alone.
-            let whole = match (base_index_of(&checked)?, &checked_base) {
+            let whole = match (base_index_of(checked)?, &base) {
                 (None, None) => true,
-                (Some(_), Some(base)) => is_base_of(&checked, base)?,
+                (Some(_), Some(base)) => is_base_of(checked, base)?,
                 _ => false,
             };
             if !whole {
@@ -591,14 +618,14 @@ impl IncomingSnapshot {
                     "a delta checkpoint without its base, or a base without a delta",
                 ));
             }
-            if segments_of(&checked, checked_base.as_ref())? != received {
+            if segments_of(checked, base.as_ref())? != received {
                 return Err(protocol(
                     "the segments sent are not those its checkpoint names",
                 ));
             }
             let d = std::fs::File::open(&dir)?;
             sync_or_abort(&d, &dir);
-            Ok(())
+            Ok((data_file, base))
         })
         .await?;
         self.finished = true;
@@ -607,7 +634,8 @@ impl IncomingSnapshot {
             index: self.index,
             dir: self.dir.clone(),
             segments: std::mem::take(&mut self.segments),
-            data,
+            data: data_file.bytes().clone(),
+            data_file,
             base,
         })
     }
@@ -690,12 +718,15 @@ pub fn renumbered(
     Ok(Bytes::from(cp.encode_with_image(&renamed)))
 }
 
-/// Makes a received snapshot this member's newest checkpoint (on a thread: renames, a sync
-/// and a file as large as the index): its segments move into `vlog_dir` under ids raised by
-/// `shift` (above every id this member's stores used), the checkpoint file is rewritten to
-/// name them so and written durably into `snap_dir`, and the segments are mapped for the
-/// store that replaces the member's. A crash midway leaves the previous checkpoint newest;
-/// the moved files are then named by no checkpoint and deleted at the next start.
+/// Makes a received snapshot this member's newest checkpoint (on a thread: renames and syncs,
+/// and for a member with segments of its own a file as large as the index): its segments move
+/// into `vlog_dir` under ids raised by `shift` (above every id this member's stores used), the
+/// checkpoint file goes into `snap_dir` naming them so, and the segments are mapped for the
+/// store that replaces the member's. Where no id moves (`shift` 0: a member that never had a
+/// segment file, or whose ids all lie below the leader's), the staged checkpoint file is
+/// already the file to keep: it is moved, not written again.
+/// A crash midway leaves the previous checkpoint newest; the moved segment files are then
+/// named by no checkpoint and deleted at the next start.
 ///
 /// Also returns the checkpoint file's mapping, whose pages the install's restore reads in
 /// place: the driver gives them back once the store is replaced.
@@ -719,6 +750,11 @@ pub fn place(
             .checked_add(shift)
             .ok_or_else(|| bad("segment ids run out".into()))?;
         let to = keel_io::vlog::segment_path(vlog_dir, local);
+        // Never over a file of this member's: a checkpoint of its own may still name it (see
+        // `Member::segment_id_base`, which keeps the leader's ids only where none can be).
+        if to.try_exists().map_err(|e| data_dir_error(&to, e))? {
+            return Err(bad(format!("segment file {} exists already", to.display())));
+        }
         std::fs::rename(keel_io::vlog::segment_path(&staged.dir, id), &to)
             .map_err(|e| data_dir_error(&to, e))?;
     }
@@ -726,8 +762,22 @@ pub fn place(
         let d = std::fs::File::open(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
         sync_or_abort(&d, vlog_dir);
     }
-    let renamed = |file: &Bytes, cp: checkpoint::Checkpoint| {
-        renumbered(file, cp, if listed.is_empty() { 0 } else { shift }).map_err(bad)
+    let shift = if listed.is_empty() { 0 } else { shift };
+    // The staged file (durable since its last chunk) moved to `path`, and the move made durable.
+    // A failed directory fsync aborts, as every other sync of a received snapshot does: the
+    // kernel may have dropped the entry, and no retry could tell.
+    let moved = |from: &str, path: &Path| {
+        std::fs::rename(staged.dir.join(from), path).map_err(|e| data_dir_error(path, e))?;
+        let d = std::fs::File::open(snap_dir).map_err(|e| data_dir_error(snap_dir, e))?;
+        sync_or_abort(&d, snap_dir);
+        Ok::<_, CoreError>(())
+    };
+    // A leader's file renamed to this member's ids, written durably at `path` and mapped.
+    let rewritten = |file: &Bytes, cp: checkpoint::Checkpoint, path: &Path| {
+        let file = renumbered(file, cp, shift).map_err(bad)?;
+        crate::ids::write_durably(snap_dir, path, &file)?;
+        drop(file);
+        keel_io::vlog::map_file_to_read(path).map_err(|e| data_dir_error(path, e))
     };
     // A delta's base goes first, under its own index: a crash before the delta is written
     // leaves it a full checkpoint older than this member's newest, which removal takes.
@@ -737,22 +787,23 @@ pub fn place(
         None => None,
         Some(base_file) => {
             let base_cp = checkpoint::decode_shared(base_file).map_err(bad)?;
-            let base_index = base_cp.meta.index;
-            let file = renamed(base_file, base_cp)?;
-            let path = snap_dir.join(checkpoint::file_name(base_index));
-            crate::ids::write_durably(snap_dir, &path, &file)?;
-            drop(file);
-            let mapped =
-                keel_io::vlog::map_file_to_read(&path).map_err(|e| data_dir_error(&path, e))?;
-            Some(mapped.bytes().clone())
+            let path = snap_dir.join(checkpoint::file_name(base_cp.meta.index));
+            if shift == 0 {
+                moved(BASE_FILE, &path)?;
+                Some(base_file.clone())
+            } else {
+                Some(rewritten(base_file, base_cp, &path)?.bytes().clone())
+            }
         }
     };
-    let file = renamed(&staged.data, cp)?;
     let path = snap_dir.join(checkpoint::file_name(staged.index));
-    crate::ids::write_durably(snap_dir, &path, &file)?;
     // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy.
-    drop(file);
-    let mapped = keel_io::vlog::map_file_to_read(&path).map_err(|e| data_dir_error(&path, e))?;
+    let mapped = if shift == 0 {
+        moved(CHECKPOINT_FILE, &path)?;
+        staged.data_file
+    } else {
+        rewritten(&staged.data, cp, &path)?
+    };
     let file = mapped.bytes().clone();
     let mut files = std::collections::BTreeMap::new();
     for id in listed {
@@ -836,6 +887,52 @@ mod tests {
             },
             kv_image,
         ))
+    }
+
+    /// A leader under `dir` whose newest checkpoint is a delta: a full checkpoint at raft
+    /// index 60 (in `dir/snap`), then `changed` keys written again (from index 61), and the
+    /// delta against it. Returns the delta's file, its index, the base's file and the stream
+    /// of both with their segments, in chunks of 1000 bytes.
+    async fn delta_leader(dir: &Path, changed: &[u64]) -> (DeltaLeader, Vec<Vec<u8>>) {
+        let vlog = dir.join("vlog");
+        let leader_snap = dir.join("snap");
+        std::fs::create_dir_all(&leader_snap).unwrap();
+        let (mut w, reader) = leader_store(&vlog);
+        let source = w.checkpoint_source();
+        let base = source.delta_base();
+        let base_file = checkpoint_file(60, &source.serialize().unwrap());
+        std::fs::write(leader_snap.join(checkpoint::file_name(60)), &base_file).unwrap();
+        for (n, key) in changed.iter().enumerate() {
+            put_sealed(&mut w, &vlog, 61 + n as u64, *key, 0xee);
+        }
+        let index = 60 + changed.len() as u64;
+        let parts = w
+            .checkpoint_source()
+            .serialize_parts_against(Some(&base))
+            .unwrap();
+        assert_eq!(parts.delta_of(), Some(60));
+        let data = checkpoint_file(index, &parts.to_vec());
+        let mut out = futures_lite::io::Cursor::new(Vec::new());
+        write_snapshot(&mut out, &data, index, (&vlog, &leader_snap), 1000)
+            .await
+            .unwrap();
+        let leader = DeltaLeader {
+            listed: segments_of(&data, Some(&base_file)).unwrap(),
+            data,
+            index,
+            base_file,
+            reader,
+        };
+        (leader, frames(&out.into_inner()))
+    }
+
+    struct DeltaLeader {
+        data: Bytes,
+        index: u64,
+        base_file: Bytes,
+        /// The segments the delta and its base name.
+        listed: Vec<u32>,
+        reader: kv::Reader,
     }
 
     /// The frames a stream wrote, without their length prefixes.
@@ -989,33 +1086,17 @@ mod tests {
             Box::pin(async {
                 let leader_dir = tempfile::tempdir().unwrap();
                 let follower_dir = tempfile::tempdir().unwrap();
-                let vlog = leader_dir.path().join("vlog");
-                let leader_snap = leader_dir.path().join("snap");
-                std::fs::create_dir_all(&leader_snap).unwrap();
-                let (mut w, leader_reader) = leader_store(&vlog);
-                // The base: a full checkpoint at 60; then a few keys change and the delta at
-                // 64 holds only those.
-                let source = w.checkpoint_source();
-                let base = source.delta_base();
-                let base_file = checkpoint_file(60, &source.serialize().unwrap());
-                std::fs::write(leader_snap.join(checkpoint::file_name(60)), &base_file).unwrap();
-                for (n, key) in [5u64, 17, 40, 41].into_iter().enumerate() {
-                    put_sealed(&mut w, &vlog, 61 + n as u64, key, 0xee);
-                }
-                let parts = w
-                    .checkpoint_source()
-                    .serialize_parts_against(Some(&base))
-                    .unwrap();
-                assert_eq!(parts.delta_of(), Some(60));
-                let data = checkpoint_file(64, &parts.to_vec());
+                // A few keys change after the base: the delta holds only those.
+                let (leader, frames) = delta_leader(leader_dir.path(), &[5, 17, 40, 41]).await;
+                let DeltaLeader {
+                    data,
+                    index,
+                    base_file,
+                    listed,
+                    reader: leader_reader,
+                } = leader;
+                assert_eq!(index, 64);
                 assert!(data.len() * 4 < base_file.len());
-                let listed = segments_of(&data, Some(&base_file)).unwrap();
-
-                let mut out = futures_lite::io::Cursor::new(Vec::new());
-                write_snapshot(&mut out, &data, 64, (&vlog, &leader_snap), 1000)
-                    .await
-                    .unwrap();
-                let frames = frames(&out.into_inner());
                 let snap = follower_dir.path().join("snap");
                 let staging = snap.join(STAGING_DIR);
                 // Without its base, the delta is refused when the raft message comes.
@@ -1058,6 +1139,73 @@ mod tests {
                     Some(&base_cp.kv_image),
                     &leader_reader,
                 );
+            })
+        });
+    }
+
+    /// A new member keeps the leader's segment ids, so the files it staged are already the
+    /// ones to keep: placing moves them (the same inodes), writing no second copy, and the
+    /// pair still restores to the leader's store.
+    #[test]
+    fn a_new_members_snapshot_files_are_moved_into_place_not_written_again() {
+        run(|| {
+            Box::pin(async {
+                use std::os::unix::fs::MetadataExt;
+                let leader_dir = tempfile::tempdir().unwrap();
+                let follower_dir = tempfile::tempdir().unwrap();
+                let (leader, frames) = delta_leader(leader_dir.path(), &[9]).await;
+                let DeltaLeader {
+                    data,
+                    base_file,
+                    listed,
+                    reader: leader_reader,
+                    ..
+                } = leader;
+                let snap = follower_dir.path().join("snap");
+                let incoming = receive(&snap.join(STAGING_DIR), frames).await.unwrap();
+                let staged = incoming.finish(61).await.unwrap();
+                assert_eq!(staged.data, data);
+                let inode = |path: &Path| std::fs::metadata(path).unwrap().ino();
+                let (staged_file, staged_base) = (
+                    inode(&staged.dir.join(CHECKPOINT_FILE)),
+                    inode(&staged.dir.join(BASE_FILE)),
+                );
+                let staged_dir = staged.dir.clone();
+                let follower_vlog = follower_dir.path().join("vlog");
+                let (placed, mapped) = place(staged, 0, &snap, &follower_vlog).unwrap();
+                let (file_path, base_path) = (
+                    snap.join(checkpoint::file_name(61)),
+                    snap.join(checkpoint::file_name(60)),
+                );
+                assert_eq!(inode(&file_path), staged_file, "moved, not written again");
+                assert_eq!(inode(&base_path), staged_base, "moved, not written again");
+                assert!(!staged_dir.exists());
+                assert_eq!(std::fs::read(&file_path).unwrap(), data);
+                assert_eq!(std::fs::read(&base_path).unwrap(), base_file);
+                assert_eq!(placed.data, data);
+                assert_eq!(
+                    mapped.bytes(),
+                    &data,
+                    "the mapping handed back is the file's"
+                );
+                assert_eq!(placed.files.keys().copied().collect::<Vec<_>>(), listed);
+                assert_eq!(
+                    keel_io::vlog::list_segments(&follower_vlog).unwrap(),
+                    listed
+                );
+                let (cp, base_cp) = (
+                    checkpoint::decode(&placed.data).unwrap(),
+                    checkpoint::decode(placed.base.as_ref().unwrap()).unwrap(),
+                );
+                assert_restores_to(
+                    &placed,
+                    &cp.kv_image,
+                    Some(&base_cp.kv_image),
+                    &leader_reader,
+                );
+                // A restart finds the moved pair as this member's newest checkpoint.
+                let loaded = checkpoint::load_newest(&snap).unwrap().unwrap();
+                assert_eq!(loaded.checkpoint.meta.index, 61);
             })
         });
     }

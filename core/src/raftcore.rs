@@ -316,6 +316,10 @@ impl RaftCore {
             // Unique across restarts: from the clock-based generator of proposal ids.
             ids_first: shared.next_proposal_id(),
             values_resident: crate::pager::values_resident,
+            install_helpers: crate::member::InstallHelpers {
+                threads: rt::restore_helper_threads(),
+                on_start: rt::move_beside_own_cpus,
+            },
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.set_checkpoint_root(checkpoint_root);
@@ -808,17 +812,26 @@ impl RaftCore {
             staged.index, index,
             "a staged snapshot is found by its own data"
         );
-        // The leader's segment ids go above every id this member's stores used.
+        // The leader's segment ids go from the member's base up: above every id its stores
+        // used, or as they are where it never had a segment file.
         let base = self.member.segment_id_base();
         let shift = staged
             .segments
             .first()
             .map_or(0, |lowest| base.saturating_sub(*lowest));
         let vlog_dir = self.vlog.dir().to_path_buf();
+        let (started, segments) = (Instant::now(), staged.segments.len());
         let placed = rt::on_thread("keel-snapshot", move || {
             peer_snapshot::place(staged, shift, &dir, &vlog_dir)
         })
         .await?;
+        // The loop waited for this: an operator looking at a pause sees what it was.
+        tracing::info!(
+            index,
+            segments,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "stored the leader's snapshot as this member's newest checkpoint"
+        );
         let (placed, mapped) = placed;
         self.placed_mapping = Some(mapped);
         self.member.snapshot_placed(placed);

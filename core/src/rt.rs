@@ -344,6 +344,13 @@ pub fn mover_beside_caller() -> impl Fn() + Send + Sync + 'static {
     mover_to(cpus_beside_caller())
 }
 
+/// Moves the calling thread beside the CPUs it is pinned to now, as `spawn_beside` places
+/// its threads: for a helper another crate starts from a pinned executor (a snapshot
+/// install's restore), which inherited that executor's pinning and calls this first.
+pub fn move_beside_own_cpus() {
+    mover_beside_caller()()
+}
+
 /// Starts a plain thread on the process's CPUs except `cpu` (on all of them when that leaves
 /// none): for a thread started from an unpinned one that must still keep off a pinned core,
 /// such as the watchdog, whose purges of freed memory would otherwise take the raft core's

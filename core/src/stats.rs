@@ -166,7 +166,8 @@ pub struct RaftStats {
     pub puts: AtomicU64,
     /// Keys deleted by applied writes (DeleteRange, lease revocation).
     pub deletes: AtomicU64,
-    /// Live keys in the store (a gauge; recounted when a snapshot replaces the store).
+    /// Live keys in the store (a gauge; counted at start, and taken from the restore's count
+    /// when a snapshot replaces the store).
     pub keys: AtomicI64,
     /// The WAL append: Keel's one O_DIRECT write plus fdatasync per batch. etcd's series times
     /// the fsync alone; Keel's write goes straight to the device, so the two are one wait.

@@ -236,47 +236,95 @@ fn write_paced_in(
     parts: &[&[u8]],
     chunk_bytes: usize,
 ) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
-    let range = |from: usize, to: usize, flags: libc::c_uint| {
-        // SAFETY: a request about a byte range of a descriptor this process holds open.
-        let rc = unsafe {
-            libc::sync_file_range(
-                fd,
-                from as libc::off64_t,
-                (to - from) as libc::off64_t,
-                flags,
+    let mut w = PacedWriter::with_chunk(file, chunk_bytes);
+    for part in parts {
+        w.append(part)?;
+    }
+    Ok(())
+}
+
+/// A new file written in order, a call at a time, with its writeback paced as `write_paced`
+/// paces it: for a file that arrives in pieces (a checkpoint file received from a leader).
+/// Durability is still the caller's fsync.
+pub struct PacedWriter<F> {
+    file: F,
+    chunk_bytes: usize,
+    /// Bytes written so far; writeback started up to this offset, and done up to this one.
+    written_bytes: usize,
+    started_bytes: usize,
+    waited_bytes: usize,
+    /// False once the file system said it cannot pace: written unpaced from then on.
+    paced: bool,
+}
+
+impl<F: std::borrow::BorrowMut<std::fs::File>> PacedWriter<F> {
+    /// Writes `file` from its current offset, which must be 0 (a new file): the ranges it
+    /// paces are offsets from where it started.
+    pub fn new(file: F) -> Self {
+        Self::with_chunk(file, WRITEBACK_CHUNK_BYTES)
+    }
+
+    fn with_chunk(mut file: F, chunk_bytes: usize) -> Self {
+        use std::io::Seek;
+        assert!(
+            matches!(file.borrow_mut().stream_position(), Ok(0)),
+            "a paced file is written from its start"
+        );
+        PacedWriter {
+            file,
+            chunk_bytes,
+            written_bytes: 0,
+            started_bytes: 0,
+            waited_bytes: 0,
+            paced: true,
+        }
+    }
+
+    /// The file, for the caller's fsync.
+    pub fn file(&self) -> &std::fs::File {
+        self.file.borrow()
+    }
+
+    /// Appends `bytes`, starting the writeback of each whole chunk as soon as it is written
+    /// and first waiting for the one before it.
+    pub fn append(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let fd = self.file.borrow().as_raw_fd();
+        let range = |from: usize, to: usize, flags: libc::c_uint| {
+            // SAFETY: a request about a byte range of a descriptor this process holds open.
+            let rc = unsafe {
+                libc::sync_file_range(
+                    fd,
+                    from as libc::off64_t,
+                    (to - from) as libc::off64_t,
+                    flags,
+                )
+            };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        let unsupported = |e: &std::io::Error| {
+            matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
             )
         };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    // Written up to `written`; writeback started up to `started`, and done up to `waited`.
-    let (mut written, mut started, mut waited) = (0usize, 0usize, 0usize);
-    let mut paced = true;
-    let unsupported = |e: &std::io::Error| {
-        matches!(
-            e.raw_os_error(),
-            Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
-        )
-    };
-    for part in parts {
-        let mut rest = *part;
-        while !rest.is_empty() {
-            let take = (chunk_bytes - (written - started)).min(rest.len());
-            file.write_all(&rest[..take])?;
-            written += take;
-            rest = &rest[take..];
-            if written - started == chunk_bytes {
-                if paced {
-                    let before = if started > waited {
+        while !bytes.is_empty() {
+            let take =
+                (self.chunk_bytes - (self.written_bytes - self.started_bytes)).min(bytes.len());
+            self.file.borrow_mut().write_all(&bytes[..take])?;
+            self.written_bytes += take;
+            bytes = &bytes[take..];
+            if self.written_bytes - self.started_bytes == self.chunk_bytes {
+                if self.paced {
+                    let before = if self.started_bytes > self.waited_bytes {
                         range(
-                            waited,
-                            started,
+                            self.waited_bytes,
+                            self.started_bytes,
                             libc::SYNC_FILE_RANGE_WAIT_BEFORE
                                 | libc::SYNC_FILE_RANGE_WRITE
                                 | libc::SYNC_FILE_RANGE_WAIT_AFTER,
@@ -284,20 +332,25 @@ fn write_paced_in(
                     } else {
                         Ok(())
                     };
-                    let outcome =
-                        before.and_then(|()| range(started, written, libc::SYNC_FILE_RANGE_WRITE));
+                    let outcome = before.and_then(|()| {
+                        range(
+                            self.started_bytes,
+                            self.written_bytes,
+                            libc::SYNC_FILE_RANGE_WRITE,
+                        )
+                    });
                     match outcome {
-                        Err(e) if unsupported(&e) => paced = false,
+                        Err(e) if unsupported(&e) => self.paced = false,
                         Err(e) => return Err(e),
                         Ok(()) => {}
                     }
                 }
-                waited = started;
-                started = written;
+                self.waited_bytes = self.started_bytes;
+                self.started_bytes = self.written_bytes;
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

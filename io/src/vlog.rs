@@ -182,6 +182,15 @@ pub struct MappedFile {
     len: usize,
 }
 
+impl std::fmt::Debug for MappedFile {
+    // Not the bytes: a mapped file is a checkpoint or a segment, megabytes to gigabytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
 impl MappedFile {
     /// The file's bytes (clones share the mapping).
     pub fn bytes(&self) -> &Bytes {

@@ -1821,6 +1821,8 @@ struct PartBuilt {
     versions: u64,
     /// The bytes of the keys the part restored, each once.
     key_bytes: u64,
+    /// Keys whose newest version is a put.
+    live_keys: u64,
     /// Keys whose newest version is attached to a lease, with that lease.
     lease_keys: Vec<(i64, Bytes)>,
     /// Keys holding values kept inline (not in a durable segment): those go into the value
@@ -1936,6 +1938,7 @@ where
             return Err(damaged("a key without versions"));
         };
         built.key_bytes += key.len() as u64;
+        built.live_keys += u64::from(latest.kind() == VersionKind::Put);
         if latest.kind() == VersionKind::Put && latest.lease != 0 {
             if !lease_ids.contains_key(&latest.lease) {
                 return Err(damaged("a key attached to an unknown lease"));
@@ -2104,6 +2107,7 @@ where
         writer.index_bytes += part.index_bytes;
         writer.versions_held += part.versions;
         writer.key_bytes_held += part.key_bytes;
+        writer.live_keys_restored += part.live_keys;
         for (lease, key) in part.lease_keys {
             writer
                 .leases

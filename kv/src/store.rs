@@ -126,6 +126,7 @@ impl Store {
             dirty: crate::dirty::DirtyKeys::since(REVISION_INITIAL),
             versions_held: 0,
             key_bytes_held: 0,
+            live_keys_restored: 0,
             writes: IndexWrites::default(),
             base_captures: std::collections::VecDeque::with_capacity(BASE_CAPTURES_KEPT),
             stepping: None,
@@ -291,6 +292,10 @@ pub struct Writer {
     pub(crate) versions_held: u64,
     /// The bytes of the index's keys, each once (what a full checkpoint holds of them).
     pub(crate) key_bytes_held: u64,
+    /// Live keys (their newest version a put) when this store was restored from a
+    /// checkpoint; 0 for a new one. A member whose store a leader's snapshot replaced starts
+    /// its live-key gauge from it, without a pass over millions of keys on the raft core.
+    pub(crate) live_keys_restored: u64,
     /// What the writer did to the index since it was built or restored; never falls.
     pub(crate) writes: IndexWrites,
     /// `(revision, writes)` at the latest captures that may become a delta base, oldest
@@ -624,6 +629,12 @@ impl Writer {
     /// Value-log bytes held (live or awaiting reclaim): the server's "db size".
     pub fn value_log_bytes(&self) -> u64 {
         self.vlog.bytes_total()
+    }
+
+    /// Live keys when this store was restored from a checkpoint (0 for a new store); writes
+    /// since are not counted.
+    pub fn live_keys_restored(&self) -> u64 {
+        self.live_keys_restored
     }
 
     /// How many damaged records reclaim has met since this store was built, and the last one.

@@ -20,7 +20,7 @@ pub mod waiters;
 
 pub use lease_clock::LeaseClock;
 pub use machine::{
-    CheckpointCompletion, CheckpointDone, CheckpointRequest, Effect, Member, MemberConfig,
-    PagesWanted, PlacedSnapshot, ProposalKind, ReadyIo, Refusal, MEMBER_REMOVED,
+    CheckpointCompletion, CheckpointDone, CheckpointRequest, Effect, InstallHelpers, Member,
+    MemberConfig, PagesWanted, PlacedSnapshot, ProposalKind, ReadyIo, Refusal, MEMBER_REMOVED,
 };
 pub use waiters::Waiters;

@@ -513,7 +513,8 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
                 && c.segment_eio_stops > 0
                 && c.segments_deleted > 0
                 && c.restores_from_segments > 0
-                && c.snapshots_with_segments > 0,
+                && c.snapshots_with_segments > 0
+                && c.snapshots_placed_as_sent > 0,
             "a value-log path went unexercised: {c:?}"
         );
         // Value compares wait for the pager on a seeded share of members, and members crash
@@ -542,6 +543,7 @@ fn add(total: &mut Report, r: &Report) {
     t.checkpoints += c.checkpoints;
     t.deltas += c.deltas;
     t.delta_snapshots_placed += c.delta_snapshots_placed;
+    t.snapshots_placed_as_sent += c.snapshots_placed_as_sent;
     t.delta_restarts += c.delta_restarts;
     t.checkpoints_overtaken += c.checkpoints_overtaken;
     t.checkpoints_cut_short += c.checkpoints_cut_short;

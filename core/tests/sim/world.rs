@@ -17,7 +17,8 @@
 //! into them; a start keeps only the segments a checkpoint names (`vlog_writer::unreferenced`);
 //! dead ones are deleted once no kept checkpoint names them (`released_by_checkpoint`); and a
 //! leader's snapshot carries the segment files it points into, stored under the receiver's
-//! ids (`peer_snapshot::renumbered`). Entries that read values whose pages are out (a seeded
+//! ids (`peer_snapshot::renumbered`), or under the leader's own where the receiver never had a
+//! segment file (`Member::segment_id_base` is 0). Entries that read values whose pages are out (a seeded
 //! share of asks) wait for a simulated pager, as `RaftCore::page_in_for_apply` makes them.
 
 use std::cell::RefCell;
@@ -282,6 +283,9 @@ pub struct Counts {
     pub deltas: u64,
     /// Snapshots that were deltas, placed with their base by a follower.
     pub delta_snapshots_placed: u64,
+    /// Snapshots with segments placed under the leader's own segment ids (a member that never
+    /// had a segment file: its files taken as they came, not renamed).
+    pub snapshots_placed_as_sent: u64,
     /// Starts that restored a delta over its base.
     pub delta_restarts: u64,
     /// Checkpoints a leader's snapshot overtook while they were being written.
@@ -583,6 +587,7 @@ impl World {
             // Each incarnation of each member uses ids no other one used.
             ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
             values_resident: sim_values_resident,
+            install_helpers: keel_core::member::InstallHelpers::NONE,
         };
         let (last_index, commit) = (
             recovered.node.store().last_index(),
@@ -1177,7 +1182,8 @@ impl World {
                     (base_index, base)
                 });
             // As `peer_snapshot::place`: the leader's segment files go above every id this
-            // member's stores used, and the checkpoint files are rewritten to name them so.
+            // member's stores used (or keep their ids where it never had a segment file), and
+            // the checkpoint files are rewritten to name them so.
             let leaders = self
                 .snapshot_segments
                 .get(&data)
@@ -1200,7 +1206,11 @@ impl World {
             let mut files = BTreeMap::new();
             for (id, file) in leaders {
                 let local = id + shift;
-                self.nodes[i].segments.insert(local, file.clone());
+                let replaced = self.nodes[i].segments.insert(local, file.clone());
+                assert!(
+                    replaced.is_none(),
+                    "m{i}: the leader's segment {id} would replace this member's file {local}"
+                );
                 files.insert(local, file);
             }
             let base = base.map(|(base_index, base)| (base_index, renamed(&base)));
@@ -1213,6 +1223,8 @@ impl World {
             self.nodes[i].checkpoints.insert(index, data.clone());
             if base.is_some() || !files.is_empty() {
                 self.counts.delta_snapshots_placed += u64::from(base.is_some());
+                self.counts.snapshots_placed_as_sent +=
+                    u64::from(id_base == 0 && !files.is_empty());
                 let run = self.nodes[i].run.as_mut().expect("up");
                 run.member.snapshot_placed(PlacedSnapshot {
                     index,
