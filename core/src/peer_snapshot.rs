@@ -9,8 +9,9 @@
 //! few chunks. Segment files are read on a thread beside the raft CPU.
 //!
 //! The receiver writes every part into `<data-dir>/snap/incoming/<index>-<from>-<stream>/` as
-//! it comes, syncing each file once whole: the segments, and the checkpoint file too (paced,
-//! then mapped). Only when the raft message arrives, with every part complete, is the staging
+//! it comes, on a writer thread of the stream's own a few chunks behind the connection,
+//! syncing each file once whole: the segments, and the checkpoint file too (paced, then
+//! mapped). Only when the raft message arrives, with every part complete, is the staging
 //! directory synced and the message handed to raft with the mapped file as its data. The
 //! driver then stores the segments under this member's own ids ([`place`]), above every id of
 //! its stores. Where no id moves (a member that never had a segment file, such as one just
@@ -391,65 +392,179 @@ pub struct StagedSnapshot {
     pub base: Option<Bytes>,
 }
 
-/// The file being received of one part.
+/// Chunks a stream's writer thread may have queued behind the disk: the connection goes on
+/// reading frames while the thread writes and syncs (4 MiB at 1 MiB chunks).
+const WRITE_AHEAD_CHUNKS: usize = 4;
+
+/// Where one part of a snapshot is being received, and how much of it has come.
 struct Receiving {
     path: PathBuf,
-    /// Out on a thread while a chunk is written (None after a failed write, which fails the
-    /// stream). Paced: a checkpoint file of hundreds of MB never sits dirty in the page cache
-    /// for the WAL's syncs to wait behind (see `keel_io::pages::write_paced`).
-    file: Option<keel_io::pages::PacedWriter<std::fs::File>>,
     written: u64,
     file_bytes: u64,
 }
 
 impl Receiving {
-    async fn create(path: PathBuf, file_bytes: u64) -> io::Result<Receiving> {
-        let at = path.clone();
-        let file = rt::on_thread("keel-snapshot-in", move || std::fs::File::create(at)).await?;
-        Ok(Receiving {
+    fn new(path: PathBuf, file_bytes: u64) -> Receiving {
+        Receiving {
             path,
-            file: Some(keel_io::pages::PacedWriter::new(file)),
             written: 0,
             file_bytes,
-        })
+        }
     }
 
     fn complete(&self) -> bool {
         self.written == self.file_bytes
     }
+}
 
-    /// Appends `frame[body_at..]`, a chunk at `offset` of a file of `file_bytes`, on a thread
-    /// beside the raft CPU; the file is synced once whole.
+/// What a stream's writer thread is asked to do, in the order the chunks came.
+enum WriteJob {
+    /// Appends `frame[body_at..]` to the file at `path` (created first when `create`), and
+    /// syncs it when `last`: its file is whole.
+    Append {
+        path: PathBuf,
+        create: bool,
+        frame: Vec<u8>,
+        body_at: usize,
+        last: bool,
+    },
+    /// Answers once every job before it is done: Ok, or the first failure.
+    Flush(futures_channel::oneshot::Sender<io::Result<()>>),
+}
+
+/// The staged files' writer: one thread per stream, off the raft CPU, a few chunks behind
+/// the connection. Files come one after another, so one is open at a time. A failure stops
+/// the writes and is told at the next chunk; a failed fsync aborts the process.
+struct StagingWriter {
+    jobs: futures_channel::mpsc::Sender<WriteJob>,
+    failed: std::sync::Arc<std::sync::Mutex<Option<io::Error>>>,
+}
+
+impl StagingWriter {
+    /// Starts the thread. Should the stream end without a flush (it broke), the thread
+    /// deletes `dir` once the writes queued before are done: deleting it sooner could race
+    /// with a file the thread has yet to create.
+    fn start(dir: PathBuf) -> io::Result<StagingWriter> {
+        let (jobs, rx) = futures_channel::mpsc::channel(WRITE_AHEAD_CHUNKS);
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let failed_in = failed.clone();
+        rt::spawn_beside("keel-snapshot-in", move || {
+            write_staged(dir, rx, &failed_in)
+        })?;
+        Ok(StagingWriter { jobs, failed })
+    }
+
+    /// The failure the thread met, if any (taken: told once).
+    fn failure(&self) -> Option<io::Error> {
+        self.failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    /// Queues one chunk of `part`, waiting while the queue is full.
     async fn append(
         &mut self,
+        part: &mut Receiving,
         (offset, file_bytes): (u64, u64),
         frame: Vec<u8>,
         body_at: usize,
     ) -> io::Result<()> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
         let len = (frame.len() - body_at) as u64;
         // A chunk past its file's announced end (which `parse_chunk_header` refuses too) must
         // never grow a file on the disk the WAL shares.
-        if offset != self.written || file_bytes != self.file_bytes || len > file_bytes - offset {
+        if offset != part.written || file_bytes != part.file_bytes || len > file_bytes - offset {
             return Err(protocol("chunk out of order"));
         }
-        let mut file = self
-            .file
-            .take()
-            .ok_or_else(|| protocol("a chunk after a failed write"))?;
-        let complete = self.written + len == self.file_bytes;
-        let path = self.path.clone();
-        self.file = Some(
-            rt::on_thread("keel-snapshot-in", move || {
-                file.append(&frame[body_at..])?;
-                if complete {
-                    sync_or_abort(file.file(), &path);
-                }
-                Ok::<_, io::Error>(file)
-            })
-            .await?,
-        );
-        self.written += len;
+        let job = WriteJob::Append {
+            path: part.path.clone(),
+            create: part.written == 0,
+            frame,
+            body_at,
+            last: part.written + len == part.file_bytes,
+        };
+        futures_lite::future::poll_fn(|cx| self.jobs.poll_ready(cx))
+            .await
+            .and_then(|()| self.jobs.start_send(job))
+            .map_err(|_| io::Error::other("the snapshot writer thread has ended"))?;
+        part.written += len;
         Ok(())
+    }
+
+    /// Waits until every queued chunk is written, and each whole file synced.
+    async fn flush(&mut self) -> io::Result<()> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        futures_lite::future::poll_fn(|cx| self.jobs.poll_ready(cx))
+            .await
+            .and_then(|()| self.jobs.start_send(WriteJob::Flush(tx)))
+            .map_err(|_| io::Error::other("the snapshot writer thread has ended"))?;
+        rx.await
+            .map_err(|_| io::Error::other("the snapshot writer thread has ended"))?
+    }
+}
+
+/// The writer thread's loop (see `StagingWriter`).
+fn write_staged(
+    dir: PathBuf,
+    mut jobs: futures_channel::mpsc::Receiver<WriteJob>,
+    failed: &std::sync::Mutex<Option<io::Error>>,
+) {
+    let mut open: Option<keel_io::pages::PacedWriter<std::fs::File>> = None;
+    let mut first_failure: Option<io::Error> = None;
+    let mut flushed = false;
+    while let Some(job) = futures_lite::future::block_on(jobs.next()) {
+        match job {
+            WriteJob::Append {
+                path,
+                create,
+                frame,
+                body_at,
+                last,
+            } => {
+                if first_failure.is_some() {
+                    continue;
+                }
+                let written = (|| {
+                    if create {
+                        open = Some(keel_io::pages::PacedWriter::new(std::fs::File::create(
+                            &path,
+                        )?));
+                    }
+                    let file = open
+                        .as_mut()
+                        .ok_or_else(|| io::Error::other("a chunk for a file never created"))?;
+                    file.append(&frame[body_at..])?;
+                    if last {
+                        sync_or_abort(file.file(), &path);
+                        open = None;
+                    }
+                    Ok::<_, io::Error>(())
+                })();
+                if let Err(e) = written {
+                    let e = io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+                    *failed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some(io::Error::new(e.kind(), e.to_string()));
+                    first_failure = Some(e);
+                }
+            }
+            WriteJob::Flush(reply) => {
+                flushed = true;
+                let _ = reply.send(first_failure.take().map_or(Ok(()), Err));
+            }
+        }
+    }
+    drop(open);
+    if !flushed {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot delete a staged snapshot");
+            }
+        }
     }
 }
 
@@ -466,12 +581,16 @@ pub struct IncomingSnapshot {
     from: u64,
     index: u64,
     dir: PathBuf,
+    writer: StagingWriter,
     checkpoint: Receiving,
     /// A delta's base, from its first chunk.
     base: Option<Receiving>,
     /// The segment being received, by the leader's id.
     open: Option<(u32, Receiving)>,
     segments: Vec<u32>,
+    /// Set once the writer thread has written everything queued: the staging is then this
+    /// value's to delete, not the thread's.
+    flushed: bool,
     /// Set once handed on: the staging directory is then the driver's.
     finished: bool,
 }
@@ -491,6 +610,9 @@ impl IncomingSnapshot {
         index: u64,
         checkpoint_bytes: u64,
     ) -> io::Result<IncomingSnapshot> {
+        if checkpoint_bytes == 0 {
+            return Err(protocol("an empty checkpoint file"));
+        }
         let dir = staging_root.join(format!("{index:016x}-{from:016x}-{stream}"));
         let fresh = dir.clone();
         rt::on_thread("keel-snapshot-in", move || {
@@ -502,9 +624,8 @@ impl IncomingSnapshot {
             std::fs::create_dir_all(&fresh)
         })
         .await?;
-        let checkpoint = match Receiving::create(dir.join(CHECKPOINT_FILE), checkpoint_bytes).await
-        {
-            Ok(checkpoint) => checkpoint,
+        let writer = match StagingWriter::start(dir.clone()) {
+            Ok(writer) => writer,
             Err(e) => {
                 // No `IncomingSnapshot` yet, whose drop would delete the staging.
                 remove_staged(vec![dir]);
@@ -514,17 +635,20 @@ impl IncomingSnapshot {
         Ok(IncomingSnapshot {
             from,
             index,
+            checkpoint: Receiving::new(dir.join(CHECKPOINT_FILE), checkpoint_bytes),
             dir,
-            checkpoint,
+            writer,
             base: None,
             open: None,
             segments: Vec::new(),
+            flushed: false,
             finished: false,
         })
     }
 
     /// Takes one chunk: `frame[body_at..]` is its bytes. Chunks of a file come in order, files
-    /// one after another, segments ascending.
+    /// one after another, segments ascending. The chunk is written behind the connection, a
+    /// few chunks at most; a write that failed fails a later chunk, or `finish`.
     pub async fn chunk(
         &mut self,
         h: ChunkHeader,
@@ -537,7 +661,9 @@ impl IncomingSnapshot {
                 if self.checkpoint.complete() || self.open.is_some() || !self.segments.is_empty() {
                     return Err(protocol("checkpoint chunk out of order"));
                 }
-                self.checkpoint.append(at, frame, body_at).await
+                self.writer
+                    .append(&mut self.checkpoint, at, frame, body_at)
+                    .await
             }
             Part::Base => {
                 if !self.checkpoint.complete()
@@ -547,12 +673,10 @@ impl IncomingSnapshot {
                 {
                     return Err(protocol("base chunk out of order"));
                 }
-                if self.base.is_none() {
-                    let base = Receiving::create(self.dir.join(BASE_FILE), h.file_bytes).await?;
-                    self.base = Some(base);
-                }
-                let base = self.base.as_mut().expect("created above");
-                base.append(at, frame, body_at).await
+                let base = self
+                    .base
+                    .get_or_insert_with(|| Receiving::new(self.dir.join(BASE_FILE), h.file_bytes));
+                self.writer.append(base, at, frame, body_at).await
             }
             Part::Segment(id) => {
                 if !self.checkpoint.complete() || self.base.as_ref().is_some_and(|b| !b.complete())
@@ -567,10 +691,10 @@ impl IncomingSnapshot {
                             return Err(protocol("segment out of order"));
                         }
                         let path = keel_io::vlog::segment_path(&self.dir, id);
-                        Receiving::create(path, h.file_bytes).await?
+                        Receiving::new(path, h.file_bytes)
                     }
                 };
-                open.append(at, frame, body_at).await?;
+                self.writer.append(&mut open, at, frame, body_at).await?;
                 // An empty file is whole at its one chunk.
                 if open.complete() {
                     self.segments.push(id);
@@ -593,6 +717,10 @@ impl IncomingSnapshot {
         {
             return Err(protocol("the raft message came before the whole snapshot"));
         }
+        // Every file whole on disk, and synced, before it is mapped.
+        let flushed = self.writer.flush().await;
+        self.flushed = true;
+        flushed?;
         let (dir, received) = (self.dir.clone(), self.segments.clone());
         let checkpoint_path = self.checkpoint.path.clone();
         let base_path = self.base.as_ref().map(|b| b.path.clone());
@@ -653,7 +781,11 @@ impl Drop for IncomingSnapshot {
                 segments = self.segments.len(),
                 "a snapshot stream ended unfinished; what it staged is deleted"
             );
-            remove_staged(vec![self.dir.clone()]);
+            if self.flushed {
+                remove_staged(vec![self.dir.clone()]);
+            }
+            // Otherwise the writer thread deletes it once its queued writes are done, as the
+            // queue closes with this value.
         }
     }
 }
