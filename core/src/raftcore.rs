@@ -320,6 +320,7 @@ impl RaftCore {
                 threads: rt::restore_helper_threads(),
                 on_start: rt::move_beside_own_cpus,
             },
+            published_auth: shared.published_auth(),
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);
         member.set_checkpoint_root(checkpoint_root);

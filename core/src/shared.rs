@@ -181,6 +181,39 @@ pub struct ReadWait {
     pub reply: oneshot::Sender<Result<(), EtcdError>>,
 }
 
+/// The auth store and this member's live tokens as last applied: what shards resolve tokens
+/// and check permissions against. The member publishes them itself as an auth entry applies,
+/// before its caller is answered. A client told that its revoke is done must find its next
+/// request checked against it, as etcd changes its auth store within the apply; published
+/// after the answer, the next request could be checked against the store before it and
+/// refused at apply with "revision of auth store is old" instead of "permission denied".
+#[derive(Debug)]
+pub struct PublishedAuth {
+    state: ArcSwap<AuthState>,
+    tokens: ArcSwap<TokenTable>,
+}
+
+impl Default for PublishedAuth {
+    fn default() -> Self {
+        PublishedAuth {
+            state: ArcSwap::from_pointee(AuthState::default()),
+            tokens: ArcSwap::from_pointee(TokenTable::default()),
+        }
+    }
+}
+
+impl PublishedAuth {
+    pub fn publish(&self, state: Arc<AuthState>, tokens: Arc<TokenTable>) {
+        self.state.store(state);
+        self.tokens.store(tokens);
+    }
+
+    /// The auth store as published (lock-free).
+    pub fn state(&self) -> arc_swap::Guard<Arc<AuthState>> {
+        self.state.load()
+    }
+}
+
 pub struct Shared {
     pub config: Config,
     /// Every size limit, derived from the configuration in one place.
@@ -214,10 +247,9 @@ pub struct Shared {
     pub nospace: AtomicBool,
     /// Some CORRUPT alarm is raised: every write fails.
     pub corrupt: AtomicBool,
-    /// The auth store as last applied (replicated through raft; see `auth`), replaced whole.
-    auth: ArcSwap<AuthState>,
-    /// This member's live simple tokens, replaced whole when one is assigned or dropped.
-    auth_tokens: ArcSwap<TokenTable>,
+    /// The auth store as last applied (replicated through raft; see `auth`) and this member's
+    /// live simple tokens, each replaced whole; the member publishes them itself.
+    auth: Arc<PublishedAuth>,
     /// Milliseconds since `started_at` when the raft core last went round its loop: health
     /// reports a raft core that stopped turning.
     pub raft_loop_at_ms: AtomicU64,
@@ -285,8 +317,7 @@ impl Shared {
             alarms: ArcSwap::from_pointee(Vec::new()),
             nospace: AtomicBool::new(false),
             corrupt: AtomicBool::new(false),
-            auth: ArcSwap::from_pointee(AuthState::default()),
-            auth_tokens: ArcSwap::from_pointee(TokenTable::default()),
+            auth: Arc::default(),
             raft_loop_at_ms: AtomicU64::new(0),
             raft_loop_phase: AtomicU8::new(LoopPhase::Starting as u8),
             raft_loop_phase_at_ms: AtomicU64::new(0),
@@ -335,18 +366,22 @@ impl Shared {
 
     /// The auth store (lock-free; replaced whole when an auth entry changes it).
     pub fn auth(&self) -> arc_swap::Guard<Arc<AuthState>> {
-        self.auth.load()
+        self.auth.state()
     }
 
     /// The live simple tokens (lock-free).
     pub fn auth_tokens(&self) -> arc_swap::Guard<Arc<TokenTable>> {
-        self.auth_tokens.load()
+        self.auth.tokens.load()
     }
 
     /// Publishes the auth store and tokens the raft core applied.
     pub fn publish_auth(&self, state: Arc<AuthState>, tokens: Arc<TokenTable>) {
-        self.auth.store(state);
-        self.auth_tokens.store(tokens);
+        self.auth.publish(state, tokens);
+    }
+
+    /// Where the member publishes the auth store as it applies (`MemberConfig::published_auth`).
+    pub fn published_auth(&self) -> Arc<PublishedAuth> {
+        self.auth.clone()
     }
 
     /// Milliseconds since this member started (the raft loop's heartbeat clock, and the

@@ -202,6 +202,9 @@ pub struct MemberConfig {
     /// does (`kv::RestoreHelpers`): at 4M keys the restore is over a second of the loop's
     /// time, and it is all skip-list inserts that parts of the key list can share.
     pub install_helpers: InstallHelpers,
+    /// Where the member publishes its auth store and tokens as soon as an entry changes them,
+    /// before answering that entry (see `PublishedAuth`): memory the shards read, as `stats`.
+    pub published_auth: Arc<crate::shared::PublishedAuth>,
 }
 
 /// Helper threads for installing a leader's snapshot (see `MemberConfig::install_helpers`).
@@ -649,7 +652,7 @@ impl Member {
     /// a leader's snapshot does not log anyone out, as in etcd.
     pub fn restore_auth(&mut self, image: &AuthImage) {
         self.auth = Arc::new(AuthState::from_image(image));
-        self.effects.push(Effect::AuthChanged);
+        self.auth_changed();
     }
 
     /// Replaces the removed members' ids with a checkpoint's (start). The WAL replayed after it
@@ -1030,7 +1033,7 @@ impl Member {
         if now_ms >= self.next_token_sweep_ms {
             self.next_token_sweep_ms = now_ms + TOKEN_SWEEP_INTERVAL_MS;
             if !self.auth_tokens.is_empty() && Arc::make_mut(&mut self.auth_tokens).expire(now_ms) {
-                self.effects.push(Effect::AuthChanged);
+                self.auth_changed();
             }
         }
         self.publish_attributes();
@@ -2205,9 +2208,18 @@ impl Member {
             self.auth_tokens = Arc::new(tokens);
         }
         if changed.state || changed.tokens {
-            self.effects.push(Effect::AuthChanged);
+            self.auth_changed();
         }
         result
+    }
+
+    /// The auth store or the tokens changed: published at once, before the entry that changed
+    /// them is answered (see `PublishedAuth`), and told to the driver.
+    fn auth_changed(&mut self) {
+        self.config
+            .published_auth
+            .publish(self.auth.clone(), self.auth_tokens.clone());
+        self.effects.push(Effect::AuthChanged);
     }
 
     fn apply_member_request(&mut self, req: pb::InternalRaftRequest, request_id: u64) {
@@ -2667,6 +2679,7 @@ mod tests {
             ids_first: 1,
             values_resident: |_| Some(true),
             install_helpers: InstallHelpers::NONE,
+            published_auth: Arc::default(),
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
     }
@@ -2987,6 +3000,11 @@ mod tests {
             Err(EtcdError::PermissionDenied)
         ));
         propose_as(&mut m, 9, add("v"), "root", rev).expect("root administers");
+        // Published before the answer, with no driver between: a client told its change is
+        // done finds its next request checked against it.
+        let new_rev = m.auth().0.revision();
+        assert!(new_rev > rev);
+        assert_eq!(m.config.published_auth.state().revision(), new_rev);
         assert!(matches!(
             propose_as(&mut m, 10, put("k"), "root", rev),
             Err(EtcdError::AuthOldRevision)
@@ -3434,6 +3452,7 @@ mod tests {
                         ids_first: 1,
                         values_resident: |_| Some(true),
                         install_helpers: InstallHelpers::NONE,
+                        published_auth: Arc::default(),
                     };
                     let mut m =
                         Member::new(config, node, writer, infos.clone(), Alarms::default(), 1);
