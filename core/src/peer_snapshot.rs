@@ -392,8 +392,8 @@ pub struct StagedSnapshot {
     pub base: Option<Bytes>,
 }
 
-/// Chunks a stream's writer thread may have queued behind the disk: the connection goes on
-/// reading frames while the thread writes and syncs (4 MiB at 1 MiB chunks).
+/// Chunks a stream's writer thread may have queued behind the one it writes: the connection
+/// goes on reading frames while the thread writes and syncs (4 MiB at 1 MiB chunks).
 const WRITE_AHEAD_CHUNKS: usize = 4;
 
 /// Where one part of a snapshot is being received, and how much of it has come.
@@ -435,31 +435,77 @@ enum WriteJob {
 /// The staged files' writer: one thread per stream, off the raft CPU, a few chunks behind
 /// the connection. Files come one after another, so one is open at a time. A failure stops
 /// the writes and is told at the next chunk; a failed fsync aborts the process.
+///
+/// The thread alone deletes the staging directory, when the stream's queue closes (the
+/// `IncomingSnapshot` is dropped, however it ended) unless the snapshot was handed on
+/// (`keep`): after its last write, so no deletion races a file it has yet to create, and
+/// also when the stream was cut off in the middle of `finish`, or the thread panicked.
 struct StagingWriter {
     jobs: futures_channel::mpsc::Sender<WriteJob>,
-    failed: std::sync::Arc<std::sync::Mutex<Option<io::Error>>>,
+    shared: std::sync::Arc<WriterShared>,
+}
+
+/// What a stream's writer thread and its connection share.
+#[derive(Default)]
+struct WriterShared {
+    /// The first write that failed, for the next chunk to tell (taken: told once).
+    failed: std::sync::Mutex<Option<io::Error>>,
+    /// The snapshot was handed on: the staging directory is the driver's now.
+    kept: std::sync::atomic::AtomicBool,
+    /// The stream ended without being handed on: queued writes are skipped.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl StagingWriter {
-    /// Starts the thread. Should the stream end without a flush (it broke), the thread
-    /// deletes `dir` once the writes queued before are done: deleting it sooner could race
-    /// with a file the thread has yet to create.
+    /// Starts the thread, which owns the deletion of `dir` (see above).
     fn start(dir: PathBuf) -> io::Result<StagingWriter> {
-        let (jobs, rx) = futures_channel::mpsc::channel(WRITE_AHEAD_CHUNKS);
-        let failed = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let failed_in = failed.clone();
+        // A channel holds its buffer plus one slot per sender: one sender here.
+        let (jobs, rx) = futures_channel::mpsc::channel(WRITE_AHEAD_CHUNKS - 1);
+        let shared = std::sync::Arc::new(WriterShared::default());
+        let thread_shared = shared.clone();
         rt::spawn_beside("keel-snapshot-in", move || {
-            write_staged(dir, rx, &failed_in)
+            let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                write_staged(rx, &thread_shared)
+            }));
+            if !thread_shared
+                .kept
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot delete a staged snapshot");
+                    }
+                }
+            }
+            if let Err(panic) = wrote {
+                std::panic::resume_unwind(panic);
+            }
         })?;
-        Ok(StagingWriter { jobs, failed })
+        Ok(StagingWriter { jobs, shared })
     }
 
     /// The failure the thread met, if any (taken: told once).
     fn failure(&self) -> Option<io::Error> {
-        self.failed
+        self.shared
+            .failed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
+    }
+
+    /// The snapshot is handed on: the thread leaves the staging directory alone. Set before
+    /// the queue closes, so the thread sees it when it does.
+    fn keep(&self) {
+        self.shared
+            .kept
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The stream ended without being handed on: writes still queued are skipped.
+    fn abandon(&self) {
+        self.shared
+            .abandoned
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Queues one chunk of `part`, waiting while the queue is full.
@@ -506,15 +552,10 @@ impl StagingWriter {
     }
 }
 
-/// The writer thread's loop (see `StagingWriter`).
-fn write_staged(
-    dir: PathBuf,
-    mut jobs: futures_channel::mpsc::Receiver<WriteJob>,
-    failed: &std::sync::Mutex<Option<io::Error>>,
-) {
+/// The writer thread's loop (see `StagingWriter`): until the queue closes.
+fn write_staged(mut jobs: futures_channel::mpsc::Receiver<WriteJob>, shared: &WriterShared) {
     let mut open: Option<keel_io::pages::PacedWriter<std::fs::File>> = None;
     let mut first_failure: Option<io::Error> = None;
-    let mut flushed = false;
     while let Some(job) = futures_lite::future::block_on(jobs.next()) {
         match job {
             WriteJob::Append {
@@ -524,7 +565,9 @@ fn write_staged(
                 body_at,
                 last,
             } => {
-                if first_failure.is_some() {
+                if first_failure.is_some()
+                    || shared.abandoned.load(std::sync::atomic::Ordering::Acquire)
+                {
                     continue;
                 }
                 let written = (|| {
@@ -545,7 +588,8 @@ fn write_staged(
                 })();
                 if let Err(e) = written {
                     let e = io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-                    *failed
+                    *shared
+                        .failed
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner) =
                         Some(io::Error::new(e.kind(), e.to_string()));
@@ -553,16 +597,7 @@ fn write_staged(
                 }
             }
             WriteJob::Flush(reply) => {
-                flushed = true;
                 let _ = reply.send(first_failure.take().map_or(Ok(()), Err));
-            }
-        }
-    }
-    drop(open);
-    if !flushed {
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot delete a staged snapshot");
             }
         }
     }
@@ -588,9 +623,6 @@ pub struct IncomingSnapshot {
     /// The segment being received, by the leader's id.
     open: Option<(u32, Receiving)>,
     segments: Vec<u32>,
-    /// Set once the writer thread has written everything queued: the staging is then this
-    /// value's to delete, not the thread's.
-    flushed: bool,
     /// Set once handed on: the staging directory is then the driver's.
     finished: bool,
 }
@@ -641,7 +673,6 @@ impl IncomingSnapshot {
             base: None,
             open: None,
             segments: Vec::new(),
-            flushed: false,
             finished: false,
         })
     }
@@ -718,9 +749,7 @@ impl IncomingSnapshot {
             return Err(protocol("the raft message came before the whole snapshot"));
         }
         // Every file whole on disk, and synced, before it is mapped.
-        let flushed = self.writer.flush().await;
-        self.flushed = true;
-        flushed?;
+        self.writer.flush().await?;
         let (dir, received) = (self.dir.clone(), self.segments.clone());
         let checkpoint_path = self.checkpoint.path.clone();
         let base_path = self.base.as_ref().map(|b| b.path.clone());
@@ -756,6 +785,7 @@ impl IncomingSnapshot {
             Ok((data_file, base))
         })
         .await?;
+        self.writer.keep();
         self.finished = true;
         Ok(StagedSnapshot {
             from: self.from,
@@ -781,11 +811,9 @@ impl Drop for IncomingSnapshot {
                 segments = self.segments.len(),
                 "a snapshot stream ended unfinished; what it staged is deleted"
             );
-            if self.flushed {
-                remove_staged(vec![self.dir.clone()]);
-            }
-            // Otherwise the writer thread deletes it once its queued writes are done, as the
-            // queue closes with this value.
+            // The writer thread deletes it once the queue closes with this value, skipping
+            // the writes still queued.
+            self.writer.abandon();
         }
     }
 }
@@ -1373,6 +1401,25 @@ mod tests {
                     rt::sleep(Duration::from_millis(10)).await;
                 }
                 assert_eq!(staged_dirs(), 0, "refused streams leave nothing staged");
+
+                // A stream cut off in the middle of its end (its connection's task dropped
+                // while `finish` waits for the writer) leaves nothing staged either.
+                let whole = receive(&staging, all.clone()).await.unwrap();
+                let mut finishing = Box::pin(whole.finish(7));
+                assert!(futures_lite::future::poll_once(&mut finishing)
+                    .await
+                    .is_none());
+                assert_eq!(staged_dirs(), 1);
+                drop(finishing);
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while staged_dirs() > 0 && std::time::Instant::now() < deadline {
+                    rt::sleep(Duration::from_millis(10)).await;
+                }
+                assert_eq!(
+                    staged_dirs(),
+                    0,
+                    "a stream cut off while finishing leaves nothing"
+                );
 
                 // Chunks out of order: a segment before the whole checkpoint, a chunk skipped,
                 // a segment sent twice.
