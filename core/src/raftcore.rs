@@ -869,10 +869,6 @@ impl RaftCore {
             match effect {
                 Effect::MembersChanged => self.publish_members(),
                 Effect::AlarmsChanged => self.shared.publish_alarms(self.member.alarms()),
-                Effect::AuthChanged => {
-                    let (state, tokens) = self.member.auth();
-                    self.shared.publish_auth(state, tokens);
-                }
                 Effect::Leader { leader_id } => {
                     self.shared.leader_id.store(leader_id, Ordering::Release)
                 }

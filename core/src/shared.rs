@@ -374,11 +374,6 @@ impl Shared {
         self.auth.tokens.load()
     }
 
-    /// Publishes the auth store and tokens the raft core applied.
-    pub fn publish_auth(&self, state: Arc<AuthState>, tokens: Arc<TokenTable>) {
-        self.auth.publish(state, tokens);
-    }
-
     /// Where the member publishes the auth store as it applies (`MemberConfig::published_auth`).
     pub fn published_auth(&self) -> Arc<PublishedAuth> {
         self.auth.clone()

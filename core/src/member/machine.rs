@@ -232,8 +232,6 @@ pub enum Effect {
     MembersChanged,
     /// The replicated alarms changed: publish `Member::alarms()`.
     AlarmsChanged,
-    /// The auth store or this member's tokens changed: publish `Member::auth()`.
-    AuthChanged,
     /// The leader changed (0: none known).
     Leader { leader_id: u64 },
     /// The hard state changed: publish the term and commit index.
@@ -2214,12 +2212,12 @@ impl Member {
     }
 
     /// The auth store or the tokens changed: published at once, before the entry that changed
-    /// them is answered (see `PublishedAuth`), and told to the driver.
+    /// them is answered (see `PublishedAuth`). The shards read it there; no effect goes to
+    /// the driver.
     fn auth_changed(&mut self) {
         self.config
             .published_auth
             .publish(self.auth.clone(), self.auth_tokens.clone());
-        self.effects.push(Effect::AuthChanged);
     }
 
     fn apply_member_request(&mut self, req: pb::InternalRaftRequest, request_id: u64) {

@@ -1542,7 +1542,7 @@ impl World {
                     return;
                 }
                 Effect::MembersChanged => members_changed = true,
-                Effect::AlarmsChanged | Effect::AuthChanged | Effect::HardState { .. } => {}
+                Effect::AlarmsChanged | Effect::HardState { .. } => {}
             }
         }
         if members_changed {
