@@ -78,7 +78,13 @@ pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
         Ok(who) => who,
         Err(e) => return error(&Status::from(e)),
     };
-    let is_admin = || async { api.shared().auth().check_admin(&who).map_err(Status::from) };
+    let is_admin = || async {
+        api.shared()
+            .auth()
+            .state
+            .check_admin(&who)
+            .map_err(Status::from)
+    };
     let admin_only = matches!(
         path.as_str(),
         "/v3/cluster/member/add"

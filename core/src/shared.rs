@@ -187,30 +187,29 @@ pub struct ReadWait {
 /// request checked against it, as etcd changes its auth store within the apply; published
 /// after the answer, the next request could be checked against the store before it and
 /// refused at apply with "revision of auth store is old" instead of "permission denied".
-#[derive(Debug)]
+///
+/// The store and the tokens are one value, swapped whole: a reader that took them apart
+/// could pair a token with the store from after its user was deleted, or before.
+#[derive(Debug, Default)]
 pub struct PublishedAuth {
-    state: ArcSwap<AuthState>,
-    tokens: ArcSwap<TokenTable>,
+    current: ArcSwap<AuthView>,
 }
 
-impl Default for PublishedAuth {
-    fn default() -> Self {
-        PublishedAuth {
-            state: ArcSwap::from_pointee(AuthState::default()),
-            tokens: ArcSwap::from_pointee(TokenTable::default()),
-        }
-    }
+/// One published version of the auth store and the live tokens.
+#[derive(Debug, Default)]
+pub struct AuthView {
+    pub state: Arc<AuthState>,
+    pub tokens: Arc<TokenTable>,
 }
 
 impl PublishedAuth {
     pub fn publish(&self, state: Arc<AuthState>, tokens: Arc<TokenTable>) {
-        self.state.store(state);
-        self.tokens.store(tokens);
+        self.current.store(Arc::new(AuthView { state, tokens }));
     }
 
-    /// The auth store as published (lock-free).
-    pub fn state(&self) -> arc_swap::Guard<Arc<AuthState>> {
-        self.state.load()
+    /// The auth store and tokens as published (lock-free).
+    pub fn load(&self) -> arc_swap::Guard<Arc<AuthView>> {
+        self.current.load()
     }
 }
 
@@ -364,14 +363,10 @@ impl Shared {
         self.alarms.store(Arc::new(alarms.list()));
     }
 
-    /// The auth store (lock-free; replaced whole when an auth entry changes it).
-    pub fn auth(&self) -> arc_swap::Guard<Arc<AuthState>> {
-        self.auth.state()
-    }
-
-    /// The live simple tokens (lock-free).
-    pub fn auth_tokens(&self) -> arc_swap::Guard<Arc<TokenTable>> {
-        self.auth.tokens.load()
+    /// The auth store and the live simple tokens, as one version (lock-free; replaced whole
+    /// when an auth entry changes either).
+    pub fn auth(&self) -> arc_swap::Guard<Arc<AuthView>> {
+        self.auth.load()
     }
 
     /// Where the member publishes the auth store as it applies (`MemberConfig::published_auth`).

@@ -758,11 +758,12 @@ impl Hub {
         // etcd checks read permission before anything else about the create, and refuses it
         // as a created-and-canceled watch with the error's text as the reason.
         let permitted = match &stream.who {
-            Ok(who) => {
-                self.shared
-                    .auth()
-                    .check_op(who, &c.key, &c.range_end, crate::auth::PermType::Read)
-            }
+            Ok(who) => self.shared.auth().state.check_op(
+                who,
+                &c.key,
+                &c.range_end,
+                crate::auth::PermType::Read,
+            ),
             Err(e) => Err(*e),
         };
         if let Err(e) = permitted {

@@ -36,7 +36,7 @@ pub async fn who(shared: &Shared, headers: &HeaderMap) -> R<AuthInfo> {
 /// etcd's IsAdminPermitted for calls checked on the shard (maintenance and membership).
 pub async fn check_admin(shared: &Shared, headers: &HeaderMap) -> R<()> {
     let who = who(shared, headers).await?;
-    shared.auth().check_admin(&who).map_err(etcd)
+    shared.auth().state.check_admin(&who).map_err(etcd)
 }
 
 /// etcd's admin check in its maintenance server (Defragment, Snapshot, Hash, HashKV), which
@@ -52,29 +52,34 @@ pub async fn check_admin_maintenance(shared: &Shared, headers: &HeaderMap) -> R<
     let who = super::who(shared, headers)
         .await
         .map_err(|e| etcd(raw(e)))?;
-    shared.auth().check_admin(&who).map_err(|e| etcd(raw(e)))
+    shared
+        .auth()
+        .state
+        .check_admin(&who)
+        .map_err(|e| etcd(raw(e)))
 }
 
 /// etcd's read check for Range and Watch, against the published store.
 pub fn check_read(shared: &Shared, who: &AuthInfo, key: &[u8], range_end: &[u8]) -> R<()> {
     shared
         .auth()
+        .state
         .check_op(who, key, range_end, PermType::Read)
         .map_err(etcd)
 }
 
 /// etcd's checkTxnAuth for a read-only txn served on this member, against the published store.
 pub fn check_txn_read(shared: &Shared, who: &AuthInfo, req: &keel_kv::TxnRequest) -> R<()> {
-    let auth = shared.auth();
+    let auth = &shared.auth().state;
     if !auth.enabled() {
         return Ok(());
     }
-    super::apply::check_txn(&auth, who, req).map_err(etcd)
+    super::apply::check_txn(auth, who, req).map_err(etcd)
 }
 
 /// etcd's doSerialize: a read served while the auth store changed answers "old revision".
 pub fn check_still_current(shared: &Shared, who: &AuthInfo) -> R<()> {
-    if who.revision != 0 && who.revision != shared.auth().revision() {
+    if who.revision != 0 && who.revision != shared.auth().state.revision() {
         return Err(etcd(EtcdError::AuthOldRevision));
     }
     Ok(())
@@ -321,7 +326,7 @@ pub async fn authenticate(
     shared.read_barrier().await.map_err(etcd)?;
     let mut last = None;
     for _ in 0..AUTHENTICATE_ATTEMPTS_MAX {
-        let (hash, checked_revision) = shared.auth().password_hash(&r.name).map_err(|e| {
+        let (hash, checked_revision) = shared.auth().state.password_hash(&r.name).map_err(|e| {
             if e != EtcdError::AuthNotEnabled {
                 tracing::warn!(user = r.name, error = %e, "invalid authentication was requested");
             }
@@ -366,7 +371,7 @@ pub async fn authenticate(
             (_, reply) => return mismatched(&reply),
         };
         last = Some(pb::AuthenticateResponse { header, token });
-        if checked_revision == shared.auth().revision() {
+        if checked_revision == shared.auth().state.revision() {
             break;
         }
         tracing::info!("revision when password checked became stale; retrying");

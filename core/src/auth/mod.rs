@@ -83,7 +83,7 @@ pub async fn who(shared: &Shared, headers: &HeaderMap) -> Result<AuthInfo, EtcdE
             .and_then(|v| v.to_str().ok())
             .map(|user| AuthInfo {
                 user: user.to_string(),
-                revision: shared.auth().revision(),
+                revision: shared.auth().state.revision(),
             })
             .unwrap_or_default());
     };
@@ -112,11 +112,12 @@ pub async fn who(shared: &Shared, headers: &HeaderMap) -> Result<AuthInfo, EtcdE
 }
 
 fn lookup(shared: &Shared, token: &str) -> Option<AuthInfo> {
-    let tokens = shared.auth_tokens();
-    let user = tokens.touch(token, shared.uptime_ms())?;
+    // One version of both: the token's user and the store's revision from the same apply.
+    let auth = shared.auth();
+    let user = auth.tokens.touch(token, shared.uptime_ms())?;
     Some(AuthInfo {
         user,
-        revision: shared.auth().revision(),
+        revision: auth.state.revision(),
     })
 }
 

@@ -96,6 +96,13 @@ impl TokenTable {
         had
     }
 
+    /// Whether some token is past its deadline (what `expire` would drop).
+    pub fn any_expired(&self, now_ms: u64) -> bool {
+        self.tokens
+            .values()
+            .any(|e| e.expires_at_ms.load(Ordering::Acquire) <= now_ms)
+    }
+
     /// Drops tokens past their deadline; whether any went.
     pub fn expire(&mut self, now_ms: u64) -> bool {
         let before = self.tokens.len();
@@ -134,8 +141,11 @@ mod tests {
         assert_eq!(t.touch("abc.5", 1_000 + ttl - 1), Some("u".into()));
         // The use restarted the TTL.
         assert_eq!(t.touch("abc.5", 1_000 + ttl + 10), Some("u".into()));
+        assert!(!t.any_expired(1_000 + 2 * ttl - 2));
         assert!(!t.expire(1_000 + 2 * ttl - 2));
+        assert!(t.any_expired(1_000 + 3 * ttl));
         assert!(t.expire(1_000 + 3 * ttl));
+        assert!(!t.any_expired(u64::MAX));
         assert_eq!(t.touch("abc.5", 0), None);
     }
 
