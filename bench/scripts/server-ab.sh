@@ -15,7 +15,8 @@
 #   connections).
 # Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put and txn-put
 #   100000, put1 3000, range-s, range-l and keepalive 200000), EXTRA_ARGS (more server flags,
-#   space separated).
+#   space separated), BENCH_ARGS (more keel-bench flags for the measured run, e.g.
+#   "--warmup 1"; a warm-up's requests count in the server's CPU but not in TOTAL).
 # Needs perf (root, or perf_event_paranoid <= 1) and etcdctl (the readiness probe).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 1; }
@@ -49,6 +50,8 @@ cleanup() {
 trap cleanup EXIT
 extra=()
 if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<<"$EXTRA_ARGS"; fi
+bench_args=()
+if [ -n "${BENCH_ARGS:-}" ]; then read -r -a bench_args <<<"$BENCH_ARGS"; fi
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 tick=$(getconf CLK_TCK)
 echo "workload label run server_cpu_us_per_req req_per_s p50_ms p99_ms syscalls_per_req io_uring_enter_per_req"
@@ -80,7 +83,7 @@ print(a.getsockname()[1], b.getsockname()[1])')
     stat_pid=$!
     sleep 0.2
     before=$(cpu_ticks "$pid")
-    b "${cmd[@]}" >"$work/out"
+    b "${bench_args[@]}" "${cmd[@]}" >"$work/out"
     after=$(cpu_ticks "$pid")
     kill -INT "$stat_pid"; wait "$stat_pid" || true
     stat_pid=

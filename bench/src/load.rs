@@ -76,7 +76,48 @@ pub async fn connect_all(endpoints: &[String], conns: usize) -> Result<Vec<Conne
     Ok(connections)
 }
 
+/// How every run of this process goes beyond its workload's own flags (`--latency-log`,
+/// `--warmup`); set once, before any run.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Write one line per successful request here: "CLIENT START_US LATENCY_US", START_US
+    /// from the run's start. A histogram says how long the slow requests took, not when they
+    /// ran or on which client: this says whether a tail is a stall (slow requests together
+    /// in time) or unfairness (slow clients).
+    pub latency_log: Option<std::path::PathBuf>,
+    /// Requests each client sends before the run starts, neither timed nor counted. The
+    /// first requests of a run meet cold connections and a load generator still starting
+    /// its clients: without a warm-up they are a run's slowest, for any server.
+    pub warmup_per_client: u64,
+}
+
+static RUN_OPTIONS: std::sync::OnceLock<RunOptions> = std::sync::OnceLock::new();
+
+pub fn set_run_options(options: RunOptions) {
+    let set = RUN_OPTIONS.set(options);
+    assert!(set.is_ok(), "the run options are set once");
+}
+
+/// One successful request, as the latency log writes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencyRecord {
+    pub client: usize,
+    pub start_us: u64,
+    pub latency_us: u64,
+}
+
+pub fn write_latency_log(path: &std::path::Path, records: &[LatencyRecord]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for r in records {
+        writeln!(out, "{} {} {}", r.client, r.start_us, r.latency_us)?;
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()
+}
+
 struct ClientResult {
+    /// Filled only when a latency log is asked for; at most one entry per request.
+    records: Vec<LatencyRecord>,
     histograms: Vec<Histogram<u64>>,
     errors: Vec<u64>,
     first_errors: Vec<Option<String>>,
@@ -91,6 +132,64 @@ pub async fn run_load<O: Op>(
     total: u64,
     schedule: Schedule,
 ) -> Summary {
+    let options = RUN_OPTIONS.get().cloned().unwrap_or_default();
+    let ops = warm_up(ops, options.warmup_per_client, total).await;
+    let log = options.latency_log.as_deref();
+    let (summary, records) = run_load_logged(
+        workload,
+        conns,
+        class_names,
+        ops,
+        total,
+        schedule,
+        log.is_some(),
+    )
+    .await;
+    if let Some(path) = log {
+        if let Err(error) = write_latency_log(path, &records) {
+            eprintln!(
+                "keel-bench: cannot write the latency log {}: {error}",
+                path.display()
+            );
+        }
+    }
+    summary
+}
+
+/// Each client sends `per_client` requests, all clients at once, and the run waits for all
+/// of them. Their indices follow the run's own (from `total` on), so a workload that names
+/// keys by index writes the same kind of keys. Their outcomes are dropped: a server that
+/// fails them fails the run's requests too, and those are counted.
+async fn warm_up<O: Op>(ops: Vec<O>, per_client: u64, total: u64) -> Vec<O> {
+    if per_client == 0 {
+        return ops;
+    }
+    let mut tasks = Vec::with_capacity(ops.len());
+    for (client, mut op) in ops.into_iter().enumerate() {
+        let first = total + client as u64 * per_client;
+        tasks.push(tokio::spawn(async move {
+            for index in first..first + per_client {
+                let _ = op.call(index).await;
+            }
+            op
+        }));
+    }
+    let mut warmed = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        warmed.push(task.await.expect("client tasks do not panic"));
+    }
+    warmed
+}
+
+async fn run_load_logged<O: Op>(
+    workload: &str,
+    conns: usize,
+    class_names: &[&str],
+    ops: Vec<O>,
+    total: u64,
+    schedule: Schedule,
+    logging: bool,
+) -> (Summary, Vec<LatencyRecord>) {
     assert!(!class_names.is_empty());
     assert!(!ops.is_empty(), "a run needs at least one client");
     let clients = ops.len();
@@ -100,11 +199,12 @@ pub async fn run_load<O: Op>(
     let cpu_start = CpuTimes::now();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(clients);
-    for mut op in ops {
+    for (client, mut op) in ops.into_iter().enumerate() {
         let next = next.clone();
         let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             let mut result = ClientResult {
+                records: Vec::new(),
                 histograms: (0..classes).map(|_| report::new_histogram()).collect(),
                 errors: vec![0; classes],
                 first_errors: vec![None; classes],
@@ -126,7 +226,16 @@ pub async fn run_load<O: Op>(
                 assert!(class < classes, "op returned class {class} of {classes}");
                 match outcome {
                     Ok(()) => {
-                        report::record_latency(&mut result.histograms[class], sent_at.elapsed())
+                        let latency = sent_at.elapsed();
+                        if logging {
+                            result.records.push(LatencyRecord {
+                                client,
+                                start_us: sent_at.saturating_duration_since(start).as_micros()
+                                    as u64,
+                                latency_us: latency.as_micros() as u64,
+                            });
+                        }
+                        report::record_latency(&mut result.histograms[class], latency)
                     }
                     Err(error) => {
                         result.errors[class] += 1;
@@ -144,8 +253,10 @@ pub async fn run_load<O: Op>(
         (0..classes).map(|_| report::new_histogram()).collect();
     let mut errors = vec![0u64; classes];
     let mut first_errors: Vec<Option<String>> = vec![None; classes];
+    let mut records = Vec::new();
     for task in tasks {
-        let result = task.await.expect("client tasks do not panic");
+        let mut result = task.await.expect("client tasks do not panic");
+        records.append(&mut result.records);
         for class in 0..classes {
             histograms[class]
                 .add(&result.histograms[class])
@@ -187,7 +298,7 @@ pub async fn run_load<O: Op>(
         total,
         "every request is counted exactly once"
     );
-    summary
+    (summary, records)
 }
 
 #[cfg(test)]
@@ -253,6 +364,94 @@ mod tests {
         let summary = run_load("fake", 1, &["a", "b"], ops, 20, Schedule::from_rate(100.0)).await;
         assert!(summary.elapsed_s >= 0.18, "{}", summary.elapsed_s);
         assert!(summary.class("a").expect("class").latency_us.p50 < 15_000);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_latency_log_has_one_line_per_successful_request() {
+        let ops = (0..3)
+            .map(|_| FakeOp {
+                service: Duration::from_millis(2),
+            })
+            .collect();
+        let (summary, records) =
+            run_load_logged("fake", 1, &["a", "b"], ops, 40, Schedule::ClosedLoop, true).await;
+        // Requests 9, 19, 29 and 39 fail and are not logged.
+        assert_eq!(records.len(), 36);
+        assert_eq!(
+            summary
+                .classes
+                .iter()
+                .map(|c| c.total - c.errors)
+                .sum::<u64>(),
+            36
+        );
+        assert!(records
+            .iter()
+            .all(|r| r.client < 3 && r.latency_us >= 2_000));
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("log");
+        write_latency_log(&path, &records).expect("written");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text.lines().count(), 36);
+        let first: Vec<u64> = text
+            .lines()
+            .next()
+            .expect("a line")
+            .split(' ')
+            .map(|f| f.parse().expect("a number"))
+            .collect();
+        let r = records[0];
+        assert_eq!(first, vec![r.client as u64, r.start_us, r.latency_us]);
+        // Not asked for: nothing kept.
+        let ops = vec![FakeOp {
+            service: Duration::from_millis(1),
+        }];
+        let (_, records) =
+            run_load_logged("fake", 1, &["a", "b"], ops, 5, Schedule::ClosedLoop, false).await;
+        assert!(records.is_empty());
+    }
+
+    /// Counts its calls and remembers the indices it was given.
+    struct CountingOp {
+        indices: Arc<std::sync::Mutex<Vec<u64>>>,
+    }
+
+    impl Op for CountingOp {
+        async fn call(&mut self, index: u64) -> (usize, Result<(), Error>) {
+            self.indices.lock().expect("not poisoned").push(index);
+            (0, Ok(()))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_warm_up_sends_its_requests_before_the_run_and_under_other_indices() {
+        let indices = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let ops = (0..3)
+            .map(|_| CountingOp {
+                indices: indices.clone(),
+            })
+            .collect();
+        let ops = warm_up(ops, 2, 10).await;
+        let mut warm = std::mem::take(&mut *indices.lock().expect("not poisoned"));
+        warm.sort_unstable();
+        assert_eq!(warm, vec![10, 11, 12, 13, 14, 15]);
+        let (summary, _) =
+            run_load_logged("fake", 1, &["a"], ops, 10, Schedule::ClosedLoop, false).await;
+        assert_eq!(summary.classes[0].total, 10);
+        let mut run = std::mem::take(&mut *indices.lock().expect("not poisoned"));
+        run.sort_unstable();
+        assert_eq!(run, (0..10).collect::<Vec<u64>>());
+        // None asked for: the ops come back untouched.
+        let ops = warm_up(
+            vec![CountingOp {
+                indices: indices.clone(),
+            }],
+            0,
+            10,
+        )
+        .await;
+        assert_eq!(ops.len(), 1);
+        assert!(indices.lock().expect("not poisoned").is_empty());
     }
 
     #[test]

@@ -33,6 +33,14 @@ struct Cli {
     /// Print latencies with full floating point precision
     #[arg(long, global = true)]
     precise: bool,
+    /// Also write every successful request as a line "CLIENT START_US LATENCY_US" to this
+    /// file (START_US from the run's start): when slow requests ran, and on which client
+    #[arg(long, global = true)]
+    latency_log: Option<std::path::PathBuf>,
+    /// Requests each client sends before the timed run, not counted: the run then starts on
+    /// warm connections with every client already going (etcd's benchmark has no warm-up)
+    #[arg(long, global = true, default_value_t = 0)]
+    warmup: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -61,6 +69,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    keel_bench::load::set_run_options(keel_bench::load::RunOptions {
+        latency_log: cli.latency_log.clone(),
+        warmup_per_client: cli.warmup,
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
