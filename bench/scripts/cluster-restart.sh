@@ -6,10 +6,15 @@
 # does not lead, restarts it on its data directory and times it, then prints what the
 # restarted member's log says it replayed (Keel).
 #
+# With LAG_TOTAL set, that many more keys are written through the two members left while the
+# follower is down: more than a checkpoint's 100,000 entries, and its leader no longer holds
+# the entries it missed, so it comes back through a snapshot, which it stores under segment
+# ids above its own. The log lines of that install are printed too.
+#
 #   bench/scripts/cluster-restart.sh keel path/to/keel path/to/keel-bench
 #   bench/scripts/cluster-restart.sh etcd etcd path/to/keel-bench
 #
-# TOTAL (1000000), SETTLE_S (10), PORT (25000), DATA_ROOT (a temp dir).
+# TOTAL (1000000), LAG_TOTAL (0), SETTLE_S (10), PORT (25000), DATA_ROOT (a temp dir).
 set -euo pipefail
 kind=$1
 bin=$2
@@ -66,6 +71,17 @@ done
 echo "kill -9 of follower n$victim"
 kill -9 "${pids[$victim]}"
 wait "${pids[$victim]}" 2>/dev/null || true
+lag=${LAG_TOTAL:-0}
+if [ "$lag" -gt 0 ]; then
+  left=""
+  for i in 0 1 2; do
+    [ "$i" = "$victim" ] || left+="${left:+,}127.0.0.1:$((port + 2 * i))"
+  done
+  echo "== writing $lag more keys while n$victim is down"
+  "$bench" --endpoints "$left" --conns 20 --clients 200 put --key-size 16 --val-size 1024 \
+    --key-space-size "$total" --sequential-keys --total "$lag" | grep -E '^  put|latency' || true
+  sleep "${SETTLE_S:-10}"
+fi
 t0=$(date +%s%N)
 start_member "$victim"
 ep="127.0.0.1:$((port + 2 * victim))"
@@ -75,3 +91,14 @@ done
 t1=$(date +%s%N)
 echo "$kind: follower back (linearizable get) $(((t1 - t0) / 1000000)) ms after its restart"
 grep -E 'recovered raft log|restored|opened the data directory|ready to serve' "$root/$kind-n$victim.log" | tail -4 | cut -c1-300 || true
+if [ "$lag" -gt 0 ]; then
+  # The install may finish after the first answer: wait for it, then show its lines.
+  for _ in $(seq 1 600); do
+    grep -q "installed the leader's snapshot" "$root/$kind-n$victim.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  t2=$(date +%s%N)
+  echo "$kind: snapshot installed by $(((t2 - t0) / 1000000)) ms after the restart (polled)"
+  grep -E "stored the leader's snapshot|installed the leader's snapshot|raft loop stalled|stall" \
+    "$root/$kind-n$victim.log" | tail -6 | cut -c1-400 || true
+fi

@@ -155,6 +155,25 @@ pub fn encode_around(
     }
 }
 
+/// Where the store image of `cp` lies in `file` (decoded with [`decode_shared`], so the image
+/// is a slice of it), and the crc32 the file needs once the image's first bytes are `head`,
+/// all else unchanged: a follower writes a new store-image header and this crc over a leader's
+/// file in place, rather than the file again.
+pub fn crc_with_image_head(file: &[u8], cp: &Checkpoint, head: &[u8]) -> (usize, [u8; 4]) {
+    let at = (cp.kv_image.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
+    assert!(
+        at.checked_add(cp.kv_image.len())
+            .is_some_and(|end| end + 4 == file.len())
+            && head.len() <= cp.kv_image.len(),
+        "the store image is a slice of its file, ending before the crc"
+    );
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&file[..at]);
+    crc.update(head);
+    crc.update(&file[at + head.len()..file.len() - 4]);
+    (at, crc.finalize().to_le_bytes())
+}
+
 /// A cursor that refuses to read past the end.
 struct Cursor<'a> {
     bytes: &'a [u8],

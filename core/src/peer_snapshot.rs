@@ -16,8 +16,9 @@
 //! driver then stores the segments under this member's own ids ([`place`]), above every id of
 //! its stores. Where no id moves (a member that never had a segment file, such as one just
 //! added, or one whose ids all lie below the leader's), the staged checkpoint file is moved
-//! into place as it is; otherwise the file is written again renamed to match
-//! (`kv::renumber_segments`) as the newest checkpoint.
+//! into place as it is; otherwise its store image gets a header whose segment id shift names
+//! the raised ids ([`IdShift`]: 40 bytes and the file's crc written over it, then a sync), and
+//! it is moved into place. Either way it is never written again.
 //!
 //! The receiver answers with one frame once the message is in raft's inbox, and only then does
 //! the leader report the snapshot sent: reported as soon as it was written, raft would probe
@@ -859,32 +860,72 @@ pub fn remove_all_staged(staging_root: &Path) -> Result<(), CoreError> {
     }
 }
 
-/// A leader's checkpoint `file` (decoded as `cp`) with the segment ids its store image names
-/// moved up by `shift`, as a member stores them (see `place`). Renamed only when the ids move
-/// (a member that had segments of its own); a new member keeps the leader's ids and the file
-/// as it came. Each copy is the index's size: the one before it goes first.
-pub fn renumbered(
-    file: &Bytes,
-    mut cp: checkpoint::Checkpoint,
-    shift: u32,
-) -> Result<Bytes, String> {
-    if shift == 0 {
-        return Ok(file.clone());
-    }
-    let renamed = {
-        let leaders = std::mem::take(&mut cp.kv_image);
-        kv::renumber_segments(&leaders, shift).map_err(|e| e.to_string())?
-    };
-    Ok(Bytes::from(cp.encode_with_image(&renamed)))
+/// What gives a leader's checkpoint file this member's segment ids: the file's store image
+/// named every segment `shift` higher, by a new store-image header at `image_at`, and the
+/// file's new crc at its end. The rest of the file stays as the leader sent it: rewriting each
+/// id in the archive meant writing and syncing the whole file again (416 MB at 4M keys) while
+/// the raft loop waited.
+pub struct IdShift {
+    image_at: usize,
+    head: [u8; kv::CHECKPOINT_HEADER_BYTES],
+    crc: [u8; 4],
 }
 
-/// Makes a received snapshot this member's newest checkpoint (on a thread: renames and syncs,
-/// and for a member with segments of its own a file as large as the index): its segments move
-/// into `vlog_dir` under ids raised by `shift` (above every id this member's stores used), the
-/// checkpoint file goes into `snap_dir` naming them so, and the segments are mapped for the
-/// store that replaces the member's. Where no id moves (`shift` 0: a member that never had a
-/// segment file, or whose ids all lie below the leader's), the staged checkpoint file is
-/// already the file to keep: it is moved, not written again.
+impl IdShift {
+    /// For `file`, decoded from it as `cp` (`decode_shared`); `highest` is the highest segment
+    /// id the leader's files name.
+    pub fn of(
+        file: &Bytes,
+        cp: &checkpoint::Checkpoint,
+        shift: u32,
+        highest: u32,
+    ) -> Result<IdShift, String> {
+        let head =
+            kv::segment_shift_header(&cp.kv_image, shift, highest).map_err(|e| e.to_string())?;
+        let (image_at, crc) = checkpoint::crc_with_image_head(file, cp, &head);
+        Ok(IdShift {
+            image_at,
+            head,
+            crc,
+        })
+    }
+
+    /// `file` with the shift, in memory (the simulation, tests).
+    pub fn applied_to(&self, file: &Bytes) -> Bytes {
+        let mut out = file.to_vec();
+        out[self.image_at..self.image_at + self.head.len()].copy_from_slice(&self.head);
+        let crc_at = out.len() - self.crc.len();
+        out[crc_at..].copy_from_slice(&self.crc);
+        Bytes::from(out)
+    }
+
+    /// Written over the staged file at `path` (the file `of` was given), and the file synced.
+    /// It is still in staging, so a crash midway leaves nothing that is used.
+    fn write_over(&self, path: &Path, file_bytes: usize) -> Result<(), CoreError> {
+        use std::os::unix::fs::FileExt;
+        let data_dir_error = |source| CoreError::DataDir {
+            path: path.to_path_buf(),
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(data_dir_error)?;
+        f.write_all_at(&self.head, self.image_at as u64)
+            .map_err(data_dir_error)?;
+        f.write_all_at(&self.crc, (file_bytes - self.crc.len()) as u64)
+            .map_err(data_dir_error)?;
+        sync_or_abort(&f, path);
+        Ok(())
+    }
+}
+
+/// Makes a received snapshot this member's newest checkpoint (on a thread: renames and syncs):
+/// its segments move into `vlog_dir` under ids raised by `shift` (above every id this member's
+/// stores used), and the checkpoint file goes into `snap_dir` naming them so, and the segments
+/// are mapped for the store that replaces the member's. The staged checkpoint file is moved,
+/// never written again: where the ids move, only its store image's header and its crc are
+/// (`IdShift`). `shift` is 0 for a member that never had a segment file.
 /// A crash midway leaves the previous checkpoint newest; the moved segment files are then
 /// named by no checkpoint and deleted at the next start.
 ///
@@ -932,12 +973,15 @@ pub fn place(
         sync_or_abort(&d, snap_dir);
         Ok::<_, CoreError>(())
     };
-    // A leader's file renamed to this member's ids, written durably at `path` and mapped.
-    let rewritten = |file: &Bytes, cp: checkpoint::Checkpoint, path: &Path| {
-        let file = renumbered(file, cp, shift).map_err(bad)?;
-        crate::ids::write_durably(snap_dir, path, &file)?;
-        drop(file);
-        keel_io::vlog::map_file_to_read(path).map_err(|e| data_dir_error(path, e))
+    // A staged file given this member's ids in place (nothing to do where none move).
+    let highest = listed.last().copied().unwrap_or(0);
+    let reheaded = |from: &str, file: &Bytes, cp: &checkpoint::Checkpoint| {
+        if shift == 0 {
+            return Ok(());
+        }
+        IdShift::of(file, cp, shift, highest)
+            .map_err(bad)?
+            .write_over(&staged.dir.join(from), file.len())
     };
     // A delta's base goes first, under its own index: a crash before the delta is written
     // leaves it a full checkpoint older than this member's newest, which removal takes.
@@ -948,22 +992,17 @@ pub fn place(
         Some(base_file) => {
             let base_cp = checkpoint::decode_shared(base_file).map_err(bad)?;
             let path = snap_dir.join(checkpoint::file_name(base_cp.meta.index));
-            if shift == 0 {
-                moved(BASE_FILE, &path)?;
-                Some(base_file.clone())
-            } else {
-                Some(rewritten(base_file, base_cp, &path)?.bytes().clone())
-            }
+            reheaded(BASE_FILE, base_file, &base_cp)?;
+            moved(BASE_FILE, &path)?;
+            Some(base_file.clone())
         }
     };
     let path = snap_dir.join(checkpoint::file_name(staged.index));
-    // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy.
-    let mapped = if shift == 0 {
-        moved(CHECKPOINT_FILE, &path)?;
-        staged.data_file
-    } else {
-        rewritten(&staged.data, cp, &path)?
-    };
+    // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy. The
+    // mapping shows the bytes written over it in place.
+    reheaded(CHECKPOINT_FILE, &staged.data, &cp)?;
+    moved(CHECKPOINT_FILE, &path)?;
+    let mapped = staged.data_file;
     let file = mapped.bytes().clone();
     let mut files = std::collections::BTreeMap::new();
     for id in listed {
@@ -1234,6 +1273,20 @@ mod tests {
                 assert_eq!(written, placed.data);
                 let cp = checkpoint::decode(&written).unwrap();
                 assert_eq!(kv::checkpoint_segments(&cp.kv_image).unwrap(), raised);
+                // Not written again: the leader's file with a new store-image header and crc.
+                assert_eq!(written.len(), data.len());
+                let changed: Vec<usize> =
+                    (0..data.len()).filter(|&i| written[i] != data[i]).collect();
+                let image_at = data.len() - 4 - cp.kv_image.len();
+                assert!(
+                    changed
+                        .iter()
+                        .all(
+                            |&i| (image_at..image_at + kv::CHECKPOINT_HEADER_BYTES).contains(&i)
+                                || i >= data.len() - 4
+                        ),
+                    "{changed:?}"
+                );
                 // Restored from the placed files, the store is the leader's.
                 assert_restores_to(&placed, &cp.kv_image, None, &leader_reader);
             })

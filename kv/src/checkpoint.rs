@@ -40,12 +40,18 @@ const FORMAT_VERSION: u32 = 2;
 const FORMAT_VERSION_INLINE: u32 = 1;
 /// An incremental checkpoint: format 2's archive after a reference to its base.
 const FORMAT_VERSION_DELTA: u32 = 3;
+/// Set in a header's format field when the header's bytes 12..16 hold a segment id shift: every
+/// value-log segment id the archive names is that much higher on disk (see
+/// `segment_shift_header`). A build that predates the shift refuses such a file as of an
+/// unknown format, rather than read its ids unshifted and point into the wrong segments.
+const FORMAT_SEGMENT_SHIFTED: u32 = 0x100;
 /// A delta's payload before its archive: the base's applied index and revision.
 const DELTA_PREFIX_BYTES: usize = 16;
 /// A delta is written only when its archive would be at most this share (1/n) of a full one's:
 /// a restore then reads the base and the delta, and a larger delta saves too little.
 const DELTA_SHARE_MAX: usize = 4;
-/// Bytes before the payload.
+/// Bytes before the payload: magic, format, segment id shift (0 unless the format says so),
+/// payload length, key count, payload crc32, and the crc32 of the header before it.
 pub const HEADER_BYTES: usize = 40;
 const _: () = assert!(HEADER_BYTES == 8 + 4 + 4 + 8 + 8 + 4 + 4);
 
@@ -1298,6 +1304,7 @@ fn frame_header(format: u32, key_count: u64, payload: &[u8]) -> [u8; HEADER_BYTE
 }
 
 /// The header for an archive `payload` of `format`, then the payload.
+#[cfg(test)]
 fn frame_payload(format: u32, key_count: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
     out.extend_from_slice(&frame_header(format, key_count, payload));
@@ -1333,14 +1340,24 @@ pub(crate) fn no_segment_files(id: u32) -> std::result::Result<Bytes, String> {
 /// key and no value is restored.
 pub fn checkpoint_segments(image: &[u8]) -> Result<Vec<u32>> {
     let Payload {
-        format, aligned, ..
+        format,
+        segment_shift,
+        aligned,
+        ..
     } = validated_payload(image)?;
     if format == FORMAT_VERSION_INLINE {
         return Ok(Vec::new());
     }
     let data = rkyv::access::<ArchivedCheckpointData, rancor::Error>(&aligned)
         .map_err(|_| damaged("archive failed validation"))?;
-    Ok(data.segments.iter().map(|s| s.id.to_native()).collect())
+    let ids: Vec<u32> = durable_segments_of(data, segment_shift)
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    if ids.iter().any(|&id| id >= SEGMENT_NONE - 1) {
+        return Err(damaged("a segment id out of range or listed twice"));
+    }
+    Ok(ids)
 }
 
 /// rkyv's archive needs this alignment: the archived types hold u64s, and the copy a
@@ -1351,7 +1368,10 @@ pub const PAYLOAD_ALIGN_BYTES: usize = 16;
 /// own bytes when they are aligned (a checkpoint file lays its payload out so, and a mapping
 /// starts on a page), else an aligned copy.
 struct Payload<'a> {
+    /// The format without `FORMAT_SEGMENT_SHIFTED`.
     format: u32,
+    /// Added to every segment id the archive names (see `shifted_id`).
+    segment_shift: u32,
     key_count: u64,
     /// A delta's base (format 3).
     base: Option<BaseRef>,
@@ -1375,16 +1395,6 @@ impl std::ops::Deref for AlignedPayload<'_> {
     }
 }
 
-impl AlignedPayload<'_> {
-    /// An aligned copy the caller may change.
-    fn into_owned(self) -> rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES> {
-        match self {
-            AlignedPayload::Borrowed(bytes) => aligned_copy(bytes),
-            AlignedPayload::Copied(copy) => copy,
-        }
-    }
-}
-
 fn aligned_copy(bytes: &[u8]) -> rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES> {
     let mut aligned = rkyv::util::AlignedVec::<PAYLOAD_ALIGN_BYTES>::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
@@ -1401,10 +1411,7 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
     if crc32fast::hash(&bytes[..36]) != le_u32(bytes, 36) {
         return Err(damaged("header crc mismatch"));
     }
-    let format = le_u32(bytes, 8);
-    if ![FORMAT_VERSION, FORMAT_VERSION_INLINE, FORMAT_VERSION_DELTA].contains(&format) {
-        return Err(damaged("unknown format version"));
-    }
+    let (format, segment_shift) = header_format(bytes)?;
     let payload_bytes = le_u64(bytes, 16);
     let key_count = le_u64(bytes, 24);
     if (bytes.len() - HEADER_BYTES) as u64 != payload_bytes {
@@ -1435,72 +1442,105 @@ fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
     };
     Ok(Payload {
         format,
+        segment_shift,
         key_count,
         base,
         aligned,
     })
 }
 
+/// A checked header's format (without the shift flag) and segment id shift.
+fn header_format(header: &[u8]) -> Result<(u32, u32)> {
+    let field = le_u32(header, 8);
+    let format = field & !FORMAT_SEGMENT_SHIFTED;
+    if ![FORMAT_VERSION, FORMAT_VERSION_INLINE, FORMAT_VERSION_DELTA].contains(&format) {
+        return Err(damaged("unknown format version"));
+    }
+    let shift = le_u32(header, 12);
+    match (field & FORMAT_SEGMENT_SHIFTED != 0, shift) {
+        (false, 0) => Ok((format, 0)),
+        (false, _) => Err(damaged("a segment id shift in a header that has none")),
+        (true, 0) => Err(damaged("a shifted header without its shift")),
+        (true, _) if format == FORMAT_VERSION_INLINE => {
+            Err(damaged("a segment id shift in an image with no segments"))
+        }
+        (true, shift) => Ok((format, shift)),
+    }
+}
+
+/// A segment id as an archive names it, moved up by its header's shift. SEGMENT_NONE (no
+/// segment) stays as it is; an id the shift would carry past the id space becomes
+/// `SEGMENT_NONE - 1`, which no segment may have, so the restore refuses it as damaged.
+fn shifted_id(raw: u32, shift: u32) -> u32 {
+    if raw == SEGMENT_NONE {
+        return raw;
+    }
+    match raw.checked_add(shift) {
+        Some(id) if id < SEGMENT_NONE - 1 => id,
+        _ => SEGMENT_NONE - 1,
+    }
+}
+
+/// The header that makes `image` name every value-log segment id `shift` higher than it
+/// does now, for a file whose other bytes stay as they are. A follower that stores a leader's
+/// segment files under ids above its own (`<id + shift>.seg`) writes this over the leader's
+/// header: 40 bytes and a sync, where rewriting each id in the archive meant writing the whole
+/// index again (416 MB at 4M keys) while the raft loop waited.
+///
+/// Reads only the header (checked: magic, crc, format). `highest_id` is the highest id the
+/// image names now, as `checkpoint_segments` lists them: the caller has it, and an id past the
+/// id space is refused here rather than at the restore.
+pub fn segment_shift_header(
+    image: &[u8],
+    shift: u32,
+    highest_id: u32,
+) -> Result<[u8; HEADER_BYTES]> {
+    if image.len() < HEADER_BYTES {
+        return Err(damaged("shorter than the header"));
+    }
+    let header = &image[..HEADER_BYTES];
+    if header[..8] != MAGIC {
+        return Err(damaged("bad magic"));
+    }
+    if crc32fast::hash(&header[..36]) != le_u32(header, 36) {
+        return Err(damaged("header crc mismatch"));
+    }
+    let (format, old_shift) = header_format(header)?;
+    if format == FORMAT_VERSION_INLINE {
+        return Err(damaged("a segment id shift in an image with no segments"));
+    }
+    let out_of_range = || damaged("a segment id out of range or listed twice");
+    let total = old_shift.checked_add(shift).ok_or_else(out_of_range)?;
+    match highest_id.checked_add(shift) {
+        Some(id) if id < SEGMENT_NONE - 1 => {}
+        _ => return Err(out_of_range()),
+    }
+    let mut out = [0u8; HEADER_BYTES];
+    out.copy_from_slice(header);
+    if total != 0 {
+        out[8..12].copy_from_slice(&(format | FORMAT_SEGMENT_SHIFTED).to_le_bytes());
+        out[12..16].copy_from_slice(&total.to_le_bytes());
+    }
+    let header_crc = crc32fast::hash(&out[..36]);
+    out[36..40].copy_from_slice(&header_crc.to_le_bytes());
+    Ok(out)
+}
+
 /// The same checkpoint with every value-log segment id raised by `shift`: a follower that took
 /// a leader's snapshot together with the segment files it points into stores those files under
-/// ids above its own (`<id + shift>.seg`), and keeps this image, which names them so. Work is
-/// one pass over the archive, in place: no key and no value is restored. An image that points
-/// into no segment comes back unchanged.
+/// ids above its own (`<id + shift>.seg`), and keeps this image, which names them so. Only the
+/// header changes (`segment_shift_header`); the image is checked whole first. An image that
+/// points into no segment comes back unchanged.
 pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
-    use rkyv::munge::munge;
-    use rkyv::vec::ArchivedVec;
-    let Payload {
-        format,
-        key_count,
-        base,
-        aligned,
-    } = validated_payload(image)?;
-    if format == FORMAT_VERSION_INLINE || shift == 0 {
+    let listed = checkpoint_segments(image)?;
+    let Some(&highest) = listed.last() else {
+        return Ok(image.to_vec());
+    };
+    if shift == 0 {
         return Ok(image.to_vec());
     }
-    let mut aligned = aligned.into_owned();
-    let data = rkyv::access_mut::<ArchivedCheckpointData, rancor::Error>(&mut aligned)
-        .map_err(|_| damaged("archive failed validation"))?;
-    if data.keys.len() as u64 != key_count {
-        return Err(damaged("key count does not match the header"));
-    }
-    // Ids at or above this would reach the two ids no segment may have (see `build`).
-    let id_end = (SEGMENT_NONE - 1)
-        .checked_sub(shift)
-        .ok_or(damaged("a segment id out of range or listed twice"))?;
-    let raised = |id: u32| -> Result<u32> {
-        if id >= id_end {
-            return Err(damaged("a segment id out of range or listed twice"));
-        }
-        Ok(id + shift)
-    };
-    munge!(let ArchivedCheckpointData { keys, segments, .. } = data);
-    let mut segments = ArchivedVec::as_slice_seal(segments);
-    for i in 0..segments.len() {
-        munge!(let ArchivedSegmentRecord { id, .. } = segments.as_mut().index(i));
-        let mut id = id;
-        *id = raised(id.to_native())?.into();
-    }
-    let mut keys = ArchivedVec::as_slice_seal(keys);
-    for k in 0..keys.len() {
-        munge!(let ArchivedKeyRecord { versions, .. } = keys.as_mut().index(k));
-        let mut versions = ArchivedVec::as_slice_seal(versions);
-        for v in 0..versions.len() {
-            munge!(let ArchivedVersionRecord { segment, .. } = versions.as_mut().index(v));
-            let mut segment = segment;
-            if segment.to_native() != SEGMENT_NONE {
-                *segment = raised(segment.to_native())?.into();
-            }
-        }
-    }
-    match base {
-        None => Ok(frame_payload(FORMAT_VERSION, key_count, &aligned)),
-        Some(base) => Ok(frame_payload(
-            FORMAT_VERSION_DELTA,
-            key_count,
-            &[&base.bytes()[..], &aligned[..]].concat(),
-        )),
-    }
+    let header = segment_shift_header(image, shift, highest)?;
+    Ok([&header[..], &image[HEADER_BYTES..]].concat())
 }
 
 /// One version as either format stores it.
@@ -1526,13 +1566,20 @@ pub(crate) fn restore(
 ) -> Result<(Writer, Reader)> {
     let Payload {
         format,
+        segment_shift,
         key_count,
         base: base_ref,
         aligned,
     } = validated_payload(bytes)?;
     match (base_ref, base) {
         (Some(base_ref), Some(base)) => {
-            return restore_delta(base_ref, key_count, &aligned, base, options, files, helpers)
+            let delta = DeltaArchive {
+                base_ref,
+                key_count,
+                archive: &aligned,
+                segment_shift,
+            };
+            return restore_delta(delta, base, options, files, helpers);
         }
         (Some(_), None) => return Err(damaged("a delta checkpoint without its base")),
         (None, Some(_)) => return Err(damaged("a base given for a full checkpoint")),
@@ -1583,8 +1630,8 @@ pub(crate) fn restore(
     if format == FORMAT_VERSION {
         load!(
             ArchivedCheckpointData,
-            durable_segments_of,
-            |v: &ArchivedVersionRecord| v.segment.to_native()
+            |data| durable_segments_of(data, segment_shift),
+            |v: &ArchivedVersionRecord| shifted_id(v.segment.to_native(), segment_shift)
         )
     } else {
         load!(
@@ -1615,19 +1662,24 @@ fn leases_of(leases: &[ArchivedLeaseRecord]) -> Vec<(i64, i64)> {
         .collect()
 }
 
-fn durable_segments_of(data: &ArchivedCheckpointData) -> Vec<DurableSegment> {
+/// The segments an archive lists, under its header's `shift`.
+fn durable_segments_of(data: &ArchivedCheckpointData, shift: u32) -> Vec<DurableSegment> {
     data.segments
         .iter()
         .map(|s| DurableSegment {
-            id: s.id.to_native(),
+            id: shifted_id(s.id.to_native(), shift),
             record_bytes: s.record_bytes.to_native(),
             value_bytes: s.value_bytes.to_native(),
         })
         .collect()
 }
 
-fn version_fields(v: &ArchivedVersionRecord, inline_shift: u64) -> VersionFields {
-    let segment = v.segment.to_native();
+fn version_fields(
+    v: &ArchivedVersionRecord,
+    inline_shift: u64,
+    segment_shift: u32,
+) -> VersionFields {
+    let segment = shifted_id(v.segment.to_native(), segment_shift);
     VersionFields {
         rev: Revision {
             main: v.main.to_native(),
@@ -1655,11 +1707,13 @@ struct MergedKey<'a> {
 }
 
 /// A key's base versions, then its delta versions (whose inline values are `shift` bytes
-/// further on, after the base's blob).
+/// further on, after the base's blob). Each file's segment ids move by its own header's shift.
 struct JoinedVersions<'a> {
     base: std::slice::Iter<'a, ArchivedVersionRecord>,
     delta: std::slice::Iter<'a, ArchivedVersionRecord>,
     shift: u64,
+    base_segment_shift: u32,
+    delta_segment_shift: u32,
 }
 
 impl Iterator for JoinedVersions<'_> {
@@ -1667,8 +1721,11 @@ impl Iterator for JoinedVersions<'_> {
 
     fn next(&mut self) -> Option<VersionFields> {
         match self.base.next() {
-            Some(v) => Some(version_fields(v, 0)),
-            None => self.delta.next().map(|v| version_fields(v, self.shift)),
+            Some(v) => Some(version_fields(v, 0, self.base_segment_shift)),
+            None => self
+                .delta
+                .next()
+                .map(|v| version_fields(v, self.shift, self.delta_segment_shift)),
         }
     }
 
@@ -1684,15 +1741,27 @@ impl ExactSizeIterator for JoinedVersions<'_> {}
 /// revisions, leases and segments, and the base's segments that only the base names (its
 /// unchanged keys point into them). The two inline value blobs are read as one, the delta's
 /// after the base's; both are small (values of segments not yet durable at a capture).
-fn restore_delta(
+/// A delta's archive, as its frame gave it.
+struct DeltaArchive<'a> {
     base_ref: BaseRef,
     key_count: u64,
-    archive: &[u8],
+    archive: &'a [u8],
+    segment_shift: u32,
+}
+
+fn restore_delta(
+    delta: DeltaArchive<'_>,
     base: &[u8],
     options: ValueLogOptions,
     files: &mut SegmentFiles<'_>,
     helpers: RestoreHelpers<'_>,
 ) -> Result<(Writer, Reader)> {
+    let DeltaArchive {
+        base_ref,
+        key_count,
+        archive,
+        segment_shift,
+    } = delta;
     let base_payload = validated_payload(base)?;
     if base_payload.base.is_some() || base_payload.format != FORMAT_VERSION {
         return Err(damaged("a delta's base is not a full checkpoint"));
@@ -1717,12 +1786,20 @@ fn restore_delta(
     {
         return Err(damaged("a delta older than its base"));
     }
-    let mut segments: BTreeMap<u32, DurableSegment> = durable_segments_of(base_data)
-        .into_iter()
-        .map(|d| (d.id, d))
-        .collect();
+    // Each file's ids under its own shift: a member's own delta (no shift) over a leader's base
+    // it stored under raised ids names the same segments as that base does.
+    let base_segment_shift = base_payload.segment_shift;
+    let mut segments: BTreeMap<u32, DurableSegment> =
+        durable_segments_of(base_data, base_segment_shift)
+            .into_iter()
+            .map(|d| (d.id, d))
+            .collect();
     // The delta's record of a segment both list is the newer one.
-    segments.extend(durable_segments_of(data).into_iter().map(|d| (d.id, d)));
+    segments.extend(
+        durable_segments_of(data, segment_shift)
+            .into_iter()
+            .map(|d| (d.id, d)),
+    );
     let header = Header {
         applied_index: data.applied_index.to_native(),
         current_rev: data.current_rev.to_native(),
@@ -1770,6 +1847,8 @@ fn restore_delta(
                     base: base.iter(),
                     delta: delta.iter(),
                     shift,
+                    base_segment_shift,
+                    delta_segment_shift: segment_shift,
                 },
             )
         },

@@ -21,7 +21,8 @@
 //! [`Store::restore_with_segments`] serialize the index as a framed, crc-checked rkyv archive
 //! whose versions point into durable segments (other values inline), and map those segments
 //! back at restore; a leader sends a follower that image together with the segment files it
-//! names, and [`renumber_segments`] gives those files ids above the follower's own.
+//! names, and [`segment_shift_header`] gives those files ids above the follower's own: a new
+//! header, whose shift the restore adds to every id the archive names.
 //! [`Writer::checkpoint_source`] lets another thread do the serializing while the writer keeps
 //! applying.
 //!
@@ -52,9 +53,10 @@ pub mod validate;
 mod vlog;
 
 pub use checkpoint::{
-    checkpoint_kind, checkpoint_segments, image_from_versions, renumber_segments, CheckpointKind,
-    CheckpointSource, DeltaBase, ExportVersion, ImageParts, RestoreHelpers, SegmentFiles,
-    HEADER_BYTES as CHECKPOINT_HEADER_BYTES, PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
+    checkpoint_kind, checkpoint_segments, image_from_versions, renumber_segments,
+    segment_shift_header, CheckpointKind, CheckpointSource, DeltaBase, ExportVersion, ImageParts,
+    RestoreHelpers, SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
+    PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
 pub use index::Unchecked;

@@ -285,9 +285,9 @@ pub struct ReadyIo {
     /// A leader's snapshot to make durable as a checkpoint file, `(index, file bytes)`, BEFORE
     /// `wal_records` are written: a restart that finds the snapshot record finds its state.
     /// When the file points into value-log segments (the leader's, streamed beside it), the
-    /// driver stores them under ids from `Member::segment_id_base` up, writes the file renamed
-    /// to match where the ids moved (`kv::renumber_segments`; kept as it came where none did),
-    /// and hands both over with `snapshot_placed`.
+    /// driver stores them under ids from `Member::segment_id_base` up, gives the file a store
+    /// image header that names where the ids moved (`peer_snapshot::IdShift`; kept as it came
+    /// where none did), and hands both over with `snapshot_placed`.
     pub checkpoint_to_persist: Option<(u64, Bytes)>,
     /// Append as one batch and fdatasync; empty when nothing needs a sync.
     pub wal_records: Vec<Record>,

@@ -514,7 +514,8 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
                 && c.segments_deleted > 0
                 && c.restores_from_segments > 0
                 && c.snapshots_with_segments > 0
-                && c.snapshots_placed_as_sent > 0,
+                && c.snapshots_placed_as_sent > 0
+                && c.snapshots_placed_shifted > 0,
             "a value-log path went unexercised: {c:?}"
         );
         // Value compares wait for the pager on a seeded share of members, and members crash
@@ -544,6 +545,7 @@ fn add(total: &mut Report, r: &Report) {
     t.deltas += c.deltas;
     t.delta_snapshots_placed += c.delta_snapshots_placed;
     t.snapshots_placed_as_sent += c.snapshots_placed_as_sent;
+    t.snapshots_placed_shifted += c.snapshots_placed_shifted;
     t.delta_restarts += c.delta_restarts;
     t.checkpoints_overtaken += c.checkpoints_overtaken;
     t.checkpoints_cut_short += c.checkpoints_cut_short;

@@ -17,7 +17,7 @@
 //! into them; a start keeps only the segments a checkpoint names (`vlog_writer::unreferenced`);
 //! dead ones are deleted once no kept checkpoint names them (`released_by_checkpoint`); and a
 //! leader's snapshot carries the segment files it points into, stored under the receiver's
-//! ids (`peer_snapshot::renumbered`), or under the leader's own where the receiver never had a
+//! ids (`peer_snapshot::IdShift`), or under the leader's own where the receiver never had a
 //! segment file (`Member::segment_id_base` is 0). Entries that read values whose pages are out (a seeded
 //! share of asks) wait for a simulated pager, as `RaftCore::page_in_for_apply` makes them.
 
@@ -286,6 +286,9 @@ pub struct Counts {
     /// Snapshots with segments placed under the leader's own segment ids (a member that never
     /// had a segment file: its files taken as they came, not renamed).
     pub snapshots_placed_as_sent: u64,
+    /// Snapshots with segment files placed under ids above the receiver's own: the checkpoint
+    /// files given a store-image header that shifts every id (`peer_snapshot::IdShift`).
+    pub snapshots_placed_shifted: u64,
     /// Starts that restored a delta over its base.
     pub delta_restarts: u64,
     /// Checkpoints a leader's snapshot overtook while they were being written.
@@ -1184,7 +1187,7 @@ impl World {
                 });
             // As `peer_snapshot::place`: the leader's segment files go above every id this
             // member's stores used (or keep their ids where it never had a segment file), and
-            // the checkpoint files are rewritten to name them so.
+            // the checkpoint files get a store-image header that names them so.
             let leaders = self
                 .snapshot_segments
                 .get(&data)
@@ -1200,9 +1203,15 @@ impl World {
                 .keys()
                 .next()
                 .map_or(0, |lowest| id_base.saturating_sub(*lowest));
+            let highest = leaders.keys().last().copied().unwrap_or(0);
             let renamed = |file: &Bytes| {
+                if shift == 0 {
+                    return file.clone();
+                }
                 let cp = checkpoint::decode_shared(file).expect("a leader's snapshot decodes");
-                peer_snapshot::renumbered(file, cp, shift).expect("a leader's snapshot renumbers")
+                peer_snapshot::IdShift::of(file, &cp, shift, highest)
+                    .expect("a leader's snapshot takes this member's ids")
+                    .applied_to(file)
             };
             let mut files = BTreeMap::new();
             for (id, file) in leaders {
@@ -1226,6 +1235,7 @@ impl World {
                 self.counts.delta_snapshots_placed += u64::from(base.is_some());
                 self.counts.snapshots_placed_as_sent +=
                     u64::from(id_base == 0 && !files.is_empty());
+                self.counts.snapshots_placed_shifted += u64::from(shift != 0 && !files.is_empty());
                 let run = self.nodes[i].run.as_mut().expect("up");
                 run.member.snapshot_placed(PlacedSnapshot {
                     index,

@@ -395,6 +395,141 @@ fn a_delta_of_most_keys_is_written_full_and_a_renumbered_pair_restores() {
     .is_err());
 }
 
+/// A follower stores a leader's checkpoint under raised segment ids (a new header), restores
+/// it, and writes deltas of its own against it: those name its segments as they are (no
+/// shift), and restore on the shifted base to the follower's store, and so does a second
+/// shift on top of the first (the follower's snapshot sent on to another member).
+#[test]
+fn a_members_own_delta_over_a_leaders_base_under_raised_ids_restores() {
+    let (mut leader, _) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    let mut index = 0;
+    for k in 0..200 {
+        index += 1;
+        leader.apply(index, &put(k, &[1; 50], 0)).unwrap();
+    }
+    write_sealed(&mut leader, &mut disk);
+    let leaders = leader.checkpoint();
+    let listed = checkpoint_segments(&leaders).unwrap();
+    assert!(listed.len() > 1, "the values are in several segment files");
+    // Only the header differs; it names the raised ids.
+    let shift = 700;
+    let header = segment_shift_header(&leaders, shift, *listed.last().unwrap()).unwrap();
+    let shifted = [&header[..], &leaders[CHECKPOINT_HEADER_BYTES..]].concat();
+    assert_eq!(shifted.len(), leaders.len());
+    assert_eq!(
+        shifted[CHECKPOINT_HEADER_BYTES..],
+        leaders[CHECKPOINT_HEADER_BYTES..]
+    );
+    let raised_ids: Vec<u32> = listed.iter().map(|id| id + shift).collect();
+    assert_eq!(checkpoint_segments(&shifted).unwrap(), raised_ids);
+    let mut follower_disk: BTreeMap<u32, Bytes> =
+        disk.iter().map(|(id, f)| (id + shift, f.clone())).collect();
+    let (mut w, r) = restore(&shifted, None, &follower_disk, 0);
+    assert!(w.segment_ids().last().unwrap() > raised_ids.last().unwrap());
+    let CheckpointKind::Full(base) = checkpoint_kind(&shifted).unwrap() else {
+        panic!("a full checkpoint");
+    };
+    // Values large enough to fill segments of the follower's own, which the delta points into.
+    for k in 0..10 {
+        index += 1;
+        w.apply(index, &put(k, &[2; 400], 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut follower_disk);
+    let parts = w
+        .checkpoint_source()
+        .serialize_parts_against(Some(&base))
+        .unwrap();
+    assert_eq!(parts.delta_of(), Some(base.applied_index()));
+    let delta = parts.to_vec();
+    assert!(
+        checkpoint_segments(&delta)
+            .unwrap()
+            .iter()
+            .any(|id| id > raised_ids.last().unwrap()),
+        "the delta points into a segment of the follower's own"
+    );
+    let first_free = w.segment_ids().last().unwrap() + 1;
+    let (_, r2) = restore(&delta, Some(&shifted), &follower_disk, first_free);
+    let rev = w.current_revision();
+    assert_eq!(r2.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+    for k in [0, 9, 10, 199] {
+        assert_eq!(values_of(&r2, k, 0), values_of(&r, k, 0), "key {k}");
+    }
+    // Sent on and shifted again by its receiver: both files under the same second shift.
+    let more = 50;
+    let highest = |image: &[u8]| *checkpoint_segments(image).unwrap().last().unwrap();
+    let again = |image: &[u8]| {
+        let header = segment_shift_header(image, more, highest(image)).unwrap();
+        [&header[..], &image[CHECKPOINT_HEADER_BYTES..]].concat()
+    };
+    let (base3, delta3) = (again(&shifted), again(&delta));
+    let third_disk: BTreeMap<u32, Bytes> = follower_disk
+        .iter()
+        .map(|(id, f)| (id + more, f.clone()))
+        .collect();
+    let (_, r3) = restore(&delta3, Some(&base3), &third_disk, 0);
+    assert_eq!(r3.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+}
+
+/// A header's segment id shift is read only with the format's flag, and a header that has one
+/// half of the pair and not the other is refused as damaged, as is a shift that would carry
+/// an id past the id space.
+#[test]
+fn a_segment_shift_header_is_checked() {
+    let (mut w, _) = Store::with_value_log(on_disk(0));
+    let mut disk = BTreeMap::new();
+    for k in 0..100 {
+        w.apply(k + 1, &put(k, &[1; 50], 0)).unwrap();
+    }
+    write_sealed(&mut w, &mut disk);
+    let image = w.checkpoint();
+    let highest = *checkpoint_segments(&image).unwrap().last().unwrap();
+    let with_header = |mut header: [u8; CHECKPOINT_HEADER_BYTES]| {
+        let crc = crc32fast::hash(&header[..36]);
+        header[36..].copy_from_slice(&crc.to_le_bytes());
+        [&header[..], &image[CHECKPOINT_HEADER_BYTES..]].concat()
+    };
+    let good = segment_shift_header(&image, 9, highest).unwrap();
+    assert!(checkpoint_segments(&with_header(good)).is_ok());
+    // The shift without the flag: an older build's header never has one.
+    let mut no_flag = good;
+    no_flag[8..12].copy_from_slice(&image[8..12]);
+    assert!(matches!(
+        checkpoint_segments(&with_header(no_flag)),
+        Err(KvError::CheckpointDamaged(_))
+    ));
+    // The flag without a shift.
+    let mut no_shift = good;
+    no_shift[12..16].copy_from_slice(&0u32.to_le_bytes());
+    assert!(matches!(
+        checkpoint_segments(&with_header(no_shift)),
+        Err(KvError::CheckpointDamaged(_))
+    ));
+    // A flag bit no build knows.
+    let mut unknown = good;
+    unknown[10] |= 1;
+    assert!(checkpoint_segments(&with_header(unknown)).is_err());
+    // Past the id space, asked for or already there.
+    assert!(segment_shift_header(&image, SEGMENT_NONE - 1 - highest, highest).is_err());
+    assert!(segment_shift_header(&image, SEGMENT_NONE - 2 - highest, highest).is_ok());
+    let mut far = good;
+    far[12..16].copy_from_slice(&(SEGMENT_NONE - 2).to_le_bytes());
+    assert!(checkpoint_segments(&with_header(far)).is_err());
+    assert!(Store::restore_on_base(
+        &with_header(far),
+        None,
+        on_disk(0),
+        &mut |id| Ok(disk[&id].clone()),
+        RestoreHelpers::NONE
+    )
+    .is_err());
+    // A damaged header is refused before anything is read.
+    let mut bad = image.clone();
+    bad[20] ^= 1;
+    assert!(segment_shift_header(&bad, 9, highest).is_err());
+}
+
 /// The writer names the keys written since the base, and a delta of those keys is byte for
 /// byte the delta a walk over the whole index finds: with the writer applying between the
 /// capture and the serialize, bases adopted after further writes (as the server adopts a
