@@ -149,6 +149,19 @@ mod tests {
         assert_eq!(t.touch("abc.5", 0), None);
     }
 
+    /// The member's sweep sees a token due, and a shard that read the clock a moment earlier
+    /// renews it through the published copy before the sweep drops it: the token stays.
+    #[test]
+    fn a_token_renewed_between_the_sweeps_look_and_its_drop_stays() {
+        let mut t = TokenTable::default();
+        t.assign("abc.5".into(), "u", 0, 10);
+        let published = t.clone();
+        assert!(t.any_expired(10));
+        assert_eq!(published.touch("abc.5", 9), Some("u".into()));
+        assert!(!t.expire(10), "renewed in between: kept");
+        assert_eq!(t.touch("abc.5", 18), Some("u".into()));
+    }
+
     #[test]
     fn tokens_die_with_their_user_and_the_table_is_bounded() {
         let mut t = TokenTable::default();
