@@ -34,11 +34,13 @@ struct Cli {
     #[arg(long, global = true)]
     precise: bool,
     /// Also write every successful request as a line "CLIENT START_US LATENCY_US" to this
-    /// file (START_US from the run's start): when slow requests ran, and on which client
+    /// file (START_US from the run's start): when slow requests ran, and on which client.
+    /// Every workload but watch-latency, which keeps its own times
     #[arg(long, global = true)]
     latency_log: Option<std::path::PathBuf>,
     /// Requests each client sends before the timed run, not counted: the run then starts on
-    /// warm connections with every client already going (etcd's benchmark has no warm-up)
+    /// warm connections with every client already going (etcd's benchmark has no warm-up).
+    /// Not watch-latency; lease-grant's warm-up grants leases of its own that stay alive
     #[arg(long, global = true, default_value_t = 0)]
     warmup: u64,
     #[command(subcommand)]

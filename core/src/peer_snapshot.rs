@@ -18,7 +18,8 @@
 //! added, or one whose ids all lie below the leader's), the staged checkpoint file is moved
 //! into place as it is; otherwise its store image gets a header whose segment id shift names
 //! the raised ids ([`IdShift`]: 40 bytes and the file's crc written over it, then a sync), and
-//! it is moved into place. Either way it is never written again.
+//! it is moved into place. Either way it is never written again. Such a file goes out to
+//! another member in the plain format, its ids written into a copy ([`write_snapshot`]).
 //!
 //! The receiver answers with one frame once the message is in raft's inbox, and only then does
 //! the leader report the snapshot sent: reported as soon as it was written, raft would probe
@@ -181,6 +182,20 @@ pub fn parse_chunk_header(body: &[u8]) -> io::Result<ChunkHeader> {
     })
 }
 
+/// A checkpoint file as it goes out: as it is, unless its store image has a segment id shift
+/// (a leader's snapshot this member stored under raised ids, see `IdShift`, or a delta of its
+/// own over one). Those ids are then written into a copy of the archive
+/// (`kv::without_segment_shift`), since a build that predates the shift refuses such a file.
+/// The copy costs the image's size in memory while the snapshot goes out; it lasts only until
+/// this member writes a full checkpoint of its own.
+fn as_sent(file: &Bytes) -> io::Result<Bytes> {
+    let cp = checkpoint::decode_shared(file).map_err(io::Error::other)?;
+    match kv::without_segment_shift(&cp.kv_image).map_err(|e| io::Error::other(e.to_string()))? {
+        None => Ok(file.clone()),
+        Some(image) => Ok(Bytes::from(cp.encode_with_image(&image))),
+    }
+}
+
 /// The segments a checkpoint file points into, with those of its base for a delta (what goes
 /// out beside it). Read in place: a leader's file is mapped and a received one is in memory,
 /// and a copy would double either.
@@ -256,7 +271,7 @@ pub async fn write_snapshot<W: futures_lite::AsyncWrite + Unpin>(
     chunk_bytes: usize,
 ) -> io::Result<u64> {
     assert!(chunk_bytes > 0, "a chunk carries bytes");
-    let (base, listed) = {
+    let (data, base, listed) = {
         let data = data.clone();
         let snap_dir = snap_dir.to_path_buf();
         rt::on_thread("keel-snapshot-out", move || {
@@ -278,11 +293,14 @@ pub async fn write_snapshot<W: futures_lite::AsyncWrite + Unpin>(
                     Some(base)
                 }
             };
+            let data = as_sent(&data)?;
+            let base = base.as_ref().map(as_sent).transpose()?;
             let listed = segments_of(&data, base.as_ref())?;
-            Ok::<_, io::Error>((base, listed))
+            Ok::<_, io::Error>((data, base, listed))
         })
         .await?
     };
+    let data = &data;
     let mut sent = 0u64;
     let begin = encode_begin(index, data.len() as u64);
     write_timed(w, &begin).await?;
@@ -944,7 +962,26 @@ pub fn place(
         source,
     };
     let cp = checkpoint::decode_shared(&staged.data).map_err(bad)?;
+    let base_cp = match &staged.base {
+        None => None,
+        Some(base_file) => Some(checkpoint::decode_shared(base_file).map_err(bad)?),
+    };
     let listed = staged.segments.clone();
+    let shift = if listed.is_empty() { 0 } else { shift };
+    // What gives each file this member's ids, worked out before anything moves: a shift
+    // past the id space is refused with the staging as it was.
+    let highest = listed.last().copied().unwrap_or(0);
+    let id_shift = |file: &Bytes, cp: &checkpoint::Checkpoint| {
+        (shift != 0)
+            .then(|| IdShift::of(file, cp, shift, highest))
+            .transpose()
+            .map_err(bad)
+    };
+    let data_shift = id_shift(&staged.data, &cp)?;
+    let base_shift = match (&staged.base, &base_cp) {
+        (Some(base_file), Some(base_cp)) => id_shift(base_file, base_cp)?,
+        _ => None,
+    };
     std::fs::create_dir_all(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
     for &id in &listed {
         let local = id
@@ -963,7 +1000,6 @@ pub fn place(
         let d = std::fs::File::open(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
         sync_or_abort(&d, vlog_dir);
     }
-    let shift = if listed.is_empty() { 0 } else { shift };
     // The staged file (durable since its last chunk) moved to `path`, and the move made durable.
     // A failed directory fsync aborts, as every other sync of a received snapshot does: the
     // kernel may have dropped the entry, and no retry could tell.
@@ -974,33 +1010,27 @@ pub fn place(
         Ok::<_, CoreError>(())
     };
     // A staged file given this member's ids in place (nothing to do where none move).
-    let highest = listed.last().copied().unwrap_or(0);
-    let reheaded = |from: &str, file: &Bytes, cp: &checkpoint::Checkpoint| {
-        if shift == 0 {
-            return Ok(());
-        }
-        IdShift::of(file, cp, shift, highest)
-            .map_err(bad)?
-            .write_over(&staged.dir.join(from), file.len())
+    let reheaded = |from: &str, file: &Bytes, id_shift: &Option<IdShift>| match id_shift {
+        None => Ok(()),
+        Some(id_shift) => id_shift.write_over(&staged.dir.join(from), file.len()),
     };
     // A delta's base goes first, under its own index: a crash before the delta is written
     // leaves it a full checkpoint older than this member's newest, which removal takes.
     // Same index, same state: one of this member's own there is replaced by it unharmed
     // (the rename is atomic, and a delta of its own that names it finds the same state).
-    let base = match &staged.base {
-        None => None,
-        Some(base_file) => {
-            let base_cp = checkpoint::decode_shared(base_file).map_err(bad)?;
+    let base = match (&staged.base, &base_cp) {
+        (Some(base_file), Some(base_cp)) => {
             let path = snap_dir.join(checkpoint::file_name(base_cp.meta.index));
-            reheaded(BASE_FILE, base_file, &base_cp)?;
+            reheaded(BASE_FILE, base_file, &base_shift)?;
             moved(BASE_FILE, &path)?;
             Some(base_file.clone())
         }
+        _ => None,
     };
     let path = snap_dir.join(checkpoint::file_name(staged.index));
     // Raft keeps the file as the snapshot this member sends on: mapped, not a heap copy. The
     // mapping shows the bytes written over it in place.
-    reheaded(CHECKPOINT_FILE, &staged.data, &cp)?;
+    reheaded(CHECKPOINT_FILE, &staged.data, &data_shift)?;
     moved(CHECKPOINT_FILE, &path)?;
     let mapped = staged.data_file;
     let file = mapped.bytes().clone();
@@ -1289,6 +1319,27 @@ mod tests {
                 );
                 // Restored from the placed files, the store is the leader's.
                 assert_restores_to(&placed, &cp.kv_image, None, &leader_reader);
+
+                // Sent on by this member to a third: the raised ids written into the archive
+                // and no shift left (what a build before shifts reads), naming its own files.
+                let mut out = futures_lite::io::Cursor::new(Vec::new());
+                write_snapshot(&mut out, &placed.data, 7, (&follower_vlog, &snap), 1000)
+                    .await
+                    .unwrap();
+                let third = tempfile::tempdir().unwrap();
+                let third_snap = third.path().join("snap");
+                let sent_frames = super::tests::frames(&out.into_inner());
+                let incoming = receive(&third_snap.join(STAGING_DIR), sent_frames)
+                    .await
+                    .unwrap();
+                let staged = incoming.finish(7).await.unwrap();
+                assert_eq!(staged.segments, raised);
+                let sent = checkpoint::decode(&staged.data).unwrap();
+                assert_eq!(sent.kv_image[12..16], [0; 4], "no shift goes out");
+                assert_eq!(kv::checkpoint_segments(&sent.kv_image).unwrap(), raised);
+                let (placed3, _mapped3) =
+                    place(staged, 0, &third_snap, &third.path().join("vlog")).unwrap();
+                assert_restores_to(&placed3, &sent.kv_image, None, &leader_reader);
             })
         });
     }

@@ -1543,6 +1543,68 @@ pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
     Ok([&header[..], &image[HEADER_BYTES..]].concat())
 }
 
+/// `image` with every segment id its header shifts written into the archive itself and no
+/// shift left, or None when it has none: how a checkpoint leaves this member for another.
+/// A shifted header is this member's own record of where it stored a leader's segments; a
+/// build that predates the shift refuses it, so what goes out is the format every build
+/// reads. One pass over a copy of the archive, the image's size; no key or value is restored.
+pub fn without_segment_shift(image: &[u8]) -> Result<Option<Vec<u8>>> {
+    use rkyv::munge::munge;
+    use rkyv::vec::ArchivedVec;
+    let Payload {
+        format,
+        segment_shift,
+        key_count,
+        base,
+        aligned,
+    } = validated_payload(image)?;
+    if segment_shift == 0 {
+        return Ok(None);
+    }
+    let mut aligned = aligned_copy(&aligned);
+    let data = rkyv::access_mut::<ArchivedCheckpointData, rancor::Error>(&mut aligned)
+        .map_err(|_| damaged("archive failed validation"))?;
+    if data.keys.len() as u64 != key_count {
+        return Err(damaged("key count does not match the header"));
+    }
+    let raised = |id: u32| -> Result<u32> {
+        match shifted_id(id, segment_shift) {
+            id if id >= SEGMENT_NONE - 1 => {
+                Err(damaged("a segment id out of range or listed twice"))
+            }
+            id => Ok(id),
+        }
+    };
+    munge!(let ArchivedCheckpointData { keys, segments, .. } = data);
+    let mut segments = ArchivedVec::as_slice_seal(segments);
+    for i in 0..segments.len() {
+        munge!(let ArchivedSegmentRecord { id, .. } = segments.as_mut().index(i));
+        let mut id = id;
+        *id = raised(id.to_native())?.into();
+    }
+    let mut keys = ArchivedVec::as_slice_seal(keys);
+    for k in 0..keys.len() {
+        munge!(let ArchivedKeyRecord { versions, .. } = keys.as_mut().index(k));
+        let mut versions = ArchivedVec::as_slice_seal(versions);
+        for v in 0..versions.len() {
+            munge!(let ArchivedVersionRecord { segment, .. } = versions.as_mut().index(v));
+            let mut segment = segment;
+            if segment.to_native() != SEGMENT_NONE {
+                *segment = raised(segment.to_native())?.into();
+            }
+        }
+    }
+    let payload = match base {
+        None => aligned.to_vec(),
+        Some(base) => [&base.bytes()[..], &aligned[..]].concat(),
+    };
+    assert!(format == FORMAT_VERSION || format == FORMAT_VERSION_DELTA);
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.extend_from_slice(&frame_header(format, key_count, &payload));
+    out.extend_from_slice(&payload);
+    Ok(Some(out))
+}
+
 /// One version as either format stores it.
 struct VersionFields {
     rev: Revision,
@@ -1706,12 +1768,12 @@ struct MergedKey<'a> {
     delta: Option<&'a ArchivedKeyRecord>,
 }
 
-/// A key's base versions, then its delta versions (whose inline values are `shift` bytes
-/// further on, after the base's blob). Each file's segment ids move by its own header's shift.
+/// A key's base versions, then its delta versions (whose inline values are `inline_shift`
+/// bytes further on, after the base's blob). Each file's segment ids move by its own header's shift.
 struct JoinedVersions<'a> {
     base: std::slice::Iter<'a, ArchivedVersionRecord>,
     delta: std::slice::Iter<'a, ArchivedVersionRecord>,
-    shift: u64,
+    inline_shift: u64,
     base_segment_shift: u32,
     delta_segment_shift: u32,
 }
@@ -1725,7 +1787,7 @@ impl Iterator for JoinedVersions<'_> {
             None => self
                 .delta
                 .next()
-                .map(|v| version_fields(v, self.shift, self.delta_segment_shift)),
+                .map(|v| version_fields(v, self.inline_shift, self.delta_segment_shift)),
         }
     }
 
@@ -1832,7 +1894,7 @@ fn restore_delta(
         i += usize::from(take_old);
         j += usize::from(take_new);
     }
-    let shift = base_data.values.len() as u64;
+    let inline_shift = base_data.values.len() as u64;
     build(
         header,
         &values,
@@ -1846,7 +1908,7 @@ fn restore_delta(
                 JoinedVersions {
                     base: base.iter(),
                     delta: delta.iter(),
-                    shift,
+                    inline_shift,
                     base_segment_shift,
                     delta_segment_shift: segment_shift,
                 },

@@ -54,9 +54,9 @@ mod vlog;
 
 pub use checkpoint::{
     checkpoint_kind, checkpoint_segments, image_from_versions, renumber_segments,
-    segment_shift_header, CheckpointKind, CheckpointSource, DeltaBase, ExportVersion, ImageParts,
-    RestoreHelpers, SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
-    PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
+    segment_shift_header, without_segment_shift, CheckpointKind, CheckpointSource, DeltaBase,
+    ExportVersion, ImageParts, RestoreHelpers, SegmentFiles,
+    HEADER_BYTES as CHECKPOINT_HEADER_BYTES, PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
 pub use index::Unchecked;

@@ -1682,8 +1682,8 @@ impl Member {
     /// first open segment, id 0: the member started with no segment file on disk (a start
     /// begins above every file it finds) and sealed none since, so no id of this member's has
     /// a file or will get one. The leader's segments then keep their ids and its checkpoint
-    /// files are kept as they came: at 4M keys, renaming the ids meant a 416 MB file written
-    /// and synced while the raft loop waited. This is a new member's first snapshot.
+    /// files are kept as they came, with no shift in their headers (see
+    /// `peer_snapshot::IdShift`). This is a new member's first snapshot.
     pub fn segment_id_base(&self) -> u32 {
         if self.writer.segment_ids() == [0] {
             return 0;

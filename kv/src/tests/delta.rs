@@ -470,6 +470,30 @@ fn a_members_own_delta_over_a_leaders_base_under_raised_ids_restores() {
         .collect();
     let (_, r3) = restore(&delta3, Some(&base3), &third_disk, 0);
     assert_eq!(r3.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+    // As they go out to another member: the ids written into the archives and no shift left
+    // (the format of a build before shifts), naming the same files.
+    let plain = |image: &[u8]| {
+        let out = without_segment_shift(image)
+            .unwrap()
+            .unwrap_or_else(|| image.to_vec());
+        assert_eq!(out.len(), image.len());
+        assert_eq!(out[12..16], [0; 4], "no shift left");
+        assert!(u32::from_le_bytes(out[8..12].try_into().unwrap()) < 0x100);
+        assert_eq!(
+            checkpoint_segments(&out).unwrap(),
+            checkpoint_segments(image).unwrap()
+        );
+        out
+    };
+    assert!(without_segment_shift(&leaders).unwrap().is_none());
+    assert!(
+        without_segment_shift(&delta).unwrap().is_none(),
+        "the follower's own delta has no shift"
+    );
+    let (_, r4) = restore(&plain(&delta), Some(&plain(&shifted)), &follower_disk, 0);
+    assert_eq!(r4.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
+    let (_, r5) = restore(&plain(&delta3), Some(&plain(&base3)), &third_disk, 0);
+    assert_eq!(r5.hash_kv(rev).unwrap(), r.hash_kv(rev).unwrap());
 }
 
 /// A header's segment id shift is read only with the format's flag, and a header that has one

@@ -197,7 +197,7 @@ fn a_checkpoint_points_into_durable_segments_and_restores_from_them() {
     assert_eq!(
         renumbered.len(),
         image.len(),
-        "renumbering rewrites ids in place"
+        "renumbering changes the header alone"
     );
     let raised: Vec<u32> = listed.iter().map(|id| id + shift).collect();
     assert_eq!(checkpoint_segments(&renumbered).unwrap(), raised);
