@@ -101,4 +101,7 @@ if [ "$lag" -gt 0 ]; then
   echo "$kind: snapshot installed by $(((t2 - t0) / 1000000)) ms after the restart (polled)"
   grep -E "stored the leader's snapshot|installed the leader's snapshot|raft loop stalled|stall" \
     "$root/$kind-n$victim.log" | tail -6 | cut -c1-400 || true
+  # Page faults since its restart (major: read from disk) and its peak memory.
+  awk '{print "faults since the restart: minor " $10 ", major " $12}' "/proc/${pids[$victim]}/stat"
+  grep VmHWM "/proc/${pids[$victim]}/status"
 fi

@@ -1588,9 +1588,13 @@ impl Transport {
                     let Some(snapshot) = incoming.as_mut() else {
                         return Err(std::io::Error::other("a snapshot chunk without its begin"));
                     };
-                    snapshot
-                        .chunk(header, frame, SNAPSHOT_CHUNK_BODY_AT)
-                        .await?;
+                    if let Err(e) = snapshot.chunk(header, frame, SNAPSHOT_CHUNK_BODY_AT).await {
+                        // This member's own failure (a full disk, a write error, a chunk out
+                        // of order): said here, since the connection's end is logged only
+                        // at debug, and the leader only sees a reset.
+                        tracing::warn!(from = format!("{from:x}"), error = %e, "cannot store a snapshot chunk; dropping the stream");
+                        return Err(e);
+                    }
                     continue;
                 }
                 Incoming::Raft(mut m) if incoming.is_some() => {
@@ -1601,7 +1605,13 @@ impl Transport {
                             "a snapshot stream ends with another message",
                         ));
                     }
-                    let staged = snapshot.finish(index.expect("checked above")).await?;
+                    let staged = match snapshot.finish(index.expect("checked above")).await {
+                        Ok(staged) => staged,
+                        Err(e) => {
+                            tracing::warn!(from = format!("{from:x}"), error = %e, "cannot complete a received snapshot; dropping the stream");
+                            return Err(e);
+                        }
+                    };
                     tracing::info!(
                         from = format!("{from:x}"),
                         index = staged.index,
