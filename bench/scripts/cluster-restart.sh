@@ -14,7 +14,8 @@
 #   bench/scripts/cluster-restart.sh keel path/to/keel path/to/keel-bench
 #   bench/scripts/cluster-restart.sh etcd etcd path/to/keel-bench
 #
-# TOTAL (1000000), LAG_TOTAL (0), SETTLE_S (10), PORT (25000), DATA_ROOT (a temp dir).
+# TOTAL (1000000), LAG_TOTAL (0), SETTLE_S (10), BACK_TIMEOUT_S (600: how long the restarted
+# follower may take to answer before the script fails), PORT (25000), DATA_ROOT (a temp dir).
 set -euo pipefail
 kind=$1
 bin=$2
@@ -82,26 +83,49 @@ if [ "$lag" -gt 0 ]; then
     --key-space-size "$total" --sequential-keys --total "$lag" | grep -E '^  put|latency' || true
   sleep "${SETTLE_S:-10}"
 fi
+# The victim's log goes on from its first run: only what comes after this offset is the
+# restarted member's.
+log="$root/$kind-n$victim.log"
+log_from=$(($(wc -c <"$log") + 1))
+since_restart() { tail -c "+$log_from" "$log"; }
 t0=$(date +%s%N)
 start_member "$victim"
 ep="127.0.0.1:$((port + 2 * victim))"
+deadline=$((SECONDS + ${BACK_TIMEOUT_S:-600}))
 until ETCDCTL_API=3 etcdctl --endpoints "$ep" --command-timeout=1s get probe >/dev/null 2>&1; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "$kind: n$victim did not answer within ${BACK_TIMEOUT_S:-600} s of its restart; its log:" >&2
+    since_restart | grep -E 'WARN|ERROR' | tail -5 | cut -c1-300 >&2 || true
+    exit 1
+  fi
   sleep 0.05
 done
 t1=$(date +%s%N)
 echo "$kind: follower back (linearizable get) $(((t1 - t0) / 1000000)) ms after its restart"
-grep -E 'recovered raft log|restored|opened the data directory|ready to serve' "$root/$kind-n$victim.log" | tail -4 | cut -c1-300 || true
+since_restart | grep -E 'recovered raft log|restored|opened the data directory|ready to serve' | tail -4 | cut -c1-300 || true
 if [ "$lag" -gt 0 ]; then
   # The install may finish after the first answer: wait for it, then show its lines.
+  installed=
   for _ in $(seq 1 600); do
-    grep -q "installed the leader's snapshot" "$root/$kind-n$victim.log" 2>/dev/null && break
+    if since_restart | grep -q "installed the leader's snapshot"; then installed=1; break; fi
     sleep 0.1
   done
   t2=$(date +%s%N)
+  if [ -z "$installed" ]; then
+    echo "$kind: no snapshot installed within 60 s of the answer" >&2
+    exit 1
+  fi
   echo "$kind: snapshot installed by $(((t2 - t0) / 1000000)) ms after the restart (polled)"
-  grep -E "stored the leader's snapshot|installed the leader's snapshot|raft loop stalled|stall" \
-    "$root/$kind-n$victim.log" | tail -6 | cut -c1-400 || true
+  # The watchdog logs a stall at its first look past the election timeout (it looks every
+  # 250 ms), so its stalled_ms is a lower bound of the loop's wait, not the whole of it.
+  since_restart | grep -E "stored the leader's snapshot|installed the leader's snapshot|stall" |
+    tail -6 | cut -c1-400 || true
   # Page faults since its restart (major: read from disk) and its peak memory.
-  awk '{print "faults since the restart: minor " $10 ", major " $12}' "/proc/${pids[$victim]}/stat"
-  grep VmHWM "/proc/${pids[$victim]}/status"
+  stat="/proc/${pids[$victim]}/stat"
+  if [ -r "$stat" ] && grep -q VmHWM "/proc/${pids[$victim]}/status" 2>/dev/null; then
+    awk '{print "faults since the restart: minor " $10 ", major " $12}' "$stat"
+    grep VmHWM "/proc/${pids[$victim]}/status"
+  else
+    echo "n$victim is gone"
+  fi
 fi

@@ -160,18 +160,25 @@ pub fn encode_around(
 /// all else unchanged: a follower writes a new store-image header and this crc over a leader's
 /// file in place, rather than the file again.
 pub fn crc_with_image_head(file: &[u8], cp: &Checkpoint, head: &[u8]) -> (usize, [u8; 4]) {
-    let at = (cp.kv_image.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
-    assert!(
-        at.checked_add(cp.kv_image.len())
-            .is_some_and(|end| end + 4 == file.len())
-            && head.len() <= cp.kv_image.len(),
-        "the store image is a slice of its file, ending before the crc"
-    );
+    let at = image_offset(file, cp);
+    assert!(head.len() <= cp.kv_image.len(), "a head within the image");
     let mut crc = crc32fast::Hasher::new();
     crc.update(&file[..at]);
     crc.update(head);
     crc.update(&file[at + head.len()..file.len() - 4]);
     (at, crc.finalize().to_le_bytes())
+}
+
+/// Where the store image of `cp` (decoded from `file` with [`decode_shared`], so a slice of
+/// it) starts in `file`; it ends just before the file's crc.
+pub fn image_offset(file: &[u8], cp: &Checkpoint) -> usize {
+    let at = (cp.kv_image.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
+    assert!(
+        at.checked_add(cp.kv_image.len())
+            .is_some_and(|end| end + 4 == file.len()),
+        "the store image is a slice of its file, ending before the crc"
+    );
+    at
 }
 
 /// A cursor that refuses to read past the end.

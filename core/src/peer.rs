@@ -1572,16 +1572,21 @@ impl Transport {
                     }
                     let stream = self.snapshot_streams.get() + 1;
                     self.snapshot_streams.set(stream);
-                    incoming = Some(
-                        IncomingSnapshot::begin(
-                            &self.staging_dir,
-                            stream,
-                            from,
-                            index,
-                            checkpoint_bytes,
-                        )
-                        .await?,
-                    );
+                    match IncomingSnapshot::begin(
+                        &self.staging_dir,
+                        stream,
+                        from,
+                        index,
+                        checkpoint_bytes,
+                    )
+                    .await
+                    {
+                        Ok(snapshot) => incoming = Some(snapshot),
+                        Err(e) => {
+                            tracing::warn!(from = format!("{from:x}"), index, error = %e, "cannot stage a snapshot; dropping the stream");
+                            return Err(e);
+                        }
+                    }
                     continue;
                 }
                 Incoming::SnapshotChunk(header) => {
@@ -1589,9 +1594,9 @@ impl Transport {
                         return Err(std::io::Error::other("a snapshot chunk without its begin"));
                     };
                     if let Err(e) = snapshot.chunk(header, frame, SNAPSHOT_CHUNK_BODY_AT).await {
-                        // This member's own failure (a full disk, a write error, a chunk out
-                        // of order): said here, since the connection's end is logged only
-                        // at debug, and the leader only sees a reset.
+                        // A full disk, a write error, or a chunk the sender got wrong: said
+                        // here, since the connection's end is logged only at debug, and the
+                        // leader only sees a reset.
                         tracing::warn!(from = format!("{from:x}"), error = %e, "cannot store a snapshot chunk; dropping the stream");
                         return Err(e);
                     }

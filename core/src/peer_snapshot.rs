@@ -183,17 +183,22 @@ pub fn parse_chunk_header(body: &[u8]) -> io::Result<ChunkHeader> {
 }
 
 /// A checkpoint file as it goes out: as it is, unless its store image has a segment id shift
-/// (a leader's snapshot this member stored under raised ids, see `IdShift`, or a delta of its
-/// own over one). Those ids are then written into a copy of the archive
-/// (`kv::without_segment_shift`), since a build that predates the shift refuses such a file.
-/// The copy costs the image's size in memory while the snapshot goes out; it lasts only until
-/// this member writes a full checkpoint of its own.
+/// (a leader's snapshot this member stored under raised ids, see `IdShift`). A build that
+/// predates the shift refuses such a file, so the ids are written into a copy's archive and
+/// the copy's crc mended (`kv::without_segment_shift_in`); the rest of the file goes byte for
+/// byte. The copy costs the file's size in memory while the snapshot goes out, and only until
+/// this member writes a full checkpoint of its own. (A delta of its own over such a base has
+/// no shift: only the base is copied.)
 fn as_sent(file: &Bytes) -> io::Result<Bytes> {
     let cp = checkpoint::decode_shared(file).map_err(io::Error::other)?;
-    match kv::without_segment_shift(&cp.kv_image).map_err(|e| io::Error::other(e.to_string()))? {
-        None => Ok(file.clone()),
-        Some(image) => Ok(Bytes::from(cp.encode_with_image(&image))),
-    }
+    let image_at = checkpoint::image_offset(file, &cp);
+    let plain = kv::without_segment_shift_in(file, image_at..image_at + cp.kv_image.len(), |all| {
+        let crc_at = all.len() - 4;
+        let crc = crc32fast::hash(&all[..crc_at]);
+        all[crc_at..].copy_from_slice(&crc.to_le_bytes());
+    })
+    .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(plain.unwrap_or_else(|| file.clone()))
 }
 
 /// The segments a checkpoint file points into, with those of its base for a delta (what goes
@@ -983,16 +988,21 @@ pub fn place(
         _ => None,
     };
     std::fs::create_dir_all(vlog_dir).map_err(|e| data_dir_error(vlog_dir, e))?;
+    // Never over a file of this member's: a checkpoint of its own may still name it (see
+    // `Member::segment_id_base`, which keeps the leader's ids only where none can be).
+    // Every target is looked at before the first moves.
+    let mut targets = Vec::with_capacity(listed.len());
     for &id in &listed {
         let local = id
             .checked_add(shift)
             .ok_or_else(|| bad("segment ids run out".into()))?;
         let to = keel_io::vlog::segment_path(vlog_dir, local);
-        // Never over a file of this member's: a checkpoint of its own may still name it (see
-        // `Member::segment_id_base`, which keeps the leader's ids only where none can be).
         if to.try_exists().map_err(|e| data_dir_error(&to, e))? {
             return Err(bad(format!("segment file {} exists already", to.display())));
         }
+        targets.push((id, to));
+    }
+    for (id, to) in targets {
         std::fs::rename(keel_io::vlog::segment_path(&staged.dir, id), &to)
             .map_err(|e| data_dir_error(&to, e))?;
     }
@@ -1336,6 +1346,13 @@ mod tests {
                 assert_eq!(staged.segments, raised);
                 let sent = checkpoint::decode(&staged.data).unwrap();
                 assert_eq!(sent.kv_image[12..16], [0; 4], "no shift goes out");
+                let image_at = placed.data.len() - 4 - sent.kv_image.len();
+                assert_eq!(staged.data.len(), placed.data.len());
+                assert_eq!(
+                    staged.data[..image_at],
+                    placed.data[..image_at],
+                    "the file around the image goes as it is"
+                );
                 assert_eq!(kv::checkpoint_segments(&sent.kv_image).unwrap(), raised);
                 let (placed3, _mapped3) =
                     place(staged, 0, &third_snap, &third.path().join("vlog")).unwrap();

@@ -1543,30 +1543,39 @@ pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
     Ok([&header[..], &image[HEADER_BYTES..]].concat())
 }
 
-/// `image` with every segment id its header shifts written into the archive itself and no
-/// shift left, or None when it has none: how a checkpoint leaves this member for another.
-/// A shifted header is this member's own record of where it stored a leader's segments; a
-/// build that predates the shift refuses it, so what goes out is the format every build
-/// reads. One pass over a copy of the archive, the image's size; no key or value is restored.
-pub fn without_segment_shift(image: &[u8]) -> Result<Option<Vec<u8>>> {
+/// Writes every segment id `image`'s header shifts into the archive itself and leaves no
+/// shift, in place; false when it has none (nothing changed): how a checkpoint leaves this
+/// member for another. A shifted header is this member's own record of where it stored a
+/// leader's segments; a build that predates the shift refuses it, so what goes out is the
+/// format every build reads. One pass over the archive, no key or value restored. The
+/// archive must lie aligned where it is, as a checkpoint file's does in an aligned buffer.
+pub fn remove_segment_shift(image: &mut [u8]) -> Result<bool> {
     use rkyv::munge::munge;
     use rkyv::vec::ArchivedVec;
-    let Payload {
-        format,
-        segment_shift,
-        key_count,
-        base,
-        aligned,
-    } = validated_payload(image)?;
+    let (format, segment_shift, key_count, payload_at) = {
+        let Payload {
+            format,
+            segment_shift,
+            key_count,
+            base,
+            aligned,
+        } = validated_payload(&*image)?;
+        if matches!(aligned, AlignedPayload::Copied(_)) {
+            return Err(damaged("an archive not aligned where it lies"));
+        }
+        let payload_at = HEADER_BYTES
+            + if base.is_some() {
+                DELTA_PREFIX_BYTES
+            } else {
+                0
+            };
+        (format, segment_shift, key_count, payload_at)
+    };
     if segment_shift == 0 {
-        return Ok(None);
+        return Ok(false);
     }
-    let mut aligned = aligned_copy(&aligned);
-    let data = rkyv::access_mut::<ArchivedCheckpointData, rancor::Error>(&mut aligned)
+    let data = rkyv::access_mut::<ArchivedCheckpointData, rancor::Error>(&mut image[payload_at..])
         .map_err(|_| damaged("archive failed validation"))?;
-    if data.keys.len() as u64 != key_count {
-        return Err(damaged("key count does not match the header"));
-    }
     let raised = |id: u32| -> Result<u32> {
         match shifted_id(id, segment_shift) {
             id if id >= SEGMENT_NONE - 1 => {
@@ -1594,15 +1603,46 @@ pub fn without_segment_shift(image: &[u8]) -> Result<Option<Vec<u8>>> {
             }
         }
     }
-    let payload = match base {
-        None => aligned.to_vec(),
-        Some(base) => [&base.bytes()[..], &aligned[..]].concat(),
-    };
     assert!(format == FORMAT_VERSION || format == FORMAT_VERSION_DELTA);
-    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
-    out.extend_from_slice(&frame_header(format, key_count, &payload));
-    out.extend_from_slice(&payload);
-    Ok(Some(out))
+    let header = frame_header(format, key_count, &image[HEADER_BYTES..]);
+    image[..HEADER_BYTES].copy_from_slice(&header);
+    Ok(true)
+}
+
+/// The segment id shift `image`'s header names (0: none), from the header alone (checked:
+/// magic, crc, format).
+pub fn segment_shift_of(image: &[u8]) -> Result<u32> {
+    if image.len() < HEADER_BYTES {
+        return Err(damaged("shorter than the header"));
+    }
+    if image[..8] != MAGIC {
+        return Err(damaged("bad magic"));
+    }
+    if crc32fast::hash(&image[..36]) != le_u32(image, 36) {
+        return Err(damaged("header crc mismatch"));
+    }
+    Ok(header_format(image)?.1)
+}
+
+/// `file`, a checkpoint image at `image` within framing of the caller's, as it goes out to
+/// another member: one copy into an aligned buffer (where the archive lies aligned, as the
+/// caller's file lays it out), the image's shift written into its archive
+/// (`remove_segment_shift`), then `mend` given the whole buffer to fix its own framing (a
+/// crc). Everything else stays byte for byte. None when the image has no shift.
+pub fn without_segment_shift_in(
+    file: &[u8],
+    image: std::ops::Range<usize>,
+    mend: impl FnOnce(&mut [u8]),
+) -> Result<Option<Bytes>> {
+    if segment_shift_of(&file[image.clone()])? == 0 {
+        return Ok(None);
+    }
+    let mut copy = aligned_copy(file);
+    if !remove_segment_shift(&mut copy[image])? {
+        return Ok(None);
+    }
+    mend(&mut copy);
+    Ok(Some(Bytes::from_owner(copy)))
 }
 
 /// One version as either format stores it.
