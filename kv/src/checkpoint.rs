@@ -1401,17 +1401,23 @@ fn aligned_copy(bytes: &[u8]) -> rkyv::util::AlignedVec<PAYLOAD_ALIGN_BYTES> {
     aligned
 }
 
-fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
-    if bytes.len() < HEADER_BYTES {
+/// The header of `image`, checked (length, magic, crc), as its format (without the shift
+/// flag) and segment id shift.
+fn checked_header(image: &[u8]) -> Result<(u32, u32)> {
+    if image.len() < HEADER_BYTES {
         return Err(damaged("shorter than the header"));
     }
-    if bytes[..8] != MAGIC {
+    if image[..8] != MAGIC {
         return Err(damaged("bad magic"));
     }
-    if crc32fast::hash(&bytes[..36]) != le_u32(bytes, 36) {
+    if crc32fast::hash(&image[..36]) != le_u32(image, 36) {
         return Err(damaged("header crc mismatch"));
     }
-    let (format, segment_shift) = header_format(bytes)?;
+    header_format(image)
+}
+
+fn validated_payload(bytes: &[u8]) -> Result<Payload<'_>> {
+    let (format, segment_shift) = checked_header(bytes)?;
     let payload_bytes = le_u64(bytes, 16);
     let key_count = le_u64(bytes, 24);
     if (bytes.len() - HEADER_BYTES) as u64 != payload_bytes {
@@ -1495,17 +1501,8 @@ pub fn segment_shift_header(
     shift: u32,
     highest_id: u32,
 ) -> Result<[u8; HEADER_BYTES]> {
-    if image.len() < HEADER_BYTES {
-        return Err(damaged("shorter than the header"));
-    }
+    let (format, old_shift) = checked_header(image)?;
     let header = &image[..HEADER_BYTES];
-    if header[..8] != MAGIC {
-        return Err(damaged("bad magic"));
-    }
-    if crc32fast::hash(&header[..36]) != le_u32(header, 36) {
-        return Err(damaged("header crc mismatch"));
-    }
-    let (format, old_shift) = header_format(header)?;
     if format == FORMAT_VERSION_INLINE {
         return Err(damaged("a segment id shift in an image with no segments"));
     }
@@ -1612,16 +1609,7 @@ pub fn remove_segment_shift(image: &mut [u8]) -> Result<bool> {
 /// The segment id shift `image`'s header names (0: none), from the header alone (checked:
 /// magic, crc, format).
 pub fn segment_shift_of(image: &[u8]) -> Result<u32> {
-    if image.len() < HEADER_BYTES {
-        return Err(damaged("shorter than the header"));
-    }
-    if image[..8] != MAGIC {
-        return Err(damaged("bad magic"));
-    }
-    if crc32fast::hash(&image[..36]) != le_u32(image, 36) {
-        return Err(damaged("header crc mismatch"));
-    }
-    Ok(header_format(image)?.1)
+    Ok(checked_header(image)?.1)
 }
 
 /// `file`, a checkpoint image at `image` within framing of the caller's, as it goes out to
