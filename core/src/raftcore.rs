@@ -830,6 +830,7 @@ impl RaftCore {
         tracing::info!(
             index,
             segments,
+            segment_id_shift = shift,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "stored the leader's snapshot as this member's newest checkpoint"
         );

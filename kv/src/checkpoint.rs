@@ -1523,12 +1523,12 @@ pub fn segment_shift_header(
     Ok(out)
 }
 
-/// The same checkpoint with every value-log segment id raised by `shift`: a follower that took
-/// a leader's snapshot together with the segment files it points into stores those files under
-/// ids above its own (`<id + shift>.seg`), and keeps this image, which names them so. Only the
-/// header changes (`segment_shift_header`); the image is checked whole first. An image that
-/// points into no segment comes back unchanged.
-pub fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
+/// The same checkpoint with every value-log segment id raised by `shift`, as a follower keeps a
+/// leader's image (`segment_shift_header` over the image, checked whole first; the server
+/// writes that header over its staged file instead). An image that points into no segment
+/// comes back unchanged. For tests.
+#[cfg(test)]
+pub(crate) fn renumber_segments(image: &[u8], shift: u32) -> Result<Vec<u8>> {
     let listed = checkpoint_segments(image)?;
     let Some(&highest) = listed.last() else {
         return Ok(image.to_vec());
@@ -1626,9 +1626,8 @@ pub fn without_segment_shift_in(
         return Ok(None);
     }
     let mut copy = aligned_copy(file);
-    if !remove_segment_shift(&mut copy[image])? {
-        return Ok(None);
-    }
+    let removed = remove_segment_shift(&mut copy[image])?;
+    assert!(removed, "the header named a shift");
     mend(&mut copy);
     Ok(Some(Bytes::from_owner(copy)))
 }
@@ -1827,10 +1826,6 @@ impl Iterator for JoinedVersions<'_> {
 
 impl ExactSizeIterator for JoinedVersions<'_> {}
 
-/// A delta over its base: the base's keys with the delta's versions after theirs, the delta's
-/// revisions, leases and segments, and the base's segments that only the base names (its
-/// unchanged keys point into them). The two inline value blobs are read as one, the delta's
-/// after the base's; both are small (values of segments not yet durable at a capture).
 /// A delta's archive, as its frame gave it.
 struct DeltaArchive<'a> {
     base_ref: BaseRef,
@@ -1839,6 +1834,10 @@ struct DeltaArchive<'a> {
     segment_shift: u32,
 }
 
+/// A delta over its base: the base's keys with the delta's versions after theirs, the delta's
+/// revisions, leases and segments, and the base's segments that only the base names (its
+/// unchanged keys point into them). The two inline value blobs are read as one, the delta's
+/// after the base's; both are small (values of segments not yet durable at a capture).
 fn restore_delta(
     delta: DeltaArchive<'_>,
     base: &[u8],

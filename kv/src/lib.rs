@@ -54,10 +54,9 @@ mod vlog;
 
 pub use checkpoint::{
     checkpoint_kind, checkpoint_segments, image_from_versions, remove_segment_shift,
-    renumber_segments, segment_shift_header, segment_shift_of, without_segment_shift_in,
-    CheckpointKind, CheckpointSource, DeltaBase, ExportVersion, ImageParts, RestoreHelpers,
-    SegmentFiles, HEADER_BYTES as CHECKPOINT_HEADER_BYTES,
-    PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
+    segment_shift_header, segment_shift_of, without_segment_shift_in, CheckpointKind,
+    CheckpointSource, DeltaBase, ExportVersion, ImageParts, RestoreHelpers, SegmentFiles,
+    HEADER_BYTES as CHECKPOINT_HEADER_BYTES, PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
 pub use index::Unchecked;

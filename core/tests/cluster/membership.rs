@@ -437,6 +437,116 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
     }
 }
 
+/// The store-image header of the newest checkpoint file in a member's data directory: its
+/// segment id shift (0: none).
+fn newest_checkpoint_shift(c: &Cluster, i: usize) -> u32 {
+    let snap = c.members[i].data_dir.join("snap");
+    let newest = std::fs::read_dir(&snap)
+        .expect("the member's snap directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "keel"))
+        .max()
+        .expect("a checkpoint file");
+    let file = std::fs::read(&newest).expect("the checkpoint file");
+    let cp = keel_core::checkpoint::decode(&file).expect("a checkpoint file that decodes");
+    keel_kv::segment_shift_of(&cp.kv_image).expect("a store image header")
+}
+
+/// Reads `key` from member `i`'s own store until it holds `expected` (30 s at most).
+fn wait_serves(c: &Cluster, i: usize, key: &str, expected: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = c.etcdctl(i, &["get", key, "--print-value-only", "--consistency=s"]);
+        if out.code == 0 && out.stdout.trim() == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n{i} does not serve {key}: {out:?}\n{}",
+            c.members[i].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_follower_back_from_behind_keeps_the_leaders_segments_under_its_own_ids_and_sends_them_on() {
+    // 600 keys of 8 KiB before: several 1 MiB segment files on every member. Then, while the
+    // follower is down, more entries than a leader keeps behind its newest checkpoint (5,000,
+    // as etcd's catch-up entries), so it comes back through a snapshot, with segment files of
+    // its own already on disk.
+    const KEYS: usize = 600;
+    const KEYS_WHILE_DOWN: usize = 6000;
+    let mut c = Cluster::start(3, Net::Loopback, &["--snapshot-count", "200"]);
+    put_sized_keys(&c.members[0].client_url(), "before/", KEYS, 8 * 1024);
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(60));
+    let (leader, _, _) = c.wait_leader(&[0, 1, 2], Duration::from_secs(10));
+    let behind = (0..3).find(|&i| i != leader).expect("a follower");
+    c.kill9(behind);
+    let up: Vec<usize> = (0..3).filter(|&i| i != behind).collect();
+    c.wait_leader(&up, Duration::from_secs(10));
+    put_sized_keys(
+        &c.members[up[0]].client_url(),
+        "after/",
+        KEYS_WHILE_DOWN,
+        1024,
+    );
+    c.relaunch(behind);
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(60));
+    let log = c.members[behind].log_all();
+    assert!(
+        log.contains("installed the leader's snapshot"),
+        "n{behind} caught up without a snapshot:\n{}",
+        c.members[behind].log_tail()
+    );
+    // Stored under ids above its own: the file's header says how far they moved.
+    let shift = logged_number(&log, "stored the leader's snapshot", "segment_id_shift")
+        .expect("the store logs its shift");
+    assert!(
+        shift > 0,
+        "n{behind} had segments of its own, yet no id moved"
+    );
+    assert_eq!(u64::from(newest_checkpoint_shift(&c, behind)), shift);
+    let last = |prefix: &str, keys: usize, pad: usize| {
+        (
+            format!("{prefix}{:04}", keys - 1),
+            format!("value-{}{}", keys - 1, "v".repeat(pad)),
+        )
+    };
+    let (after_key, after_value) = last("after/", KEYS_WHILE_DOWN, 1024);
+    let (before_key, before_value) = last("before/", KEYS, 8 * 1024);
+    wait_serves(&c, behind, &after_key, &after_value);
+    // Restarted, it reads the leader's values through the shift.
+    c.kill9(behind);
+    c.relaunch(behind);
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(60));
+    wait_serves(&c, behind, &after_key, &after_value);
+    wait_serves(&c, behind, &before_key, &before_value);
+    // Leading, it sends that checkpoint to a new member as every build reads it: no shift,
+    // the ids written into the archive, naming the files it sends.
+    move_leader(&c, &[0, 1, 2], behind);
+    assert_eq!(
+        u64::from(newest_checkpoint_shift(&c, behind)),
+        shift,
+        "still its newest checkpoint when it sends"
+    );
+    let late = c.add_member(behind, "n3", Voting::Learner, None);
+    c.wait_converged(&[0, 1, 2, late], Duration::from_secs(60));
+    let behind_id = c.member_hex_id(behind, behind);
+    assert!(
+        c.members[late]
+            .log_all()
+            .lines()
+            .any(|l| l.contains("received a snapshot")
+                && l.contains(&format!("\"from\":\"{behind_id}\""))),
+        "the new member was not sent n{behind}'s snapshot:\n{}",
+        c.members[late].log_tail()
+    );
+    assert_eq!(newest_checkpoint_shift(&c, late), 0, "a shift went out");
+    wait_serves(&c, late, &after_key, &after_value);
+    wait_serves(&c, late, &before_key, &before_value);
+}
+
 #[test]
 fn a_member_restarted_on_state_from_before_a_later_member_joined_follows_it_as_leader() {
     // n2 is down while n3 joins and takes the lead: restarted, n2's membership lacks n3, so

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::{compact, write_sealed};
+use crate::checkpoint::renumber_segments;
 use crate::*;
 
 fn on_disk(first_segment_id: u32) -> ValueLogOptions {

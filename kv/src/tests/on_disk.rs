@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::{compact, write_sealed};
+use crate::checkpoint::renumber_segments;
 use crate::*;
 
 fn put(key: &str, value: &[u8]) -> Op {
