@@ -118,8 +118,8 @@ if [ "$lag" -gt 0 ]; then
   echo "$kind: snapshot installed by $(((t2 - t0) / 1000000)) ms after the restart (polled)"
   # The watchdog logs a stall at its first look past the election timeout (it looks every
   # 250 ms), so its stalled_ms is a lower bound of the loop's wait, not the whole of it.
-  since_restart | grep -E "stored the leader's snapshot|installed the leader's snapshot|stall" |
-    tail -6 | cut -c1-400 || true
+  since_restart | grep -E "stored the leader's snapshot|installed the leader's snapshot|replaced the store|stall" |
+    tail -7 | cut -c1-400 || true
   # Page faults since its restart (major: read from disk) and its peak memory.
   stat="/proc/${pids[$victim]}/stat"
   if [ -r "$stat" ] && grep -q VmHWM "/proc/${pids[$victim]}/status" 2>/dev/null; then

@@ -721,6 +721,7 @@ impl RaftCore {
         for m in messages {
             self.send(m);
         }
+        let installs_snapshot = checkpoint_to_persist.is_some();
         if let Some((index, data)) = checkpoint_to_persist {
             self.shared.enter_raft_phase(LoopPhase::PersistSnapshot);
             self.persist_snapshot(index, data).await?;
@@ -747,7 +748,26 @@ impl RaftCore {
         }
         let now_ms = self.now_ms();
         let (before, started) = (self.apply_mark(), Instant::now());
+        if installs_snapshot {
+            // The restore of the leader's store runs within `persisted` (seconds at millions
+            // of keys, more than the watchdog grants one step of work): a phase of its own,
+            // which the watchdog only warns about, as about storing the snapshot. It also
+            // covers the entries that committed in the same Ready, which the batch limits
+            // bound.
+            self.shared.enter_raft_phase(LoopPhase::RestoreSnapshot);
+        }
         self.member.persisted(now_ms)?;
+        if installs_snapshot {
+            self.shared.enter_raft_phase(LoopPhase::Working);
+            // Said beside the store step's line, so a pause of the loop has its cause in the
+            // log. The time is the whole step: the restore, then the entries that committed in
+            // the same Ready (bounded by the batch limits).
+            tracing::info!(
+                applied_index = self.member.writer().applied_index(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "the leader's snapshot replaced the store"
+            );
+        }
         self.observe_apply(before, started);
         self.publish();
         Ok(())

@@ -10,8 +10,8 @@
 //!   its supervisor restarts it; nothing acknowledged is lost, since only fsynced entries were;
 //! - a WAL write that has not completed in a minute is a disk that stopped answering, which
 //!   ends the member the same way (a batch is at most a few MiB);
-//! - writing a received snapshot or finishing a checkpoint takes time in proportion to the
-//!   store, so those only warn.
+//! - writing a received snapshot, restoring the store from it, or finishing a checkpoint
+//!   takes time in proportion to the store, so those only warn.
 //!
 //! Every stall past the election timeout is logged with its phase while it lasts.
 
@@ -37,6 +37,9 @@ pub enum LoopPhase {
     PersistSnapshot = 4,
     /// Taking a written checkpoint (its releases run beside the loop).
     FinishCheckpoint = 5,
+    /// Restoring a leader's snapshot, stored as this member's checkpoint, into the store that
+    /// replaces the member's (seconds at millions of keys).
+    RestoreSnapshot = 6,
 }
 
 impl LoopPhase {
@@ -47,6 +50,7 @@ impl LoopPhase {
             3 => LoopPhase::WalAppend,
             4 => LoopPhase::PersistSnapshot,
             5 => LoopPhase::FinishCheckpoint,
+            6 => LoopPhase::RestoreSnapshot,
             _ => LoopPhase::Starting,
         }
     }
@@ -59,6 +63,7 @@ impl LoopPhase {
             LoopPhase::WalAppend => "wal append",
             LoopPhase::PersistSnapshot => "persisting a snapshot",
             LoopPhase::FinishCheckpoint => "finishing a checkpoint",
+            LoopPhase::RestoreSnapshot => "restoring a received snapshot",
         }
     }
 }
@@ -209,7 +214,11 @@ mod tests {
             Verdict::Stalled
         );
         // Sized by the store: never fatal.
-        for phase in [LoopPhase::PersistSnapshot, LoopPhase::FinishCheckpoint] {
+        for phase in [
+            LoopPhase::PersistSnapshot,
+            LoopPhase::RestoreSnapshot,
+            LoopPhase::FinishCheckpoint,
+        ] {
             assert_eq!(
                 judge(phase, 3_600_000, 3_600_000, 0, 1000),
                 Verdict::Stalled
@@ -236,6 +245,7 @@ mod tests {
             LoopPhase::WalAppend,
             LoopPhase::PersistSnapshot,
             LoopPhase::FinishCheckpoint,
+            LoopPhase::RestoreSnapshot,
         ] {
             assert_eq!(LoopPhase::from_u8(phase as u8), phase);
         }

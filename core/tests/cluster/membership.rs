@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use etcd_client::Client;
 
 use crate::block_on;
+use crate::common::{free_bytes, SmallDisk};
 use crate::harness::{Cluster, Net, Voting};
 
 /// Keys written before the learner joins: several times the snapshot count, so the entries the
@@ -706,4 +707,139 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
         "the replacement was added as a voter"
     );
     assert!(listed.iter().all(|m| !m.is_learner));
+}
+
+#[test]
+fn a_follower_without_room_for_the_leaders_snapshot_says_why_and_is_unhealthy_until_it_has_room() {
+    // The follower's data directory (checkpoints, value log, snapshot staging) is on a small
+    // disk of its own; its WAL is not, so its restart needs no room there. While it is down,
+    // the others write more entries than a leader keeps behind its newest checkpoint (5,000)
+    // and more bytes than the disk has left, so it must come back through a snapshot that it
+    // cannot store.
+    const KEYS_WHILE_DOWN: usize = 6000;
+    const PAD_BYTES: usize = 4096;
+    // Left to ordinary users; root (the member) may also fill ext4's 5 % reserve, so it has
+    // about 12 MiB, half of what the snapshot's segments need.
+    const ROOM_LEFT_BYTES: u64 = 6 << 20;
+    let scratch = tempfile::Builder::new()
+        .prefix("keel-full-follower-")
+        .tempdir()
+        .expect("a temp dir");
+    let disk = SmallDisk::new(scratch.path(), 128);
+    let wal_root = scratch.path().join("wal");
+    let mut c = Cluster::start_with(
+        3,
+        Net::Loopback,
+        &["--snapshot-count", "200"],
+        "http",
+        |i| {
+            vec![
+                "--wal-dir".to_string(),
+                wal_root.join(format!("n{i}")).display().to_string(),
+            ]
+        },
+    );
+    put_sized_keys(&c.members[0].client_url(), "before/", 20, 16);
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(30));
+    let (leader, _, _) = c.wait_leader(&[0, 1, 2], Duration::from_secs(10));
+    let behind = (0..3).find(|&i| i != leader).expect("a follower");
+    c.kill9(behind);
+    let on_disk = disk.mount.join("data");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&c.members[behind].data_dir)
+        .arg(&on_disk)
+        .status()
+        .expect("cp runs");
+    assert!(copied.success(), "copying n{behind}'s data directory");
+    c.members[behind].data_dir = on_disk;
+    let up: Vec<usize> = (0..3).filter(|&i| i != behind).collect();
+    c.wait_leader(&up, Duration::from_secs(10));
+    put_sized_keys(
+        &c.members[up[0]].client_url(),
+        "after/",
+        KEYS_WHILE_DOWN,
+        PAD_BYTES,
+    );
+    let ballast = disk.mount.join("ballast");
+    let free = free_bytes(&disk.mount);
+    assert!(free > ROOM_LEFT_BYTES, "the small disk is already full");
+    let file = std::fs::File::create(&ballast).expect("ballast");
+    // SAFETY: fallocate on a file we own; it only reserves blocks.
+    let rc = unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            (free - ROOM_LEFT_BYTES) as libc::off_t,
+        )
+    };
+    assert_eq!(rc, 0, "fallocate of the ballast");
+    drop(file);
+
+    c.relaunch(behind);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Staged chunk by chunk: whichever step runs out of room says so, with the reason.
+    let said_why = |log: &str| {
+        log.lines().any(|l| {
+            (l.contains("cannot stage a snapshot")
+                || l.contains("cannot store a snapshot chunk")
+                || l.contains("cannot complete a received snapshot"))
+                && l.contains("No space left on device")
+        })
+    };
+    while !said_why(&c.members[behind].log_all()) {
+        assert!(
+            c.members[behind].wait_exit(Duration::ZERO).is_none(),
+            "n{behind} exited instead of waiting for room:\n{}",
+            c.members[behind].log_tail()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "n{behind} never said it cannot store the snapshot:\n{}",
+            c.members[behind].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Behind for good while the disk is full: never healthy, never ready, yet alive (a
+    // restart would not give it room), as etcd's follower stays.
+    let addr = format!(
+        "{}:{}",
+        c.members[behind].host, c.members[behind].client_port
+    );
+    for _ in 0..5 {
+        let (code, body) = crate::common::http_get(&addr, "/health");
+        assert_eq!(code, 503, "/health of n{behind} without room: {body}");
+        assert!(body.contains("\"health\":\"false\""), "{body}");
+        let (code, body) = crate::common::http_get(&addr, "/readyz?verbose");
+        assert_eq!(code, 503, "/readyz of n{behind} without room: {body}");
+        assert!(body.contains("[-]linearizable_read failed"), "{body}");
+        let (code, body) = crate::common::http_get(&addr, "/livez");
+        assert_eq!(code, 200, "/livez of n{behind}: {body}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let health = c.etcdctl(behind, &["endpoint", "health"]);
+    assert_ne!(
+        health.code, 0,
+        "etcdctl calls n{behind} healthy: {health:?}"
+    );
+
+    // Room again: it stores the snapshot on its next try, catches up and is healthy.
+    std::fs::remove_file(&ballast).expect("the ballast goes");
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(60));
+    let last_key = format!("after/{:04}", KEYS_WHILE_DOWN - 1);
+    let last_value = format!("value-{}{}", KEYS_WHILE_DOWN - 1, "v".repeat(PAD_BYTES));
+    wait_serves(&c, behind, &last_key, &last_value);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = crate::common::http_get(&addr, "/health");
+        if code == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/health of n{behind} once caught up: {code} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

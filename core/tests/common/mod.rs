@@ -869,3 +869,69 @@ pub fn key_value_line(kv: &etcd_client::KeyValue) -> String {
         kv.lease()
     )
 }
+
+/// A small ext4 filesystem on a loop device, unmounted on drop.
+pub struct SmallDisk {
+    image: PathBuf,
+    pub mount: PathBuf,
+}
+
+impl SmallDisk {
+    pub fn new(dir: &Path, size_mib: u32) -> SmallDisk {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "mounting a loop filesystem needs root (CI runs as root)"
+        );
+        let image = dir.join("disk.img");
+        let mount = dir.join("mnt");
+        std::fs::create_dir_all(&mount).expect("mount point");
+        let file = std::fs::File::create(&image).expect("disk image");
+        file.set_len(u64::from(size_mib) * 1024 * 1024)
+            .expect("sizing the image");
+        run(
+            "mkfs.ext4",
+            &["-q", "-F", image.to_str().expect("utf-8 path")],
+        );
+        run(
+            "mount",
+            &[
+                "-o",
+                "loop",
+                image.to_str().expect("utf-8 path"),
+                mount.to_str().expect("utf-8 path"),
+            ],
+        );
+        SmallDisk { image, mount }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn free_bytes(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.to_str().expect("utf-8 path")).expect("no NUL");
+    // SAFETY: statvfs writes into the struct we pass; the path is NUL-terminated.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(c.as_ptr(), &mut st), 0, "statvfs");
+        st.f_bavail * st.f_frsize
+    }
+}

@@ -2,13 +2,11 @@
 //! raft core that cannot go on (an oversized entry, a full disk) stopping the member loudly,
 //! and space management (quota, NOSPACE alarm, compact + defragment + disarm).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use etcd_client::{AlarmAction, AlarmType, GetOptions};
 
-use crate::common::{client, grpc_error, Kind, Server};
+use crate::common::{client, free_bytes, grpc_error, Kind, Server, SmallDisk};
 
 const MIB: usize = 1024 * 1024;
 /// etcd's default --max-request-bytes (1.5 MiB).
@@ -211,72 +209,6 @@ async fn a_member_paused_longer_than_the_watchdog_bound_serves_on_after_it_resum
         .await
         .expect("a put after the pause");
     assert!(!server.log_all().contains("the raft loop is stuck"));
-}
-
-/// A small ext4 filesystem on a loop device, unmounted on drop.
-struct SmallDisk {
-    image: PathBuf,
-    mount: PathBuf,
-}
-
-impl SmallDisk {
-    fn new(dir: &Path, size_mib: u32) -> SmallDisk {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "mounting a loop filesystem needs root (CI runs as root)"
-        );
-        let image = dir.join("disk.img");
-        let mount = dir.join("mnt");
-        std::fs::create_dir_all(&mount).expect("mount point");
-        let file = std::fs::File::create(&image).expect("disk image");
-        file.set_len(u64::from(size_mib) * 1024 * 1024)
-            .expect("sizing the image");
-        run(
-            "mkfs.ext4",
-            &["-q", "-F", image.to_str().expect("utf-8 path")],
-        );
-        run(
-            "mount",
-            &[
-                "-o",
-                "loop",
-                image.to_str().expect("utf-8 path"),
-                mount.to_str().expect("utf-8 path"),
-            ],
-        );
-        SmallDisk { image, mount }
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        let _ = std::fs::remove_file(&self.image);
-    }
-}
-
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} does not run: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn free_bytes(path: &Path) -> u64 {
-    let c = std::ffi::CString::new(path.to_str().expect("utf-8 path")).expect("no NUL");
-    // SAFETY: statvfs writes into the struct we pass; the path is NUL-terminated.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        assert_eq!(libc::statvfs(c.as_ptr(), &mut st), 0, "statvfs");
-        st.f_bavail * st.f_frsize
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
