@@ -272,7 +272,26 @@ struct Peer {
     stats: Arc<PeerStats>,
     signal: Signal,
     removed: Cell<bool>,
+    /// Snapshot streams to this peer that failed in a row (see `snapshot_retry_delay`).
+    snapshot_failures: Cell<u32>,
 }
+
+/// How long a snapshot stream waits before it dials, after `failures` streams to the same peer
+/// failed in a row once connected: none after a success, then 1 s doubling up to 32 s. Raft sends a failed
+/// snapshot again at its next heartbeat round, and a follower that cannot store it (a full
+/// disk) refuses it only once it has filled the disk again: without a pause the leader would
+/// read and send the whole checkpoint and its segments (gigabytes) over and over, beside its
+/// clients' work, until an operator frees space.
+fn snapshot_retry_delay(failures: u32) -> Duration {
+    match failures {
+        0 => Duration::ZERO,
+        n => SNAPSHOT_RETRY_DELAY_MIN
+            .saturating_mul(1 << (n - 1).min(16))
+            .min(SNAPSHOT_RETRY_DELAY_MAX),
+    }
+}
+const SNAPSHOT_RETRY_DELAY_MIN: Duration = Duration::from_secs(1);
+const SNAPSHOT_RETRY_DELAY_MAX: Duration = Duration::from_secs(32);
 
 /// What the peer tasks report back to the raft loop.
 #[derive(Default)]
@@ -757,6 +776,7 @@ impl Transport {
             stats: self.peer_stats.peer(id),
             signal: Signal::default(),
             removed: Cell::new(false),
+            snapshot_failures: Cell::new(0),
         });
         peers.insert(id, peer.clone());
         let this = self.clone();
@@ -853,22 +873,45 @@ impl Transport {
         };
         let this = self.clone();
         rt::spawn_local(async move {
+            // Raft holds this peer in its snapshot state meanwhile: nothing else goes to it.
+            let pause = snapshot_retry_delay(peer.snapshot_failures.get());
+            if !pause.is_zero() {
+                rt::sleep(pause).await;
+            }
             let started = Instant::now();
             let index = m.snapshot.as_ref().map_or(0, |s| s.metadata.index);
             match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
-                Ok(bytes) => tracing::info!(
-                    to = format!("{to:x}"),
-                    index,
-                    bytes,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "sent a snapshot"
-                ),
-                Err(e) => tracing::warn!(
+                Ok(bytes) => {
+                    peer.snapshot_failures.set(0);
+                    tracing::info!(
+                        to = format!("{to:x}"),
+                        index,
+                        bytes,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "sent a snapshot"
+                    )
+                }
+                // Nothing was sent: the peer is down or unreachable (raft keeps asking while
+                // it is, and a dial refused costs nothing), so no pause is earned for the time
+                // it comes back.
+                Err(e) if e.kind() == std::io::ErrorKind::NotConnected => tracing::warn!(
                     to = format!("{to:x}"),
                     index,
                     error = %e,
                     "cannot send a snapshot; raft sends it again later"
                 ),
+                Err(e) => {
+                    let failures = peer.snapshot_failures.get().saturating_add(1);
+                    peer.snapshot_failures.set(failures);
+                    tracing::warn!(
+                        to = format!("{to:x}"),
+                        index,
+                        error = %e,
+                        failures_in_a_row = failures,
+                        next_try_after_ms = snapshot_retry_delay(failures).as_millis() as u64,
+                        "cannot send a snapshot; raft sends it again later"
+                    )
+                }
             }
             this.inbox_signal.wake();
         });
@@ -888,10 +931,9 @@ impl Transport {
                 .as_mut()
                 .expect("a snapshot message has a snapshot");
             let (index, data) = (snap.metadata.index, std::mem::take(&mut snap.data));
-            let dialed = self
-                .connect(peer)
-                .await
-                .ok_or_else(|| std::io::Error::other("cannot connect"))?;
+            let dialed = self.connect(peer).await.ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotConnected, "cannot connect")
+            })?;
             match dialed {
                 Dialed::Plain(s) => {
                     self.stream_to(peer, s, &m, &data, index, (vlog_dir, snap_dir))
@@ -1774,6 +1816,23 @@ async fn read_frame<S: futures_lite::AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_that_keeps_failing_is_sent_again_ever_less_often_up_to_a_bound() {
+        let secs = |n| snapshot_retry_delay(n).as_secs_f64();
+        assert_eq!(
+            secs(0),
+            0.0,
+            "the first try, and one after a success, go at once"
+        );
+        assert_eq!(
+            [1, 2, 3, 4, 5, 6].map(secs),
+            [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+        );
+        for n in [7, 17, 40, u32::MAX] {
+            assert_eq!(secs(n), 32.0, "after {n} failures");
+        }
+    }
 
     #[test]
     fn split_halves_read_and_write_one_stream() {

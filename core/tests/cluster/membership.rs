@@ -823,10 +823,32 @@ fn a_follower_without_room_for_the_leaders_snapshot_says_why_and_is_unhealthy_un
         health.code, 0,
         "etcdctl calls n{behind} healthy: {health:?}"
     );
+    // Meanwhile the leader sent the snapshot again ever less often (1 s, 2 s, 4 s, ... after
+    // each failure), not at every heartbeat round as raft asks: each try reads and sends it
+    // whole. Failed streams are then due at about 0, 1, 3, 7, 15 and 31 s; the checks above
+    // (each waits a second for a read barrier) saw five here. Without the pause the leader
+    // sent it 151 times meanwhile.
+    let failed_sends: Vec<u64> = up
+        .iter()
+        .flat_map(|&i| {
+            c.members[i]
+                .log_all()
+                .lines()
+                .filter_map(|l| logged_number(l, "cannot send a snapshot", "failures_in_a_row"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    eprintln!("snapshot streams that failed while the disk was full: {failed_sends:?}");
+    assert!(
+        (1..=6).contains(&failed_sends.len()),
+        "the leader sent the snapshot {} times without pause: {failed_sends:?}",
+        failed_sends.len()
+    );
 
     // Room again: it stores the snapshot on its next try, catches up and is healthy.
     std::fs::remove_file(&ballast).expect("the ballast goes");
-    c.wait_converged(&[0, 1, 2], Duration::from_secs(60));
+    // The next try may be up to 32 s away.
+    c.wait_converged(&[0, 1, 2], Duration::from_secs(120));
     let last_key = format!("after/{:04}", KEYS_WHILE_DOWN - 1);
     let last_value = format!("value-{}{}", KEYS_WHILE_DOWN - 1, "v".repeat(PAD_BYTES));
     wait_serves(&c, behind, &last_key, &last_value);
