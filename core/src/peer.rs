@@ -272,16 +272,17 @@ struct Peer {
     stats: Arc<PeerStats>,
     signal: Signal,
     removed: Cell<bool>,
-    /// Snapshot streams to this peer that failed in a row (see `snapshot_retry_delay`).
+    /// Snapshot streams to this peer that failed in a row once connected (see
+    /// `snapshot_retry_delay`); a dial that fails starts the count again.
     snapshot_failures: Cell<u32>,
 }
 
-/// How long a snapshot stream waits before it dials, after `failures` streams to the same peer
-/// failed in a row once connected: none after a success, then 1 s doubling up to 32 s. Raft sends a failed
-/// snapshot again at its next heartbeat round, and a follower that cannot store it (a full
-/// disk) refuses it only once it has filled the disk again: without a pause the leader would
-/// read and send the whole checkpoint and its segments (gigabytes) over and over, beside its
-/// clients' work, until an operator frees space.
+/// How long a failed snapshot stream holds back its failure report, after `failures` streams to
+/// the same peer failed in a row once connected: 1 s doubling up to 32 s (none without a
+/// failure). Raft sends a failed snapshot again at its next heartbeat round, and a follower
+/// that cannot store it (a full disk) refuses it only once it has filled the disk again:
+/// without a pause the leader would read and send the whole checkpoint and its segments
+/// (gigabytes) over and over, beside its clients' work, until an operator frees space.
 fn snapshot_retry_delay(failures: u32) -> Duration {
     match failures {
         0 => Duration::ZERO,
@@ -290,6 +291,14 @@ fn snapshot_retry_delay(failures: u32) -> Duration {
             .min(SNAPSHOT_RETRY_DELAY_MAX),
     }
 }
+/// Why a snapshot stream ended without the receiver's ack.
+enum StreamFailure {
+    /// No connection: nothing was sent.
+    NotDialed,
+    /// Connected, then the stream broke or the receiver refused it.
+    Broken(std::io::Error),
+}
+
 const SNAPSHOT_RETRY_DELAY_MIN: Duration = Duration::from_secs(1);
 const SNAPSHOT_RETRY_DELAY_MAX: Duration = Duration::from_secs(32);
 
@@ -873,14 +882,9 @@ impl Transport {
         };
         let this = self.clone();
         rt::spawn_local(async move {
-            // Raft holds this peer in its snapshot state meanwhile: nothing else goes to it.
-            let pause = snapshot_retry_delay(peer.snapshot_failures.get());
-            if !pause.is_zero() {
-                rt::sleep(pause).await;
-            }
             let started = Instant::now();
             let index = m.snapshot.as_ref().map_or(0, |s| s.metadata.index);
-            match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
+            let sent = match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
                 Ok(bytes) => {
                     peer.snapshot_failures.set(0);
                     tracing::info!(
@@ -889,65 +893,71 @@ impl Transport {
                         bytes,
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "sent a snapshot"
-                    )
+                    );
+                    true
                 }
-                // Nothing was sent: the peer is down or unreachable (raft keeps asking while
-                // it is, and a dial refused costs nothing), so no pause is earned for the time
-                // it comes back.
-                Err(e) if e.kind() == std::io::ErrorKind::NotConnected => tracing::warn!(
-                    to = format!("{to:x}"),
-                    index,
-                    error = %e,
-                    "cannot send a snapshot; raft sends it again later"
-                ),
-                Err(e) => {
+                Err(StreamFailure::NotDialed) => {
+                    // Down or unreachable: raft asks again while it is, a refused dial costs
+                    // nothing, and the member that comes back is a new process, which owes no
+                    // pause for the old one's failures.
+                    peer.snapshot_failures.set(0);
+                    tracing::warn!(
+                        to = format!("{to:x}"),
+                        index,
+                        error = "cannot connect",
+                        "cannot send a snapshot; raft sends it again later"
+                    );
+                    false
+                }
+                Err(StreamFailure::Broken(e)) => {
                     let failures = peer.snapshot_failures.get().saturating_add(1);
                     peer.snapshot_failures.set(failures);
+                    let pause = snapshot_retry_delay(failures);
                     tracing::warn!(
                         to = format!("{to:x}"),
                         index,
                         error = %e,
                         failures_in_a_row = failures,
-                        next_try_after_ms = snapshot_retry_delay(failures).as_millis() as u64,
+                        next_try_after_ms = pause.as_millis() as u64,
                         "cannot send a snapshot; raft sends it again later"
-                    )
+                    );
+                    // Reported only after the pause: raft holds the peer in its snapshot state
+                    // until then (heartbeats still go), then sends a fresh message from its
+                    // newest checkpoint, whose files exist (this one's may be gone by then).
+                    // No longer leading by then, raft ignores the report.
+                    rt::sleep(pause).await;
+                    false
                 }
-            }
-            this.inbox_signal.wake();
+            };
+            this.report_snapshots(&[to], sent);
         });
     }
 
-    /// Dials `peer` for one snapshot and streams it; reports the outcome to raft.
+    /// Dials `peer` for one snapshot and streams it; the caller reports the outcome to raft.
     async fn stream_snapshot(
         &self,
         peer: &Peer,
         mut m: Message,
         vlog_dir: &std::path::Path,
         snap_dir: &std::path::Path,
-    ) -> std::io::Result<u64> {
-        let result = async {
-            let snap = m
-                .snapshot
-                .as_mut()
-                .expect("a snapshot message has a snapshot");
-            let (index, data) = (snap.metadata.index, std::mem::take(&mut snap.data));
-            let dialed = self.connect(peer).await.ok_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::NotConnected, "cannot connect")
-            })?;
-            match dialed {
-                Dialed::Plain(s) => {
-                    self.stream_to(peer, s, &m, &data, index, (vlog_dir, snap_dir))
-                        .await
-                }
-                Dialed::Tls(s) => {
-                    self.stream_to(peer, *s, &m, &data, index, (vlog_dir, snap_dir))
-                        .await
-                }
+    ) -> Result<u64, StreamFailure> {
+        let snap = m
+            .snapshot
+            .as_mut()
+            .expect("a snapshot message has a snapshot");
+        let (index, data) = (snap.metadata.index, std::mem::take(&mut snap.data));
+        let dialed = self.connect(peer).await.ok_or(StreamFailure::NotDialed)?;
+        match dialed {
+            Dialed::Plain(s) => {
+                self.stream_to(peer, s, &m, &data, index, (vlog_dir, snap_dir))
+                    .await
+            }
+            Dialed::Tls(s) => {
+                self.stream_to(peer, *s, &m, &data, index, (vlog_dir, snap_dir))
+                    .await
             }
         }
-        .await;
-        self.report_snapshots(&[m.to], result.is_ok());
-        result
+        .map_err(StreamFailure::Broken)
     }
 
     /// The whole stream on a dialed connection: the snapshot, then its message, then the

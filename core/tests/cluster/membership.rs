@@ -823,9 +823,9 @@ fn a_follower_without_room_for_the_leaders_snapshot_says_why_and_is_unhealthy_un
         health.code, 0,
         "etcdctl calls n{behind} healthy: {health:?}"
     );
-    // Meanwhile the leader sent the snapshot again ever less often (1 s, 2 s, 4 s, ... after
-    // each failure), not at every heartbeat round as raft asks: each try reads and sends it
-    // whole. Failed streams are then due at about 0, 1, 3, 7, 15 and 31 s; the checks above
+    // Meanwhile the leader sent the snapshot again ever less often (it reports each failure
+    // to raft 1 s, 2 s, 4 s, ... late), not at every heartbeat round: each try reads and
+    // sends it whole. Failed streams are then due at about 0, 1, 3, 7, 15 and 31 s; the checks above
     // (each waits a second for a read barrier) saw five here. Without the pause the leader
     // sent it 151 times meanwhile.
     let failed_sends: Vec<u64> = up
