@@ -172,9 +172,10 @@ pub fn crc_with_image_head(file: &[u8], cp: &Checkpoint, head: &[u8]) -> (usize,
     let head_end = at + head.len();
     let body_end = file.len() - 4;
     let old_crc = u32::from_le_bytes(file[body_end..].try_into().expect("4 bytes"));
+    let mut before_head = crc32fast::Hasher::new();
+    before_head.update(&file[..at]);
     let crc_up_to_head_with = |head: &[u8]| {
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&file[..at]);
+        let mut crc = before_head.clone();
         crc.update(head);
         crc.finalize()
     };

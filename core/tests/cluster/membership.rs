@@ -413,29 +413,9 @@ fn members_joining_a_store_far_larger_than_a_peer_frame_catch_up_by_a_streamed_s
     // Its store reads the values from the segment files it was sent, after a restart too.
     c.kill9(first);
     c.relaunch(first);
+    // A learner serves serializable reads only, from its own store.
     let expected = format!("value-{}{}", KEYS - 1, "v".repeat(8 * 1024));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // A learner serves serializable reads only, from its own store.
-        let out = c.etcdctl(
-            first,
-            &[
-                "get",
-                &format!("big/{}", KEYS - 1),
-                "--print-value-only",
-                "--consistency=s",
-            ],
-        );
-        if out.code == 0 && out.stdout.trim() == expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted learner does not serve its snapshot's values: {out:?}\n{}",
-            c.members[first].log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_serves(&c, first, &format!("big/{}", KEYS - 1), &expected);
 }
 
 /// The store-image header of the newest checkpoint file in a member's data directory: its
