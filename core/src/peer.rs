@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
-use keel_raft::{Message, MessageType, SnapshotStatus};
+use keel_raft::{Message, MessageType, SnapshotSent, SnapshotStatus};
 
 use crate::config::{url_scheme_host_port, Scheme};
 use crate::peer_snapshot::{self, ChunkHeader, IncomingSnapshot, StagedSnapshot};
@@ -266,7 +266,7 @@ impl Signal {
 struct Peer {
     id: u64,
     addrs: RefCell<Vec<String>>,
-    queue: RefCell<VecDeque<(Bytes, Option<u64>)>>,
+    queue: RefCell<VecDeque<(Bytes, Option<SnapshotSent>)>>,
     queue_bytes: Cell<usize>,
     /// This peer's traffic counters (shared with /metrics).
     stats: Arc<PeerStats>,
@@ -304,7 +304,7 @@ const SNAPSHOT_RETRY_DELAY_MAX: Duration = Duration::from_secs(32);
 #[derive(Default)]
 struct Reports {
     unreachable: Vec<u64>,
-    snapshots: Vec<(u64, SnapshotStatus)>,
+    snapshots: Vec<(SnapshotSent, SnapshotStatus)>,
 }
 
 /// Peer TLS on the raft core: the acceptor for https listeners, and the connector for https
@@ -873,16 +873,17 @@ impl Transport {
             "only snapshots are streamed"
         );
         let to = m.to;
+        let sent = SnapshotSent::of(&m);
         let Some(peer) = self.peers.borrow().get(&to).cloned() else {
             tracing::debug!(to, "snapshot for an unknown peer dropped");
-            self.snapshot_not_sent(Some(to));
+            self.snapshot_not_sent(sent);
             return;
         };
         let this = self.clone();
         rt::spawn_local(async move {
             let started = Instant::now();
             let index = m.snapshot.as_ref().map_or(0, |s| s.metadata.index);
-            let sent = match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
+            let ok = match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
                 Ok(bytes) => {
                     peer.snapshot_failures.set(0);
                     tracing::info!(
@@ -922,12 +923,13 @@ impl Transport {
                     // Reported only after the pause: raft holds the peer in its snapshot state
                     // until then (heartbeats still go), then sends a fresh message from its
                     // newest checkpoint, whose files exist (this one's may be gone by then).
-                    // No longer leading by then, raft ignores the report.
+                    // No longer leading in this message's term by then, raft ignores the
+                    // report (`SnapshotSent`).
                     rt::sleep(pause).await;
                     false
                 }
             };
-            this.report_snapshots(&[to], sent);
+            this.report_snapshots(sent.as_slice(), ok);
         });
     }
 
@@ -1026,7 +1028,7 @@ impl Transport {
     /// Queues a message for its recipient; drops it when the peer is unknown or its queue is
     /// full (raft retries).
     pub fn send(&self, m: Message) {
-        let snapshot_to = (m.msg_type == MessageType::Snapshot).then_some(m.to);
+        let snapshot_to = SnapshotSent::of(&m);
         let mut buf =
             Vec::with_capacity(64 + m.entries.iter().map(|e| e.data.len() + 32).sum::<usize>());
         buf.extend_from_slice(&[0; 4]);
@@ -1116,7 +1118,7 @@ impl Transport {
     }
 
     /// Tells raft a snapshot frame for `snapshot_to` was not sent, so it retries later.
-    fn snapshot_not_sent(&self, snapshot_to: Option<u64>) {
+    fn snapshot_not_sent(&self, snapshot_to: Option<SnapshotSent>) {
         if let Some(to) = snapshot_to {
             self.reports
                 .borrow_mut()
@@ -1127,7 +1129,7 @@ impl Transport {
 
     /// Queues a frame whose first 4 bytes are reserved for its length; false when it was
     /// dropped (unknown peer, too large, queue full).
-    fn enqueue(&self, to: u64, mut buf: Vec<u8>, snapshot_to: Option<u64>) -> bool {
+    fn enqueue(&self, to: u64, mut buf: Vec<u8>, snapshot_to: Option<SnapshotSent>) -> bool {
         let peers = self.peers.borrow();
         let Some(peer) = peers.get(&to) else {
             tracing::debug!(to, "frame for an unknown peer dropped");
@@ -1189,7 +1191,7 @@ impl Transport {
     }
 
     /// Peers whose connection failed, and snapshot transfers that finished or failed.
-    pub fn take_reports(&self) -> (Vec<u64>, Vec<(u64, SnapshotStatus)>) {
+    pub fn take_reports(&self) -> (Vec<u64>, Vec<(SnapshotSent, SnapshotStatus)>) {
         let mut r = self.reports.borrow_mut();
         (
             std::mem::take(&mut r.unreachable),
@@ -1415,7 +1417,7 @@ impl Transport {
         }
     }
 
-    fn report_snapshots(&self, to: &[u64], ok: bool) {
+    fn report_snapshots(&self, to: &[SnapshotSent], ok: bool) {
         if to.is_empty() {
             return;
         }

@@ -649,8 +649,8 @@ impl RaftCore {
         for id in unreachable {
             self.member.report_unreachable(id);
         }
-        for (id, status) in snapshots {
-            self.member.report_snapshot(id, status);
+        for (sent, status) in snapshots {
+            self.member.report_snapshot(sent, status);
         }
         self.publish();
         if let Some(cid) = self.transport.learned_cluster_id() {

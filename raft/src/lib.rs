@@ -40,7 +40,7 @@ pub use config::{CheckQuorum, Config, PreVote};
 pub use error::{Error, Result};
 pub use log::RaftLog;
 pub use node::{Durability, RawNode, Ready, Status};
-pub use raft::{Raft, ReadState, Role, SnapshotStatus, SoftState};
+pub use raft::{Raft, ReadState, Role, SnapshotSent, SnapshotStatus, SoftState};
 pub use storage::{MemStorage, RaftState, Storage};
 pub use tracker::{Inflights, Progress, ProgressState};
 pub use types::{

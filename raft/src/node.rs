@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::raft::{Raft, ReadState, SnapshotStatus, SoftState};
+use crate::raft::{Raft, ReadState, SnapshotSent, SnapshotStatus, SoftState};
 use crate::storage::Storage;
 use crate::types::{ConfChange, ConfState, Entry, EntryType, HardState, Message, Snapshot};
 
@@ -196,9 +196,9 @@ impl<S: Storage> RawNode<S> {
         self.raft.step(m)
     }
 
-    /// Reports the outcome of sending a snapshot to `to`.
-    pub fn report_snapshot(&mut self, to: u64, status: SnapshotStatus) {
-        self.raft.report_snapshot(to, status);
+    /// Reports the outcome of sending the snapshot message `sent` (see `SnapshotSent`).
+    pub fn report_snapshot(&mut self, sent: SnapshotSent, status: SnapshotStatus) {
+        self.raft.report_snapshot(sent, status);
     }
 
     /// Reports that `to` could not be reached.

@@ -56,6 +56,35 @@ pub enum SnapshotStatus {
     Failure,
 }
 
+/// The snapshot message a transfer report is about. A transfer can outlast the state it was
+/// sent for: its report may come back after the leader stepped down and was elected again, or
+/// after a newer snapshot went to the same follower. Naming the message lets raft drop such a
+/// stale report instead of ending the newer transfer's wait early (which sends yet another
+/// snapshot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotSent {
+    /// The follower it went to.
+    pub to: u64,
+    /// The leader's term when it went out.
+    pub term: u64,
+    /// The index of the snapshot it carries.
+    pub index: u64,
+}
+
+impl SnapshotSent {
+    /// The report key of a snapshot message; None for any other message.
+    pub fn of(m: &Message) -> Option<Self> {
+        if m.msg_type != MessageType::Snapshot {
+            return None;
+        }
+        Some(Self {
+            to: m.to,
+            term: m.term,
+            index: m.snapshot.as_ref().map_or(0, |s| s.metadata.index),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CampaignKind {
     PreElection,
@@ -727,15 +756,17 @@ impl<S: Storage> Raft<S> {
         }
     }
 
-    /// Reports the outcome of a snapshot transfer to `to`.
-    pub fn report_snapshot(&mut self, to: u64, status: SnapshotStatus) {
-        if self.role != Role::Leader {
+    /// Reports the outcome of sending the snapshot message `sent`. A report for a message of
+    /// an earlier term, or for another snapshot than the one the follower waits for, is stale
+    /// and changes nothing.
+    pub fn report_snapshot(&mut self, sent: SnapshotSent, status: SnapshotStatus) {
+        if self.role != Role::Leader || sent.term != self.term {
             return;
         }
-        let Some(pr) = self.prs.get_mut(&to) else {
+        let Some(pr) = self.prs.get_mut(&sent.to) else {
             return;
         };
-        if pr.state != ProgressState::Snapshot {
+        if pr.state != ProgressState::Snapshot || pr.pending_snapshot != sent.index {
             return;
         }
         if status == SnapshotStatus::Failure {

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use keel_raft::{
     CheckQuorum, ConfChange, ConfChangeType, ConfState, Config, Entry, EntryType, MemStorage,
-    Message, MessageType, PreVote, RawNode, Ready, Role, SnapshotStatus, Storage,
+    Message, MessageType, PreVote, ProgressState, RawNode, Ready, Role, SnapshotSent,
+    SnapshotStatus, Storage,
 };
 
 struct Block {
@@ -61,6 +62,10 @@ struct Env {
     /// across a partition that drops packets does, and the messages kept.
     holding: BTreeSet<(u64, u64)>,
     held: Vec<Message>,
+    /// While set, snapshot transfer reports wait in `reports` until `report-snapshots`, as a
+    /// stream that outlasts a term does.
+    hold_reports: bool,
+    reports: Vec<(u64, SnapshotSent, SnapshotStatus)>,
     config: Option<Config>,
 }
 
@@ -318,25 +323,21 @@ impl Env {
                     self.held.push(m);
                     continue;
                 }
+                let snapshot = SnapshotSent::of(&m);
+                let from = m.from;
                 if self.cut.contains(&(m.from, m.to)) || !self.nodes.contains_key(&to) {
                     let _ = writeln!(out, "  dropped: {}", fmt_msg(&m));
-                    if m.msg_type == MessageType::Snapshot {
-                        if let Some(n) = self.nodes.get_mut(&m.from) {
-                            n.raw.report_snapshot(to, SnapshotStatus::Failure);
-                        }
+                    if let Some(sent) = snapshot {
+                        self.report_snapshot(from, sent, SnapshotStatus::Failure, out);
                     }
                     continue;
                 }
                 let _ = writeln!(out, "  {}", fmt_msg(&m));
-                let is_snap = m.msg_type == MessageType::Snapshot;
-                let from = m.from;
                 if let Err(e) = self.node(to).raw.step(m) {
                     let _ = writeln!(out, "  error: {e}");
                 }
-                if is_snap {
-                    if let Some(n) = self.nodes.get_mut(&from) {
-                        n.raw.report_snapshot(to, SnapshotStatus::Finish);
-                    }
+                if let Some(sent) = snapshot {
+                    self.report_snapshot(from, sent, SnapshotStatus::Finish, out);
                 }
             }
         }
@@ -385,9 +386,14 @@ impl Env {
                 if let Some(pr) = r.progress(p) {
                     let learner = if pr.is_learner { " learner" } else { "" };
                     let paused = if pr.is_paused() { " paused" } else { "" };
+                    let pending = if pr.state == ProgressState::Snapshot {
+                        format!(" pending-snapshot={}", pr.pending_snapshot)
+                    } else {
+                        String::new()
+                    };
                     let _ = writeln!(
                         out,
-                        "  {p}: {:?} match={} next={} inflight={}{paused}{learner}",
+                        "  {p}: {:?}{pending} match={} next={} inflight={}{paused}{learner}",
                         pr.state,
                         pr.matched,
                         pr.next_idx,
@@ -397,6 +403,26 @@ impl Env {
             }
         }
         out
+    }
+
+    /// The transport's report on a snapshot `from` sent: handed to raft now, or held.
+    fn report_snapshot(
+        &mut self,
+        from: u64,
+        sent: SnapshotSent,
+        status: SnapshotStatus,
+        out: &mut String,
+    ) {
+        if self.hold_reports {
+            let _ = writeln!(
+                out,
+                "  report held: {from}->{} snap term={} index={} {status:?}",
+                sent.to, sent.term, sent.index
+            );
+            self.reports.push((from, sent, status));
+        } else if let Some(n) = self.nodes.get_mut(&from) {
+            n.raw.report_snapshot(sent, status);
+        }
     }
 
     fn run(&mut self, command: &str) -> String {
@@ -522,6 +548,22 @@ impl Env {
                 let mut msgs = std::mem::take(&mut self.held);
                 msgs.append(&mut self.in_flight);
                 self.in_flight = msgs;
+            }
+            "hold-reports" => self.hold_reports = true,
+            "report-snapshots" => {
+                // The oldest `n` held reports reach their senders, in the order they were made.
+                let n = parse_u64(args[0]) as usize;
+                let due: Vec<_> = self.reports.drain(..n.min(self.reports.len())).collect();
+                for (from, sent, status) in due {
+                    let _ = writeln!(
+                        out,
+                        "  report: {from}->{} snap term={} index={} {status:?}",
+                        sent.to, sent.term, sent.index
+                    );
+                    if let Some(node) = self.nodes.get_mut(&from) {
+                        node.raw.report_snapshot(sent, status);
+                    }
+                }
             }
             "process-ready" => {
                 for a in args {

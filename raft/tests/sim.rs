@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytes::Bytes;
 use keel_raft::{
     CheckQuorum, ConfChange, ConfChangeType, ConfState, Config, EntryType, HardState, MemStorage,
-    Message, MessageType, PreVote, RawNode, Ready, Role, SnapshotStatus, Storage,
+    Message, PreVote, RawNode, Ready, Role, SnapshotSent, SnapshotStatus, Storage,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -49,7 +49,9 @@ struct Pending {
     bytes: Vec<u8>,
     from: u64,
     to: u64,
-    snapshot: bool,
+    /// A snapshot's transfer is reported when it is delivered or dropped, which may be after
+    /// the leader's term ended: raft must then ignore the report.
+    snapshot: Option<SnapshotSent>,
 }
 
 struct Sim {
@@ -220,7 +222,7 @@ impl Sim {
             };
             for _ in 0..copies {
                 let deliver_at = self.now + self.rng.gen_range(0..=self.delay_max);
-                let snapshot = m.msg_type == MessageType::Snapshot;
+                let snapshot = SnapshotSent::of(&m);
                 self.net_seq += 1;
                 self.net.push(Pending {
                     deliver_at,
@@ -440,8 +442,8 @@ impl Sim {
                 || self.nodes.get(&p.to).is_none_or(|n| n.raw.is_none());
             if dropped {
                 if let Some(raw) = self.nodes.get_mut(&p.from).and_then(|n| n.raw.as_mut()) {
-                    if p.snapshot {
-                        raw.report_snapshot(p.to, SnapshotStatus::Failure);
+                    if let Some(sent) = p.snapshot {
+                        raw.report_snapshot(sent, SnapshotStatus::Failure);
                     } else if self.rng.gen_bool(0.1) {
                         raw.report_unreachable(p.to);
                     }
@@ -456,9 +458,9 @@ impl Sim {
                 .expect("checked live");
             // Errors are refusals (no leader, limits): expected under faults.
             let _ = raw.step(m);
-            if p.snapshot {
+            if let Some(sent) = p.snapshot {
                 if let Some(raw) = self.nodes.get_mut(&p.from).and_then(|n| n.raw.as_mut()) {
-                    raw.report_snapshot(p.to, SnapshotStatus::Finish);
+                    raw.report_snapshot(sent, SnapshotStatus::Finish);
                 }
             }
         }

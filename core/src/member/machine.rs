@@ -27,7 +27,7 @@ use keel_kv as kv;
 use keel_proto::etcdserverpb as pb;
 use keel_raft::{
     ConfState, Entry, EntryType, MemStorage, Message, MessageType, ProgressState, RawNode,
-    ReadState, Role, Snapshot, SnapshotStatus, Storage,
+    ReadState, Role, Snapshot, SnapshotSent, SnapshotStatus, Storage,
 };
 use prost::Message as _;
 
@@ -1001,8 +1001,8 @@ impl Member {
         self.node.report_unreachable(id);
     }
 
-    pub fn report_snapshot(&mut self, id: u64, status: SnapshotStatus) {
-        self.node.report_snapshot(id, status);
+    pub fn report_snapshot(&mut self, sent: SnapshotSent, status: SnapshotStatus) {
+        self.node.report_snapshot(sent, status);
     }
 
     /// Raft ticks due by `now_ms`, then what runs on the tick: lease expiry (leader), call

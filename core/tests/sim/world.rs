@@ -42,7 +42,7 @@ use keel_core::{peer_snapshot, vlog_writer};
 use keel_grpc::EtcdError;
 use keel_io::{SimFaults, SimStore, Wal, WalConfig, WalError};
 use keel_kv as kv;
-use keel_raft::{Message, MessageType, SnapshotStatus, Storage};
+use keel_raft::{Message, MessageType, SnapshotSent, SnapshotStatus, Storage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -845,13 +845,11 @@ impl World {
         }
         let mut buf = Vec::new();
         m.encode(&mut buf);
-        let (target, msg_type) = (m.to, m.msg_type);
-        if !self.send(from, to, NetMsg::Raft(Bytes::from(buf), msg_type))
-            && msg_type == MessageType::Snapshot
-        {
+        let (sent, msg_type) = (SnapshotSent::of(&m), m.msg_type);
+        if !self.send(from, to, NetMsg::Raft(Bytes::from(buf), msg_type)) {
             // As the peer transport does when a snapshot cannot go out: raft retries later.
-            if let Some(run) = self.nodes[from].run.as_mut() {
-                run.member.report_snapshot(target, SnapshotStatus::Failure);
+            if let (Some(sent), Some(run)) = (sent, self.nodes[from].run.as_mut()) {
+                run.member.report_snapshot(sent, SnapshotStatus::Failure);
             }
         }
     }
@@ -919,8 +917,8 @@ impl World {
                 // streaming appends, and a lost snapshot is retried.
                 if let Some(run) = self.nodes[from].run.as_mut() {
                     run.member.report_unreachable(msg.to);
-                    if msg.msg_type == MessageType::Snapshot {
-                        run.member.report_snapshot(msg.to, SnapshotStatus::Failure);
+                    if let Some(sent) = SnapshotSent::of(&msg) {
+                        run.member.report_snapshot(sent, SnapshotStatus::Failure);
                     }
                 }
                 return;
@@ -928,8 +926,7 @@ impl World {
             if m.held {
                 self.counts.raft_held_then_delivered += 1;
             }
-            let is_snapshot = msg.msg_type == MessageType::Snapshot;
-            let target = msg.to;
+            let snapshot = SnapshotSent::of(&msg);
             let now = self.clock_ms(to);
             self.nodes[to]
                 .run
@@ -937,10 +934,8 @@ impl World {
                 .expect("checked up")
                 .member
                 .step(msg, now);
-            if is_snapshot {
-                if let Some(run) = self.nodes[from].run.as_mut() {
-                    run.member.report_snapshot(target, SnapshotStatus::Finish);
-                }
+            if let (Some(sent), Some(run)) = (snapshot, self.nodes[from].run.as_mut()) {
+                run.member.report_snapshot(sent, SnapshotStatus::Finish);
             }
             return;
         }
