@@ -36,7 +36,7 @@ for range in $(awk '/^Cpus_allowed_list/ { gsub(",", " ", $2); print $2 }' /proc
 done
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 port=24000
-echo "label placement repeat elapsed_s puts_per_s p50_ms p99_ms errors server_cpu_s server_cpu_us_per_put client_cpu_pct_all"
+echo "label placement repeat elapsed_s puts_per_s p50_ms p99_ms errors server_cpu_s server_cpu_us_per_put client_cpu_pct_all member_cpu_us_per_put"
 for r in $(seq 1 "$REPEATS"); do
   for spec in "$@"; do
     label=${spec%%=*}
@@ -68,24 +68,27 @@ for r in $(seq 1 "$REPEATS"); do
       "$BENCH" --endpoints "$eps" put --total 3 >/dev/null 2>&1 && break
       sleep 0.2
     done
-    before=0
-    for pid in "${pids[@]}"; do before=$((before + $(cpu_ticks "$pid"))); done
+    before=()
+    for pid in "${pids[@]}"; do before+=("$(cpu_ticks "$pid")"); done
     out=$("$BENCH" --endpoints "$eps" --clients "$CLIENTS" --conns "$CONNS" --json \
       put --total "$TOTAL" --key-size 8 --val-size "$VAL" --sequential-keys --key-space-size 100000) || true
-    after=0
-    for pid in "${pids[@]}"; do after=$((after + $(cpu_ticks "$pid"))); done
+    after=()
+    for pid in "${pids[@]}"; do after+=("$(cpu_ticks "$pid")"); done
     stop_members
     rm -rf "$work/$label-$r-"n?
-    OUT="$out" python3 - "$label" "$placement" "$r" "$before" "$after" "$tick" <<'PY'
+    OUT="$out" python3 - "$label" "$placement" "$r" "${before[*]}" "${after[*]}" "$tick" <<'PY'
 import json, os, sys
 s = json.loads(os.environ["OUT"])
 c = [c for c in s["classes"] if c["name"] == "put"][0]
 label, placement, r, before, after, tick = sys.argv[1:]
-cpu_s = (int(after) - int(before)) / int(tick)
+member_s = [(int(a) - int(b)) / int(tick) for a, b in zip(after.split(), before.split())]
+cpu_s = sum(member_s)
 puts = c["total"] - c["errors"]
+# Each member's own CPU per put, highest first (the leader's, as a rule, then the followers').
+members = "/".join(str(round(m * 1e6 / puts, 1)) for m in sorted(member_s, reverse=True))
 print(label, placement, r, round(s["elapsed_s"], 1), round(c["throughput_per_s"]), round(c["latency_us"]["p50"] / 1000, 1),
       round(c["latency_us"]["p99"] / 1000, 1), c["errors"], round(cpu_s, 2),
-      round(cpu_s * 1e6 / puts, 1), round(s["client_cpu"]["pct_of_all_cores"]), flush=True)
+      round(cpu_s * 1e6 / puts, 1), round(s["client_cpu"]["pct_of_all_cores"]), members, flush=True)
 PY
   done
 done
