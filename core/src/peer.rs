@@ -1133,6 +1133,9 @@ impl Transport {
         let peers = self.peers.borrow();
         let Some(peer) = peers.get(&to) else {
             tracing::debug!(to, "frame for an unknown peer dropped");
+            // As `send_snapshot` does: a snapshot's report must come, or raft waits for it
+            // until the term ends.
+            self.snapshot_not_sent(snapshot_to);
             return false;
         };
         if buf.len() - 4 > self.frame_bytes_max {

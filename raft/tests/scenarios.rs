@@ -553,7 +553,12 @@ impl Env {
             "report-snapshots" => {
                 // The oldest `n` held reports reach their senders, in the order they were made.
                 let n = parse_u64(args[0]) as usize;
-                let due: Vec<_> = self.reports.drain(..n.min(self.reports.len())).collect();
+                assert!(
+                    n <= self.reports.len(),
+                    "report-snapshots {n}: only {} held",
+                    self.reports.len()
+                );
+                let due: Vec<_> = self.reports.drain(..n).collect();
                 for (from, sent, status) in due {
                     let _ = writeln!(
                         out,

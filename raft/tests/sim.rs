@@ -79,6 +79,10 @@ struct Sim {
     reads: u64,
     /// Per read context: the highest commit index anywhere when the read was requested.
     read_floors: HashMap<Bytes, u64>,
+    /// Snapshot transfer reports held back, as the transport holds a failed stream's report
+    /// (its retry pause) or sends one only when the stream ends: (due, from, sent, status).
+    /// A report may so come back after its term ended, which raft must ignore.
+    reports: Vec<(u64, u64, SnapshotSent, SnapshotStatus)>,
 }
 
 /// What a run exercised, summed over seeds and printed, so a quiet simulator is noticed.
@@ -90,6 +94,8 @@ struct Stats {
     conf_changes: u64,
     crashes: u64,
     read_states: u64,
+    /// Snapshot reports handed to their sender after the term they were sent in.
+    reports_after_their_term: u64,
 }
 
 impl Stats {
@@ -100,6 +106,7 @@ impl Stats {
         self.conf_changes += o.conf_changes;
         self.crashes += o.crashes;
         self.read_states += o.read_states;
+        self.reports_after_their_term += o.reports_after_their_term;
     }
 }
 
@@ -147,6 +154,7 @@ impl Sim {
             trace: std::env::var("TRACE").is_ok_and(|v| v == "1"),
             reads: 0,
             read_floors: HashMap::new(),
+            reports: Vec::new(),
         };
         sim.drop_pct = sim.rng.gen_range(0..15);
         sim.dup_pct = sim.rng.gen_range(0..10);
@@ -381,8 +389,10 @@ impl Sim {
         if self.trace {
             eprintln!("t={} crash {id}", self.now);
         }
-        // Whatever the pending Ready carried is lost: only the storage is durable.
+        // Whatever the pending Ready carried is lost: only the storage is durable. So are the
+        // reports its transport still held.
         node.pending = None;
+        self.reports.retain(|r| r.1 != id);
         self.stats.crashes += 1;
         node.durable = Some(raw.store().clone());
         node.down_until = self.now + self.rng.gen_range(1..40 * SUBSTEPS_PER_TICK);
@@ -423,8 +433,39 @@ impl Sim {
         node.raw = Some(RawNode::new(&config, storage).expect("valid sim config"));
     }
 
+    /// The transport's report on a snapshot `from` sent: at once, or held back for up to
+    /// three election timeouts (a stream's retry pause, or a slow stream's end).
+    fn report_snapshot(&mut self, from: u64, sent: SnapshotSent, status: SnapshotStatus) {
+        if self.nodes.get(&from).is_none_or(|n| n.raw.is_none()) {
+            // The sender is down: its transport's tasks went with it.
+            return;
+        }
+        if self.rng.gen_bool(0.5) {
+            let held = self
+                .rng
+                .gen_range(1..3 * ELECTION_TICK as u64 * SUBSTEPS_PER_TICK);
+            self.reports.push((self.now + held, from, sent, status));
+        } else if let Some(raw) = self.nodes.get_mut(&from).and_then(|n| n.raw.as_mut()) {
+            raw.report_snapshot(sent, status);
+        }
+    }
+
     fn deliver(&mut self) {
         let now = self.now;
+        let mut i = 0;
+        while i < self.reports.len() {
+            if self.reports[i].0 > now {
+                i += 1;
+                continue;
+            }
+            let (_, from, sent, status) = self.reports.swap_remove(i);
+            if let Some(raw) = self.nodes.get_mut(&from).and_then(|n| n.raw.as_mut()) {
+                if raw.raft().term != sent.term {
+                    self.stats.reports_after_their_term += 1;
+                }
+                raw.report_snapshot(sent, status);
+            }
+        }
         let mut due = Vec::new();
         let mut i = 0;
         while i < self.net.len() {
@@ -441,10 +482,10 @@ impl Sim {
                 || self.rng.gen_range(0..100) < self.drop_pct
                 || self.nodes.get(&p.to).is_none_or(|n| n.raw.is_none());
             if dropped {
-                if let Some(raw) = self.nodes.get_mut(&p.from).and_then(|n| n.raw.as_mut()) {
-                    if let Some(sent) = p.snapshot {
-                        raw.report_snapshot(sent, SnapshotStatus::Failure);
-                    } else if self.rng.gen_bool(0.1) {
+                if let Some(sent) = p.snapshot {
+                    self.report_snapshot(p.from, sent, SnapshotStatus::Failure);
+                } else if self.rng.gen_bool(0.1) {
+                    if let Some(raw) = self.nodes.get_mut(&p.from).and_then(|n| n.raw.as_mut()) {
                         raw.report_unreachable(p.to);
                     }
                 }
@@ -459,9 +500,7 @@ impl Sim {
             // Errors are refusals (no leader, limits): expected under faults.
             let _ = raw.step(m);
             if let Some(sent) = p.snapshot {
-                if let Some(raw) = self.nodes.get_mut(&p.from).and_then(|n| n.raw.as_mut()) {
-                    raw.report_snapshot(sent, SnapshotStatus::Finish);
-                }
+                self.report_snapshot(p.from, sent, SnapshotStatus::Finish);
             }
         }
     }
@@ -817,7 +856,10 @@ fn run_seeds(members: u64, salt: u64) {
     assert!(total.leaders >= n, "too few elections: {total:?}");
     if n >= 100 {
         assert!(
-            total.snapshots_installed > 0 && total.conf_changes > 0 && total.crashes > 0,
+            total.snapshots_installed > 0
+                && total.conf_changes > 0
+                && total.crashes > 0
+                && total.reports_after_their_term > 0,
             "{total:?}"
         );
     }
