@@ -68,6 +68,11 @@ const STAGED_SNAPSHOTS_MAX: usize = 4;
 pub const INBOX_MSGS_MAX: usize = 64 * 1024;
 /// Bytes written per syscall batch.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+/// Bytes an accepted peer connection reads ahead per syscall. Frames are small (a forwarded
+/// proposal, an append's answer, a heartbeat) and come batched up to `WRITE_BATCH_BYTES`;
+/// read unbuffered, each took two `recvfrom`s (its length, then its body). A frame larger than
+/// this is read into its own buffer directly.
+const READ_AHEAD_BYTES: usize = 64 * 1024;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// How long a TLS handshake on the peer port may take, either side, before the connection is
 /// dropped (a peer that connects and stays silent must not hold a task forever).
@@ -1516,7 +1521,8 @@ impl Transport {
     ) -> std::io::Result<()> {
         // The write half only ever carries an answer back: the members reply, a snapshot's
         // ack, or the removed notice.
-        let (mut reader, mut writer) = split_local(stream);
+        let (reader, mut writer) = split_local(stream);
+        let mut reader = futures_lite::io::BufReader::with_capacity(READ_AHEAD_BYTES, reader);
         let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES_MAX).await?)?;
         if hello == MEMBERS_QUERY {
             // A member joining with --initial-cluster-state existing asks who it is (its id
