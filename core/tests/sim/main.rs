@@ -529,6 +529,11 @@ fn run_seeds(test: &str, members: usize, seeds: &[u64]) {
             c.raft_held_then_delivered > 0,
             "no partition held raft messages until it healed: {c:?}"
         );
+        // Snapshot reports come back late, some after their term ended.
+        assert!(
+            c.snapshot_reports_held > 0 && c.snapshot_reports_after_their_term > 0,
+            "no snapshot report was held back past its term: {c:?}"
+        );
     }
 }
 
@@ -568,6 +573,8 @@ fn add(total: &mut Report, r: &Report) {
     t.pages_waits += c.pages_waits;
     t.crashes_mid_pages_wait += c.crashes_mid_pages_wait;
     t.raft_held_then_delivered += c.raft_held_then_delivered;
+    t.snapshot_reports_held += c.snapshot_reports_held;
+    t.snapshot_reports_after_their_term += c.snapshot_reports_after_their_term;
     total.operations += r.operations;
     total.acknowledged_writes += r.acknowledged_writes;
     total.compactions += r.compactions;

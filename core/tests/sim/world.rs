@@ -322,6 +322,21 @@ pub struct Counts {
     pub crashes_mid_pages_wait: u64,
     /// Raft messages a holding partition kept and delivered when it healed.
     pub raft_held_then_delivered: u64,
+    /// Snapshot transfer reports the transport held back, and those of them that reached
+    /// their member after the term they were sent in (raft must ignore those).
+    pub snapshot_reports_held: u64,
+    pub snapshot_reports_after_their_term: u64,
+}
+
+/// A snapshot transfer report the peer transport holds back: a failed stream's report waits
+/// out its retry pause, and a slow stream reports only when it ends.
+struct HeldReport {
+    due_ms: u64,
+    from: usize,
+    /// The sender's process: a crash takes its transport's pending reports with it.
+    incarnation: u64,
+    sent: SnapshotSent,
+    status: SnapshotStatus,
 }
 
 pub struct World {
@@ -350,6 +365,7 @@ pub struct World {
     pending_changes: Vec<PendingChange>,
     /// How many times each member's process started (a restart is a new incarnation).
     incarnations: Vec<u64>,
+    held_reports: Vec<HeldReport>,
     /// Per member: the removed member ids its current process has sent the removed notice to
     /// (on the connection each had to it when the removal applied).
     notified_removed: Vec<BTreeSet<u64>>,
@@ -453,6 +469,7 @@ impl World {
             counts: Counts::default(),
             pending_changes: Vec::new(),
             incarnations: vec![0; n],
+            held_reports: Vec::new(),
             notified_removed: vec![BTreeSet::new(); n],
             snapshot_bases: BTreeMap::new(),
             snapshot_segments: BTreeMap::new(),
@@ -848,14 +865,60 @@ impl World {
         let (sent, msg_type) = (SnapshotSent::of(&m), m.msg_type);
         if !self.send(from, to, NetMsg::Raft(Bytes::from(buf), msg_type)) {
             // As the peer transport does when a snapshot cannot go out: raft retries later.
-            if let (Some(sent), Some(run)) = (sent, self.nodes[from].run.as_mut()) {
-                run.member.report_snapshot(sent, SnapshotStatus::Failure);
+            if let Some(sent) = sent {
+                self.report_snapshot(from, sent, SnapshotStatus::Failure);
+            }
+        }
+    }
+
+    /// The peer transport's report on a snapshot `from` sent: at once, or (half of them) held
+    /// back up to 3 s, so that some come back after their term ended.
+    fn report_snapshot(&mut self, from: usize, sent: SnapshotSent, status: SnapshotStatus) {
+        if !self.is_up(from) {
+            return;
+        }
+        if self.rng.gen_bool(0.5) {
+            let due_ms = self.now_ms + self.rng.gen_range(1..=3_000);
+            self.counts.snapshot_reports_held += 1;
+            self.held_reports.push(HeldReport {
+                due_ms,
+                from,
+                incarnation: self.incarnations[from],
+                sent,
+                status,
+            });
+        } else if let Some(run) = self.nodes[from].run.as_mut() {
+            run.member.report_snapshot(sent, status);
+        }
+    }
+
+    /// Hands each held report that is due to its member, unless the member restarted since
+    /// (the report went with the old process); a paused member gets it once it runs again.
+    fn hand_held_reports(&mut self) {
+        let mut i = 0;
+        while i < self.held_reports.len() {
+            let r = &self.held_reports[i];
+            let waits = self.is_up(r.from) && !self.is_serving(r.from);
+            if r.due_ms > self.now_ms || waits {
+                i += 1;
+                continue;
+            }
+            let r = self.held_reports.remove(i);
+            if r.incarnation != self.incarnations[r.from] {
+                continue;
+            }
+            if let Some(run) = self.nodes[r.from].run.as_mut() {
+                if run.member.raft_term() != r.sent.term {
+                    self.counts.snapshot_reports_after_their_term += 1;
+                }
+                run.member.report_snapshot(r.sent, r.status);
             }
         }
     }
 
     /// Delivers every message due by now, in a random order (reordering what arrived together).
     fn deliver(&mut self) {
+        self.hand_held_reports();
         let now = self.now_ms;
         let mut due = Vec::new();
         let mut i = 0;
@@ -917,9 +980,9 @@ impl World {
                 // streaming appends, and a lost snapshot is retried.
                 if let Some(run) = self.nodes[from].run.as_mut() {
                     run.member.report_unreachable(msg.to);
-                    if let Some(sent) = SnapshotSent::of(&msg) {
-                        run.member.report_snapshot(sent, SnapshotStatus::Failure);
-                    }
+                }
+                if let Some(sent) = SnapshotSent::of(&msg) {
+                    self.report_snapshot(from, sent, SnapshotStatus::Failure);
                 }
                 return;
             }
@@ -934,8 +997,8 @@ impl World {
                 .expect("checked up")
                 .member
                 .step(msg, now);
-            if let (Some(sent), Some(run)) = (snapshot, self.nodes[from].run.as_mut()) {
-                run.member.report_snapshot(sent, SnapshotStatus::Finish);
+            if let Some(sent) = snapshot {
+                self.report_snapshot(from, sent, SnapshotStatus::Finish);
             }
             return;
         }
