@@ -1129,6 +1129,8 @@ impl Transport {
                 .borrow_mut()
                 .snapshots
                 .push((to, SnapshotStatus::Failure));
+            // The raft loop takes reports when it wakes; it may be about to sleep.
+            self.inbox_signal.wake();
         }
     }
 
@@ -1521,9 +1523,11 @@ impl Transport {
     ) -> std::io::Result<()> {
         // The write half only ever carries an answer back: the members reply, a snapshot's
         // ack, or the removed notice.
-        let (reader, mut writer) = split_local(stream);
-        let mut reader = futures_lite::io::BufReader::with_capacity(READ_AHEAD_BYTES, reader);
-        let hello = parse_hello(&read_frame(&mut reader, HANDSHAKE_BYTES_MAX).await?)?;
+        let (mut reader, mut writer) = split_local(stream);
+        // A dialer writes its hello as soon as it connects: one that stays silent is not a
+        // member, and must not hold the connection (nor, below, a read-ahead buffer).
+        let hello =
+            parse_hello(&within_deadline(read_frame(&mut reader, HANDSHAKE_BYTES_MAX)).await?)?;
         if hello == MEMBERS_QUERY {
             // A member joining with --initial-cluster-state existing asks who it is (its id
             // was made by MemberAdd, with the time in it). Only a member that knows the
@@ -1587,6 +1591,9 @@ impl Transport {
         // A version-2 dialer (its handshake carries URLs) writes link heartbeats when it has
         // nothing else to send, so its connection can be read under a deadline.
         let read_deadline = !peer_urls.is_empty();
+        // Read ahead only now, for a member's frames: the hello was read exactly, so no byte
+        // after it is lost.
+        let mut reader = futures_lite::io::BufReader::with_capacity(READ_AHEAD_BYTES, reader);
         let frames = self.take_frames(&mut reader, &mut writer, from, read_deadline);
         futures_lite::future::or(frames, removed).await?;
         self.refuse_removed(reader, writer, from).await

@@ -80,8 +80,9 @@ struct Sim {
     /// Per read context: the highest commit index anywhere when the read was requested.
     read_floors: HashMap<Bytes, u64>,
     /// Snapshot transfer reports held back, as the transport holds a failed stream's report
-    /// (its retry pause) or sends one only when the stream ends: (due, from, sent, status).
-    /// A report may so come back after its term ended, which raft must ignore.
+    /// (its retry pause, 1-32 s, longer than this sim's hold) or sends one only when the
+    /// stream ends: (due, from, sent, status). A report may so come back after its term ended,
+    /// which raft must ignore.
     reports: Vec<(u64, u64, SnapshotSent, SnapshotStatus)>,
 }
 
@@ -434,7 +435,8 @@ impl Sim {
     }
 
     /// The transport's report on a snapshot `from` sent: at once, or held back for up to
-    /// three election timeouts (a stream's retry pause, or a slow stream's end).
+    /// three election timeouts (shorter than the transport's retry pause, to keep runs short;
+    /// long enough to outlast a term).
     fn report_snapshot(&mut self, from: u64, sent: SnapshotSent, status: SnapshotStatus) {
         if self.nodes.get(&from).is_none_or(|n| n.raw.is_none()) {
             // The sender is down: its transport's tasks went with it.
@@ -856,12 +858,13 @@ fn run_seeds(members: u64, salt: u64) {
     assert!(total.leaders >= n, "too few elections: {total:?}");
     if n >= 100 {
         assert!(
-            total.snapshots_installed > 0
-                && total.conf_changes > 0
-                && total.crashes > 0
-                && total.reports_after_their_term > 0,
+            total.snapshots_installed > 0 && total.conf_changes > 0 && total.crashes > 0,
             "{total:?}"
         );
+    }
+    // About four in 100 seeds hand a report over after its term.
+    if n >= 1000 {
+        assert!(total.reports_after_their_term > 0, "{total:?}");
     }
 }
 
