@@ -377,7 +377,8 @@ fn followers_bring_compared_values_in_off_the_raft_core() {
     }
 }
 
-/// A peer connection's read deadline (etcd's `ConnReadTimeout`): a dialer whose handshake
+/// A peer connection's read deadline (etcd's `ConnReadTimeout`): a dialer that never completes
+/// its handshake is hung up on after `PEER_CONN_TIMEOUT`; a dialer whose handshake
 /// says it writes link heartbeats is hung up on once it goes silent for
 /// `PEER_CONN_TIMEOUT`, and kept while it writes them. (A partition that drops packets but
 /// leaves the connection open then ends it, so what the dialer's kernel still holds is not
@@ -405,6 +406,33 @@ fn a_silent_peer_connection_is_closed_at_its_deadline_and_link_heartbeats_keep_o
             .expect("a read timeout");
         s
     };
+    // A dialer that never sends its handshake, or only its first bytes, is no member: it is
+    // hung up on at the same deadline (it held the connection for good before).
+    let mute = |first: &[u8]| {
+        let mut s = std::net::TcpStream::connect((m.host.as_str(), m.peer_port))
+            .expect("the peer port accepts");
+        s.write_all(first).expect("the first bytes are sent");
+        s.set_read_timeout(Some(PEER_CONN_TIMEOUT * 3))
+            .expect("a read timeout");
+        s
+    };
+    let started = Instant::now();
+    for mut s in [mute(&[]), mute(&hello[..6])] {
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            // Closed with bytes unread: a reset is a hang-up too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Ok(n) => panic!("the member wrote {n} bytes to a dialer without a handshake"),
+            Err(e) => panic!("a dialer without a handshake was not hung up on: {e}"),
+        }
+    }
+    let closed_after = started.elapsed();
+    assert!(
+        closed_after >= PEER_CONN_TIMEOUT - Duration::from_millis(200)
+            && closed_after < PEER_CONN_TIMEOUT * 2,
+        "connections without a handshake were closed after {closed_after:?}"
+    );
     // Silent after its handshake and one link heartbeat (the deadline starts at a
     // connection's first frame: a snapshot stream's sender lists its files first): closed
     // once the deadline passes, not before.
