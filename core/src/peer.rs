@@ -878,16 +878,15 @@ impl Transport {
             "only snapshots are streamed"
         );
         let to = m.to;
-        let sent = SnapshotSent::of(&m);
+        let sent = SnapshotSent::of(&m).expect("checked a snapshot above");
         let Some(peer) = self.peers.borrow().get(&to).cloned() else {
             tracing::debug!(to, "snapshot for an unknown peer dropped");
-            self.snapshot_not_sent(sent);
+            self.snapshot_not_sent(Some(sent));
             return;
         };
         let this = self.clone();
         rt::spawn_local(async move {
-            let started = Instant::now();
-            let index = m.snapshot.as_ref().map_or(0, |s| s.metadata.index);
+            let (started, index) = (Instant::now(), sent.index);
             let ok = match this.stream_snapshot(&peer, m, &vlog_dir, &snap_dir).await {
                 Ok(bytes) => {
                     peer.snapshot_failures.set(0);
@@ -934,7 +933,7 @@ impl Transport {
                     false
                 }
             };
-            this.report_snapshots(sent.as_slice(), ok);
+            this.report_snapshots(&[sent], ok);
         });
     }
 
