@@ -210,14 +210,17 @@ pub struct Flags {
 
     /// Keel: number of client-serving shards, each a pinned core with its own executor (0 =
     /// one per CPU the process may run on, less the raft core's own where there are 4 or
-    /// more: measured on 4, 8 and 16 CPUs, writes went faster with the raft core alone).
+    /// more: measured on 4, 8 and 16 CPUs, writes went faster with the raft core alone; when
+    /// k members of `--initial-cluster` have peer URLs on this host, what N / k CPUs would
+    /// give each).
     #[arg(long = "shards", env = "KEEL_SHARDS", default_value_t = 0)]
     pub shards: usize,
 
     /// Keel: which CPU the raft core is pinned to (default: the last one the process may run
-    /// on; shards go on the others first). Several members on one host would all take the
-    /// last CPU by default and starve each other's raft cores: give member i the (i % N)-th
-    /// of the N CPUs the process may run on (deploy/local-cluster.sh and the tests do).
+    /// on; shards go on the others first). When several members of `--initial-cluster` have
+    /// peer URLs on this host (loopback, `localhost` or this host's addresses), the i-th of
+    /// them in the flag's order takes the (i % N)-th of the N CPUs instead, so their raft
+    /// cores do not all take the last CPU and starve each other.
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 
@@ -473,6 +476,10 @@ pub struct Config {
     /// `--raft-cpu` and the process's CPU set; see `shard_cpus`).
     pub shard_cpus: Vec<usize>,
     pub raft_cpu: usize,
+    /// Members of `--initial-cluster` whose peer URLs are on this host, this one included (1
+    /// when it is alone, or its own URLs are not known to be local): more than one changes the
+    /// default placement (`default_placement`).
+    pub members_on_this_host: usize,
     /// Bytes in one value-log segment (`--value-log-segment-bytes`).
     pub value_log_segment_bytes: usize,
     /// The value cache's limit (`--value-cache-bytes`; 0: none).
@@ -678,9 +685,9 @@ impl Config {
         )
         .map_err(CoreError::Config)?;
         let cpus = crate::rt::process_cpu_list();
-        let raft_cpu = f
-            .raft_cpu
-            .unwrap_or_else(|| *cpus.last().expect("the CPU list is never empty"));
+        let on_this_host = members_on_this_host(&initial_cluster, &f.name, host_is_local);
+        let placement = default_placement(&cpus, on_this_host);
+        let raft_cpu = f.raft_cpu.unwrap_or(placement.raft_cpu);
         if !(VALUE_LOG_SEGMENT_BYTES_MIN..=VALUE_LOG_SEGMENT_BYTES_MAX)
             .contains(&f.value_log_segment_bytes)
         {
@@ -694,7 +701,12 @@ impl Config {
                 "--raft-cpu {raft_cpu} is not a CPU this process may run on ({cpus:?})"
             )));
         }
-        let shard_cpus = shard_cpus(&cpus, raft_cpu, f.shards);
+        let shards = if f.shards == 0 {
+            placement.shards
+        } else {
+            f.shards
+        };
+        let shard_cpus = shard_cpus(&cpus, raft_cpu, shards);
         // An empty value means the default, as etcd's flags read it (`--wal-dir ''`).
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty()).map(PathBuf::from);
         let data_dir =
@@ -787,6 +799,7 @@ impl Config {
             auto_compaction,
             shard_cpus,
             raft_cpu,
+            members_on_this_host: on_this_host.map_or(1, |(_, count)| count),
             value_log_segment_bytes: f.value_log_segment_bytes,
             value_cache_bytes: f
                 .value_cache_bytes
@@ -823,6 +836,82 @@ pub fn default_shards(cpus: usize) -> usize {
     } else {
         cpus.max(1)
     }
+}
+
+/// Where a member's raft core and how many shards go when the operator names neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub raft_cpu: usize,
+    pub shards: usize,
+}
+
+/// The default placement on `cpus`, given which of the members on this host this one is
+/// (`on_this_host`: its index among them and their count; see `members_on_this_host`).
+///
+/// One member per host: the raft core on the last CPU and `default_shards` of all of them.
+/// Several members of one cluster on one host (a local cluster, a test, a benchmark) would
+/// each take every CPU and all pin their raft cores to the same last one, starving each
+/// other. So member i of k pins its raft core to the (i % N)-th of the N CPUs, and takes the
+/// shards that a host of N / k CPUs would give it. Both were measured against the single-member
+/// defaults with `bench/scripts/cluster-put.sh` (BENCHMARKS.md): on 2 CPUs three members so
+/// placed cost 0.26x etcd's CPU per put against 0.30-0.35x, and on 16 CPUs `--shards 4`
+/// (what this gives three members there) cost 0.21-0.22x against 0.27-0.39x.
+pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -> Placement {
+    assert!(!cpus.is_empty(), "the CPU list is never empty");
+    match on_this_host {
+        Some((index, count)) if count > 1 => {
+            assert!(index < count, "member {index} of {count} on this host");
+            Placement {
+                raft_cpu: cpus[index % cpus.len()],
+                shards: default_shards((cpus.len() / count).max(1)),
+            }
+        }
+        _ => Placement {
+            raft_cpu: *cpus.last().expect("checked above"),
+            shards: default_shards(cpus.len()),
+        },
+    }
+}
+
+/// Which of the members of `initial_cluster` have a peer URL on this host, as (this
+/// member's index among them, their count), in the flag's order so that every member of
+/// a local cluster computes the same numbering. None when this member's own peer URLs are
+/// not known to be local: then nothing can be said of the others either.
+pub fn members_on_this_host(
+    initial_cluster: &[InitialMember],
+    name: &str,
+    is_local: impl Fn(&str) -> bool,
+) -> Option<(usize, usize)> {
+    let local = |m: &InitialMember| {
+        m.peer_urls
+            .iter()
+            .any(|url| url_host_port("initial-cluster", url).is_ok_and(|(host, _)| is_local(&host)))
+    };
+    let mut index = None;
+    let mut count = 0;
+    for member in initial_cluster.iter().filter(|m| local(m)) {
+        if member.name == name {
+            index = Some(count);
+        }
+        count += 1;
+    }
+    index.map(|index| (index, count))
+}
+
+/// Whether `host` (from a URL) names this host: `localhost`, a loopback address, or an
+/// address of one of this host's interfaces (in this network namespace), which a socket can
+/// bind. Other names are not resolved: a startup must not wait on DNS for a placement hint.
+pub fn host_is_local(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let Ok(ip) = host.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    if ip.is_loopback() {
+        return true;
+    }
+    !ip.is_unspecified() && std::net::UdpSocket::bind(std::net::SocketAddr::new(ip, 0)).is_ok()
 }
 
 /// The CPU of each of `shards` shards (0: `default_shards`), given the process's CPUs and the
@@ -1292,6 +1381,121 @@ mod tests {
         // More shards than CPUs: the raft core's CPU last, then around again.
         assert_eq!(shard_cpus(&[0, 1, 2], 0, 5), vec![1, 2, 0, 1, 2]);
         assert_eq!(shard_cpus(&[0, 1, 2, 3], 3, 1), vec![0]);
+    }
+
+    fn initial_member(name: &str, urls: &[&str]) -> InitialMember {
+        InitialMember {
+            name: name.to_string(),
+            peer_urls: urls.iter().map(|u| u.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn members_on_one_host_are_numbered_in_the_flags_order() {
+        let cluster = [
+            initial_member("a", &["http://10.0.0.1:2380"]),
+            initial_member("b", &["http://127.0.0.1:2381"]),
+            initial_member("c", &["http://10.0.0.3:2380", "http://localhost:2382"]),
+            initial_member("d", &["http://127.0.0.1:2383"]),
+        ];
+        // Only loopback names are local here: a, whose one URL is remote, is not counted.
+        let is_local = |host: &str| host == "127.0.0.1" || host == "localhost";
+        assert_eq!(members_on_this_host(&cluster, "b", is_local), Some((0, 3)));
+        assert_eq!(members_on_this_host(&cluster, "c", is_local), Some((1, 3)));
+        assert_eq!(members_on_this_host(&cluster, "d", is_local), Some((2, 3)));
+        // A member whose own URLs are not local cannot say who shares its host.
+        assert_eq!(members_on_this_host(&cluster, "a", is_local), None);
+        // Alone on its host.
+        let alone = [
+            initial_member("a", &["http://127.0.0.1:2380"]),
+            initial_member("b", &["http://10.0.0.2:2380"]),
+        ];
+        assert_eq!(members_on_this_host(&alone, "a", is_local), Some((0, 1)));
+    }
+
+    #[test]
+    fn local_hosts_are_loopback_and_this_hosts_addresses() {
+        assert!(host_is_local("127.0.0.1"));
+        assert!(host_is_local("127.0.0.2"));
+        assert!(host_is_local("::1"));
+        assert!(host_is_local("LocalHost"));
+        // TEST-NET-1 (RFC 5737) is no interface's address; the unspecified address names none.
+        assert!(!host_is_local("192.0.2.1"));
+        assert!(!host_is_local("0.0.0.0"));
+        // Names other than localhost are not resolved.
+        assert!(!host_is_local("example.com"));
+    }
+
+    #[test]
+    fn members_sharing_a_host_split_its_cpus() {
+        let alone = Placement {
+            raft_cpu: 1,
+            shards: 2,
+        };
+        assert_eq!(default_placement(&[0, 1], None), alone);
+        assert_eq!(default_placement(&[0, 1], Some((0, 1))), alone);
+        // Three members on 2 CPUs: raft cores spread round the CPUs, one shard each.
+        let on_two: Vec<Placement> = (0..3)
+            .map(|i| default_placement(&[0, 1], Some((i, 3))))
+            .collect();
+        assert_eq!(
+            on_two
+                .iter()
+                .map(|p| (p.raft_cpu, p.shards))
+                .collect::<Vec<_>>(),
+            vec![(0, 1), (1, 1), (0, 1)]
+        );
+        // Three members on 16 CPUs: the shards a 5-CPU host gives (4), as measured.
+        let cpus: Vec<usize> = (0..16).collect();
+        assert_eq!(
+            default_placement(&cpus, Some((2, 3))),
+            Placement {
+                raft_cpu: 2,
+                shards: 4
+            }
+        );
+        // A cpuset's own CPU numbers.
+        assert_eq!(default_placement(&[4, 5, 6, 7], Some((1, 2))).raft_cpu, 5);
+        assert_eq!(default_placement(&[4, 5, 6, 7], Some((1, 2))).shards, 2);
+    }
+
+    #[test]
+    fn a_local_cluster_is_placed_without_flags_and_flags_still_win() {
+        let cpus = crate::rt::process_cpu_list();
+        let cluster = "n0=http://127.0.0.1:2380,n1=http://127.0.0.1:2382,n2=http://127.0.0.1:2384";
+        let peer = ["--initial-advertise-peer-urls", "http://127.0.0.1:2382"];
+        let c = parse(&[
+            "--name",
+            "n1",
+            "--initial-cluster",
+            cluster,
+            peer[0],
+            peer[1],
+        ])
+        .unwrap();
+        assert_eq!(c.members_on_this_host, 3);
+        assert_eq!(c.raft_cpu, cpus[1 % cpus.len()]);
+        assert_eq!(c.shard_cpus.len(), default_shards((cpus.len() / 3).max(1)));
+        let flagged = parse(&[
+            "--name",
+            "n1",
+            "--initial-cluster",
+            cluster,
+            peer[0],
+            peer[1],
+            "--raft-cpu",
+            &cpus[0].to_string(),
+            "--shards",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(flagged.raft_cpu, cpus[0]);
+        assert_eq!(flagged.shard_cpus.len(), 3);
+        // One member: the single-member defaults.
+        let single = parse(&[]).unwrap();
+        assert_eq!(single.members_on_this_host, 1);
+        assert_eq!(single.raft_cpu, *cpus.last().unwrap());
+        assert_eq!(single.shard_cpus.len(), default_shards(cpus.len()));
     }
 
     #[test]

@@ -153,6 +153,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         shards = config.shard_cpus.len(),
         shard_cpus = ?config.shard_cpus,
         raft_cpu = config.raft_cpu,
+        members_on_this_host = config.members_on_this_host,
         ignored_flags = ?config.ignored_flags,
         auto_compaction = config
             .auto_compaction

@@ -372,3 +372,129 @@ fn shards_and_the_raft_core_stay_in_the_cpu_set_keel_is_given() {
     let put = server.etcdctl(&["put", "k", "v"]);
     assert_eq!(put.stdout.trim(), "OK", "{}", put.stderr);
 }
+
+/// The CPUs each of `pid`'s threads whose name starts with `prefix` may run on, as
+/// `Cpus_allowed_list` spells them, by thread name (glommio gives each executor a helper
+/// thread of the same name and pinning).
+fn pinned_threads(pid: u32, prefix: &str) -> std::collections::BTreeMap<String, String> {
+    let mut pinned = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the task list reads") {
+        let task = task.expect("a task entry").path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let name = name.trim();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        if let Some(list) = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+        {
+            let list = list.trim().to_string();
+            let earlier = pinned.insert(name.to_string(), list.clone());
+            assert!(
+                earlier.is_none_or(|e| e == list),
+                "two {name} threads pinned apart"
+            );
+        }
+    }
+    pinned
+}
+
+/// Three members of one cluster started on one host with no placement flags, as a newcomer
+/// runs a local cluster: each sees from `--initial-cluster` that the others share its host,
+/// so their raft cores spread round the CPUs (member i on the i-th) instead of all taking the
+/// last one, and each takes the shards of its share of the CPUs. They then serve writes.
+#[test]
+fn members_sharing_a_host_spread_their_raft_cores_without_flags() {
+    let cpus = keel_core::rt::process_cpu_list();
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let cluster = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("n{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut children: Vec<std::process::Child> = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let client = format!("http://127.0.0.1:{client}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.path().join(format!("n{i}.log"))).expect("a log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["--name", &format!("n{i}")])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("n{i}.data")))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &cluster])
+            .env_remove("KEEL_SHARDS")
+            .env_remove("KEEL_RAFT_CPU")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("the log handle clones"))
+            .stderr(log)
+            .spawn()
+            .expect("keel starts");
+        children.push(child);
+    }
+    struct Stop(Vec<std::process::Child>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    let children = Stop(children);
+    let endpoints = ports
+        .iter()
+        .map(|(client, _)| format!("127.0.0.1:{client}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let put = etcdctl_at(&endpoints, &["put", "k", "v"], None);
+        if put.code == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the local cluster never took a write: {}",
+            put.stderr
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let shards_each = keel_core::config::default_shards((cpus.len() / 3).max(1));
+    for (i, child) in children.0.iter().enumerate() {
+        let raft: Vec<String> = pinned_threads(child.id(), "keel-raft")
+            .into_values()
+            .collect();
+        assert_eq!(
+            raft,
+            vec![cpus[i % cpus.len()].to_string()],
+            "member n{i}'s raft core"
+        );
+        let shards = pinned_threads(child.id(), "keel-shard");
+        assert_eq!(
+            shards.len(),
+            shards_each,
+            "member n{i}'s shards: {shards:?}"
+        );
+        let log = std::fs::read_to_string(dir.path().join(format!("n{i}.log"))).unwrap();
+        assert!(
+            log.contains("\"members_on_this_host\":3"),
+            "member n{i} logs what it placed itself by: {log}"
+        );
+    }
+}
