@@ -307,9 +307,23 @@ pub fn allocator_purge_delay_ms() -> i64 {
     unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) as i64 }
 }
 
-/// Spawns a task on the current executor and lets it run detached.
+/// Spawns a task on the current executor and lets it run detached. glommio polls it once at
+/// once, inside the caller's poll, before `spawn_local` returns.
 pub fn spawn_local<F: Future<Output = ()> + 'static>(f: F) {
     glommio::spawn_local(f).detach();
+}
+
+/// Spawns a task on the current executor's current task queue, behind the tasks already
+/// there, and lets it run detached: unlike `spawn_local`, the caller goes on before the task's
+/// first poll. A connection that accepts a read of several calls spawns each call's task so,
+/// and every call answers before the connection flushes again; polled at once, each would
+/// answer before the next was accepted, and every accept would flush one response (measured:
+/// one `sendto` per serializable range at 1000 clients, BENCHMARKS.md).
+pub fn spawn_local_queued<F: Future<Output = ()> + 'static>(f: F) {
+    let queue = glommio::executor().current_task_queue();
+    glommio::spawn_local_into(f, queue)
+        .expect("the running task's own queue exists")
+        .detach();
 }
 
 /// Runs `f` on a new thread beside the caller's CPU (see `spawn_beside`) and waits for its
@@ -493,6 +507,39 @@ pub fn spawn_local_handle<T: 'static, F: Future<Output = T> + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the shards' call tasks rely on: a queued spawn runs only once its spawner yields,
+    /// in spawn order, while glommio's own spawn polls the task before it returns.
+    #[test]
+    fn a_queued_spawn_runs_after_its_spawner_yields() {
+        let order = spawn_pinned("spawn-test", process_cpu_list()[0], || async {
+            let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            for name in ["queued 1", "queued 2"] {
+                let log = log.clone();
+                spawn_local_queued(async move { log.borrow_mut().push(name) });
+            }
+            log.borrow_mut().push("spawner");
+            let at_once = log.clone();
+            spawn_local(async move { at_once.borrow_mut().push("at once") });
+            log.borrow_mut().push("spawner, later");
+            futures_lite::future::yield_now().await;
+            let order = log.borrow().clone();
+            order
+        })
+        .expect("executor starts")
+        .join()
+        .expect("the executor finishes");
+        assert_eq!(
+            order,
+            [
+                "spawner",
+                "at once",
+                "spawner, later",
+                "queued 1",
+                "queued 2"
+            ]
+        );
+    }
 
     #[test]
     fn mailbox_wakes_a_consumer_on_another_executor() {

@@ -40,7 +40,9 @@ struct Glommio;
 
 impl Runtime for Glommio {
     fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
-        rt::spawn_local(task);
+        // Queued, not polled at once: the calls of one read all answer before the connection
+        // flushes, in one write (see `rt::spawn_local_queued`).
+        rt::spawn_local_queued(task);
     }
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(rt::sleep(duration))
