@@ -8,8 +8,9 @@
 # usage: deploy/local-cluster.sh [DIR]
 #   KEEL=path/to/keel   the binary (default: keel on PATH, else target/{release,debug}/keel)
 #   KEEL_SHARDS=N       client-serving cores per member (default 1: three members share the host)
-# Member i (0, 1, 2) pins its raft core to CPU i % (CPUs): by default every member would pin
-# it to the last CPU, and three raft cores on one CPU starve each other.
+# Member i (0, 1, 2) pins its raft core to CPU i % (CPUs), as members that see each other on
+# one host would by default: named here so that KEEL_SHARDS can go with it, and so that three
+# raft cores never share the last CPU (each member's single-member default) and starve.
 set -euo pipefail
 
 dir="${1:-./keel-local}"

@@ -4,8 +4,10 @@
 # them all alike.
 #
 # Usage: bench/scripts/cluster-put.sh LABEL=BIN:PLACEMENT [...]
-#   PLACEMENT: `last` (no --raft-cpu: every member pins its raft core to the last CPU, keel's
-#   default) or `spread` (member i gets --raft-cpu i % CPUs, as deploy/local-cluster.sh does)
+#   PLACEMENT: `last` (no --raft-cpu: keel's default, which for three members on 127.0.0.1
+#   is now their own split of the CPUs, config::default_placement; before 2026-12-06 it was
+#   every member's raft core on the last CPU) or `spread` (member i gets --raft-cpu i % CPUs,
+#   as deploy/local-cluster.sh does)
 #   for a keel binary; `etcd` for an etcd binary, started with the same flags less Keel's own
 #   (`--shards`, `--raft-cpu`), so the two can be compared in one run.
 # Environment: BENCH (target/release/keel-bench), REPEATS (2), TOTAL puts per run (200000),

@@ -210,17 +210,17 @@ pub struct Flags {
 
     /// Keel: number of client-serving shards, each a pinned core with its own executor (0 =
     /// one per CPU the process may run on, less the raft core's own where there are 4 or
-    /// more: measured on 4, 8 and 16 CPUs, writes went faster with the raft core alone; when
-    /// k members of `--initial-cluster` have peer URLs on this host, what N / k CPUs would
-    /// give each).
+    /// more: measured on 4, 8 and 16 CPUs, writes went faster with the raft core alone;
+    /// members of `--initial-cluster` with peer URLs on this host split the CPUs, see
+    /// `default_placement`).
     #[arg(long = "shards", env = "KEEL_SHARDS", default_value_t = 0)]
     pub shards: usize,
 
     /// Keel: which CPU the raft core is pinned to (default: the last one the process may run
     /// on; shards go on the others first). When several members of `--initial-cluster` have
-    /// peer URLs on this host (loopback, `localhost` or this host's addresses), the i-th of
-    /// them in the flag's order takes the (i % N)-th of the N CPUs instead, so their raft
-    /// cores do not all take the last CPU and starve each other.
+    /// peer URLs on this host (loopback, `localhost` or this host's addresses), each takes a
+    /// CPU of its own share instead (`default_placement`), so their raft cores do not all
+    /// take the last CPU and starve each other. Given, the shards spread over all the CPUs.
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 
@@ -687,7 +687,12 @@ impl Config {
         let cpus = crate::rt::process_cpu_list();
         let on_this_host = members_on_this_host(&initial_cluster, &f.name, host_is_local);
         let placement = default_placement(&cpus, on_this_host);
-        let raft_cpu = f.raft_cpu.unwrap_or(placement.raft_cpu);
+        // A --raft-cpu of the operator's own places the raft core by hand: the shards then
+        // take the process's CPUs, as they did before members placed themselves.
+        let (raft_cpu, member_cpus) = match f.raft_cpu {
+            Some(cpu) => (cpu, cpus.clone()),
+            None => (placement.raft_cpu, placement.cpus.clone()),
+        };
         if !(VALUE_LOG_SEGMENT_BYTES_MIN..=VALUE_LOG_SEGMENT_BYTES_MAX)
             .contains(&f.value_log_segment_bytes)
         {
@@ -706,7 +711,7 @@ impl Config {
         } else {
             f.shards
         };
-        let shard_cpus = shard_cpus(&cpus, raft_cpu, shards);
+        let shard_cpus = shard_cpus(&member_cpus, raft_cpu, shards);
         // An empty value means the default, as etcd's flags read it (`--wal-dir ''`).
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty()).map(PathBuf::from);
         let data_dir =
@@ -838,38 +843,56 @@ pub fn default_shards(cpus: usize) -> usize {
     }
 }
 
-/// Where a member's raft core and how many shards go when the operator names neither.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a member's raft core and its shards go when the operator names neither.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     pub raft_cpu: usize,
+    /// The shards by default (`--shards 0`).
     pub shards: usize,
+    /// The CPUs the shards go on (see `shard_cpus`), the raft core's among them.
+    pub cpus: Vec<usize>,
 }
 
-/// The default placement on `cpus`, given which of the members on this host this one is
-/// (`on_this_host`: its index among them and their count; see `members_on_this_host`).
+/// The default placement on the process's `cpus`, given which of the members on this host
+/// this one is (`on_this_host`: its index among them and their count; see
+/// `members_on_this_host`).
 ///
-/// One member per host: the raft core on the last CPU and `default_shards` of all of them.
+/// One member per host: the raft core on the last CPU, and `default_shards` of all of them.
 /// Several members of one cluster on one host (a local cluster, a test, a benchmark) would
-/// each take every CPU and all pin their raft cores to the same last one, starving each
-/// other. So member i of k pins its raft core to the (i % N)-th of the N CPUs, and takes the
-/// shards that a host of N / k CPUs would give it. Both were measured against the single-member
-/// defaults with `bench/scripts/cluster-put.sh` (BENCHMARKS.md): on 2 CPUs three members so
-/// placed cost 0.26x etcd's CPU per put against 0.30-0.35x, and on 16 CPUs `--shards 4`
-/// (what this gives three members there) cost 0.21-0.22x against 0.27-0.39x.
+/// each take every CPU, pin their raft cores to the same last one and starve each other. So
+/// k members on N CPUs split them:
+/// - k <= N: member i takes the i-th of k equal slices of the CPUs and places itself within
+///   it as one member on a host of that many CPUs would (the raft core on the slice's last
+///   CPU, `default_shards` of the slice), so no member's shards share another's CPUs;
+/// - k > N: member i pins its raft core to the (i % N)-th CPU and takes one shard, which goes
+///   on another CPU first.
+///
+/// Measured on 2 CPUs (BENCHMARKS.md, "members on one host place themselves"): three members
+/// placed so cost 3-11 % less CPU per put than the same binary under the single-member
+/// defaults. On 16 CPUs only a layout near the slices was measured (raft cores spread, 4
+/// shards each, overlapping): 0.21-0.22x etcd's CPU per put against 0.27-0.39x with 15 each.
 pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -> Placement {
     assert!(!cpus.is_empty(), "the CPU list is never empty");
+    let alone = |cpus: &[usize]| Placement {
+        raft_cpu: *cpus.last().expect("a slice is never empty"),
+        shards: default_shards(cpus.len()),
+        cpus: cpus.to_vec(),
+    };
     match on_this_host {
         Some((index, count)) if count > 1 => {
             assert!(index < count, "member {index} of {count} on this host");
-            Placement {
-                raft_cpu: cpus[index % cpus.len()],
-                shards: default_shards((cpus.len() / count).max(1)),
+            let n = cpus.len();
+            if count <= n {
+                alone(&cpus[index * n / count..(index + 1) * n / count])
+            } else {
+                Placement {
+                    raft_cpu: cpus[index % n],
+                    shards: 1,
+                    cpus: cpus.to_vec(),
+                }
             }
         }
-        _ => Placement {
-            raft_cpu: *cpus.last().expect("checked above"),
-            shards: default_shards(cpus.len()),
-        },
+        _ => alone(cpus),
     }
 }
 
@@ -899,8 +922,11 @@ pub fn members_on_this_host(
 }
 
 /// Whether `host` (from a URL) names this host: `localhost`, a loopback address, or an
-/// address of one of this host's interfaces (in this network namespace), which a socket can
-/// bind. Other names are not resolved: a startup must not wait on DNS for a placement hint.
+/// address of one of this host's interfaces (in this network namespace). Other names are not
+/// resolved: a startup must not wait on DNS for a placement hint. Interfaces are listed, not
+/// probed with a bind: with `ip_nonlocal_bind` set (hosts that float a virtual IP) every
+/// address binds, and every member of a cluster spread over hosts would take itself for one
+/// of several sharing this one.
 pub fn host_is_local(host: &str) -> bool {
     if host.eq_ignore_ascii_case("localhost") {
         return true;
@@ -908,10 +934,41 @@ pub fn host_is_local(host: &str) -> bool {
     let Ok(ip) = host.parse::<std::net::IpAddr>() else {
         return false;
     };
-    if ip.is_loopback() {
-        return true;
+    ip.is_loopback() || interface_addresses().contains(&ip)
+}
+
+/// The addresses of this host's interfaces (`getifaddrs`); empty if they cannot be listed.
+fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let mut addresses = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list it allocates, freed below once read.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return addresses;
     }
-    !ip.is_unspecified() && std::net::UdpSocket::bind(std::net::SocketAddr::new(ip, 0)).is_ok()
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs returned, not freed yet.
+        let entry = unsafe { &*at };
+        if !entry.ifa_addr.is_null() {
+            // SAFETY: `ifa_addr` points to a sockaddr whose family says which one it is.
+            let family = i32::from(unsafe { (*entry.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
+                addresses.push(std::net::IpAddr::from(
+                    u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                ));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
+                addresses.push(std::net::IpAddr::from(sin6.sin6_addr.s6_addr));
+            }
+        }
+        at = entry.ifa_next;
+    }
+    // SAFETY: the list came from getifaddrs and is not used after this.
+    unsafe { libc::freeifaddrs(list) };
+    addresses
 }
 
 /// The CPU of each of `shards` shards (0: `default_shards`), given the process's CPUs and the
@@ -1415,6 +1472,13 @@ mod tests {
 
     #[test]
     fn local_hosts_are_loopback_and_this_hosts_addresses() {
+        // The address this host would send from: one of its interfaces' (a UDP connect sends
+        // nothing). A host with no route out has none to check.
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        if probe.connect("192.0.2.1:9").is_ok() {
+            let own = probe.local_addr().unwrap().ip();
+            assert!(host_is_local(&own.to_string()), "{own} is this host's");
+        }
         assert!(host_is_local("127.0.0.1"));
         assert!(host_is_local("127.0.0.2"));
         assert!(host_is_local("::1"));
@@ -1431,32 +1495,57 @@ mod tests {
         let alone = Placement {
             raft_cpu: 1,
             shards: 2,
+            cpus: vec![0, 1],
         };
         assert_eq!(default_placement(&[0, 1], None), alone);
         assert_eq!(default_placement(&[0, 1], Some((0, 1))), alone);
-        // Three members on 2 CPUs: raft cores spread round the CPUs, one shard each.
-        let on_two: Vec<Placement> = (0..3)
+        // Three members on 2 CPUs: raft cores round the CPUs, one shard each.
+        let on_two: Vec<(usize, usize)> = (0..3)
             .map(|i| default_placement(&[0, 1], Some((i, 3))))
+            .map(|p| (p.raft_cpu, p.shards))
+            .collect();
+        assert_eq!(on_two, vec![(0, 1), (1, 1), (0, 1)]);
+        // The shard goes on the other CPU first.
+        let first = default_placement(&[0, 1], Some((0, 3)));
+        assert_eq!(
+            shard_cpus(&first.cpus, first.raft_cpu, first.shards),
+            vec![1]
+        );
+        // Three members on 16 CPUs: slices of 5, 5 and 6, each placed as a host of its size.
+        let cpus: Vec<usize> = (0..16).collect();
+        let slices: Vec<Placement> = (0..3)
+            .map(|i| default_placement(&cpus, Some((i, 3))))
             .collect();
         assert_eq!(
-            on_two
+            slices
                 .iter()
                 .map(|p| (p.raft_cpu, p.shards))
                 .collect::<Vec<_>>(),
-            vec![(0, 1), (1, 1), (0, 1)]
+            vec![(4, 4), (9, 4), (15, 5)]
         );
-        // Three members on 16 CPUs: the shards a 5-CPU host gives (4), as measured.
-        let cpus: Vec<usize> = (0..16).collect();
+        assert_eq!(slices[1].cpus, vec![5, 6, 7, 8, 9]);
+        let mut every: Vec<usize> = slices
+            .iter()
+            .flat_map(|p| {
+                let mut on = shard_cpus(&p.cpus, p.raft_cpu, p.shards);
+                on.push(p.raft_cpu);
+                on
+            })
+            .collect();
+        every.sort_unstable();
+        assert_eq!(every, cpus, "every CPU used once, by one member");
+        // Two members on 2 CPUs: one CPU each, shard beside the raft core.
         assert_eq!(
-            default_placement(&cpus, Some((2, 3))),
+            default_placement(&[0, 1], Some((1, 2))),
             Placement {
-                raft_cpu: 2,
-                shards: 4
+                raft_cpu: 1,
+                shards: 1,
+                cpus: vec![1]
             }
         );
         // A cpuset's own CPU numbers.
-        assert_eq!(default_placement(&[4, 5, 6, 7], Some((1, 2))).raft_cpu, 5);
-        assert_eq!(default_placement(&[4, 5, 6, 7], Some((1, 2))).shards, 2);
+        let set = default_placement(&[4, 5, 6, 7], Some((1, 2)));
+        assert_eq!((set.raft_cpu, set.shards, set.cpus), (7, 2, vec![6, 7]));
     }
 
     #[test]
@@ -1473,9 +1562,13 @@ mod tests {
             peer[1],
         ])
         .unwrap();
+        let placed = default_placement(&cpus, Some((1, 3)));
         assert_eq!(c.members_on_this_host, 3);
-        assert_eq!(c.raft_cpu, cpus[1 % cpus.len()]);
-        assert_eq!(c.shard_cpus.len(), default_shards((cpus.len() / 3).max(1)));
+        assert_eq!(c.raft_cpu, placed.raft_cpu);
+        assert_eq!(
+            c.shard_cpus,
+            shard_cpus(&placed.cpus, placed.raft_cpu, placed.shards)
+        );
         let flagged = parse(&[
             "--name",
             "n1",

@@ -316,9 +316,10 @@ pub fn spawn_local<F: Future<Output = ()> + 'static>(f: F) {
 /// Spawns a task on the current executor's current task queue, behind the tasks already
 /// there, and lets it run detached: unlike `spawn_local`, the caller goes on before the task's
 /// first poll. A connection that accepts a read of several calls spawns each call's task so,
-/// and every call answers before the connection flushes again; polled at once, each would
-/// answer before the next was accepted, and every accept would flush one response (measured:
-/// one `sendto` per serializable range at 1000 clients, BENCHMARKS.md).
+/// and the calls that answer without waiting (a serializable Range) all answer before the
+/// connection flushes again. Polled at once, each answered inside its accept, and the next
+/// accept flushed it alone (measured: one `sendto` per serializable Range at 1000 clients,
+/// BENCHMARKS.md). Must be called from a task (glommio names the running task's queue).
 pub fn spawn_local_queued<F: Future<Output = ()> + 'static>(f: F) {
     let queue = glommio::executor().current_task_queue();
     glommio::spawn_local_into(f, queue)

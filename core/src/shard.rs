@@ -40,8 +40,8 @@ struct Glommio;
 
 impl Runtime for Glommio {
     fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
-        // Queued, not polled at once: the calls of one read all answer before the connection
-        // flushes, in one write (see `rt::spawn_local_queued`).
+        // Queued, not polled at once: the calls of one read that answer without waiting go
+        // out in one write (see `rt::spawn_local_queued`).
         rt::spawn_local_queued(task);
     }
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {

@@ -44,7 +44,12 @@ struct GlommioRuntime;
 
 impl Runtime for GlommioRuntime {
     fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
-        glommio::spawn_local(task).detach();
+        // Behind the running queue, not polled inside the accept: as keel's shards spawn
+        // calls (keel-core `rt::spawn_local_queued`), so these tests see the same order.
+        let queue = glommio::executor().current_task_queue();
+        glommio::spawn_local_into(task, queue)
+            .expect("the running task's own queue exists")
+            .detach();
     }
 
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {

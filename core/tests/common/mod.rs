@@ -58,8 +58,9 @@ pub fn json_of(text: &str) -> Option<serde_json::Value> {
 
 /// The CPU member `index` of a cluster on this host pins its raft core to (`--raft-cpu`):
 /// the index-th of the CPUs this process may run on, round the list, counted as keel counts
-/// them, so the members spread over the CPUs instead of all taking the last one (keel's
-/// default) and starving each other's raft cores.
+/// them, so the members spread over the CPUs instead of all taking the last one (a single
+/// member's default) and starving each other's raft cores. Named explicitly, so a test does
+/// not depend on how members that share a host place themselves.
 pub fn raft_cpu_of(index: usize) -> usize {
     let cpus = keel_core::rt::process_cpu_list();
     cpus[index % cpus.len()]

@@ -457,41 +457,56 @@ fn members_sharing_a_host_spread_their_raft_cores_without_flags() {
         }
     }
     let children = Stop(children);
-    let endpoints = ports
-        .iter()
-        .map(|(client, _)| format!("127.0.0.1:{client}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let put = etcdctl_at(&endpoints, &["put", "k", "v"], None);
-        if put.code == 0 {
-            break;
+    // Each member on its own: two would take a write without the third.
+    for (i, (client, _)) in ports.iter().enumerate() {
+        let endpoint = format!("127.0.0.1:{client}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let put = etcdctl_at(&endpoint, &["put", &format!("k{i}"), "v"], None);
+            if put.code == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "member n{i} never took a write: {}",
+                put.stderr
+            );
+            std::thread::sleep(Duration::from_millis(200));
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the local cluster never took a write: {}",
-            put.stderr
-        );
-        std::thread::sleep(Duration::from_millis(200));
     }
-    let shards_each = keel_core::config::default_shards((cpus.len() / 3).max(1));
     for (i, child) in children.0.iter().enumerate() {
+        let placed = keel_core::config::default_placement(&cpus, Some((i, 3)));
         let raft: Vec<String> = pinned_threads(child.id(), "keel-raft")
             .into_values()
             .collect();
         assert_eq!(
             raft,
-            vec![cpus[i % cpus.len()].to_string()],
+            vec![placed.raft_cpu.to_string()],
             "member n{i}'s raft core"
         );
-        let shards = pinned_threads(child.id(), "keel-shard");
-        assert_eq!(
-            shards.len(),
-            shards_each,
-            "member n{i}'s shards: {shards:?}"
-        );
-        let log = std::fs::read_to_string(dir.path().join(format!("n{i}.log"))).unwrap();
+        let mut shards: Vec<String> = pinned_threads(child.id(), "keel-shard")
+            .into_values()
+            .collect();
+        shards.sort();
+        let mut expected: Vec<String> =
+            keel_core::config::shard_cpus(&placed.cpus, placed.raft_cpu, placed.shards)
+                .iter()
+                .map(|cpu| cpu.to_string())
+                .collect();
+        expected.sort();
+        assert_eq!(shards, expected, "member n{i}'s shards");
+        // The startup line is logged as the shards start serving: wait for it to land.
+        let path = dir.path().join(format!("n{i}.log"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let log = loop {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            if log.contains("keel is serving client requests")
+                || std::time::Instant::now() > deadline
+            {
+                break log;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         assert!(
             log.contains("\"members_on_this_host\":3"),
             "member n{i} logs what it placed itself by: {log}"
