@@ -1552,16 +1552,19 @@ mod tests {
     fn a_local_cluster_is_placed_without_flags_and_flags_still_win() {
         let cpus = crate::rt::process_cpu_list();
         let cluster = "n0=http://127.0.0.1:2380,n1=http://127.0.0.1:2382,n2=http://127.0.0.1:2384";
-        let peer = ["--initial-advertise-peer-urls", "http://127.0.0.1:2382"];
-        let c = parse(&[
-            "--name",
-            "n1",
-            "--initial-cluster",
-            cluster,
-            peer[0],
-            peer[1],
-        ])
-        .unwrap();
+        let as_n1 = |more: &[&str]| {
+            let mut args = vec![
+                "--name",
+                "n1",
+                "--initial-cluster",
+                cluster,
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2382",
+            ];
+            args.extend_from_slice(more);
+            parse(&args).unwrap()
+        };
+        let c = as_n1(&[]);
         let placed = default_placement(&cpus, Some((1, 3)));
         assert_eq!(c.members_on_this_host, 3);
         assert_eq!(c.raft_cpu, placed.raft_cpu);
@@ -1569,19 +1572,8 @@ mod tests {
             c.shard_cpus,
             shard_cpus(&placed.cpus, placed.raft_cpu, placed.shards)
         );
-        let flagged = parse(&[
-            "--name",
-            "n1",
-            "--initial-cluster",
-            cluster,
-            peer[0],
-            peer[1],
-            "--raft-cpu",
-            &cpus[0].to_string(),
-            "--shards",
-            "3",
-        ])
-        .unwrap();
+        let raft_cpu = cpus[0].to_string();
+        let flagged = as_n1(&["--raft-cpu", &raft_cpu, "--shards", "3"]);
         assert_eq!(flagged.raft_cpu, cpus[0]);
         assert_eq!(flagged.shard_cpus.len(), 3);
         // One member: the single-member defaults.
