@@ -7,10 +7,10 @@
 #
 # usage: deploy/local-cluster.sh [DIR]
 #   KEEL=path/to/keel   the binary (default: keel on PATH, else target/{release,debug}/keel)
-#   KEEL_SHARDS=N       client-serving cores per member (default 1: three members share the host)
-# Member i (0, 1, 2) pins its raft core to CPU i % (CPUs), as members that see each other on
-# one host would by default: named here so that KEEL_SHARDS can go with it, and so that three
-# raft cores never share the last CPU (each member's single-member default) and starve.
+#   KEEL_SHARDS=N       client-serving cores per member (default: keel's own split, below)
+# The members see from --initial-cluster that they share this host and split its CPUs
+# themselves (deploy/README.md): on 3 or more CPUs each takes a slice of its own, on fewer
+# member i pins its raft core to CPU i % CPUs and takes one shard.
 set -euo pipefail
 
 dir="${1:-./keel-local}"
@@ -30,11 +30,6 @@ if [[ -z "$keel" || ! -x "$keel" ]]; then
 fi
 
 cluster="n1=http://127.0.0.1:2380,n2=http://127.0.0.1:22380,n3=http://127.0.0.1:32380"
-# The CPUs this shell may run on, by number: a taskset or cpuset need not start at CPU 0.
-cpus=()
-for range in $(awk '/^Cpus_allowed_list/ { gsub(",", " ", $2); print $2 }' /proc/self/status); do
-  cpus+=($(seq "${range%-*}" "${range#*-}"))
-done
 pids=()
 
 stop() {
@@ -46,11 +41,9 @@ stop() {
 trap stop INT TERM EXIT
 
 start() {
-  local name="$1" client="$2" peer="$3" index="$4"
-  local raft_cpu=${cpus[index % ${#cpus[@]}]}
-  KEEL_SHARDS="${KEEL_SHARDS:-1}" "$keel" \
+  local name="$1" client="$2" peer="$3"
+  "$keel" \
     --name "$name" \
-    --raft-cpu "$raft_cpu" \
     --data-dir "$dir/$name.keel" \
     --listen-client-urls "http://127.0.0.1:$client" \
     --advertise-client-urls "http://127.0.0.1:$client" \
@@ -61,12 +54,12 @@ start() {
     --initial-cluster-state new \
     >"$dir/$name.log" 2>&1 &
   pids+=("$!")
-  echo "$name: pid $! client http://127.0.0.1:$client peer http://127.0.0.1:$peer raft CPU $raft_cpu log $dir/$name.log"
+  echo "$name: pid $! client http://127.0.0.1:$client peer http://127.0.0.1:$peer log $dir/$name.log"
 }
 
-start n1 2379 2380 0
-start n2 22379 22380 1
-start n3 32379 32380 2
+start n1 2379 2380
+start n2 22379 22380
+start n3 32379 32380
 
 echo "try: ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379 endpoint status -w table"
 echo "Ctrl-C stops the cluster."

@@ -220,7 +220,7 @@ pub struct Flags {
     /// on; shards go on the others first). When several members of `--initial-cluster` have
     /// peer URLs on this host (loopback, `localhost` or this host's addresses), each takes a
     /// CPU of its own share instead (`default_placement`), so their raft cores do not all
-    /// take the last CPU and starve each other. Given, the shards spread over all the CPUs.
+    /// take the last CPU and starve each other. Given, it moves only the raft core (`place`).
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 
@@ -685,14 +685,11 @@ impl Config {
         )
         .map_err(CoreError::Config)?;
         let cpus = crate::rt::process_cpu_list();
-        let on_this_host = members_on_this_host(&initial_cluster, &f.name, host_is_local);
-        let placement = default_placement(&cpus, on_this_host);
-        // A --raft-cpu of the operator's own places the raft core by hand: the shards then
-        // take the process's CPUs, as they did before members placed themselves.
-        let (raft_cpu, member_cpus) = match f.raft_cpu {
-            Some(cpu) => (cpu, cpus.clone()),
-            None => (placement.raft_cpu, placement.cpus.clone()),
-        };
+        let local_addresses = interface_addresses();
+        let on_this_host = members_on_this_host(&initial_cluster, &f.name, |host| {
+            host_is_local(host, &local_addresses)
+        });
+        let (raft_cpu, shard_cpus) = place(&cpus, on_this_host, f.raft_cpu, f.shards);
         if !(VALUE_LOG_SEGMENT_BYTES_MIN..=VALUE_LOG_SEGMENT_BYTES_MAX)
             .contains(&f.value_log_segment_bytes)
         {
@@ -706,12 +703,6 @@ impl Config {
                 "--raft-cpu {raft_cpu} is not a CPU this process may run on ({cpus:?})"
             )));
         }
-        let shards = if f.shards == 0 {
-            placement.shards
-        } else {
-            f.shards
-        };
-        let shard_cpus = shard_cpus(&member_cpus, raft_cpu, shards);
         // An empty value means the default, as etcd's flags read it (`--wal-dir ''`).
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty()).map(PathBuf::from);
         let data_dir =
@@ -849,7 +840,7 @@ pub struct Placement {
     pub raft_cpu: usize,
     /// The shards by default (`--shards 0`).
     pub shards: usize,
-    /// The CPUs the shards go on (see `shard_cpus`), the raft core's among them.
+    /// The CPUs the shards go on, in the order `shard_cpus` takes them.
     pub cpus: Vec<usize>,
 }
 
@@ -861,16 +852,18 @@ pub struct Placement {
 /// Several members of one cluster on one host (a local cluster, a test, a benchmark) would
 /// each take every CPU, pin their raft cores to the same last one and starve each other. So
 /// k members on N CPUs split them:
-/// - k <= N: member i takes the i-th of k equal slices of the CPUs and places itself within
-///   it as one member on a host of that many CPUs would (the raft core on the slice's last
-///   CPU, `default_shards` of the slice), so no member's shards share another's CPUs;
-/// - k > N: member i pins its raft core to the (i % N)-th CPU and takes one shard, which goes
-///   on another CPU first.
+/// - k <= N: member i takes the i-th of k contiguous slices (sizes differ by at most one)
+///   and places itself there as a lone member on a host of that many CPUs would: the raft
+///   core on the slice's last CPU, `default_shards` of the slice (beside the raft core on
+///   slices of 1-3 CPUs), so no member's threads share another member's CPUs;
+/// - k > N: member i pins its raft core to CPU i % N and takes one shard, on CPU
+///   (i + 1) % N, so that the shards spread round the CPUs as the raft cores do.
 ///
 /// Measured on 2 CPUs (BENCHMARKS.md, "members on one host place themselves"): three members
-/// placed so cost 3-11 % less CPU per put than the same binary under the single-member
-/// defaults. On 16 CPUs only a layout near the slices was measured (raft cores spread, 4
-/// shards each, overlapping): 0.21-0.22x etcd's CPU per put against 0.27-0.39x with 15 each.
+/// placed so cost 2-11 % less CPU per put than the same binary under the single-member
+/// defaults. The 16-CPU slices are not measured; the nearest measured layout (raft cores on
+/// CPUs 0-2, 4 shards each, all on CPUs 0-4) cost 0.21-0.22x etcd's CPU per put against
+/// 0.27-0.39x with 15 shards each.
 pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -> Placement {
     assert!(!cpus.is_empty(), "the CPU list is never empty");
     let alone = |cpus: &[usize]| Placement {
@@ -885,15 +878,42 @@ pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -
             if count <= n {
                 alone(&cpus[index * n / count..(index + 1) * n / count])
             } else {
+                // Rotated to start after the raft core's CPU: the shard goes there first.
+                let after = (index + 1) % n;
                 Placement {
                     raft_cpu: cpus[index % n],
                     shards: 1,
-                    cpus: cpus.to_vec(),
+                    cpus: cpus[after..]
+                        .iter()
+                        .chain(&cpus[..after])
+                        .copied()
+                        .collect(),
                 }
             }
         }
         _ => alone(cpus),
     }
+}
+
+/// The raft core's CPU and each shard's, from the default placement and the operator's
+/// `--raft-cpu` and `--shards` (0: not given). Either flag replaces only its own part: a
+/// given raft CPU moves the raft core and leaves the shards on the placement's CPUs (where
+/// they come to its CPU only when there are more shards than other CPUs), and a given shard
+/// count places that many on them.
+pub fn place(
+    cpus: &[usize],
+    on_this_host: Option<(usize, usize)>,
+    raft_cpu_flag: Option<usize>,
+    shards_flag: usize,
+) -> (usize, Vec<usize>) {
+    let placement = default_placement(cpus, on_this_host);
+    let raft_cpu = raft_cpu_flag.unwrap_or(placement.raft_cpu);
+    let shards = if shards_flag == 0 {
+        placement.shards
+    } else {
+        shards_flag
+    };
+    (raft_cpu, shard_cpus(&placement.cpus, raft_cpu, shards))
 }
 
 /// Which of the members of `initial_cluster` have a peer URL on this host, as (this
@@ -921,53 +941,66 @@ pub fn members_on_this_host(
     index.map(|index| (index, count))
 }
 
-/// Whether `host` (from a URL) names this host: `localhost`, a loopback address, or an
-/// address of one of this host's interfaces (in this network namespace). Other names are not
-/// resolved: a startup must not wait on DNS for a placement hint. Interfaces are listed, not
-/// probed with a bind: with `ip_nonlocal_bind` set (hosts that float a virtual IP) every
-/// address binds, and every member of a cluster spread over hosts would take itself for one
-/// of several sharing this one.
-pub fn host_is_local(host: &str) -> bool {
+/// Whether `host` (from a URL) names this host, whose interfaces have `addresses` (see
+/// `interface_addresses`): `localhost`, a loopback address, or one of them (an IPv4-mapped
+/// IPv6 form counts as its IPv4 address). Other names are not resolved: a startup must not
+/// wait on DNS for a placement hint. Scoped IPv6 addresses (`fe80::1%eth0`) do not parse
+/// and count as elsewhere. Interfaces are listed, not probed with a bind: with
+/// `ip_nonlocal_bind` set (hosts that float a virtual IP) every address binds, and every
+/// member of a cluster spread over hosts would take itself for one of several sharing this
+/// one.
+pub fn host_is_local(host: &str, addresses: &[std::net::IpAddr]) -> bool {
     if host.eq_ignore_ascii_case("localhost") {
         return true;
     }
     let Ok(ip) = host.parse::<std::net::IpAddr>() else {
         return false;
     };
-    ip.is_loopback() || interface_addresses().contains(&ip)
+    let ip = ip.to_canonical();
+    ip.is_loopback() || addresses.contains(&ip)
 }
 
-/// The addresses of this host's interfaces (`getifaddrs`); empty if they cannot be listed.
-fn interface_addresses() -> Vec<std::net::IpAddr> {
+/// The addresses of this host's interfaces in this network namespace (`getifaddrs`); empty
+/// if they cannot be listed.
+pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+    /// Frees the list however the walk ends.
+    struct List(*mut libc::ifaddrs);
+    impl Drop for List {
+        fn drop(&mut self) {
+            // SAFETY: the list came from a successful getifaddrs and is freed once.
+            unsafe { libc::freeifaddrs(self.0) };
+        }
+    }
     let mut addresses = Vec::new();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list` with a linked list it allocates, freed below once read.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list it allocates, freed by `List`.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
         return addresses;
     }
-    let mut at = list;
+    let list = List(head);
+    let mut at = list.0;
     while !at.is_null() {
         // SAFETY: `at` is a node of the list getifaddrs returned, not freed yet.
         let entry = unsafe { &*at };
         if !entry.ifa_addr.is_null() {
-            // SAFETY: `ifa_addr` points to a sockaddr whose family says which one it is.
+            // SAFETY: `ifa_addr` points to a sockaddr whose family says which one it is; the
+            // reads below are unaligned ones, so they assume nothing of how libc stored it.
             let family = i32::from(unsafe { (*entry.ifa_addr).sa_family });
             if family == libc::AF_INET {
                 // SAFETY: an AF_INET address is a sockaddr_in.
-                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
-                addresses.push(std::net::IpAddr::from(
-                    u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                ));
+                let sin: libc::sockaddr_in =
+                    unsafe { std::ptr::read_unaligned(entry.ifa_addr.cast()) };
+                // `s_addr` holds the address in network order, as its bytes lie in memory.
+                addresses.push(std::net::IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes()));
             } else if family == libc::AF_INET6 {
                 // SAFETY: an AF_INET6 address is a sockaddr_in6.
-                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
+                let sin6: libc::sockaddr_in6 =
+                    unsafe { std::ptr::read_unaligned(entry.ifa_addr.cast()) };
                 addresses.push(std::net::IpAddr::from(sin6.sin6_addr.s6_addr));
             }
         }
         at = entry.ifa_next;
     }
-    // SAFETY: the list came from getifaddrs and is not used after this.
-    unsafe { libc::freeifaddrs(list) };
     addresses
 }
 
@@ -1472,22 +1505,36 @@ mod tests {
 
     #[test]
     fn local_hosts_are_loopback_and_this_hosts_addresses() {
+        let own = interface_addresses();
+        // Read in the right byte order (127.0.0.1, not 1.0.0.127): `lo` is always listed.
+        assert!(
+            own.contains(&std::net::IpAddr::from([127, 0, 0, 1])),
+            "{own:?}"
+        );
+        let local = |host: &str| host_is_local(host, &own);
         // The address this host would send from: one of its interfaces' (a UDP connect sends
         // nothing). A host with no route out has none to check.
         let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
         if probe.connect("192.0.2.1:9").is_ok() {
-            let own = probe.local_addr().unwrap().ip();
-            assert!(host_is_local(&own.to_string()), "{own} is this host's");
+            let out = probe.local_addr().unwrap().ip();
+            assert!(local(&out.to_string()), "{out} is this host's");
+            assert!(local(&format!("::ffff:{out}")), "its IPv4-mapped form too");
         }
-        assert!(host_is_local("127.0.0.1"));
-        assert!(host_is_local("127.0.0.2"));
-        assert!(host_is_local("::1"));
-        assert!(host_is_local("LocalHost"));
+        assert!(local("127.0.0.1"));
+        assert!(local("127.0.0.2"));
+        assert!(local("::1"));
+        assert!(local("::ffff:127.0.0.1"));
+        assert!(local("LocalHost"));
         // TEST-NET-1 (RFC 5737) is no interface's address; the unspecified address names none.
-        assert!(!host_is_local("192.0.2.1"));
-        assert!(!host_is_local("0.0.0.0"));
-        // Names other than localhost are not resolved.
-        assert!(!host_is_local("example.com"));
+        assert!(!local("192.0.2.1"));
+        assert!(!local("0.0.0.0"));
+        // Names other than localhost are not resolved; scoped addresses do not parse.
+        assert!(!local("example.com"));
+        assert!(!local("fe80::1%eth0"));
+        // Given addresses are what counts, not whether a bind would succeed.
+        let listed = [std::net::IpAddr::from([192, 0, 2, 7])];
+        assert!(host_is_local("192.0.2.7", &listed));
+        assert!(!host_is_local("192.0.2.8", &listed));
     }
 
     #[test]
@@ -1499,18 +1546,23 @@ mod tests {
         };
         assert_eq!(default_placement(&[0, 1], None), alone);
         assert_eq!(default_placement(&[0, 1], Some((0, 1))), alone);
-        // Three members on 2 CPUs: raft cores round the CPUs, one shard each.
-        let on_two: Vec<(usize, usize)> = (0..3)
-            .map(|i| default_placement(&[0, 1], Some((i, 3))))
-            .map(|p| (p.raft_cpu, p.shards))
-            .collect();
-        assert_eq!(on_two, vec![(0, 1), (1, 1), (0, 1)]);
-        // The shard goes on the other CPU first.
-        let first = default_placement(&[0, 1], Some((0, 3)));
+        // More members than CPUs: raft cores round the CPUs, each shard on the next CPU.
+        let round = |n: usize, k: usize| -> Vec<(usize, Vec<usize>)> {
+            let cpus: Vec<usize> = (0..n).collect();
+            (0..k)
+                .map(|i| place(&cpus, Some((i, k)), None, 0))
+                .collect()
+        };
         assert_eq!(
-            shard_cpus(&first.cpus, first.raft_cpu, first.shards),
-            vec![1]
+            round(2, 3),
+            vec![(0, vec![1]), (1, vec![0]), (0, vec![1])],
+            "three members on 2 CPUs, as measured"
         );
+        assert_eq!(
+            round(3, 4),
+            vec![(0, vec![1]), (1, vec![2]), (2, vec![0]), (0, vec![1])]
+        );
+        assert_eq!(round(3, 5)[4], (1, vec![2]));
         // Three members on 16 CPUs: slices of 5, 5 and 6, each placed as a host of its size.
         let cpus: Vec<usize> = (0..16).collect();
         let slices: Vec<Placement> = (0..3)
@@ -1524,28 +1576,64 @@ mod tests {
             vec![(4, 4), (9, 4), (15, 5)]
         );
         assert_eq!(slices[1].cpus, vec![5, 6, 7, 8, 9]);
-        let mut every: Vec<usize> = slices
-            .iter()
-            .flat_map(|p| {
-                let mut on = shard_cpus(&p.cpus, p.raft_cpu, p.shards);
-                on.push(p.raft_cpu);
-                on
-            })
-            .collect();
-        every.sort_unstable();
-        assert_eq!(every, cpus, "every CPU used once, by one member");
-        // Two members on 2 CPUs: one CPU each, shard beside the raft core.
-        assert_eq!(
-            default_placement(&[0, 1], Some((1, 2))),
-            Placement {
-                raft_cpu: 1,
-                shards: 1,
-                cpus: vec![1]
-            }
-        );
+        // Two members on 2 CPUs: one CPU each, the shard beside the raft core.
+        assert_eq!(round(2, 2), vec![(0, vec![0]), (1, vec![1])]);
         // A cpuset's own CPU numbers.
         let set = default_placement(&[4, 5, 6, 7], Some((1, 2)));
         assert_eq!((set.raft_cpu, set.shards, set.cpus), (7, 2, vec![6, 7]));
+    }
+
+    /// For every host size up to 64 CPUs and every count of members that fits: the slices
+    /// are contiguous, never empty, within one CPU of each other in size, and every thread of
+    /// every member is on a CPU of its own slice, so each CPU serves one member.
+    #[test]
+    fn slices_partition_the_cpus() {
+        for n in 1..=64usize {
+            let cpus: Vec<usize> = (100..100 + n).collect();
+            for k in 2..=n {
+                let mut next = 100;
+                let mut sizes = Vec::new();
+                for i in 0..k {
+                    let p = default_placement(&cpus, Some((i, k)));
+                    assert_eq!(p.cpus[0], next, "n={n} k={k} i={i}: contiguous");
+                    assert!(!p.cpus.is_empty());
+                    next = p.cpus[p.cpus.len() - 1] + 1;
+                    sizes.push(p.cpus.len());
+                    let (raft, shards) = place(&cpus, Some((i, k)), None, 0);
+                    assert!(
+                        p.cpus.contains(&raft),
+                        "n={n} k={k} i={i}: raft core inside"
+                    );
+                    assert!(
+                        shards.iter().all(|cpu| p.cpus.contains(cpu)),
+                        "n={n} k={k} i={i}: shards inside {shards:?}"
+                    );
+                }
+                assert_eq!(next, 100 + n, "n={n} k={k}: every CPU used");
+                let (low, high) = (sizes.iter().min(), sizes.iter().max());
+                assert!(high.unwrap() - low.unwrap() <= 1, "n={n} k={k}: {sizes:?}");
+            }
+        }
+    }
+
+    /// Each flag replaces only its own part of the placement, on a made-up 16-CPU host.
+    #[test]
+    fn flags_replace_their_own_part_of_the_placement() {
+        let cpus: Vec<usize> = (0..16).collect();
+        let one = Some((1, 3));
+        // No flags: member 1's slice, CPUs 5-9.
+        assert_eq!(place(&cpus, one, None, 0), (9, vec![5, 6, 7, 8]));
+        // --shards only: that many, still on the slice (round it once more past 5).
+        assert_eq!(place(&cpus, one, None, 2), (9, vec![5, 6]));
+        assert_eq!(place(&cpus, one, None, 6), (9, vec![5, 6, 7, 8, 9, 5]));
+        // --raft-cpu only: the raft core moves; the shards keep the slice, all of it now.
+        assert_eq!(place(&cpus, one, Some(1), 0), (1, vec![5, 6, 7, 8]));
+        assert_eq!(place(&cpus, one, Some(7), 0), (7, vec![5, 6, 8, 9]));
+        // Both.
+        assert_eq!(place(&cpus, one, Some(0), 3), (0, vec![5, 6, 7]));
+        // Alone on the host: the single-member defaults, and the flags as before.
+        assert_eq!(place(&cpus, None, None, 0).1.len(), 15);
+        assert_eq!(place(&cpus, None, Some(0), 2), (0, vec![1, 2]));
     }
 
     #[test]
@@ -1565,12 +1653,10 @@ mod tests {
             parse(&args).unwrap()
         };
         let c = as_n1(&[]);
-        let placed = default_placement(&cpus, Some((1, 3)));
         assert_eq!(c.members_on_this_host, 3);
-        assert_eq!(c.raft_cpu, placed.raft_cpu);
         assert_eq!(
-            c.shard_cpus,
-            shard_cpus(&placed.cpus, placed.raft_cpu, placed.shards)
+            (c.raft_cpu, c.shard_cpus),
+            place(&cpus, Some((1, 3)), None, 0)
         );
         let raft_cpu = cpus[0].to_string();
         let flagged = as_n1(&["--raft-cpu", &raft_cpu, "--shards", "3"]);

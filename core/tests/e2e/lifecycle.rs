@@ -474,28 +474,9 @@ fn members_sharing_a_host_spread_their_raft_cores_without_flags() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    for (i, child) in children.0.iter().enumerate() {
-        let placed = keel_core::config::default_placement(&cpus, Some((i, 3)));
-        let raft: Vec<String> = pinned_threads(child.id(), "keel-raft")
-            .into_values()
-            .collect();
-        assert_eq!(
-            raft,
-            vec![placed.raft_cpu.to_string()],
-            "member n{i}'s raft core"
-        );
-        let mut shards: Vec<String> = pinned_threads(child.id(), "keel-shard")
-            .into_values()
-            .collect();
-        shards.sort();
-        let mut expected: Vec<String> =
-            keel_core::config::shard_cpus(&placed.cpus, placed.raft_cpu, placed.shards)
-                .iter()
-                .map(|cpu| cpu.to_string())
-                .collect();
-        expected.sort();
-        assert_eq!(shards, expected, "member n{i}'s shards");
-        // The startup line is logged as the shards start serving: wait for it to land.
+    // The startup line is logged once every shard has bound (and so is pinned): wait for it
+    // before reading the pins.
+    for i in 0..3 {
         let path = dir.path().join(format!("n{i}.log"));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let log = loop {
@@ -511,5 +492,44 @@ fn members_sharing_a_host_spread_their_raft_cores_without_flags() {
             log.contains("\"members_on_this_host\":3"),
             "member n{i} logs what it placed itself by: {log}"
         );
+    }
+    let mut raft_cpus = Vec::new();
+    let mut shard_cpus = Vec::new();
+    for (i, child) in children.0.iter().enumerate() {
+        let (raft_cpu, shards) = keel_core::config::place(&cpus, Some((i, 3)), None, 0);
+        let raft: Vec<String> = pinned_threads(child.id(), "keel-raft")
+            .into_values()
+            .collect();
+        assert_eq!(raft, vec![raft_cpu.to_string()], "member n{i}'s raft core");
+        let mut pinned: Vec<String> = pinned_threads(child.id(), "keel-shard")
+            .into_values()
+            .collect();
+        pinned.sort();
+        let mut expected: Vec<String> = shards.iter().map(|cpu| cpu.to_string()).collect();
+        expected.sort();
+        assert_eq!(pinned, expected, "member n{i}'s shards");
+        raft_cpus.push(raft_cpu);
+        shard_cpus.push(shards);
+    }
+    // What the placement is for, checked without its own code: the raft cores on as many
+    // CPUs as there are, and, where each member has CPUs of its own, no shard on another
+    // member's raft core.
+    let mut distinct = raft_cpus.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        cpus.len().min(3),
+        "raft cores {raft_cpus:?}"
+    );
+    if cpus.len() >= 3 {
+        for (i, shards) in shard_cpus.iter().enumerate() {
+            for (j, raft) in raft_cpus.iter().enumerate() {
+                assert!(
+                    i == j || !shards.contains(raft),
+                    "n{i}'s shards {shards:?} on n{j}'s raft core {raft}"
+                );
+            }
+        }
     }
 }
