@@ -1,7 +1,8 @@
 //! Limits and faults at the edge of a member, against the real binary: taking over a port that
 //! etcd just left, SETTINGS_MAX_CONCURRENT_STREAMS, the per-shard connection limit, the
 //! per-stream watcher limit and the preface timeout. Where etcd has the same knob, the test
-//! runs the same steps against a real etcd 3.4 so the expectation is etcd's.
+//! runs the same steps against a real etcd 3.4 so the expectation is etcd's. Also: calls that
+//! arrive together are answered in one write (counted in TCP segments received).
 //!
 //! HTTP/2 is spoken here frame by frame over a blocking socket (`RawH2`), because the `h2`
 //! client obeys the server's stream limit and so can never exceed it.
@@ -58,6 +59,8 @@ struct RawH2 {
     authority: String,
     /// The server's SETTINGS, as (identifier, value).
     settings: Vec<(u16, u32)>,
+    /// Frames held back by `cork`, for `uncork` to write at once.
+    corked: Option<Vec<u8>>,
 }
 
 impl RawH2 {
@@ -72,6 +75,7 @@ impl RawH2 {
             tcp,
             authority: format!("127.0.0.1:{port}"),
             settings: Vec::new(),
+            corked: None,
         };
         // A refused connection may be closed before these writes land.
         h2.tcp.write_all(PREFACE).ok()?;
@@ -117,7 +121,44 @@ impl RawH2 {
         frame.push(flags);
         frame.extend_from_slice(&stream_id.to_be_bytes());
         frame.extend_from_slice(payload);
-        self.tcp.write_all(&frame)
+        match &mut self.corked {
+            Some(held) => {
+                held.extend_from_slice(&frame);
+                Ok(())
+            }
+            None => self.tcp.write_all(&frame),
+        }
+    }
+
+    /// Holds the frames written from now on until `uncork`.
+    fn cork(&mut self) {
+        self.corked = Some(Vec::new());
+    }
+
+    /// Writes the held frames in one write, so the server reads them together.
+    fn uncork(&mut self) {
+        let held = self.corked.take().expect("corked");
+        self.tcp.write_all(&held).expect("the held frames are sent");
+    }
+
+    /// TCP segments this socket has received so far (`tcpi_segs_in`).
+    fn segments_in(&self) -> u32 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed tcp_info is valid; getsockopt writes at most `len` bytes into it.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: the pointers are to `info` and `len`, which outlive the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.tcp.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+        info.tcpi_segs_in
     }
 
     /// The next frame; `None` when the server closed (or reset) the connection.
@@ -164,9 +205,15 @@ impl RawH2 {
 
     /// A unary Range call for `key` on a new stream: HEADERS, then the message with END_STREAM.
     fn range(&mut self, stream_id: u32, key: &str) {
+        self.range_as(stream_id, key, false)
+    }
+
+    /// `range`, serializable or linearizable.
+    fn range_as(&mut self, stream_id: u32, key: &str, serializable: bool) {
         self.open_stream(stream_id, "/etcdserverpb.KV/Range");
         let message = keel_proto::etcdserverpb::RangeRequest {
             key: key.as_bytes().to_vec().into(),
+            serializable,
             ..Default::default()
         }
         .encode_to_vec();
@@ -289,6 +336,56 @@ fn stream_limit_steps(server: &Server) {
             }
         }
     }
+}
+
+/// Calls that arrive in one read and answer at once (serializable Ranges) go back in one
+/// write, not one each. glommio polls a task it spawns before the spawner goes on, so a
+/// call spawned that way answered inside its own accept, and the connection flushed each
+/// answer alone before it accepted the next call: ten calls came back in ten TCP segments.
+#[test]
+fn calls_read_together_are_answered_in_one_write() {
+    const CALLS: u32 = 10;
+    let server = Server::keel(&[]);
+    let mut h2 = RawH2::connect(server.client_port).expect("the server takes the connection");
+    // One call first, so that the connection's own first frames are behind us.
+    h2.range_as(1, "k", true);
+    assert_range_answer(h2.stream_end(1), "the first call");
+    std::thread::sleep(Duration::from_millis(200));
+    let before = h2.segments_in();
+    h2.cork();
+    let streams: Vec<u32> = (0..CALLS).map(|i| 3 + 2 * i).collect();
+    for &stream_id in &streams {
+        h2.range_as(stream_id, "k", true);
+    }
+    h2.uncork();
+    // The answers may come in any order: each stream's frames are gathered as they come.
+    let mut bodies: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
+    let mut ended = Vec::new();
+    while ended.len() < streams.len() {
+        let frame = h2.read_frame().expect("the connection stays open");
+        if !streams.contains(&frame.stream_id) {
+            continue;
+        }
+        match frame.kind {
+            FRAME_DATA => bodies
+                .entry(frame.stream_id)
+                .or_default()
+                .extend_from_slice(&frame.payload),
+            FRAME_HEADERS if frame.flags & FLAG_END_STREAM != 0 => ended.push(frame.stream_id),
+            FRAME_RST_STREAM => panic!("stream {} was reset: {frame:?}", frame.stream_id),
+            _ => {}
+        }
+    }
+    for stream_id in streams {
+        let body = bodies.remove(&stream_id).unwrap_or_default();
+        assert_range_answer(StreamEnd::Answered(body), "a call of the batch");
+    }
+    let segments = h2.segments_in() - before;
+    // One write for the ten answers, with room for an ACK or a WINDOW_UPDATE of their own.
+    assert!(
+        segments <= 4,
+        "{CALLS} calls read together were answered in {segments} TCP segments"
+    );
 }
 
 #[test]
