@@ -338,35 +338,17 @@ fn shards_and_the_raft_core_stay_in_the_cpu_set_keel_is_given() {
     })
     .join()
     .expect("keel starts inside the set");
-    let tasks = format!("/proc/{}/task", server.pid());
-    let mut pinned = Vec::new();
-    for task in std::fs::read_dir(&tasks).expect("the task list reads") {
-        let task = task.expect("a task entry").path();
-        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        let name = name.trim().to_string();
-        if !(name.starts_with("keel-shard") || name.starts_with("keel-raft")) {
-            continue;
-        }
-        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
-        let allowed = status
-            .lines()
-            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
-            .map(|list| list.trim().to_string())
-            .unwrap_or_default();
-        pinned.push((name, allowed));
-    }
+    let shards = pinned_threads(server.pid(), "keel-shard");
+    let raft = pinned_threads(server.pid(), "keel-raft");
     assert!(
-        pinned
-            .iter()
-            .any(|(name, _)| name.starts_with("keel-shard"))
-            && pinned.iter().any(|(name, _)| name.starts_with("keel-raft")),
-        "shard and raft threads: {pinned:?}"
+        !shards.is_empty() && !raft.is_empty(),
+        "shard and raft threads: {shards:?} {raft:?}"
     );
-    for (name, allowed) in &pinned {
+    for (name, allowed) in shards.iter().chain(&raft) {
         assert_eq!(
             allowed,
             &last.to_string(),
-            "{name} left the set: {pinned:?}"
+            "{name} left the set: {shards:?} {raft:?}"
         );
     }
     let put = server.etcdctl(&["put", "k", "v"]);
@@ -403,8 +385,8 @@ fn pinned_threads(pid: u32, prefix: &str) -> std::collections::BTreeMap<String, 
 
 /// Three members of one cluster started on one host with no placement flags, as a newcomer
 /// runs a local cluster: each sees from `--initial-cluster` that the others share its host,
-/// so their raft cores spread round the CPUs (member i on the i-th) instead of all taking the
-/// last one, and each takes the shards of its share of the CPUs. They then serve writes.
+/// so they split its CPUs (`config::place`) instead of all pinning their raft cores to the
+/// last one. They then serve writes.
 #[test]
 fn members_sharing_a_host_spread_their_raft_cores_without_flags() {
     let cpus = keel_core::rt::process_cpu_list();
