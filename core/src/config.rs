@@ -685,7 +685,7 @@ impl Config {
         )
         .map_err(CoreError::Config)?;
         let cpus = crate::rt::process_cpu_list();
-        let local_addresses = interface_addresses();
+        let local_addresses = addresses_or_warn(interface_addresses(), &mut warnings);
         let on_this_host = members_on_this_host(&initial_cluster, &f.name, |host| {
             host_is_local(host, &local_addresses)
         });
@@ -960,9 +960,25 @@ pub fn host_is_local(host: &str, addresses: &[std::net::IpAddr]) -> bool {
     ip.is_loopback() || addresses.contains(&ip)
 }
 
-/// The addresses of this host's interfaces in this network namespace (`getifaddrs`); empty
-/// if they cannot be listed.
-pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+/// This host's addresses for placement, or none (with a warning) when they cannot be listed.
+/// Placement is only a hint, so the member still starts; the operator hears that members of
+/// this host may then share cores.
+fn addresses_or_warn(
+    listed: std::io::Result<Vec<std::net::IpAddr>>,
+    warnings: &mut Vec<String>,
+) -> Vec<std::net::IpAddr> {
+    listed.unwrap_or_else(|why| {
+        warnings.push(format!(
+            "cannot list this host's interface addresses ({why}): only localhost and loopback \
+             peer URLs count as members on this host; give --raft-cpu and --shards to place \
+             members that share it"
+        ));
+        Vec::new()
+    })
+}
+
+/// The addresses of this host's interfaces in this network namespace (`getifaddrs`).
+pub fn interface_addresses() -> std::io::Result<Vec<std::net::IpAddr>> {
     /// Frees the list however the walk ends.
     struct List(*mut libc::ifaddrs);
     impl Drop for List {
@@ -975,7 +991,7 @@ pub fn interface_addresses() -> Vec<std::net::IpAddr> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list it allocates, freed by `List`.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return addresses;
+        return Err(std::io::Error::last_os_error());
     }
     let list = List(head);
     let mut at = list.0;
@@ -1001,7 +1017,7 @@ pub fn interface_addresses() -> Vec<std::net::IpAddr> {
         }
         at = entry.ifa_next;
     }
-    addresses
+    Ok(addresses)
 }
 
 /// The CPU of each of `shards` shards (0: `default_shards`), given the process's CPUs and the
@@ -1504,8 +1520,30 @@ mod tests {
     }
 
     #[test]
+    fn unlisted_interfaces_leave_only_loopback_local_and_warn() {
+        let mut warnings = Vec::new();
+        let listed = addresses_or_warn(
+            Err(std::io::Error::from_raw_os_error(libc::EMFILE)),
+            &mut warnings,
+        );
+        assert!(listed.is_empty());
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("cannot list this host's interface addresses")
+                && warnings[0].contains("--raft-cpu and --shards"),
+            "{warnings:?}"
+        );
+        assert!(host_is_local("127.0.0.1", &listed));
+        assert!(!host_is_local("10.0.0.2", &listed));
+        let mut none = Vec::new();
+        let own = addresses_or_warn(Ok(vec![[10, 0, 0, 2].into()]), &mut none);
+        assert!(none.is_empty(), "listed addresses warn of nothing");
+        assert!(host_is_local("10.0.0.2", &own));
+    }
+
+    #[test]
     fn local_hosts_are_loopback_and_this_hosts_addresses() {
-        let own = interface_addresses();
+        let own = interface_addresses().expect("this host's interfaces can be listed");
         // Read in the right byte order (127.0.0.1, not 1.0.0.127): `lo` is always listed.
         assert!(
             own.contains(&std::net::IpAddr::from([127, 0, 0, 1])),
