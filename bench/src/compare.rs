@@ -1007,6 +1007,10 @@ fn p50(summary: &Summary) -> Option<f64> {
     summary.classes.first().map(|c| c.latency_us.p50 as f64)
 }
 
+fn p99(summary: &Summary) -> Option<f64> {
+    summary.classes.first().map(|c| c.latency_us.p99 as f64)
+}
+
 fn server_us(summary: &Summary) -> Option<f64> {
     summary.server_cpu.as_ref()?.us_per_request
 }
@@ -1055,6 +1059,10 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         ),
         row("  server CPU per put (1000 clients)", "us", "", &|r| {
             server_us(&r.put_throughput)
+        }),
+        // Issue #15's latency target under load: half of etcd's p99 or less.
+        row("  put latency p99 (1000 clients)", "us", "<= 0.5x", &|r| {
+            p99(&r.put_throughput)
         }),
         row("put latency p50, 1 client", "us", "", &put_p50),
         row("  server heap allocations per put", "allocs", "", &|r| {
@@ -1685,6 +1693,13 @@ mod tests {
             .expect("row");
         assert_eq!(floor_ratio.etcd, Some(3.0));
         assert_eq!(floor_ratio.keel, Some(1.1));
+        // The loaded put's p99 (here twice each run's p50), median over the repeats.
+        let p99 = rows
+            .iter()
+            .find(|r| r.name.contains("put latency p99 (1000 clients)"))
+            .expect("row");
+        assert_eq!((p99.etcd, p99.keel), (Some(600.0), Some(220.0)));
+        assert_eq!(p99.target, "<= 0.5x");
         let ls = rows
             .iter()
             .find(|r| r.name.starts_with("linearizable /"))
