@@ -888,8 +888,10 @@ impl Hub {
             match read {
                 Err(_) => {
                     // Compacted past what the watcher needs: cancel it with the compact revision.
+                    // etcd's header here carries no revision: its watcher sends the cancel with
+                    // revision 0.
                     let resp = pb::WatchResponse {
-                        header: self.shared.header(self.shared.reader().current_revision()),
+                        header: self.shared.header(0),
                         watch_id: id,
                         canceled: true,
                         compact_revision: self.shared.reader().compact_revision(),

@@ -362,6 +362,15 @@ impl LeaseClock {
         }
     }
 
+    /// When the lease's countdown runs out (0 once it has been claimed by the expiry), or None
+    /// without a countdown.
+    pub fn deadline_ms(&self, id: i64) -> Option<u64> {
+        self.deadlines
+            .slots
+            .get(&id)
+            .map(|e| e.value().deadline_ms.load(Ordering::SeqCst))
+    }
+
     /// Whole seconds left on a lease's countdown (0 once expired), or None without a countdown.
     pub fn remaining_s(&self, id: i64, now_ms: u64) -> Option<i64> {
         self.deadlines.slots.get(&id).map(|e| {

@@ -1318,7 +1318,7 @@ impl Member {
                 let _ = reply.send(Ok(status));
             }
             Query::Leases { reply } => {
-                let _ = reply.send(Ok(self.writer.leases().into_iter().map(|l| l.id).collect()));
+                let _ = reply.send(Ok(self.leases_by_expiry()));
             }
             Query::Member { change, reply } => self.propose_member_change(change, reply, now_ms),
             Query::Snapshot { reply } => {
@@ -1543,6 +1543,20 @@ impl Member {
     /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown or
     /// already expired (its revoke is due or on its way through the log: renewing it would
     /// tell the client it lives just before it is revoked).
+    /// Every lease's id, the soonest to expire on this member's clock first, as etcd's
+    /// `LeaseLeases` lists them (its lessor sorts by expiry). A lease without a countdown
+    /// would come last; ties go by id, so the order is the same on every call.
+    fn leases_by_expiry(&self) -> Vec<i64> {
+        let mut leases: Vec<(u64, i64)> = self
+            .writer
+            .leases()
+            .into_iter()
+            .map(|l| (self.lease_clock.deadline_ms(l.id).unwrap_or(u64::MAX), l.id))
+            .collect();
+        leases.sort_unstable();
+        leases.into_iter().map(|(_, id)| id).collect()
+    }
+
     fn renew_lease(&mut self, id: i64, now_ms: u64) -> i64 {
         if self.lease_clock.has_expired(id, now_ms) {
             return 0;

@@ -121,6 +121,46 @@ async fn lease_grant_keep_alive_time_to_live_leases_and_revoke() {
     );
 }
 
+/// `LeaseLeases` lists the leases soonest to expire first, as etcd's lessor sorts them (not
+/// by id): the ids here are granted in an order that neither sort would give by chance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_listed_soonest_to_expire_first() {
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    for (id, ttl_s) in [(1, 300), (2, 100), (3, 200), (4, 400), (5, 10), (6, 11)] {
+        c.lease_grant(ttl_s, Some(LeaseGrantOptions::new().with_id(id)))
+            .await
+            .expect("grant");
+    }
+    let listed = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move {
+            c.leases()
+                .await
+                .expect("leases")
+                .leases()
+                .iter()
+                .map(|l| l.id())
+                .collect::<Vec<i64>>()
+        }
+    };
+    assert_eq!(listed(&mut c).await, vec![5, 6, 2, 3, 1, 4]);
+    // A keep-alive moves a lease's expiry, and with it its place: renewed 2 s on, lease 5
+    // runs out a second after lease 6.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mut keeper, mut replies) = c.lease_keep_alive(5).await.expect("keep alive");
+    keeper.keep_alive().await.expect("keep alive request");
+    let renewed = tokio::time::timeout(STEP_TIMEOUT, replies.message())
+        .await
+        .expect("a keep-alive reply in time")
+        .expect("the keep-alive stream works")
+        .expect("a reply");
+    assert_eq!((renewed.id(), renewed.ttl()), (5, 10));
+    assert_eq!(listed(&mut c).await, vec![6, 5, 2, 3, 1, 4]);
+    c.lease_revoke(3).await.expect("revoke");
+    assert_eq!(listed(&mut c).await, vec![6, 5, 2, 1, 4]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_deletes_at_one_revision_and_keep_alive_prevents_it() {
     let server = Server::under_test(&[]);

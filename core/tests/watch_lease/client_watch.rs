@@ -191,6 +191,12 @@ async fn watch_create_rules_ids_reasons_and_compaction() {
         "{canceled:?}"
     );
     assert_eq!(canceled.compact_revision(), now - 1);
+    // etcd sends this cancel with a header that has no revision (0), not the current one.
+    assert_eq!(
+        canceled.header().map(|h| h.revision()),
+        Some(0),
+        "{canceled:?}"
+    );
 
     // A future start revision waits for it.
     let future = now + 3;
