@@ -788,11 +788,13 @@ impl Api {
     }
 
     pub(crate) fn hash_kv(&self, r: pb::HashKvRequest) -> R<pb::HashKvResponse> {
-        let (hash, compact_revision) = self
-            .shared
-            .reader()
-            .hash_kv(r.revision)
-            .map_err(|e| etcd(kv_error(e)))?;
+        let reader = self.shared.reader();
+        // etcd's HashByRev refuses a revision at or below the compact revision, the compacted
+        // one included (the store itself hashes there, for the corruption check's peers).
+        if r.revision > 0 && r.revision <= reader.compact_revision() {
+            return Err(etcd(kv_error(kv::KvError::Compacted)));
+        }
+        let (hash, compact_revision) = reader.hash_kv(r.revision).map_err(|e| etcd(kv_error(e)))?;
         Ok(pb::HashKvResponse {
             header: self.shared.header(self.shared.reader().current_revision()),
             hash,
@@ -1098,8 +1100,10 @@ pub fn json(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::new(status, "application/json", body)
 }
 
+/// The members as etcd lists them: ascending by id (its `RaftCluster.Members`), so every
+/// member answers the same list whatever order it learnt of the members in.
 fn pb_members(members: &[Member]) -> Vec<pb::Member> {
-    members
+    let mut listed: Vec<pb::Member> = members
         .iter()
         .map(|m| pb::Member {
             id: m.id,
@@ -1108,5 +1112,7 @@ fn pb_members(members: &[Member]) -> Vec<pb::Member> {
             client_ur_ls: m.client_urls.clone(),
             is_learner: m.is_learner,
         })
-        .collect()
+        .collect();
+    listed.sort_unstable_by_key(|m| m.id);
+    listed
 }

@@ -2261,8 +2261,9 @@ impl Member {
         self.set_members(members);
         if let Some((reply, node)) = self.member_waiting.remove(&request_id) {
             let _ = reply.send(match updated {
-                Some(true) => Ok((node, self.members.clone())),
-                _ => Err(EtcdError::MemberNotFound),
+                Some(Ok(())) => Ok((node, self.members.clone())),
+                Some(Err(e)) => Err(e),
+                None => Err(EtcdError::MemberNotFound),
             });
         }
     }

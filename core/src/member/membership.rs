@@ -57,6 +57,11 @@ pub fn plan(
             {
                 return Err(EtcdError::PeerUrlExist);
             }
+            // etcd keeps at most one learner (`maxLearners`): a learner is a member being
+            // brought up, one at a time.
+            if *learner && members.iter().any(|m| m.is_learner) {
+                return Err(EtcdError::TooManyLearners);
+            }
             // etcd's MemberAdd passes an empty cluster name and the time of the call.
             let id = crate::ids::member_id(peer_urls, "", Some(*added_at_unix_s));
             if find(id).is_some() {
@@ -106,12 +111,22 @@ pub fn plan(
         },
         MemberChange::Update { id, peer_urls } => match find(*id) {
             None => Err(EtcdError::MemberNotFound),
+            // Two members on one peer URL would each take the other's raft messages.
+            Some(_) if peer_urls_taken(members, *id, peer_urls) => Err(EtcdError::PeerUrlExist),
             Some(_) => Ok(Plan::Update {
                 id: *id,
                 peer_urls: peer_urls.clone(),
             }),
         },
     }
+}
+
+/// Whether a member other than `id` has one of `peer_urls`.
+fn peer_urls_taken(members: &[Member], id: u64, peer_urls: &[String]) -> bool {
+    members
+        .iter()
+        .filter(|m| m.id != id)
+        .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
 }
 
 /// The ConfChange to propose for a planned change, carrying `request_id` so the proposing
@@ -183,13 +198,15 @@ pub fn removed_after_conf_change(removed: &BTreeSet<u64>, cc: &ConfChange) -> BT
     removed
 }
 
-/// The member list after an applied attributes or peer-URL entry, and whether the peer-URL
-/// change found its member (None when the entry carried no peer-URL change).
+/// The member list after an applied attributes or peer-URL entry, and the peer-URL change's
+/// outcome (None when the entry carried none). A change checked when it was proposed is
+/// checked again here, as etcd's apply does: another change applied in between may have
+/// taken its URLs, and every member must leave the same list.
 pub fn after_member_request(
     members: &[Member],
     attributes: Option<(u64, String, Vec<String>)>,
     update: Option<(u64, Vec<String>)>,
-) -> (Vec<Member>, Option<bool>) {
+) -> (Vec<Member>, Option<Result<(), EtcdError>>) {
     let mut members = members.to_vec();
     if let Some((id, name, client_urls)) = attributes {
         if let Some(m) = members.iter_mut().find(|m| m.id == id) {
@@ -197,15 +214,18 @@ pub fn after_member_request(
             m.client_urls = client_urls;
         }
     }
-    let updated = update.map(
-        |(id, peer_urls)| match members.iter_mut().find(|m| m.id == id) {
+    let updated = update.map(|(id, peer_urls)| {
+        if peer_urls_taken(&members, id, &peer_urls) {
+            return Err(EtcdError::PeerUrlExist);
+        }
+        match members.iter_mut().find(|m| m.id == id) {
             Some(m) => {
                 m.peer_urls = peer_urls;
-                true
+                Ok(())
             }
-            None => false,
-        },
-    );
+            None => Err(EtcdError::MemberNotFound),
+        }
+    });
     (members, updated)
 }
 
@@ -272,6 +292,32 @@ mod tests {
     #[test]
     fn plan_refuses_what_etcd_refuses() {
         let ms = two();
+        // A second learner: etcd keeps at most one.
+        let learner = |url: &str| MemberChange::Add {
+            peer_urls: vec![url.into()],
+            learner: true,
+            added_at_unix_s: 1_700_000_000,
+        };
+        assert_eq!(
+            plan(&ms, &BTreeSet::new(), &learner("http://c:2380")),
+            Err(EtcdError::TooManyLearners)
+        );
+        let voters = vec![member(1, "http://a:2380", false)];
+        assert!(plan(&voters, &BTreeSet::new(), &learner("http://c:2380")).is_ok());
+        // A peer-URL update onto another member's URL.
+        let onto_b = MemberChange::Update {
+            id: 1,
+            peer_urls: vec!["http://a2:2380".into(), "http://b:2380".into()],
+        };
+        assert_eq!(
+            plan(&ms, &BTreeSet::new(), &onto_b),
+            Err(EtcdError::PeerUrlExist)
+        );
+        let own = MemberChange::Update {
+            id: 2,
+            peer_urls: vec!["http://b:2380".into(), "http://b2:2380".into()],
+        };
+        assert!(plan(&ms, &BTreeSet::new(), &own).is_ok());
         let add_taken = MemberChange::Add {
             peer_urls: vec!["http://a:2380".into()],
             learner: false,
@@ -314,7 +360,11 @@ mod tests {
 
     #[test]
     fn an_add_applies_with_the_member_its_context_names() {
-        let ms = two();
+        // Two voters: a learner is added only where there is none.
+        let ms = vec![
+            member(1, "http://a:2380", false),
+            member(2, "http://b:2380", false),
+        ];
         let add = MemberChange::Add {
             peer_urls: vec!["http://c:2380".into()],
             learner: true,
@@ -331,8 +381,8 @@ mod tests {
         assert_eq!(change_type, ConfChangeType::AddLearnerNode);
         let cc = conf_change(change_type, node_id, member.clone(), 42);
         let cs = ConfState {
-            voters: vec![1],
-            learners: vec![2, node_id],
+            voters: vec![1, 2],
+            learners: vec![node_id],
         };
         let (after, ctx) = after_conf_change(&ms, &cc, &cs);
         assert_eq!(ctx.map(|c| c.request_id), Some(42));
@@ -402,7 +452,7 @@ mod tests {
             Some((2, "two".into(), vec!["http://b:2379".into()])),
             Some((1, vec!["http://z:2380".into()])),
         );
-        assert_eq!(updated, Some(true));
+        assert_eq!(updated, Some(Ok(())));
         assert!(attributes_published(
             &after,
             2,
@@ -412,7 +462,16 @@ mod tests {
         assert!(!attributes_published(&after, 1, "two", &[]));
         assert_eq!(after[0].peer_urls, vec!["http://z:2380".to_string()]);
         let (_, updated) = after_member_request(&ms, None, Some((9, vec![])));
-        assert_eq!(updated, Some(false));
+        assert_eq!(updated, Some(Err(EtcdError::MemberNotFound)));
+        // Another member's URL, taken between the proposal and its apply: refused, and the
+        // list left as it was on every member.
+        let (kept, updated) =
+            after_member_request(&ms, None, Some((1, vec!["http://b:2380".into()])));
+        assert_eq!(updated, Some(Err(EtcdError::PeerUrlExist)));
+        assert_eq!(kept, ms);
+        // Its own URLs again, or some of them: fine.
+        let (_, updated) = after_member_request(&ms, None, Some((1, vec!["http://a:2380".into()])));
+        assert_eq!(updated, Some(Ok(())));
     }
 
     #[test]

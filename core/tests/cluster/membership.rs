@@ -593,6 +593,11 @@ fn learner_catches_up_by_snapshot_then_members_are_promoted_removed_and_replaced
     assert_caught_up_by_streamed_snapshot(&c, learner, 2);
     let listed = c.member_list(0);
     assert_eq!(listed.len(), 4);
+    // etcd lists members by id, not in the order they joined.
+    assert!(
+        listed.windows(2).all(|w| w[0].id < w[1].id),
+        "members listed by ascending id: {listed:?}"
+    );
     assert_eq!(
         listed.iter().filter(|m| m.is_learner).count(),
         1,

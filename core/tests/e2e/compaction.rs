@@ -324,6 +324,19 @@ async fn hash_covers_the_whole_store_and_survives_restarts() {
         .expect("put with lease");
     assert_eq!(c.hash_kv(2).await.expect("hash_kv").hash(), hash_kv_at_2);
     c.compact(3, None).await.expect("compact");
+    // HashKV refuses the compacted revision itself and every one below it, as etcd's
+    // HashByRev does; the current revision (4, or 0 for "now") still hashes.
+    for at in [2, 3] {
+        assert_eq!(
+            grpc_error(c.hash_kv(at).await),
+            ("OutOfRange".into(), COMPACTED.into()),
+            "HashKV at {at}"
+        );
+    }
+    assert_eq!(
+        c.hash_kv(4).await.expect("hash_kv at 4").hash(),
+        c.hash_kv(0).await.expect("hash_kv now").hash()
+    );
     let (compacted, rev) = hash(&mut c).await;
     assert_eq!(rev, 4);
     assert_ne!(compacted, leased);

@@ -268,6 +268,79 @@ fn a_member_added_again_gets_a_new_id_as_on_etcd() {
     }
 }
 
+/// Membership changes etcd refuses before they reach raft: a second learner, and a peer-URL
+/// update onto another member's URL (two members on one URL would take each other's raft
+/// messages). The same calls, the same answers, on Keel and on etcd.
+#[test]
+fn a_second_learner_and_a_taken_peer_url_are_refused_as_on_etcd() {
+    for kind in [Kind::Keel, Kind::Etcd] {
+        let mut server = Server::start(kind, &[]);
+        let own_peer_url = format!("http://127.0.0.1:{}", server.peer_port);
+        let (first_url, second_url, moved_url) = (
+            format!("http://127.0.0.1:{}", free_port()),
+            format!("http://127.0.0.1:{}", free_port()),
+            format!("http://127.0.0.1:{}", free_port()),
+        );
+        let learner = |name: &str, url: &str| {
+            server.etcdctl(&[
+                "member",
+                "add",
+                name,
+                "--learner",
+                "--peer-urls",
+                url,
+                "-w",
+                "json",
+            ])
+        };
+        let first = learner("first", &first_url).ok().json();
+        let first_id = format!(
+            "{:x}",
+            first["member"]["ID"]
+                .as_u64()
+                .expect("the added member's ID")
+        );
+        let second = learner("second", &second_url);
+        assert_eq!(second.code, 1, "{kind:?}: {second:?}");
+        assert!(
+            second
+                .stderr
+                .contains("etcdserver: too many learner members in cluster"),
+            "{kind:?}: {second:?}"
+        );
+        let onto_own =
+            server.etcdctl(&["member", "update", &first_id, "--peer-urls", &own_peer_url]);
+        assert_eq!(onto_own.code, 1, "{kind:?}: {onto_own:?}");
+        assert!(
+            onto_own
+                .stderr
+                .contains("etcdserver: Peer URLs already exists"),
+            "{kind:?}: {onto_own:?}"
+        );
+        server
+            .etcdctl(&["member", "update", &first_id, "--peer-urls", &moved_url])
+            .ok();
+        let listed = server
+            .etcdctl(&["member", "list", "-w", "json"])
+            .ok()
+            .json();
+        let urls: Vec<String> = listed["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .flat_map(|m| m["peerURLs"].as_array().cloned().unwrap_or_default())
+            .map(|u| u.as_str().expect("a URL").to_string())
+            .collect();
+        assert_eq!(urls.len(), 2, "{kind:?}: {listed}");
+        assert!(
+            urls.contains(&own_peer_url) && urls.contains(&moved_url),
+            "{kind:?}: {listed}"
+        );
+        server.etcdctl(&["member", "remove", &first_id]).ok();
+        server.stop();
+    }
+}
+
 /// GET /health over HTTP/1.1 with `host` in the Host header: (status, body).
 fn get_with_host(addr: &str, host: &str) -> (u16, String) {
     use std::io::{Read, Write};
