@@ -203,6 +203,7 @@ mod tests {
             ids_first: 1,
             values_resident: |_| Some(true),
             install_helpers: crate::member::InstallHelpers::NONE,
+            strict_reconfig_check: true,
             published_auth: std::sync::Arc::default(),
         };
         let members = vec![crate::ids::Member {

@@ -333,7 +333,9 @@ pub struct Flags {
     pub enable_v2: Option<bool>,
     #[arg(long = "enable-pprof", env = "ETCD_ENABLE_PPROF", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub enable_pprof: Option<bool>,
-    #[arg(long = "strict-reconfig-check", env = "ETCD_STRICT_RECONFIG_CHECK", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    /// Refuse membership changes that would leave too few started or reachable voters for
+    /// a quorum, as etcd does (default true).
+    #[arg(long = "strict-reconfig-check", env = "ETCD_STRICT_RECONFIG_CHECK", num_args = 0..=1, default_missing_value = "true")]
     pub strict_reconfig_check: Option<bool>,
     #[arg(long = "pre-vote", env = "ETCD_PRE_VOTE", hide = true, num_args = 0..=1, default_missing_value = "true")]
     pub pre_vote: Option<bool>,
@@ -480,6 +482,9 @@ pub struct Config {
     /// when it is alone, or its own URLs are not known to be local): more than one changes the
     /// default placement (`default_placement`).
     pub members_on_this_host: usize,
+    /// etcd's `--strict-reconfig-check` (default true): refuse membership changes that would
+    /// leave too few started or reachable voters for a quorum.
+    pub strict_reconfig_check: bool,
     /// Bytes in one value-log segment (`--value-log-segment-bytes`).
     pub value_log_segment_bytes: usize,
     /// The value cache's limit (`--value-cache-bytes`; 0: none).
@@ -712,14 +717,13 @@ impl Config {
         // fsync), so resolve both against the working directory once, here.
         let data_dir = absolute_path("data-dir", data_dir)?;
         let wal_dir = absolute_path("wal-dir", wal_dir)?;
-        let ignored: [(&'static str, bool); 13] = [
+        let ignored: [(&'static str, bool); 12] = [
             (
                 "experimental-watch-progress-notify-interval",
                 f.experimental_watch_progress_notify_interval.is_some(),
             ),
             ("enable-v2", f.enable_v2.is_some()),
             ("enable-pprof", f.enable_pprof.is_some()),
-            ("strict-reconfig-check", f.strict_reconfig_check.is_some()),
             ("pre-vote", f.pre_vote.is_some()),
             ("logger", f.logger.is_some()),
             ("log-outputs", f.log_outputs.is_some()),
@@ -796,6 +800,7 @@ impl Config {
             shard_cpus,
             raft_cpu,
             members_on_this_host: on_this_host.map_or(1, |(_, count)| count),
+            strict_reconfig_check: f.strict_reconfig_check.unwrap_or(true),
             value_log_segment_bytes: f.value_log_segment_bytes,
             value_cache_bytes: f
                 .value_cache_bytes

@@ -384,6 +384,7 @@ mod tests {
         "discovery-srv",
         "config-file",
         "host-whitelist",
+        "strict-reconfig-check",
     ];
 
     #[test]

@@ -320,6 +320,7 @@ impl RaftCore {
                 threads: rt::restore_helper_threads(),
                 on_start: rt::move_beside_own_cpus,
             },
+            strict_reconfig_check: shared.config.strict_reconfig_check,
             published_auth: shared.published_auth(),
         };
         let mut member = Member::new(config, node, writer, members, alarms, last_checkpoint_index);

@@ -202,6 +202,10 @@ pub struct MemberConfig {
     /// does (`kv::RestoreHelpers`): at 4M keys the restore is over a second of the loop's
     /// time, and it is all skip-list inserts that parts of the key list can share.
     pub install_helpers: InstallHelpers,
+    /// etcd's `--strict-reconfig-check` (on by default): membership changes that would leave
+    /// the cluster without a quorum of started, reachable voters are refused before they are
+    /// proposed (see `reconfig_refusal`).
+    pub strict_reconfig_check: bool,
     /// Where the member publishes its auth store and tokens as soon as an entry changes them,
     /// before answering that entry (see `PublishedAuth`): memory the shards read, as `stats`.
     pub published_auth: Arc<crate::shared::PublishedAuth>,
@@ -1361,11 +1365,89 @@ impl Member {
         }
     }
 
+    /// Why etcd's strict reconfiguration check refuses `change` now, if it does
+    /// (`--strict-reconfig-check`; etcd's `mayAddMember`, `mayRemoveMember`,
+    /// `mayPromoteMember`). Two parts:
+    /// - the started voters (those that published their names) must keep a quorum, checked
+    ///   on any member from the member list;
+    /// - the voters this member can reach must keep one. etcd asks its peer transport, which
+    ///   links every pair of members; Keel's evidence is the leader's: the voters that
+    ///   answered its appends or heartbeats within the last election timeout (etcd also asks
+    ///   that each link be 5 s old). A follower has no such view of the other followers, and
+    ///   leaves this part to the leader's own calls.
+    fn reconfig_refusal(&self, change: &MemberChange, now_ms: u64) -> Option<EtcdError> {
+        if !self.config.strict_reconfig_check {
+            return None;
+        }
+        let voters: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        let reachable = |id: u64| {
+            id == self.config.id
+                || self
+                    .heard_from_ms
+                    .get(&id)
+                    .is_some_and(|at| now_ms.saturating_sub(*at) <= self.election_timeout_ms())
+        };
+        match change {
+            MemberChange::Add { learner, .. } => {
+                if !learner && !membership::ready_for_one_more_voter(&self.members, false) {
+                    return Some(EtcdError::MemberNotEnoughStarted);
+                }
+                // Every voter must be reachable, or the new one could complete a quorum
+                // that does not exist: a voter added beside an unreachable one raises the
+                // quorum with no one to meet it.
+                if self.is_leader && !voters.iter().all(|&v| reachable(v)) {
+                    return Some(EtcdError::Unhealthy);
+                }
+                None
+            }
+            MemberChange::Remove { id } => {
+                if !voters.contains(id) {
+                    // A learner (or an unknown id, refused by the plan) takes no vote away.
+                    return None;
+                }
+                if !membership::ready_to_remove_voter(&self.members, *id) {
+                    return Some(EtcdError::MemberNotEnoughStarted);
+                }
+                if !self.is_leader || (*id != self.config.id && !reachable(*id)) {
+                    // A voter that cannot be reached is no part of the quorum that works.
+                    return None;
+                }
+                let reached = voters.iter().filter(|&&v| reachable(v)).count();
+                // Without the removed voter, those reached must still be a quorum of the
+                // voters left.
+                (reached.saturating_sub(1) < 1 + (voters.len() - 1) / 2)
+                    .then_some(EtcdError::Unhealthy)
+            }
+            MemberChange::Promote { .. } => {
+                (!membership::ready_for_one_more_voter(&self.members, true))
+                    .then_some(EtcdError::MemberNotEnoughStarted)
+            }
+            MemberChange::Update { .. } => None,
+        }
+    }
+
     fn propose_member_change(&mut self, change: MemberChange, reply: MemberReply, now_ms: u64) {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let deadline_ms = now_ms + self.config.request_timeout_ms;
-        let plan = membership::plan(&self.members, &self.removed, &change);
+        let plan = membership::plan(&self.members, &self.removed, &change).and_then(|plan| {
+            match self.reconfig_refusal(&change, now_ms) {
+                Some(refused) => {
+                    tracing::warn!(
+                        ?change,
+                        error = %refused,
+                        "membership change refused by the strict reconfiguration check"
+                    );
+                    Err(refused)
+                }
+                None => Ok(plan),
+            }
+        });
         let (change_type, node_id, member) = match plan {
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -2697,6 +2779,7 @@ mod tests {
             ids_first: 1,
             values_resident: |_| Some(true),
             install_helpers: InstallHelpers::NONE,
+            strict_reconfig_check: true,
             published_auth: Arc::default(),
         };
         Member::new(config, node, writer, members, Alarms::default(), 1)
@@ -3470,6 +3553,7 @@ mod tests {
                         ids_first: 1,
                         values_resident: |_| Some(true),
                         install_helpers: InstallHelpers::NONE,
+                        strict_reconfig_check: true,
                         published_auth: Arc::default(),
                     };
                     let mut m =

@@ -121,6 +121,34 @@ pub fn plan(
     }
 }
 
+/// Whether a member has started: it has published its name (etcd's `Member.IsStarted`).
+fn started(m: &Member) -> bool {
+    !m.name.is_empty()
+}
+
+/// etcd's `IsReadyToAddVotingMember` (`promote: false`) and `IsReadyToPromoteMember`
+/// (`promote: true`): with one more voter, the voters that have started still make a quorum.
+/// An add to a one-member cluster passes (etcd's case of restoring a cluster from one member).
+pub fn ready_for_one_more_voter(members: &[Member], promote: bool) -> bool {
+    let voters = members.iter().filter(|m| !m.is_learner);
+    let started_count = voters.clone().filter(|m| started(m)).count();
+    let after = voters.count() + 1;
+    if !promote && started_count == 1 && after == 2 {
+        return true;
+    }
+    started_count > after / 2
+}
+
+/// etcd's `IsReadyToRemoveVotingMember`: without voter `id`, the voters that have started
+/// still make a quorum of those left.
+pub fn ready_to_remove_voter(members: &[Member], id: u64) -> bool {
+    let left: Vec<&Member> = members
+        .iter()
+        .filter(|m| !m.is_learner && m.id != id)
+        .collect();
+    left.iter().filter(|m| started(m)).count() > left.len() / 2
+}
+
 /// Whether a member other than `id` has one of `peer_urls`.
 fn peer_urls_taken(members: &[Member], id: u64, peer_urls: &[String]) -> bool {
     members
@@ -287,6 +315,46 @@ mod tests {
             member(1, "http://a:2380", false),
             member(2, "http://b:2380", true),
         ]
+    }
+
+    #[test]
+    fn strict_checks_count_started_voters_as_etcd_does() {
+        let named = |id: u64, learner: bool| member(id, &format!("http://m{id}:2380"), learner);
+        // Added, never started: no name published yet.
+        let unstarted = |id: u64| Member {
+            name: String::new(),
+            ..member(id, &format!("http://m{id}:2380"), false)
+        };
+        // One started member: a second voter may be added (a cluster restored from one).
+        let one = vec![named(1, false)];
+        assert!(ready_for_one_more_voter(&one, false));
+        // Two voters, one never started: a third voter would need two of three started.
+        let half = vec![named(1, false), unstarted(2)];
+        assert!(!ready_for_one_more_voter(&half, false));
+        // Three started voters and one that never started: a fifth needs three of five.
+        let four = vec![
+            named(1, false),
+            named(2, false),
+            named(3, false),
+            unstarted(4),
+        ];
+        assert!(ready_for_one_more_voter(&four, false));
+        // Promotion counts the same way, without the one-member exception.
+        assert!(!ready_for_one_more_voter(
+            &[named(1, false), named(2, true)],
+            true
+        ));
+        assert!(ready_for_one_more_voter(
+            &[named(1, false), named(3, false), named(2, true)],
+            true
+        ));
+        // Removal: the voters left must have a started quorum.
+        assert!(ready_to_remove_voter(&four, 4));
+        assert!(ready_to_remove_voter(&four, 1), "2 of 3 left started");
+        let two_unstarted = vec![named(1, false), named(2, false), unstarted(3), unstarted(4)];
+        assert!(!ready_to_remove_voter(&two_unstarted, 2), "1 of 3 left");
+        // Learners never count.
+        assert!(ready_to_remove_voter(&[named(1, false), named(2, true)], 2));
     }
 
     #[test]

@@ -594,7 +594,20 @@ impl Cluster {
         if voting == Voting::Learner {
             args.push("--learner");
         }
-        let out = self.etcdctl(via, &args).ok();
+        // A leader elected a moment ago has not yet heard from every voter, and etcd's strict
+        // reconfiguration check answers "unhealthy cluster" until it has: retry, as an
+        // operator would.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let out = loop {
+            let out = self.etcdctl(via, &args);
+            if out.code == 0
+                || !out.stderr.contains("etcdserver: unhealthy cluster")
+                || Instant::now() > deadline
+            {
+                break out.ok();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
         let initial_cluster = out
             .stdout
             .lines()

@@ -341,6 +341,42 @@ fn a_second_learner_and_a_taken_peer_url_are_refused_as_on_etcd() {
     }
 }
 
+/// etcd's strict reconfiguration check, the part a single member shows: a one-member cluster
+/// takes a second voter (etcd's way of restoring a cluster from one member), but not a third
+/// while the second has not started, as two of three voters would have to be up. With
+/// `--strict-reconfig-check=false` the third is let in. Same answers on Keel and etcd.
+#[test]
+fn voters_are_not_added_past_a_started_quorum_as_on_etcd() {
+    for kind in [Kind::Keel, Kind::Etcd] {
+        for strict in [true, false] {
+            let flag = format!("--strict-reconfig-check={strict}");
+            let mut server = Server::start(kind, &[&flag]);
+            let add = |name: &str| {
+                let url = format!("http://127.0.0.1:{}", free_port());
+                server.etcdctl(&["member", "add", name, "--peer-urls", &url])
+            };
+            add("second").ok();
+            let third = add("third");
+            if strict {
+                assert_eq!(third.code, 1, "{kind:?}: {third:?}");
+                assert!(
+                    third.stderr.contains(
+                        "etcdserver: re-configuration failed due to not enough started members"
+                    ),
+                    "{kind:?}: {third:?}"
+                );
+            } else {
+                // Proposed, never committed: two of three voters are down.
+                assert!(
+                    !third.stderr.contains("not enough started members"),
+                    "{kind:?} {flag}: {third:?}"
+                );
+            }
+            server.stop();
+        }
+    }
+}
+
 /// GET /health over HTTP/1.1 with `host` in the Host header: (status, body).
 fn get_with_host(addr: &str, host: &str) -> (u16, String) {
     use std::io::{Read, Write};

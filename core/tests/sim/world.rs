@@ -608,6 +608,7 @@ impl World {
             ids_first: (node.id << 48) | ((self.incarnations[i] + 1) << 32),
             values_resident: sim_values_resident,
             install_helpers: keel_core::member::InstallHelpers::NONE,
+            strict_reconfig_check: true,
             published_auth: std::sync::Arc::default(),
         };
         let (last_index, commit) = (
