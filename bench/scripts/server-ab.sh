@@ -16,7 +16,9 @@
 # Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put and txn-put
 #   100000, put1 3000, range-s, range-l and keepalive 200000), EXTRA_ARGS (more server flags,
 #   space separated), BENCH_ARGS (more keel-bench flags for the measured run, e.g.
-#   "--warmup 1"; a warm-up's requests count in the server's CPU but not in TOTAL).
+#   "--warmup 1"; a warm-up's requests count in the server's CPU but not in TOTAL),
+#   THREADS=1 (also print each server thread's CPU per request, from its schedstat run time,
+#   as lines "thread LABEL RUN NAME US_PER_REQ").
 # Needs perf (root, or perf_event_paranoid <= 1) and etcdctl (the readiness probe).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 1; }
@@ -53,6 +55,8 @@ if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<<"$EXTRA_ARGS"; fi
 bench_args=()
 if [ -n "${BENCH_ARGS:-}" ]; then read -r -a bench_args <<<"$BENCH_ARGS"; fi
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Each thread's run time in ns (schedstat's first field: exact, where stat counts ticks).
+thread_ns() { for t in /proc/"$1"/task/*; do echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(cut -d' ' -f1 "$t/schedstat")"; done 2>/dev/null | sort; }
 tick=$(getconf CLK_TCK)
 echo "workload label run server_cpu_us_per_req req_per_s p50_ms p99_ms syscalls_per_req io_uring_enter_per_req"
 for r in $(seq 1 "$runs"); do
@@ -83,8 +87,10 @@ print(a.getsockname()[1], b.getsockname()[1])')
     stat_pid=$!
     sleep 0.2
     before=$(cpu_ticks "$pid")
+    thread_ns "$pid" >"$work/threads.before"
     b "${bench_args[@]}" "${cmd[@]}" >"$work/out"
     after=$(cpu_ticks "$pid")
+    thread_ns "$pid" >"$work/threads.after"
     kill -INT "$stat_pid"; wait "$stat_pid" || true
     stat_pid=
     kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -97,5 +103,10 @@ print(a.getsockname()[1], b.getsockname()[1])')
     awk -v w="$workload" -v l="$label" -v r="$r" -v t="$total" -v tick="$tick" -v c=$((after - before)) \
       -v rate="$rate" -v p50="$p50" -v p99="$p99" -v s="$syscalls" -v e="$enters" \
       'BEGIN { printf "%s %s %d %.1f %s %s %s %.3f %.3f\n", w, l, r, c * 1e6 / tick / t, rate, p50, p99, s / t, e / t }'
+    if [ -n "${THREADS:-}" ]; then
+      # Threads that ran at least 0.1 µs per request, summed by name.
+      join "$work/threads.before" "$work/threads.after" | awk -v l="$label" -v r="$r" -v t="$total" \
+        '{ d[$2] += ($5 - $3) / 1000 / t } END { for (n in d) if (d[n] >= 0.1) printf "thread %s %d %s %.1f\n", l, r, n, d[n] }' | sort -k4
+    fi
   done
 done

@@ -104,6 +104,9 @@ pub enum Refusal {
     NoLeader = 2,
     /// A learner's promotion before it caught up.
     LearnerNotReady = 3,
+    /// A membership change the leader's strict reconfiguration check refused: too few
+    /// voters it can reach would be left for a quorum.
+    Unhealthy = 4,
 }
 
 impl Refusal {
@@ -116,6 +119,7 @@ impl Refusal {
             Refusal::Dropped,
             Refusal::NoLeader,
             Refusal::LearnerNotReady,
+            Refusal::Unhealthy,
         ]
         .into_iter()
         .find(|r| r.code() == code)
@@ -126,6 +130,7 @@ impl Refusal {
             Refusal::Dropped => EtcdError::TooManyRequests,
             Refusal::NoLeader => EtcdError::NoLeader,
             Refusal::LearnerNotReady => EtcdError::LearnerNotReady,
+            Refusal::Unhealthy => EtcdError::Unhealthy,
         }
     }
 }
@@ -494,7 +499,8 @@ pub struct Member {
     /// Defragment calls waiting for the value-log rewrite, with the store's size when each asked.
     defrag_waiting: Vec<(DefragReply, u64)>,
     /// When each peer last answered this member's appends or heartbeats in the current term
-    /// (the leader's evidence that no other leader can exist; see `quorum_heard_until_ms`).
+    /// (the leader's evidence that no other leader can exist, see `quorum_heard_until_ms`,
+    /// and of which voters it can reach, see `reach_refusal`).
     heard_from_ms: BTreeMap<u64, u64>,
     /// When the last Ready handed out its messages: an answer stepped now answers a message
     /// sent no later than that. Answers that queued while the raft core stood still are
@@ -914,6 +920,42 @@ impl Member {
                 });
             }
             return;
+        }
+        let mut m = m;
+        if forwarded.is_some() && self.is_leader && self.config.strict_reconfig_check {
+            // A follower checked what it could (the started voters); whether the voters can
+            // still be reached is known here, where their answers arrive.
+            let before = m.entries.len();
+            let from = m.from;
+            let mut refused = Vec::new();
+            m.entries.retain(|e| {
+                let refuse = e.entry_type == EntryType::ConfChange
+                    && keel_raft::ConfChange::decode(&e.data)
+                        .ok()
+                        .and_then(|cc| {
+                            self.reach_refusal(&reach_change(&self.members, &cc), now_ms)
+                        })
+                        .is_some();
+                if refuse {
+                    refused.extend(proposal_key(e));
+                }
+                !refuse
+            });
+            for (kind, id) in refused {
+                tracing::warn!(
+                    from = format!("{from:x}"),
+                    "forwarded membership change refused by the strict reconfiguration check"
+                );
+                self.effects.push(Effect::RefuseForwarded {
+                    to: from,
+                    refusal: Refusal::Unhealthy,
+                    kind,
+                    id,
+                });
+            }
+            if before > 0 && m.entries.is_empty() {
+                return;
+            }
         }
         let (to, term) = (m.to, m.term);
         let Err(e) = self.node.step(m) else {
@@ -1369,16 +1411,50 @@ impl Member {
     /// (`--strict-reconfig-check`; etcd's `mayAddMember`, `mayRemoveMember`,
     /// `mayPromoteMember`). Two parts:
     /// - the started voters (those that published their names) must keep a quorum, checked
-    ///   on any member from the member list;
-    /// - the voters this member can reach must keep one. etcd asks its peer transport, which
-    ///   links every pair of members; Keel's evidence is the leader's: the voters that
-    ///   answered its appends or heartbeats within the last election timeout (etcd also asks
-    ///   that each link be 5 s old). A follower has no such view of the other followers, and
-    ///   leaves this part to the leader's own calls.
+    ///   on the member that takes the call, from its member list;
+    /// - the voters that can be reached must keep one (`reach_refusal`). etcd asks each
+    ///   member's peer transport, which links every pair of members; Keel's evidence is the
+    ///   leader's, so the leader checks its own calls here and the changes followers forward
+    ///   in `step`.
     fn reconfig_refusal(&self, change: &MemberChange, now_ms: u64) -> Option<EtcdError> {
         if !self.config.strict_reconfig_check {
             return None;
         }
+        let started = match change {
+            MemberChange::Add { learner: false, .. } => {
+                membership::ready_for_one_more_voter(&self.members, false)
+            }
+            MemberChange::Remove { id } => {
+                !self.members.iter().any(|m| m.id == *id && !m.is_learner)
+                    || membership::ready_to_remove_voter(&self.members, *id)
+            }
+            MemberChange::Promote { .. } => {
+                membership::ready_for_one_more_voter(&self.members, true)
+            }
+            MemberChange::Add { learner: true, .. } | MemberChange::Update { .. } => true,
+        };
+        if !started {
+            return Some(EtcdError::MemberNotEnoughStarted);
+        }
+        if !self.is_leader {
+            return None;
+        }
+        let reach = match change {
+            MemberChange::Add { learner: false, .. } => ReachChange::AddVoter,
+            MemberChange::Add { learner: true, .. } => ReachChange::AddLearner,
+            MemberChange::Remove { id } => ReachChange::Remove(*id),
+            MemberChange::Promote { .. } | MemberChange::Update { .. } => ReachChange::Other,
+        };
+        self.reach_refusal(&reach, now_ms)
+    }
+
+    /// The leader's part of the strict reconfiguration check: the voters it heard from within
+    /// the last election timeout (answers to its appends or heartbeats) stand for etcd's
+    /// connected peers (etcd also asks that each link be 5 s old). An add needs every voter
+    /// reachable, or the new voter could raise the quorum with no one to meet it; a removal
+    /// of a reachable voter needs those reached, less it, to be a quorum of the voters left.
+    /// A voter that cannot be reached is no part of the working quorum and may go.
+    fn reach_refusal(&self, change: &ReachChange, now_ms: u64) -> Option<EtcdError> {
         let voters: Vec<u64> = self
             .members
             .iter()
@@ -1393,41 +1469,18 @@ impl Member {
                     .is_some_and(|at| now_ms.saturating_sub(*at) <= self.election_timeout_ms())
         };
         match change {
-            MemberChange::Add { learner, .. } => {
-                if !learner && !membership::ready_for_one_more_voter(&self.members, false) {
-                    return Some(EtcdError::MemberNotEnoughStarted);
-                }
-                // Every voter must be reachable, or the new one could complete a quorum
-                // that does not exist: a voter added beside an unreachable one raises the
-                // quorum with no one to meet it.
-                if self.is_leader && !voters.iter().all(|&v| reachable(v)) {
-                    return Some(EtcdError::Unhealthy);
-                }
-                None
+            ReachChange::AddVoter | ReachChange::AddLearner => {
+                (!voters.iter().all(|&v| reachable(v))).then_some(EtcdError::Unhealthy)
             }
-            MemberChange::Remove { id } => {
-                if !voters.contains(id) {
-                    // A learner (or an unknown id, refused by the plan) takes no vote away.
-                    return None;
-                }
-                if !membership::ready_to_remove_voter(&self.members, *id) {
-                    return Some(EtcdError::MemberNotEnoughStarted);
-                }
-                if !self.is_leader || (*id != self.config.id && !reachable(*id)) {
-                    // A voter that cannot be reached is no part of the quorum that works.
+            ReachChange::Remove(id) => {
+                if !voters.contains(id) || (*id != self.config.id && !reachable(*id)) {
                     return None;
                 }
                 let reached = voters.iter().filter(|&&v| reachable(v)).count();
-                // Without the removed voter, those reached must still be a quorum of the
-                // voters left.
                 (reached.saturating_sub(1) < 1 + (voters.len() - 1) / 2)
                     .then_some(EtcdError::Unhealthy)
             }
-            MemberChange::Promote { .. } => {
-                (!membership::ready_for_one_more_voter(&self.members, true))
-                    .then_some(EtcdError::MemberNotEnoughStarted)
-            }
-            MemberChange::Update { .. } => None,
+            ReachChange::Other => None,
         }
     }
 
@@ -1435,19 +1488,21 @@ impl Member {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let deadline_ms = now_ms + self.config.request_timeout_ms;
-        let plan = membership::plan(&self.members, &self.removed, &change).and_then(|plan| {
-            match self.reconfig_refusal(&change, now_ms) {
-                Some(refused) => {
-                    tracing::warn!(
-                        ?change,
-                        error = %refused,
-                        "membership change refused by the strict reconfiguration check"
-                    );
-                    Err(refused)
-                }
-                None => Ok(plan),
-            }
-        });
+        // etcd runs its strict check on an add or a removal before it looks at the change
+        // itself (which it validates as the change applies), and on a promotion after.
+        let refusal = self.reconfig_refusal(&change, now_ms);
+        if let Some(refused) = &refusal {
+            tracing::warn!(
+                ?change,
+                error = %refused,
+                "membership change refused by the strict reconfiguration check"
+            );
+        }
+        let plan = match refusal {
+            Some(refused) if !matches!(change, MemberChange::Promote { .. }) => Err(refused),
+            _ => membership::plan(&self.members, &self.removed, &change)
+                .and_then(|plan| refusal.map_or(Ok(plan), Err)),
+        };
         let (change_type, node_id, member) = match plan {
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -1622,9 +1677,6 @@ impl Member {
         self.lease_clock.restart(leases, now_ms);
     }
 
-    /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown or
-    /// already expired (its revoke is due or on its way through the log: renewing it would
-    /// tell the client it lives just before it is revoked).
     /// Every lease's id, the soonest to expire on this member's clock first, as etcd's
     /// `LeaseLeases` lists them (its lessor sorts by expiry). A lease without a countdown
     /// would come last; ties go by id, so the order is the same on every call.
@@ -1639,6 +1691,9 @@ impl Member {
         leases.into_iter().map(|(_, id)| id).collect()
     }
 
+    /// Restarts a lease's countdown (leader only); its TTL, or 0 when the lease is unknown or
+    /// already expired (its revoke is due or on its way through the log: renewing it would
+    /// tell the client it lives just before it is revoked).
     fn renew_lease(&mut self, id: i64, now_ms: u64) -> i64 {
         if self.lease_clock.has_expired(id, now_ms) {
             return 0;
@@ -2681,6 +2736,30 @@ impl Member {
 
 /// Which waiter on the proposing member an entry answers, and its id; None for entries no
 /// call waits on (lease revokes, attributes: id 0) or that do not decode.
+/// A membership change as the leader's reachability check sees it (`Member::reach_refusal`).
+enum ReachChange {
+    AddVoter,
+    AddLearner,
+    Remove(u64),
+    /// A promotion or a peer-URL change: etcd checks no reachability for them.
+    Other,
+}
+
+/// What a proposed ConfChange does, against the members it would change: an AddNode of a
+/// listed learner is its promotion.
+fn reach_change(members: &[crate::ids::Member], cc: &keel_raft::ConfChange) -> ReachChange {
+    match cc.change_type {
+        keel_raft::ConfChangeType::AddNode
+            if members.iter().any(|m| m.id == cc.node_id && m.is_learner) =>
+        {
+            ReachChange::Other
+        }
+        keel_raft::ConfChangeType::AddNode => ReachChange::AddVoter,
+        keel_raft::ConfChangeType::AddLearnerNode => ReachChange::AddLearner,
+        keel_raft::ConfChangeType::RemoveNode => ReachChange::Remove(cc.node_id),
+    }
+}
+
 fn proposal_key(e: &Entry) -> Option<(ProposalKind, u64)> {
     match e.entry_type {
         EntryType::ConfChange => {

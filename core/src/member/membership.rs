@@ -128,10 +128,11 @@ fn started(m: &Member) -> bool {
 
 /// etcd's `IsReadyToAddVotingMember` (`promote: false`) and `IsReadyToPromoteMember`
 /// (`promote: true`): with one more voter, the voters that have started still make a quorum.
-/// An add to a one-member cluster passes (etcd's case of restoring a cluster from one member).
+/// A learner being promoted counts as started (it runs: raft found it caught up). An add to a
+/// one-member cluster passes (etcd's case of restoring a cluster from one member).
 pub fn ready_for_one_more_voter(members: &[Member], promote: bool) -> bool {
     let voters = members.iter().filter(|m| !m.is_learner);
-    let started_count = voters.clone().filter(|m| started(m)).count();
+    let started_count = voters.clone().filter(|m| started(m)).count() + usize::from(promote);
     let after = voters.count() + 1;
     if !promote && started_count == 1 && after == 2 {
         return true;
@@ -229,7 +230,10 @@ pub fn removed_after_conf_change(removed: &BTreeSet<u64>, cc: &ConfChange) -> BT
 /// The member list after an applied attributes or peer-URL entry, and the peer-URL change's
 /// outcome (None when the entry carried none). A change checked when it was proposed is
 /// checked again here, as etcd's apply does: another change applied in between may have
-/// taken its URLs, and every member must leave the same list.
+/// taken its URLs, and every member must leave the same list. (A log written by a build
+/// without this check may hold such an update, applied then: replayed now, it is refused, so
+/// a member that replays it lists other URLs than a peer that holds it in a checkpoint. Only
+/// an update that put two members on one URL, which broke that cluster already, does this.)
 pub fn after_member_request(
     members: &[Member],
     attributes: Option<(u64, String, Vec<String>)>,
@@ -339,9 +343,19 @@ mod tests {
             unstarted(4),
         ];
         assert!(ready_for_one_more_voter(&four, false));
-        // Promotion counts the same way, without the one-member exception.
-        assert!(!ready_for_one_more_voter(
+        // Promotion counts the learner as started: one voter may promote its learner (how
+        // a one-member cluster grows), and so may a started voter beside one that never
+        // started (two of three), but not beside two (two of four).
+        assert!(ready_for_one_more_voter(
             &[named(1, false), named(2, true)],
+            true
+        ));
+        assert!(ready_for_one_more_voter(
+            &[named(1, false), unstarted(3), named(2, true)],
+            true
+        ));
+        assert!(!ready_for_one_more_voter(
+            &[named(1, false), unstarted(3), unstarted(4), named(2, true)],
             true
         ));
         assert!(ready_for_one_more_voter(

@@ -627,6 +627,23 @@ impl Cluster {
         index
     }
 
+    /// `etcdctl member remove ID` through member `via`, retried while the answer is "unhealthy
+    /// cluster": a leader elected a moment ago has not yet heard from every voter, and etcd's
+    /// strict reconfiguration check refuses until it has, as an operator would retry.
+    pub fn remove_member(&self, via: usize, hex_id: &str) -> Output {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = self.etcdctl(via, &["member", "remove", hex_id]);
+            if out.code == 0
+                || !out.stderr.contains("etcdserver: unhealthy cluster")
+                || Instant::now() > deadline
+            {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The hex id etcdctl's member commands take, for member `i` (from `member list` on `via`).
     pub fn member_hex_id(&self, via: usize, i: usize) -> String {
         let url = self.members[i].peer_url();

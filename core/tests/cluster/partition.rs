@@ -48,7 +48,7 @@ fn a_member_removed_while_cut_off_exits_by_itself_once_the_network_heals() {
     let left: Vec<usize> = all.iter().copied().filter(|&i| i != cut).collect();
     let cut_id = c.member_hex_id(leader, cut);
     c.netns.as_ref().expect("a namespace cluster").isolate(cut);
-    c.etcdctl(leader, &["member", "remove", &cut_id]).ok();
+    c.remove_member(leader, &cut_id).ok();
     // Several election timeouts: it campaigns, unheard, and must not stop on its own.
     std::thread::sleep(Duration::from_millis(
         3 * crate::harness::ELECTION_TIMEOUT_MS,

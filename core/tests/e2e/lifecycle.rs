@@ -366,7 +366,9 @@ fn voters_are_not_added_past_a_started_quorum_as_on_etcd() {
                     "{kind:?}: {third:?}"
                 );
             } else {
-                // Proposed, never committed: two of three voters are down.
+                // Proposed, never committed (two of three voters are down): the call times
+                // out instead of being refused.
+                assert_ne!(third.code, 0, "{kind:?} {flag}: {third:?}");
                 assert!(
                     !third.stderr.contains("not enough started members"),
                     "{kind:?} {flag}: {third:?}"

@@ -121,8 +121,8 @@ async fn lease_grant_keep_alive_time_to_live_leases_and_revoke() {
     );
 }
 
-/// `LeaseLeases` lists the leases soonest to expire first, as etcd's lessor sorts them (not
-/// by id): the ids here are granted in an order that neither sort would give by chance.
+/// `LeaseLeases` lists the leases soonest to expire first, as etcd's lessor sorts them, not
+/// by id: the TTLs here put the ids in an order of expiry that differs from theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_are_listed_soonest_to_expire_first() {
     let server = Server::under_test(&[]);
