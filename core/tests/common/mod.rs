@@ -43,6 +43,16 @@ impl Output {
         self
     }
 
+    /// Panics unless the command failed with exit status 1 (etcdctl's for an error the server
+    /// answered) and its stderr holds `words`; `what` names the case in the message.
+    pub fn refused(self, words: &str, what: impl std::fmt::Debug) -> Output {
+        assert!(
+            self.code == 1 && self.stderr.contains(words),
+            "{what:?}: expected a refusal with {words:?}, got {self:?}"
+        );
+        self
+    }
+
     /// The stdout parsed as JSON (etcdctl `-w json` prints one document, possibly after the
     /// interactive txn prompts).
     pub fn json(&self) -> serde_json::Value {
