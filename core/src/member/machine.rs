@@ -957,6 +957,8 @@ impl Member {
                 return;
             }
         }
+        // What raft may refuse below is what is left: a refused change is answered once.
+        let forwarded = forwarded.map(|(from, _)| (from, m.entries.clone()));
         let (to, term) = (m.to, m.term);
         let Err(e) = self.node.step(m) else {
             return;
@@ -1491,18 +1493,20 @@ impl Member {
         // etcd runs its strict check on an add or a removal before it looks at the change
         // itself (which it validates as the change applies), and on a promotion after.
         let refusal = self.reconfig_refusal(&change, now_ms);
-        if let Some(refused) = &refusal {
-            tracing::warn!(
-                ?change,
-                error = %refused,
-                "membership change refused by the strict reconfiguration check"
-            );
-        }
         let plan = match refusal {
             Some(refused) if !matches!(change, MemberChange::Promote { .. }) => Err(refused),
             _ => membership::plan(&self.members, &self.removed, &change)
                 .and_then(|plan| refusal.map_or(Ok(plan), Err)),
         };
+        if let (Some(refused), Err(answered)) = (&refusal, &plan) {
+            if refused == answered {
+                tracing::warn!(
+                    ?change,
+                    error = %refused,
+                    "membership change refused by the strict reconfiguration check"
+                );
+            }
+        }
         let (change_type, node_id, member) = match plan {
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -2734,8 +2738,6 @@ impl Member {
     }
 }
 
-/// Which waiter on the proposing member an entry answers, and its id; None for entries no
-/// call waits on (lease revokes, attributes: id 0) or that do not decode.
 /// A membership change as the leader's reachability check sees it (`Member::reach_refusal`).
 enum ReachChange {
     AddVoter,
@@ -2760,6 +2762,8 @@ fn reach_change(members: &[crate::ids::Member], cc: &keel_raft::ConfChange) -> R
     }
 }
 
+/// Which waiter on the proposing member an entry answers, and its id; None for entries no
+/// call waits on (lease revokes, attributes: id 0) or that do not decode.
 fn proposal_key(e: &Entry) -> Option<(ProposalKind, u64)> {
     match e.entry_type {
         EntryType::ConfChange => {
@@ -4985,6 +4989,75 @@ mod tests {
             .map(|m| m.writer().current_revision())
             .collect();
         assert_eq!(revisions, vec![2, 2, 2], "every member applied the put");
+    }
+
+    /// etcd's strict reconfiguration check on a change a follower forwards: with the other
+    /// follower unheard for longer than an election timeout, the leader refuses the removal
+    /// of the one asking (it would leave one reachable voter of two) and says so, and the
+    /// follower answers its caller "unhealthy cluster" once; a write beside it still commits.
+    #[test]
+    fn a_removal_forwarded_while_a_voter_is_unheard_is_refused_back_as_unhealthy() {
+        let mut trio = Trio::new();
+        let leader = trio.elect();
+        let (down, kept) = ((leader + 1) % 3, (leader + 2) % 3);
+        trio.cut = Some(down as u64 + 1);
+        for _ in 0..25 {
+            trio.round();
+        }
+        assert_eq!(
+            trio.leader(),
+            Some(leader),
+            "the two left keep their leader"
+        );
+        let (reply, mut rx) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[kept].query(
+            Query::Member {
+                change: MemberChange::Remove {
+                    id: kept as u64 + 1,
+                },
+                reply,
+            },
+            now_ms,
+        );
+        let (p, mut written) = proposal(78, put("beside-the-removal"));
+        trio.members[kept].propose(p, now_ms);
+        for _ in 0..10 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Err(EtcdError::Unhealthy)))),
+            "the follower hears the leader's refusal"
+        );
+        assert_eq!(
+            trio.members[leader].members().len(),
+            3,
+            "no one was removed"
+        );
+        assert!(matches!(written.try_recv(), Ok(Some(Ok(_)))));
+        // The same removal with every voter heard again goes through.
+        trio.cut = None;
+        for _ in 0..10 {
+            trio.round();
+        }
+        let (reply, mut rx) = oneshot::channel();
+        let now_ms = trio.now_ms;
+        trio.members[kept].query(
+            Query::Member {
+                change: MemberChange::Remove {
+                    id: kept as u64 + 1,
+                },
+                reply,
+            },
+            now_ms,
+        );
+        for _ in 0..10 {
+            trio.round();
+        }
+        assert!(
+            matches!(rx.try_recv(), Ok(Some(Ok(_)))),
+            "with every voter heard, the removal applies"
+        );
     }
 
     #[test]

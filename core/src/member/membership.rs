@@ -128,7 +128,8 @@ fn started(m: &Member) -> bool {
 
 /// etcd's `IsReadyToAddVotingMember` (`promote: false`) and `IsReadyToPromoteMember`
 /// (`promote: true`): with one more voter, the voters that have started still make a quorum.
-/// A learner being promoted counts as started (it runs: raft found it caught up). An add to a
+/// A learner being promoted counts as started, as etcd counts it (raft refuses to promote one
+/// that has not caught up, so one that did runs). An add to a
 /// one-member cluster passes (etcd's case of restoring a cluster from one member).
 pub fn ready_for_one_more_voter(members: &[Member], promote: bool) -> bool {
     let voters = members.iter().filter(|m| !m.is_learner);
