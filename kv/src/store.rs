@@ -1783,6 +1783,11 @@ impl Writer {
             .collect()
     }
 
+    /// Every lease's id, ascending, without copying the keys attached to each (`leases` does).
+    pub fn lease_ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.leases.keys().copied()
+    }
+
     /// One lease with its attached keys, or None when unknown.
     pub fn lease(&self, id: i64) -> Option<LeaseInfo> {
         self.leases.get(&id).map(|e| lease_info(id, e))

@@ -872,7 +872,7 @@ impl Member {
     /// A raft message from a peer, received at `now_ms`. A proposal a follower forwarded that
     /// raft refuses is reported back to that follower, so its client hears at once (see
     /// `Refusal`).
-    pub fn step(&mut self, m: Message, now_ms: u64) {
+    pub fn step(&mut self, mut m: Message, now_ms: u64) {
         if self.removed.contains(&m.from) {
             // etcd's EtcdServer.Process refuses these too: a removed member's votes or terms
             // must not disturb the cluster it left. The transport tells it it was removed.
@@ -905,9 +905,8 @@ impl Member {
                 .insert(m.from, now_ms.min(self.last_ready_ms));
         }
         let forwarded =
-            (m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id)
-                .then(|| (m.from, m.entries.clone()));
-        if forwarded.is_some() && self.is_leader && self.values_backlogged() {
+            m.msg_type == MessageType::Propose && m.from != 0 && m.from != self.config.id;
+        if forwarded && self.is_leader && self.values_backlogged() {
             // The driver holds this member's own proposals back while its values wait for the
             // disk; proposals forwarded by followers are held back too, refused at once, so
             // their clients hear "too many requests" and retry, as a client here would.
@@ -921,8 +920,7 @@ impl Member {
             }
             return;
         }
-        let mut m = m;
-        if forwarded.is_some() && self.is_leader && self.config.strict_reconfig_check {
+        if forwarded && self.is_leader && self.config.strict_reconfig_check {
             // A follower checked what it could (the started voters); whether the voters can
             // still be reached is known here, where their answers arrive.
             let before = m.entries.len();
@@ -957,8 +955,8 @@ impl Member {
                 return;
             }
         }
-        // What raft may refuse below is what is left: a refused change is answered once.
-        let forwarded = forwarded.map(|(from, _)| (from, m.entries.clone()));
+        // Kept for raft's refusal below, after the filter: a refused change is answered once.
+        let forwarded = forwarded.then(|| (m.from, m.entries.clone()));
         let (to, term) = (m.to, m.term);
         let Err(e) = self.node.step(m) else {
             return;
@@ -1442,8 +1440,7 @@ impl Member {
             return None;
         }
         let reach = match change {
-            MemberChange::Add { learner: false, .. } => ReachChange::AddVoter,
-            MemberChange::Add { learner: true, .. } => ReachChange::AddLearner,
+            MemberChange::Add { .. } => ReachChange::Add,
             MemberChange::Remove { id } => ReachChange::Remove(*id),
             MemberChange::Promote { .. } | MemberChange::Update { .. } => ReachChange::Other,
         };
@@ -1471,7 +1468,7 @@ impl Member {
                     .is_some_and(|at| now_ms.saturating_sub(*at) <= self.election_timeout_ms())
         };
         match change {
-            ReachChange::AddVoter | ReachChange::AddLearner => {
+            ReachChange::Add => {
                 (!voters.iter().all(|&v| reachable(v))).then_some(EtcdError::Unhealthy)
             }
             ReachChange::Remove(id) => {
@@ -1687,9 +1684,8 @@ impl Member {
     fn leases_by_expiry(&self) -> Vec<i64> {
         let mut leases: Vec<(u64, i64)> = self
             .writer
-            .leases()
-            .into_iter()
-            .map(|l| (self.lease_clock.deadline_ms(l.id).unwrap_or(u64::MAX), l.id))
+            .lease_ids()
+            .map(|id| (self.lease_clock.deadline_ms(id).unwrap_or(u64::MAX), id))
             .collect();
         leases.sort_unstable();
         leases.into_iter().map(|(_, id)| id).collect()
@@ -2740,8 +2736,8 @@ impl Member {
 
 /// A membership change as the leader's reachability check sees it (`Member::reach_refusal`).
 enum ReachChange {
-    AddVoter,
-    AddLearner,
+    /// A voter or a learner: etcd checks both the same way.
+    Add,
     Remove(u64),
     /// A promotion or a peer-URL change: etcd checks no reachability for them.
     Other,
@@ -2756,8 +2752,9 @@ fn reach_change(members: &[crate::ids::Member], cc: &keel_raft::ConfChange) -> R
         {
             ReachChange::Other
         }
-        keel_raft::ConfChangeType::AddNode => ReachChange::AddVoter,
-        keel_raft::ConfChangeType::AddLearnerNode => ReachChange::AddLearner,
+        keel_raft::ConfChangeType::AddNode | keel_raft::ConfChangeType::AddLearnerNode => {
+            ReachChange::Add
+        }
         keel_raft::ConfChangeType::RemoveNode => ReachChange::Remove(cc.node_id),
     }
 }
@@ -5009,17 +5006,23 @@ mod tests {
             Some(leader),
             "the two left keep their leader"
         );
-        let (reply, mut rx) = oneshot::channel();
-        let now_ms = trio.now_ms;
-        trio.members[kept].query(
-            Query::Member {
-                change: MemberChange::Remove {
-                    id: kept as u64 + 1,
+        // `kept` asks for its own removal.
+        let ask_removal = |trio: &mut Trio| {
+            let (reply, rx) = oneshot::channel();
+            let now_ms = trio.now_ms;
+            trio.members[kept].query(
+                Query::Member {
+                    change: MemberChange::Remove {
+                        id: kept as u64 + 1,
+                    },
+                    reply,
                 },
-                reply,
-            },
-            now_ms,
-        );
+                now_ms,
+            );
+            rx
+        };
+        let mut rx = ask_removal(&mut trio);
+        let now_ms = trio.now_ms;
         let (p, mut written) = proposal(78, put("beside-the-removal"));
         trio.members[kept].propose(p, now_ms);
         for _ in 0..10 {
@@ -5040,17 +5043,7 @@ mod tests {
         for _ in 0..10 {
             trio.round();
         }
-        let (reply, mut rx) = oneshot::channel();
-        let now_ms = trio.now_ms;
-        trio.members[kept].query(
-            Query::Member {
-                change: MemberChange::Remove {
-                    id: kept as u64 + 1,
-                },
-                reply,
-            },
-            now_ms,
-        );
+        let mut rx = ask_removal(&mut trio);
         for _ in 0..10 {
             trio.round();
         }
