@@ -100,10 +100,14 @@ pub struct ServerCpu {
 
 impl ServerCpu {
     pub fn between(start: CpuTimes, end: CpuTimes, requests: u64, per: &str) -> ServerCpu {
-        // Negative deltas cannot happen for one live process; clamp anyway so a bad read
-        // shows as 0 rather than as a negative cost.
-        let user_s = (end.user_s - start.user_s).max(0.0);
-        let sys_s = (end.sys_s - start.sys_s).max(0.0);
+        // The total is exact (a process CPU clock), but its split into user and system time
+        // follows 10 ms ticks, so over a short run one part can read as going backwards.
+        // Clamp the parts, not the total: the total stays the true delta, and the figures of
+        // several processes add up to their sum's. (A negative total cannot happen for one
+        // live process; it is clamped to 0 so a bad read never shows as a negative cost.)
+        let total_s = ((end.user_s + end.sys_s) - (start.user_s + start.sys_s)).max(0.0);
+        let user_s = (end.user_s - start.user_s).clamp(0.0, total_s);
+        let sys_s = total_s - user_s;
         let us_per_request = (requests > 0).then(|| (user_s + sys_s) * 1e6 / requests as f64);
         ServerCpu {
             user_s,
@@ -381,6 +385,20 @@ mod tests {
             text.contains("over 4 delivered events = 500000.0 µs per delivered event"),
             "{text}"
         );
+        // A split that moved between the reads (user time read lower at the end, as a
+        // tick-based split can) keeps the exact total: 0.5 s, all of it system time.
+        let moved = ServerCpu::between(
+            start,
+            CpuTimes {
+                user_s: 0.9,
+                sys_s: 1.1,
+            },
+            1000,
+            "request",
+        );
+        assert_eq!(moved.user_s, 0.0);
+        assert!((moved.sys_s - 0.5).abs() < 1e-9, "{moved:?}");
+        assert!((moved.us_per_request.expect("requests > 0") - 500.0).abs() < 1e-6);
         let json = serde_json::to_string(&Summary::default()).expect("serializes");
         assert!(
             !json.contains("server_cpu"),

@@ -420,6 +420,8 @@ fn compare_args(work: &Path, out: &Path, keel_bin: &Path, label: &str) -> Vec<St
         "100",
         "--keepalive-total",
         "100",
+        "--cluster-put-total",
+        "200",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -480,6 +482,24 @@ fn compare_etcd_against_etcd_as_stand_in() {
             );
             assert!(cpu.us_per_request.is_some_and(|us| us >= 0.0), "{cpu:?}");
         }
+        // The three-member cluster took every put, and its CPU is the members' together.
+        let cluster = run.cluster_put.as_ref().expect("three-member row measured");
+        assert_eq!(cluster.members, 3);
+        assert_eq!(cluster.put.classes[0].total, 200);
+        assert_eq!(cluster.put.total_errors(), 0);
+        let summed = cluster.put.server_cpu.as_ref().expect("CPU measured");
+        assert_eq!(summed.requests, 200);
+        let summed_us = summed.us_per_request.expect("some puts succeeded");
+        assert_eq!(cluster.member_us_per_put.len(), 3);
+        assert!(
+            cluster.member_us_per_put.iter().all(|us| *us > 0.0),
+            "every member works for every put: {cluster:?}"
+        );
+        let members_us: f64 = cluster.member_us_per_put.iter().sum();
+        assert!(
+            (members_us - summed_us).abs() < 1e-6 * summed_us.max(1.0),
+            "{members_us} against {summed_us}"
+        );
         let watch_cpu = run.watch.server_cpu.as_ref().expect("server CPU measured");
         assert_eq!(
             (watch_cpu.requests, watch_cpu.per.as_str()),
@@ -492,6 +512,12 @@ fn compare_etcd_against_etcd_as_stand_in() {
         .find(|r| r.name.contains("server CPU per put (1000 clients)"))
         .expect("server CPU row");
     assert!(cpu_row.ratio.is_some(), "{cpu_row:?}");
+    let cluster_row = result
+        .table
+        .iter()
+        .find(|r| r.name.contains("summed over the members"))
+        .expect("three-member CPU row");
+    assert!(cluster_row.ratio.is_some(), "{cluster_row:?}");
     assert_eq!(result.floors.len(), 1);
     assert!(result.floors[0].latency_us.p50 > 0);
     let put = &result.table[0];
