@@ -443,8 +443,16 @@ pub(crate) type Index = SkipMap<IndexKey, KeyHistory>;
 
 /// The newest version with `rev.main <= at_rev`, if any.
 pub(crate) fn version_at(versions: &[Version], at_rev: i64) -> Option<&Version> {
-    let n = versions.partition_point(|v| v.main <= at_rev);
-    n.checked_sub(1).map(|i| &versions[i])
+    // Every put and most reads ask for the newest version (at or past the current revision):
+    // one look at the list's tail, where a binary search over a long history would touch a
+    // cold cache line at each probe (about 5 % of a follower's raft core at 15 versions a key).
+    match versions.last() {
+        Some(newest) if newest.main <= at_rev => Some(newest),
+        _ => {
+            let n = versions.partition_point(|v| v.main <= at_rev);
+            n.checked_sub(1).map(|i| &versions[i])
+        }
+    }
 }
 
 /// The key's live value at `at_rev` (None when absent or deleted).
@@ -518,6 +526,23 @@ mod tests {
     /// A put whose value would be `value_len` bytes at `offset` of segment 0.
     fn put(main: i64, value_len: u32, offset: u32) -> Version {
         Version::put(Revision { main, sub: 0 }, 1, main, 0, value_len, 0, offset)
+    }
+
+    /// The version at a revision is the newest at or below it, whether the revision is past
+    /// the newest (the tail's fast path), inside the history, or before the oldest.
+    #[test]
+    fn version_at_is_the_newest_at_or_below_the_revision() {
+        let mains = [3, 4, 9, 10, 11, 20];
+        let versions: Vec<Version> = mains.iter().map(|m| put(*m, 0, 0)).collect();
+        for at_rev in 0..=25 {
+            let expected = mains.iter().rev().find(|m| **m <= at_rev).copied();
+            assert_eq!(
+                version_at(&versions, at_rev).map(|v| v.main()),
+                expected,
+                "at {at_rev}"
+            );
+        }
+        assert!(version_at(&[], 5).is_none());
     }
 
     /// Appends land in place while the buffer has room, move to a larger buffer when it is
