@@ -50,8 +50,32 @@ pub fn is_gateway_path(path: &str) -> bool {
     path.starts_with("/v3/")
 }
 
+/// The call's gRPC metadata as etcd's grpc-gateway builds it from the HTTP headers:
+/// `Grpc-Metadata-<name>: v` becomes `<name>: v`, and `Authorization` stays `authorization`;
+/// a plain `token` header is no metadata there, so it is dropped (etcd reads a token from the
+/// `token` or the `authorization` metadata). The other headers stay, as the HTTP layer's own.
+fn as_grpc_metadata(headers: &mut HeaderMap) {
+    const PREFIX: &str = "grpc-metadata-";
+    headers.remove(http::HeaderName::from_static("token"));
+    let passed: Vec<(http::HeaderName, http::HeaderValue)> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let name = name.as_str().strip_prefix(PREFIX)?;
+            Some((
+                http::HeaderName::from_bytes(name.as_bytes()).ok()?,
+                value.clone(),
+            ))
+        })
+        .collect();
+    for (name, value) in passed {
+        // `Authorization` itself wins over `Grpc-Metadata-Authorization`.
+        headers.entry(name).or_insert(value);
+    }
+}
+
 /// Answers one gateway request.
-pub async fn serve(api: &Rc<Api>, request: HttpRequest) -> HttpResponse {
+pub async fn serve(api: &Rc<Api>, mut request: HttpRequest) -> HttpResponse {
+    as_grpc_metadata(&mut request.headers);
     let path = request.path.split('?').next().unwrap_or("").to_string();
     if request.method != http::Method::POST {
         return HttpResponse::new(
@@ -517,6 +541,30 @@ fn http_status(code: Code) -> StatusCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_metadata_comes_from_prefixed_headers_and_authorization() {
+        let mut headers = HeaderMap::new();
+        headers.insert("token", "plain".parse().unwrap());
+        headers.insert("grpc-metadata-token", "prefixed".parse().unwrap());
+        headers.insert("authorization", "auth".parse().unwrap());
+        headers.insert("grpc-metadata-authorization", "other".parse().unwrap());
+        headers.insert("grpc-metadata-hasleader", "true".parse().unwrap());
+        headers.insert("content-type", "application/json".parse().unwrap());
+        as_grpc_metadata(&mut headers);
+        assert_eq!(headers["token"], "prefixed");
+        assert_eq!(
+            headers["authorization"], "auth",
+            "Authorization itself wins"
+        );
+        assert_eq!(headers["hasleader"], "true");
+        assert_eq!(headers["content-type"], "application/json");
+        // Without a prefixed token, a plain one is gone.
+        let mut plain = HeaderMap::new();
+        plain.insert("token", "plain".parse().unwrap());
+        as_grpc_metadata(&mut plain);
+        assert!(plain.get("token").is_none());
+    }
 
     #[test]
     fn errors_look_like_grpc_gateways() {

@@ -876,14 +876,7 @@ impl Api {
     }
 
     pub(crate) async fn member_add(&self, r: pb::MemberAddRequest) -> R<pb::MemberAddResponse> {
-        for url in &r.peer_ur_ls {
-            if crate::config::url_host_port("peer-urls", url).is_err() {
-                return Err(Status::new(
-                    keel_grpc::Code::InvalidArgument,
-                    "etcdserver: given member URLs are invalid",
-                ));
-            }
-        }
+        check_member_urls(&r.peer_ur_ls)?;
         let change = MemberChange::Add {
             peer_urls: r.peer_ur_ls.clone(),
             learner: r.is_learner,
@@ -918,6 +911,9 @@ impl Api {
         &self,
         r: pb::MemberUpdateRequest,
     ) -> R<pb::MemberUpdateResponse> {
+        // etcd 3.4 takes an empty list here and then panics applying it; a member left without
+        // peer URLs could never be reached again.
+        check_member_urls(&r.peer_ur_ls)?;
         let (_, members) = self
             .member_change(MemberChange::Update {
                 id: r.id,
@@ -1098,6 +1094,24 @@ fn unreachable_response<T>(method: &str, got: &Answer) -> R<T> {
 /// An HTTP answer with a JSON body.
 pub fn json(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::new(status, "application/json", body)
+}
+
+/// etcd's check of a member's peer URLs (`types.NewURLs`): at least one, each a URL with a
+/// host and a port. An empty list would add a voter no one can reach (a one-member cluster
+/// then loses its quorum for good).
+fn check_member_urls(urls: &[String]) -> Result<(), Status> {
+    let valid = !urls.is_empty()
+        && urls
+            .iter()
+            .all(|url| crate::config::url_host_port("peer-urls", url).is_ok());
+    if valid {
+        Ok(())
+    } else {
+        Err(Status::new(
+            keel_grpc::Code::InvalidArgument,
+            "etcdserver: given member URLs are invalid",
+        ))
+    }
 }
 
 /// The members as etcd lists them: ascending by id (its `RaftCluster.Members`), so every

@@ -152,6 +152,21 @@ const CALLS: &[(&str, &str, &str, Compare)] = &[
         Compare::StatusAndCode,
     ),
     ("POST", "/v3/nope", "{}", Compare::StatusAndCode),
+    // A member without peer URLs is refused: added, it would be a voter no one can reach,
+    // and this one-member cluster would lose its quorum for good.
+    (
+        "POST",
+        "/v3/cluster/member/add",
+        r#"{"peerURLs":[]}"#,
+        Compare::Body,
+    ),
+    ("POST", "/v3/cluster/member/add", "{}", Compare::Body),
+    (
+        "POST",
+        "/v3/cluster/member/add",
+        r#"{"peerURLs":["not a url"],"isLearner":true}"#,
+        Compare::Body,
+    ),
 ];
 
 /// The answer with what legitimately differs between two servers removed: ids, raft terms.
@@ -789,4 +804,74 @@ fn curl_gets_the_same_json_from_keel_as_from_etcd() {
         ours, theirs,
         "Keel (left) and etcd (right) differ under curl"
     );
+}
+
+/// Which headers carry a gateway call's token: etcd's grpc-gateway passes `Authorization`
+/// on, and `Grpc-Metadata-<name>` as the metadata `<name>` (so `Grpc-Metadata-Token` and
+/// `Grpc-Metadata-Authorization` work too), but a plain `token` header is no metadata there.
+/// Each header, on a read only the token's user may make: the same answers from Keel and etcd.
+#[test]
+fn gateway_tokens_come_from_the_headers_etcd_reads() {
+    crate::common::require_tool("curl");
+    let mut transcripts = Vec::new();
+    for server in [Server::keel(&[]), Server::etcd(&[])] {
+        for args in [
+            &["user", "add", "root:rootpw"][..],
+            &["user", "add", "alice:alicepw"],
+            &["role", "add", "pre"],
+            &[
+                "role",
+                "grant-permission",
+                "pre",
+                "--prefix",
+                "read",
+                "pre/",
+            ],
+            &["user", "grant-role", "alice", "pre"],
+            &["auth", "enable"],
+        ] {
+            server.etcdctl(args).ok();
+        }
+        let addr = server.endpoint();
+        let (status, text) = curl(
+            &addr,
+            "POST",
+            "/v3/auth/authenticate",
+            r#"{"name":"alice","password":"alicepw"}"#,
+            &[],
+        );
+        assert_eq!(status, 200, "{text}");
+        let login: Value = serde_json::from_str(&text).expect("JSON");
+        let token = login["token"].as_str().expect("a token").to_string();
+        let answers: Vec<(String, u16, Value)> = [
+            "Authorization",
+            "Grpc-Metadata-Token",
+            "Grpc-Metadata-Authorization",
+            "token",
+        ]
+        .iter()
+        .map(|header| {
+            let (status, text) = curl(
+                &addr,
+                "POST",
+                "/v3/kv/range",
+                r#"{"key":"cHJlL2E="}"#,
+                &["-H", &format!("{header}: {token}")],
+            );
+            let json = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+            // The answer's code and message, or for a read that was let in, that it found
+            // nothing (the key was never written).
+            let summary = match json.get("code") {
+                Some(code) => serde_json::json!([code, json["error"]]),
+                None => json.get("count").cloned().unwrap_or(Value::Null),
+            };
+            (header.to_string(), status, summary)
+        })
+        .collect();
+        transcripts.push(answers);
+    }
+    let (ours, theirs) = (&transcripts[0], &transcripts[1]);
+    assert_eq!(ours[1].1, 200, "Grpc-Metadata-Token is let in: {ours:?}");
+    assert_eq!(ours[3].1, 400, "a plain token header is not: {ours:?}");
+    assert_eq!(ours, theirs, "keel (left) and etcd (right) differ");
 }
