@@ -501,6 +501,8 @@ pub struct Config {
     pub config_file: Option<PathBuf>,
     /// `--host-whitelist`: the Host headers plaintext HTTP requests may carry.
     pub host_whitelist: crate::host_whitelist::HostWhitelist,
+    /// `--cors`: the origins the client port's HTTP answers name in their CORS fields.
+    pub cors: crate::host_whitelist::CorsOrigins,
 }
 
 impl Config {
@@ -814,6 +816,7 @@ impl Config {
             host_whitelist: crate::host_whitelist::HostWhitelist::parse(
                 f.etcd_compat.host_whitelist.as_deref().unwrap_or("*"),
             ),
+            cors: cors_origins(f.etcd_compat.cors.as_deref().unwrap_or("*"))?,
         })
     }
 }
@@ -1130,6 +1133,17 @@ fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
 
 /// Splits a peer URL "http(s)://host:port" into host and port, refusing schemes we cannot
 /// serve or dial.
+/// `--cors`: `*`, or URLs with a host and a port, as etcd's flag takes them (it refuses
+/// `http://a.example` at startup: "URL address does not have the form \"host:port\"").
+fn cors_origins(text: &str) -> Result<crate::host_whitelist::CorsOrigins, CoreError> {
+    for origin in text.split(',').map(str::trim) {
+        if !origin.is_empty() && origin != "*" {
+            url_host_port("cors", origin)?;
+        }
+    }
+    Ok(crate::host_whitelist::CorsOrigins::parse(text))
+}
+
 pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> {
     let (_, host, port) = url_scheme_host_port(flag, url)?;
     Ok((host, port))

@@ -42,6 +42,7 @@ pub struct EtcdCompatFlags {
         hide = true
     )]
     pub discovery_srv_name: Option<String>,
+    /// Read by `Config::from_flags` (crate::host_whitelist::CorsOrigins).
     #[arg(long = "cors", env = "ETCD_CORS", hide = true)]
     pub cors: Option<String>,
     #[arg(
@@ -179,7 +180,6 @@ impl EtcdCompatFlags {
             ("discovery-fallback", &self.discovery_fallback),
             ("discovery-proxy", &self.discovery_proxy),
             ("discovery-srv-name", &self.discovery_srv_name),
-            ("cors", &self.cors),
             ("proxy-failure-wait", &self.proxy_failure_wait),
             ("proxy-refresh-interval", &self.proxy_refresh_interval),
             ("proxy-dial-timeout", &self.proxy_dial_timeout),
@@ -385,6 +385,7 @@ mod tests {
         "config-file",
         "host-whitelist",
         "strict-reconfig-check",
+        "cors",
     ];
 
     #[test]
@@ -414,5 +415,22 @@ mod tests {
         assert!(!c.host_whitelist.restricts());
         assert!(c.ignored_flags.contains(&"proxy"));
         assert!(parse(&["--debug=maybe".into()]).is_err());
+    }
+
+    #[test]
+    fn cors_takes_star_or_urls_with_a_port_as_etcd() {
+        let every = parse(&[]).expect("default");
+        assert_eq!(every.cors.allow_origin(Some("http://x:1")), Some("*"));
+        let listed = parse(&["--cors=http://a.example:8080, https://b.example:443".into()])
+            .expect("URLs with ports");
+        assert_eq!(
+            listed.cors.allow_origin(Some("https://b.example:443")),
+            Some("https://b.example:443")
+        );
+        assert_eq!(listed.cors.allow_origin(Some("http://c.example:80")), None);
+        let err = parse(&["--cors=http://a.example".into()])
+            .expect_err("etcd refuses a URL without a port")
+            .to_string();
+        assert!(err.contains("--cors") && err.contains("no port"), "{err}");
     }
 }

@@ -1,4 +1,5 @@
-//! etcd's `--host-whitelist`: a defence against DNS rebinding (CVE-2018-5702).
+//! etcd's `--host-whitelist`: a defence against DNS rebinding (CVE-2018-5702); and its
+//! `--cors` origins (`CorsOrigins`), the other half of etcd's `accessController`.
 //!
 //! A browser tricked into sending requests to a plaintext etcd sends the attacker's host name
 //! in `Host`. etcd 3.4 (embed/serve.go `accessController`) answers such HTTP requests on
@@ -73,6 +74,61 @@ fn refusal_text(host: &str) -> String {
     )
 }
 
+/// etcd's `--cors`: the origins whose pages may read the client port's HTTP answers (etcd's
+/// `AccessController.CORS`). `*` lets every origin; an empty list none. etcd's default is `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorsOrigins {
+    origins: BTreeSet<String>,
+}
+
+impl Default for CorsOrigins {
+    fn default() -> Self {
+        CorsOrigins::parse("*")
+    }
+}
+
+impl CorsOrigins {
+    /// From the flag's comma-separated text.
+    pub fn parse(text: &str) -> CorsOrigins {
+        CorsOrigins {
+            origins: text
+                .split(',')
+                .map(str::trim)
+                .filter(|o| !o.is_empty())
+                .map(String::from)
+                .collect(),
+        }
+    }
+
+    /// The `Access-Control-Allow-Origin` etcd's `accessController` writes for a request with
+    /// this `Origin`: `*` when every origin may read, the origin itself when it is listed,
+    /// none otherwise.
+    pub fn allow_origin<'a>(&self, origin: Option<&'a str>) -> Option<&'a str> {
+        if self.origins.contains("*") {
+            return Some("*");
+        }
+        origin.filter(|o| self.origins.contains(*o))
+    }
+
+    /// The CORS fields etcd adds to an answer (its `addCORSHeader`), for `allow_origin`.
+    pub fn fields(allow_origin: &str) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        let Ok(origin) = http::HeaderValue::from_str(allow_origin) else {
+            return Vec::new();
+        };
+        vec![
+            (
+                http::header::ACCESS_CONTROL_ALLOW_METHODS,
+                http::HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
+            ),
+            (http::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin),
+            (
+                http::header::ACCESS_CONTROL_ALLOW_HEADERS,
+                http::HeaderValue::from_static("accept, content-type, authorization"),
+            ),
+        ]
+    }
+}
+
 /// A plaintext client connection's handler with the Host check in front of HTTP requests.
 pub struct HostChecked<H> {
     pub inner: Rc<H>,
@@ -116,6 +172,24 @@ impl<H: Handler> Handler for HostChecked<H> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cors_lets_every_origin_listed_ones_or_none_as_etcd() {
+        let every = CorsOrigins::default();
+        assert_eq!(every.allow_origin(Some("http://a.example")), Some("*"));
+        assert_eq!(every.allow_origin(None), Some("*"));
+        let listed = CorsOrigins::parse("http://a.example, http://b.example");
+        assert_eq!(
+            listed.allow_origin(Some("http://b.example")),
+            Some("http://b.example")
+        );
+        assert_eq!(listed.allow_origin(Some("http://evil.example")), None);
+        assert_eq!(listed.allow_origin(None), None);
+        assert_eq!(CorsOrigins::parse("").allow_origin(Some("x")), None);
+        let fields = CorsOrigins::fields("*");
+        assert_eq!(fields.len(), 3);
+        assert_eq!(fields[1].1, "*");
+    }
 
     #[test]
     fn hosts_are_matched_without_their_port_as_etcd_matches_them() {

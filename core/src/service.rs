@@ -79,17 +79,40 @@ impl Handler for Api {
     }
 
     async fn http(self: Rc<Self>, mut request: HttpRequest) -> HttpResponse {
-        // The certificate user is ours to set, never the client's (etcd's gateway ignores it).
-        request.headers.remove(crate::auth::CERT_USER_HEADER);
-        // etcd 3.4 still answers the 3.3 gateway's /v3beta/ paths, by rewriting them to /v3/
-        // (embed/serve.go); /v3alpha/ is gone there, and here.
-        if let Some(rest) = request.path.strip_prefix("/v3beta/") {
-            request.path = format!("/v3/{rest}");
-        }
-        if crate::gateway::is_gateway_path(&request.path) {
-            return crate::gateway::serve(&self, request).await;
-        }
-        crate::http::serve(&self.shared, &self.metrics, request).await
+        // etcd's accessController (embed/serve.go), after the Host check: every answer names
+        // the origins `--cors` lets read it, and a CORS preflight (OPTIONS) is answered 200
+        // with those fields alone.
+        let cors = self
+            .shared
+            .config
+            .cors
+            .allow_origin(
+                request
+                    .headers
+                    .get(http::header::ORIGIN)
+                    .and_then(|v| v.to_str().ok()),
+            )
+            .map(crate::host_whitelist::CorsOrigins::fields)
+            .unwrap_or_default();
+        let mut response = if request.method == http::Method::OPTIONS {
+            HttpResponse::new(StatusCode::OK, "", "")
+        } else {
+            // The certificate user is ours to set, never the client's (etcd's gateway ignores
+            // it).
+            request.headers.remove(crate::auth::CERT_USER_HEADER);
+            // etcd 3.4 still answers the 3.3 gateway's /v3beta/ paths, by rewriting them to
+            // /v3/ (embed/serve.go); /v3alpha/ is gone there, and here.
+            if let Some(rest) = request.path.strip_prefix("/v3beta/") {
+                request.path = format!("/v3/{rest}");
+            }
+            if crate::gateway::is_gateway_path(&request.path) {
+                crate::gateway::serve(&self, request).await
+            } else {
+                crate::http::serve(&self.shared, &self.metrics, request).await
+            }
+        };
+        response.headers.extend(cors);
+        response
     }
 }
 

@@ -63,7 +63,10 @@ impl std::fmt::Debug for BodyStream {
 #[derive(Debug)]
 pub struct HttpResponse {
     pub status: StatusCode,
+    /// Empty: no Content-Type field (an empty body, as Go's server writes one).
     pub content_type: &'static str,
+    /// More header fields, written after Content-Type (e.g. CORS's `Access-Control-*`).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// The whole body; empty when `stream` is set.
     pub body: Bytes,
     /// A streamed body, sent chunked after the head. Dropped (with whatever produces it) when
@@ -76,6 +79,7 @@ impl HttpResponse {
         HttpResponse {
             status,
             content_type,
+            headers: Vec::new(),
             body: body.into(),
             stream: None,
         }
@@ -90,6 +94,7 @@ impl HttpResponse {
         HttpResponse {
             status,
             content_type,
+            headers: Vec::new(),
             body: Bytes::new(),
             stream: Some(BodyStream(Box::pin(stream))),
         }
@@ -236,7 +241,7 @@ fn find_head_end(buffer: &[u8]) -> Option<usize> {
     buffer.windows(4).position(|window| window == b"\r\n\r\n")
 }
 
-/// Serializes a response (one allocation).
+/// Serializes a response.
 pub fn write_response(response: &HttpResponse, keep_alive: KeepAlive) -> Vec<u8> {
     let reason = response.status.canonical_reason().unwrap_or("Unknown");
     let connection = match keep_alive {
@@ -244,10 +249,10 @@ pub fn write_response(response: &HttpResponse, keep_alive: KeepAlive) -> Vec<u8>
         KeepAlive::No => "close",
     };
     let head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n",
+        "HTTP/1.1 {} {}\r\n{}Content-Length: {}\r\nConnection: {}\r\n\r\n",
         response.status.as_u16(),
         reason,
-        response.content_type,
+        head_fields(response),
         response.body.len(),
         connection
     );
@@ -262,12 +267,28 @@ pub fn write_response(response: &HttpResponse, keep_alive: KeepAlive) -> Vec<u8>
 pub fn write_streaming_head(response: &HttpResponse) -> Vec<u8> {
     let reason = response.status.canonical_reason().unwrap_or("Unknown");
     format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {} {}\r\n{}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
         response.status.as_u16(),
         reason,
-        response.content_type,
+        head_fields(response),
     )
     .into_bytes()
+}
+
+/// The response's Content-Type (if it has one) and extra fields, each line ended.
+fn head_fields(response: &HttpResponse) -> String {
+    let mut fields = String::new();
+    if !response.content_type.is_empty() {
+        fields.push_str(&format!("Content-Type: {}\r\n", response.content_type));
+    }
+    for (name, value) in &response.headers {
+        // Header values are visible ASCII (the handler builds them); anything else is dropped
+        // rather than written raw into the head.
+        if let Ok(value) = value.to_str() {
+            fields.push_str(&format!("{name}: {value}\r\n"));
+        }
+    }
+    fields
 }
 
 /// One chunk of a chunked body. `data` must not be empty: an empty chunk ends the body.
@@ -513,6 +534,31 @@ mod tests {
         assert!(text.ends_with("\r\n\r\n{\"health\":\"true\"}"));
         let closing = write_response(&HttpResponse::not_found(), KeepAlive::No);
         assert!(String::from_utf8_lossy(&closing).contains("Connection: close\r\n"));
+    }
+
+    #[test]
+    fn extra_fields_follow_the_content_type_and_an_empty_type_is_left_out() {
+        let mut response = HttpResponse::new(StatusCode::OK, "", "");
+        response.headers.push((
+            http::HeaderName::from_static("access-control-allow-origin"),
+            http::HeaderValue::from_static("*"),
+        ));
+        let text = String::from_utf8(write_response(&response, KeepAlive::Yes)).expect("utf-8");
+        assert_eq!(
+            text,
+            "HTTP/1.1 200 OK\r\naccess-control-allow-origin: *\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
+        );
+        let mut streamed = HttpResponse::streaming(
+            StatusCode::OK,
+            "application/json",
+            futures_util::stream::empty(),
+        );
+        streamed.headers = response.headers.clone();
+        let head = String::from_utf8(write_streaming_head(&streamed)).expect("utf-8");
+        assert!(
+            head.contains("Content-Type: application/json\r\naccess-control-allow-origin: *\r\nTransfer-Encoding: chunked\r\n"),
+            "{head}"
+        );
     }
 
     /// Runs `serve_http1` on one end of an in-memory pipe with a handler answering `response`

@@ -1025,9 +1025,14 @@ async fn serve_http_over_h2<H: Handler>(
     let mut answer = handler.http(request).await;
     let mut response = http::Response::new(());
     *response.status_mut() = answer.status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+    if !answer.content_type.is_empty() {
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+    }
+    for (name, value) in answer.headers.drain(..) {
+        response.headers_mut().append(name, value);
+    }
     if let Some(stream) = answer.stream.take() {
         if let Ok(send) = respond.send_response(response, head_only) {
             if !head_only {

@@ -875,3 +875,88 @@ fn gateway_tokens_come_from_the_headers_etcd_reads() {
     assert_eq!(ours[3].1, 400, "a plain token header is not: {ours:?}");
     assert_eq!(ours, theirs, "keel (left) and etcd (right) differ");
 }
+
+/// etcd's CORS fields (its `accessController`, `--cors`, default `*`): every HTTP answer on
+/// the client port names the origins that may read it, and a preflight (OPTIONS) is answered
+/// 200 with those fields. With `--cors` listing an origin, only a request from it is named.
+/// The status and the `access-control-*` fields, from Keel and from etcd.
+#[test]
+fn cors_fields_and_preflights_answer_as_etcds() {
+    crate::common::require_tool("curl");
+    let cors_fields = |addr: &str, method: &str, path: &str, origin: &str| -> (u16, Vec<String>) {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-i", "--max-time", "10", "-X", method])
+            .args(["-H", &format!("Origin: {origin}")])
+            .args(["-H", "Access-Control-Request-Method: POST"])
+            .args(if method == "POST" {
+                vec!["-d", r#"{"key":"Zm9v"}"#]
+            } else {
+                vec![]
+            })
+            .arg(format!("http://{addr}{path}"))
+            .output()
+            .expect("curl runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut fields: Vec<String> = text
+            .lines()
+            .map(|l| l.trim().to_ascii_lowercase())
+            .filter(|l| l.starts_with("access-control-"))
+            .collect();
+        fields.sort();
+        (status, fields)
+    };
+    let mut transcripts = Vec::new();
+    for (keel, etcd) in [
+        (Server::keel(&[]), Server::etcd(&[])),
+        (
+            Server::keel(&["--cors", "http://a.example:8080"]),
+            Server::etcd(&["--cors", "http://a.example:8080"]),
+        ),
+    ] {
+        for server in [keel, etcd] {
+            let addr = server.endpoint();
+            let answers: Vec<(u16, Vec<String>)> = [
+                ("OPTIONS", "/v3/kv/range", "http://a.example:8080"),
+                ("POST", "/v3/kv/range", "http://a.example:8080"),
+                ("POST", "/v3/kv/range", "http://b.example:8080"),
+                ("GET", "/health", "http://a.example:8080"),
+            ]
+            .iter()
+            .map(|(method, path, origin)| cors_fields(&addr, method, path, origin))
+            .collect();
+            transcripts.push(answers);
+        }
+    }
+    let default = &transcripts[0];
+    assert_eq!(default[0].0, 200, "a preflight is answered: {default:?}");
+    assert!(
+        default[0]
+            .1
+            .contains(&"access-control-allow-origin: *".to_string()),
+        "{default:?}"
+    );
+    let listed = &transcripts[2];
+    assert!(
+        listed[1]
+            .1
+            .contains(&"access-control-allow-origin: http://a.example:8080".to_string()),
+        "{listed:?}"
+    );
+    assert!(
+        listed[2].1.is_empty(),
+        "another origin is not named: {listed:?}"
+    );
+    assert_eq!(
+        transcripts[0], transcripts[1],
+        "default --cors: keel (left), etcd (right)"
+    );
+    assert_eq!(
+        transcripts[2], transcripts[3],
+        "--cors listed: keel (left), etcd (right)"
+    );
+}
