@@ -1,7 +1,8 @@
 //! Every size limit a request meets on its way to disk, derived from one place:
 //! `--max-request-bytes`.
 //!
-//! A client request is one gRPC message (at most `grpc_recv_bytes_max`), which the shard turns
+//! A client request is one gRPC message (at most `grpc_recv_bytes_max`; through the JSON
+//! gateway, an HTTP body of at most `http_body_bytes_max` decoded to one), which the shard turns
 //! into one marshalled `InternalRaftRequest` (at most `request_bytes_max`, measured as etcd
 //! measures it). That becomes one raft entry (at most `entry_bytes_max` encoded), which is one
 //! WAL record (the WAL takes records up to `wal_record_bytes_max`) and rides in raft append
@@ -72,6 +73,11 @@ pub struct Limits {
     pub request_bytes_max: usize,
     /// The largest gRPC message a shard receives (etcd: max-request-bytes plus 512 KiB).
     pub grpc_recv_bytes_max: usize,
+    /// The largest HTTP request body the client port reads: a JSON gateway call holding a
+    /// message up to `grpc_recv_bytes_max` (its bytes fields base64, 4/3 of their size, plus
+    /// JSON's names and quotes; twice the message is ample). The gateway then measures the
+    /// decoded message against `grpc_recv_bytes_max`, as etcd's gRPC server does.
+    pub http_body_bytes_max: usize,
     /// The largest encoded raft entry holding one request.
     pub entry_bytes_max: usize,
     /// Raft's limit on the entry bytes of one append message: soft for batching (at least one
@@ -122,6 +128,7 @@ impl Limits {
         Limits {
             request_bytes_max,
             grpc_recv_bytes_max: request_bytes_max + GRPC_RECV_SLACK_BYTES as usize,
+            http_body_bytes_max: 2 * (request_bytes_max + GRPC_RECV_SLACK_BYTES as usize),
             entry_bytes_max,
             raft_msg_bytes_max,
             raft_uncommitted_bytes_max: RAFT_UNCOMMITTED_BYTES_MAX.max(4 * entry_bytes_max as u64),
@@ -146,6 +153,10 @@ impl Limits {
         assert!(
             self.grpc_recv_bytes_max >= self.request_bytes_max,
             "a gRPC message must hold the largest request"
+        );
+        assert!(
+            self.http_body_bytes_max >= self.grpc_recv_bytes_max,
+            "a gateway call's JSON body must hold the largest gRPC message"
         );
         assert!(
             self.entry_bytes_max >= self.request_bytes_max + ENTRY_ENVELOPE_BYTES,
@@ -201,6 +212,7 @@ mod tests {
         limits.assert_nested();
         assert_eq!(limits.request_bytes_max, 1_572_864);
         assert_eq!(limits.grpc_recv_bytes_max, 1_572_864 + 512 * 1024);
+        assert_eq!(limits.http_body_bytes_max, 2 * (1_572_864 + 512 * 1024));
         assert!(limits.wal.record_payload_bytes_max() >= limits.entry_bytes_max);
     }
 

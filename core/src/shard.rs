@@ -111,6 +111,10 @@ fn tls_hosts(config: &Config) -> Vec<String> {
 fn server_config(config: &Config, limits: &Limits) -> ServerConfig {
     ServerConfig {
         max_recv_message_bytes: limits.grpc_recv_bytes_max,
+        http1: keel_grpc::Http1Limits {
+            body_bytes_max: limits.http_body_bytes_max,
+            ..keel_grpc::Http1Limits::default()
+        },
         max_concurrent_streams: config.max_concurrent_streams,
         preface_timeout: Duration::from_millis(config.preface_timeout_ms),
         ..ServerConfig::default()

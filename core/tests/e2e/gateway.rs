@@ -960,3 +960,51 @@ fn cors_fields_and_preflights_answer_as_etcds() {
         "--cors listed: keel (left), etcd (right)"
     );
 }
+
+/// Oversized gateway writes get etcd's answers: a put over `--max-request-bytes` (1.5 MiB by
+/// default) is "request is too large" (400, code 3); one whose message is over the gRPC
+/// receive limit (2 MiB) is grpc-go's ResourceExhausted with both sizes (429, code 8). Keel
+/// used to refuse both bodies as HTTP 413 before reading them.
+#[test]
+fn oversized_gateway_writes_are_refused_as_etcds() {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let calls: Vec<String> = [1_600_000usize, 2_500_000]
+        .iter()
+        .map(|size| {
+            format!(
+                r#"{{"key":"{}","value":"{}"}}"#,
+                b64(b"big"),
+                b64(&vec![b'v'; *size])
+            )
+        })
+        .collect();
+    let mut transcripts = Vec::new();
+    for server in [Server::keel(&[]), Server::etcd(&[])] {
+        let addr = server.endpoint();
+        let answers: Vec<(u16, Value)> = calls
+            .iter()
+            .map(|body| {
+                let (status, text) = http_request(&addr, "POST", "/v3/kv/put", body);
+                let json = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+                (status, json)
+            })
+            .collect();
+        transcripts.push(answers);
+    }
+    let ours = &transcripts[0];
+    assert_eq!(ours[0].0, 400, "{:?}", ours[0]);
+    assert_eq!(ours[0].1["error"], "etcdserver: request is too large");
+    assert_eq!(ours[1].0, 429, "{:?}", ours[1]);
+    assert!(
+        ours[1].1["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("grpc: received message larger than max (")),
+        "{:?}",
+        ours[1]
+    );
+    assert_eq!(
+        transcripts[0], transcripts[1],
+        "keel (left) and etcd (right) differ"
+    );
+}
