@@ -525,6 +525,9 @@ impl Api {
         let req = convert::txn_request(r.clone());
         kv::validate_txn(&req, self.shared.config.max_txn_ops as usize)
             .map_err(|e| etcd(kv_error(e)))?;
+        if has_empty_op(&r) {
+            return Err(etcd(EtcdError::KeyNotFound));
+        }
         if kv::txn_is_read_only(&req) {
             return self.txn_read_only(req, who).await;
         }
@@ -1117,6 +1120,20 @@ fn unreachable_response<T>(method: &str, got: &Answer) -> R<T> {
 /// An HTTP answer with a JSON body.
 pub fn json(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::new(status, "application/json", body)
+}
+
+/// etcd's `checkRequestOp`: an op with no request in it ("empty op / nil entry"), at any
+/// depth of nested txns, refuses the txn as "key not found". (Conversion drops such ops, so
+/// this looks at the request as sent; apply skips them, as etcd's does, in logs that hold one.)
+fn has_empty_op(txn: &pb::TxnRequest) -> bool {
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .any(|op| match &op.request {
+            None => true,
+            Some(pb::request_op::Request::RequestTxn(inner)) => has_empty_op(inner),
+            Some(_) => false,
+        })
 }
 
 /// etcd's check of a member's peer URLs (`types.NewURLs`): at least one, each a URL with a

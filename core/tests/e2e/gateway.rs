@@ -161,6 +161,14 @@ const CALLS: &[(&str, &str, &str, Compare)] = &[
         Compare::Body,
     ),
     ("POST", "/v3/cluster/member/add", "{}", Compare::Body),
+    // An op with no request in it refuses the txn, at any depth (etcd's checkRequestOp).
+    ("POST", "/v3/kv/txn", r#"{"success":[{}]}"#, Compare::Body),
+    (
+        "POST",
+        "/v3/kv/txn",
+        r#"{"success":[{"request_txn":{"failure":[{}]}}]}"#,
+        Compare::Body,
+    ),
     (
         "POST",
         "/v3/cluster/member/add",
