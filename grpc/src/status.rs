@@ -270,6 +270,9 @@ pub enum EtcdError {
     /// Authenticate on a member whose JWT key can only verify (etcd's ErrVerifyOnly, raised at
     /// apply and passed on unmapped).
     AuthRawVerifyOnly,
+    /// Authenticate as a user added with no password: etcd's CheckPassword refuses it before
+    /// proposing with an error its gRPC layer does not map.
+    AuthRawNoPasswordUser,
     NoLeader,
     NotLeader,
     LeaderChanged,
@@ -287,7 +290,7 @@ pub enum EtcdError {
 
 impl EtcdError {
     /// Every variant, for tests and for building reverse look-ups.
-    pub const ALL: [EtcdError; 57] = [
+    pub const ALL: [EtcdError; 58] = [
         EtcdError::EmptyKey,
         EtcdError::KeyNotFound,
         EtcdError::ValueProvided,
@@ -332,6 +335,7 @@ impl EtcdError {
         EtcdError::AuthRawUserNotFound,
         EtcdError::AuthRawInvalidToken,
         EtcdError::AuthRawVerifyOnly,
+        EtcdError::AuthRawNoPasswordUser,
         EtcdError::NoLeader,
         EtcdError::NotLeader,
         EtcdError::LeaderChanged,
@@ -449,6 +453,10 @@ impl EtcdError {
             EtcdError::AuthRawVerifyOnly => (
                 Unknown,
                 "auth: token signing attempted with verify-only key",
+            ),
+            EtcdError::AuthRawNoPasswordUser => (
+                Unknown,
+                "auth: authentication failed, password was given for no password user",
             ),
             EtcdError::NoLeader => (Unavailable, "etcdserver: no leader"),
             EtcdError::NotLeader => (FailedPrecondition, "etcdserver: not leader"),

@@ -227,7 +227,8 @@ impl AuthState {
         }
         let user = self.users.get(name).ok_or(EtcdError::AuthFailed)?;
         if user.no_password {
-            return Err(EtcdError::AuthFailed);
+            // etcd's CheckPassword: its own error, which reaches the client unmapped.
+            return Err(EtcdError::AuthRawNoPasswordUser);
         }
         Ok((user.password_hash.clone(), self.revision))
     }

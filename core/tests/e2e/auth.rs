@@ -74,6 +74,7 @@ get foo
 --user alice:wrong get foo
 --user bob:x get foo
 --user nopw: get foo
+--user nopw:x get foo
 # Administration needs the root role (reads of oneself and one's own roles excepted).
 --user alice:alicepw user list
 --user alice:alicepw role list
