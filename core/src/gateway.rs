@@ -342,6 +342,33 @@ async fn auth_call(
 
 /// Decodes the JSON request (an empty body is an empty request, and unknown fields are
 /// ignored, as grpc-gateway does), runs the method, and encodes its answer or error.
+/// A request body read as grpc-gateway's JSON decoder (Go's `json.Decoder`, jsonpb) reads it:
+/// the first JSON value only (what follows it is not read), `null` for any field as that
+/// field left out (and a `null` body as an empty request), and a field given twice as its
+/// last value.
+fn decode_like_go<Req: DeserializeOwned + Default>(body: &[u8]) -> serde_json::Result<Req> {
+    fn drop_nulls(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                fields.retain(|_, v| !v.is_null());
+                fields.values_mut().for_each(drop_nulls);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+            _ => {}
+        }
+    }
+    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<serde_json::Value>();
+    let mut value = match values.next() {
+        Some(value) => value?,
+        None => return Ok(Req::default()),
+    };
+    if value.is_null() {
+        return Ok(Req::default());
+    }
+    drop_nulls(&mut value);
+    serde_json::from_value(value)
+}
+
 async fn call<Req, Resp, F, Fut>(body: &[u8], recv_bytes_max: usize, method: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default + prost::Message,
@@ -352,7 +379,7 @@ where
     let request = if body.iter().all(|b| b.is_ascii_whitespace()) {
         Req::default()
     } else {
-        match serde_json::from_slice::<Req>(body) {
+        match decode_like_go::<Req>(body) {
             Ok(r) => r,
             Err(e) => return error(&Status::new(Code::InvalidArgument, e.to_string())),
         }
@@ -645,6 +672,30 @@ fn http_status(code: Code) -> StatusCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bodies_are_read_as_gos_decoder_reads_them() {
+        let read = |body: &str| decode_like_go::<pb::RangeRequest>(body.as_bytes());
+        let plain = read(r#"{"key":"YQ==","limit":"2"}"#).expect("valid");
+        assert_eq!((&plain.key[..], plain.limit), (&b"a"[..], 2));
+        // Nulls are fields left out; a null body is an empty request.
+        let nulls = read(r#"{"key":"YQ==","keys_only":null,"limit":null}"#).expect("nulls");
+        assert_eq!(
+            (&nulls.key[..], nulls.keys_only, nulls.limit),
+            (&b"a"[..], false, 0)
+        );
+        assert_eq!(
+            read("null").expect("null body"),
+            pb::RangeRequest::default()
+        );
+        // Only the first value is read; a repeated field keeps its last value.
+        let first = read(r#"{"key":"YQ=="} trailing"#).expect("first value");
+        assert_eq!(&first.key[..], b"a");
+        let twice = read(r#"{"key":"YQ==","key":"Yg=="}"#).expect("repeated field");
+        assert_eq!(&twice.key[..], b"b");
+        assert!(read(r#"{"key":"#).is_err());
+        assert!(read(r#"{"limit":true}"#).is_err());
+    }
 
     #[test]
     fn grpc_metadata_comes_from_prefixed_headers_and_authorization() {
