@@ -60,10 +60,12 @@ for i in 0 1 2; do
     --initial-cluster "$cluster" --initial-cluster-state new >"$work/n$i.log" 2>&1 &
   pids+=("$!")
 done
+ready=false
 for _ in $(seq 1 150); do
-  "$bench" --endpoints "$eps" put --total 3 >/dev/null 2>&1 && break
+  "$bench" --endpoints "$eps" put --total 3 >/dev/null 2>&1 && { ready=true; break; }
   sleep 0.2
 done
+$ready || { echo "flame-cluster.sh: the cluster took no write in 30 s; logs in $work" >&2; trap - EXIT; stop_members; exit 1; }
 # `endpoint status` prints "URL, ID, version, db size, is leader, ...".
 leader_url=$(ETCDCTL_API=3 etcdctl --endpoints "$eps" endpoint status | awk -F', ' '$5 == "true" { print $1 }')
 [ -n "$leader_url" ] || { echo "flame-cluster.sh: no leader" >&2; exit 1; }

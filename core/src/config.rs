@@ -1131,8 +1131,6 @@ fn split_urls(flag: &str, s: &str) -> Result<Vec<String>, CoreError> {
     Ok(urls)
 }
 
-/// Splits a peer URL "http(s)://host:port" into host and port, refusing schemes we cannot
-/// serve or dial.
 /// `--cors`: `*`, or URLs with a host and a port, as etcd's flag takes them (it refuses
 /// `http://a.example` at startup: "URL address does not have the form \"host:port\"").
 fn cors_origins(text: &str) -> Result<crate::host_whitelist::CorsOrigins, CoreError> {
@@ -1144,6 +1142,8 @@ fn cors_origins(text: &str) -> Result<crate::host_whitelist::CorsOrigins, CoreEr
     Ok(crate::host_whitelist::CorsOrigins::parse(text))
 }
 
+/// Splits a peer URL "http(s)://host:port" into host and port, refusing schemes we cannot
+/// serve or dial.
 pub fn url_host_port(flag: &str, url: &str) -> Result<(String, u16), CoreError> {
     let (_, host, port) = url_scheme_host_port(flag, url)?;
     Ok((host, port))

@@ -61,16 +61,20 @@ fn as_grpc_metadata(headers: &mut HeaderMap) {
         .iter()
         .filter_map(|(name, value)| {
             let name = name.as_str().strip_prefix(PREFIX)?;
-            Some((
-                http::HeaderName::from_bytes(name.as_bytes()).ok()?,
-                value.clone(),
-            ))
+            let name = http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+            // The verified certificate's user is Keel's own field, set only from the TLS
+            // handshake: a client must not name itself through the prefix (etcd's gateway
+            // never takes a certificate user at all).
+            (name != crate::auth::CERT_USER_HEADER).then(|| (name, value.clone()))
         })
         .collect();
     for (name, value) in passed {
         // `Authorization` itself wins over `Grpc-Metadata-Authorization`.
         headers.entry(name).or_insert(value);
     }
+    // And none sent as is (`Api::http` removed that already; this keeps the gateway safe on
+    // its own).
+    headers.remove(crate::auth::CERT_USER_HEADER);
 }
 
 /// Answers one gateway request.
@@ -340,13 +344,22 @@ async fn auth_call(
     }
 }
 
-/// Decodes the JSON request (an empty body is an empty request, and unknown fields are
-/// ignored, as grpc-gateway does), runs the method, and encodes its answer or error.
 /// A request body read as grpc-gateway's JSON decoder (Go's `json.Decoder`, jsonpb) reads it:
-/// the first JSON value only (what follows it is not read), `null` for any field as that
-/// field left out (and a `null` body as an empty request), and a field given twice as its
-/// last value.
+/// the first JSON value only (what follows it is not read); see `from_go_value`.
 fn decode_like_go<Req: DeserializeOwned + Default>(body: &[u8]) -> serde_json::Result<Req> {
+    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<serde_json::Value>();
+    match values.next() {
+        Some(value) => from_go_value(value?),
+        None => Ok(Req::default()),
+    }
+}
+
+/// One JSON value as a request, read as Go's decoder reads it: `null` for any field is that
+/// field left out (and a `null` value an empty request), and a field given twice keeps its
+/// last value (a JSON object read into a map).
+fn from_go_value<Req: DeserializeOwned + Default>(
+    mut value: serde_json::Value,
+) -> serde_json::Result<Req> {
     fn drop_nulls(value: &mut serde_json::Value) {
         match value {
             serde_json::Value::Object(fields) => {
@@ -357,11 +370,6 @@ fn decode_like_go<Req: DeserializeOwned + Default>(body: &[u8]) -> serde_json::R
             _ => {}
         }
     }
-    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<serde_json::Value>();
-    let mut value = match values.next() {
-        Some(value) => value?,
-        None => return Ok(Req::default()),
-    };
     if value.is_null() {
         return Ok(Req::default());
     }
@@ -369,6 +377,8 @@ fn decode_like_go<Req: DeserializeOwned + Default>(body: &[u8]) -> serde_json::R
     serde_json::from_value(value)
 }
 
+/// Decodes the JSON request (an empty body is an empty request, and unknown fields are
+/// ignored, as grpc-gateway does), runs the method, and encodes its answer or error.
 async fn call<Req, Resp, F, Fut>(body: &[u8], recv_bytes_max: usize, method: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default + prost::Message,
@@ -519,12 +529,13 @@ async fn streaming(
 /// (code Unknown: the decoder's error is no gRPC status).
 fn decode_all<Req>(body: &[u8]) -> Result<Vec<Bytes>, Status>
 where
-    Req: DeserializeOwned + prost::Message,
+    Req: DeserializeOwned + prost::Message + Default,
 {
     serde_json::Deserializer::from_slice(body)
-        .into_iter::<Req>()
-        .map(|request| {
-            request
+        .into_iter::<serde_json::Value>()
+        .map(|value| {
+            value
+                .and_then(from_go_value::<Req>)
                 .map(|r| Bytes::from(r.encode_to_vec()))
                 .map_err(|e| Status::new(Code::Unknown, e.to_string()))
         })
@@ -538,14 +549,8 @@ fn decode_first<Req>(body: &[u8]) -> Result<Vec<Bytes>, Status>
 where
     Req: DeserializeOwned + prost::Message + Default,
 {
-    let request = match serde_json::Deserializer::from_slice(body)
-        .into_iter::<Req>()
-        .next()
-    {
-        None => Req::default(),
-        Some(Ok(request)) => request,
-        Some(Err(e)) => return Err(Status::new(Code::InvalidArgument, e.to_string())),
-    };
+    let request = decode_like_go::<Req>(body)
+        .map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
     Ok(vec![Bytes::from(request.encode_to_vec())])
 }
 
@@ -714,6 +719,17 @@ mod tests {
         );
         assert_eq!(headers["hasleader"], "true");
         assert_eq!(headers["content-type"], "application/json");
+        // No client names the certificate user, prefixed or not.
+        let mut spoofed = HeaderMap::new();
+        spoofed.insert(
+            http::HeaderName::from_bytes(
+                format!("grpc-metadata-{}", crate::auth::CERT_USER_HEADER).as_bytes(),
+            )
+            .unwrap(),
+            "root".parse().unwrap(),
+        );
+        as_grpc_metadata(&mut spoofed);
+        assert!(spoofed.get(crate::auth::CERT_USER_HEADER).is_none());
         // Without a prefixed token, a plain one is gone.
         let mut plain = HeaderMap::new();
         plain.insert("token", "plain".parse().unwrap());

@@ -110,12 +110,16 @@ impl CorsOrigins {
         origin.filter(|o| self.origins.contains(*o))
     }
 
-    /// The CORS fields etcd adds to an answer (its `addCORSHeader`), for `allow_origin`.
+    /// The CORS fields etcd adds to an answer (its `addCORSHeader`), for `allow_origin`;
+    /// plus `Vary: Origin` when that is one listed origin (etcd leaves it out), so that a
+    /// shared cache does not hand one origin's answer to another.
     pub fn fields(allow_origin: &str) -> Vec<(http::HeaderName, http::HeaderValue)> {
         let Ok(origin) = http::HeaderValue::from_str(allow_origin) else {
             return Vec::new();
         };
-        vec![
+        let vary = (allow_origin != "*")
+            .then(|| (http::header::VARY, http::HeaderValue::from_static("Origin")));
+        let mut fields = vec![
             (
                 http::header::ACCESS_CONTROL_ALLOW_METHODS,
                 http::HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
@@ -125,7 +129,9 @@ impl CorsOrigins {
                 http::header::ACCESS_CONTROL_ALLOW_HEADERS,
                 http::HeaderValue::from_static("accept, content-type, authorization"),
             ),
-        ]
+        ];
+        fields.extend(vary);
+        fields
     }
 }
 
@@ -189,6 +195,12 @@ mod tests {
         let fields = CorsOrigins::fields("*");
         assert_eq!(fields.len(), 3);
         assert_eq!(fields[1].1, "*");
+        let one = CorsOrigins::fields("http://a.example:8080");
+        assert_eq!(one[1].1, "http://a.example:8080");
+        assert_eq!(
+            one.last().map(|f| (&f.0, f.1.to_str().unwrap())),
+            Some((&http::header::VARY, "Origin"))
+        );
     }
 
     #[test]

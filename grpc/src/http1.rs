@@ -378,6 +378,8 @@ where
     Fut: std::future::Future<Output = HttpResponse>,
 {
     const READ_CHUNK_BYTES: usize = 8 * 1024;
+    /// A body's buffer grows by at most this much per read.
+    const BODY_CHUNK_BYTES: usize = 64 * 1024;
     let mut buffer = initial;
     loop {
         let head = loop {
@@ -402,7 +404,9 @@ where
         };
         buffer.advance(head.head_bytes);
         while buffer.len() < head.content_length_bytes {
-            buffer.reserve(head.content_length_bytes - buffer.len());
+            // Room for what arrives, not for what the head promises: a client that announces
+            // the largest body and sends nothing holds no more than a chunk.
+            buffer.reserve((head.content_length_bytes - buffer.len()).min(BODY_CHUNK_BYTES));
             if read_more(&mut io, &mut buffer, read_timeout, sleep).await? == 0 {
                 return Ok(());
             }

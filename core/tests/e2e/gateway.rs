@@ -63,7 +63,12 @@ const CALLS: &[(&str, &str, &str, Compare)] = &[
         r#"{"key":"Zm9v","keys_only":null,"limit":null}"#,
         Compare::Body,
     ),
-    ("POST", "/v3/kv/range", r#"{"key":"Zm9v"} xyz"#, Compare::Body),
+    (
+        "POST",
+        "/v3/kv/range",
+        r#"{"key":"Zm9v"} xyz"#,
+        Compare::Body,
+    ),
     (
         "POST",
         "/v3/kv/range",
@@ -833,7 +838,8 @@ fn curl_gets_the_same_json_from_keel_as_from_etcd() {
 /// Which headers carry a gateway call's token: etcd's grpc-gateway passes `Authorization`
 /// on, and `Grpc-Metadata-<name>` as the metadata `<name>` (so `Grpc-Metadata-Token` and
 /// `Grpc-Metadata-Authorization` work too), but a plain `token` header is no metadata there.
-/// Each header, on a read only the token's user may make: the same answers from Keel and etcd.
+/// Each header, on a read only the token's user (or root) may make: the same answers from
+/// Keel and etcd.
 #[test]
 fn gateway_tokens_come_from_the_headers_etcd_reads() {
     crate::common::require_tool("curl");
@@ -868,19 +874,23 @@ fn gateway_tokens_come_from_the_headers_etcd_reads() {
         let login: Value = serde_json::from_str(&text).expect("JSON");
         let token = login["token"].as_str().expect("a token").to_string();
         let answers: Vec<(String, u16, Value)> = [
-            "Authorization",
-            "Grpc-Metadata-Token",
-            "Grpc-Metadata-Authorization",
-            "token",
+            ("Authorization", token.as_str()),
+            ("Grpc-Metadata-Token", &token),
+            ("Grpc-Metadata-Authorization", &token),
+            ("token", &token),
+            // Keel's own field for a verified client certificate's user: no client may set
+            // it, through the gateway's metadata prefix or otherwise.
+            ("Grpc-Metadata-Keel-Internal-Client-Cert-Cn", "root"),
+            ("Keel-Internal-Client-Cert-Cn", "root"),
         ]
         .iter()
-        .map(|header| {
+        .map(|(header, value)| {
             let (status, text) = curl(
                 &addr,
                 "POST",
                 "/v3/kv/range",
                 r#"{"key":"cHJlL2E="}"#,
-                &["-H", &format!("{header}: {token}")],
+                &["-H", &format!("{header}: {value}")],
             );
             let json = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
             // The answer's code and message, or for a read that was let in, that it found
@@ -897,6 +907,8 @@ fn gateway_tokens_come_from_the_headers_etcd_reads() {
     let (ours, theirs) = (&transcripts[0], &transcripts[1]);
     assert_eq!(ours[1].1, 200, "Grpc-Metadata-Token is let in: {ours:?}");
     assert_eq!(ours[3].1, 400, "a plain token header is not: {ours:?}");
+    assert_eq!(ours[4].1, 400, "no one is root by saying so: {ours:?}");
+    assert_eq!(ours[5].1, 400, "no one is root by saying so: {ours:?}");
     assert_eq!(ours, theirs, "keel (left) and etcd (right) differ");
 }
 
