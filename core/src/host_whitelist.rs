@@ -25,12 +25,7 @@ impl HostWhitelist {
     /// From the flag's comma-separated text, as etcd's `UniqueStringsValue` reads it.
     pub fn parse(text: &str) -> HostWhitelist {
         HostWhitelist {
-            hosts: text
-                .split(',')
-                .map(str::trim)
-                .filter(|h| !h.is_empty())
-                .map(String::from)
-                .collect(),
+            hosts: unique_strings(text),
         }
     }
 
@@ -43,6 +38,15 @@ impl HostWhitelist {
     pub fn allows(&self, host_header: &str) -> bool {
         !self.restricts() || self.hosts.contains(host_name(host_header))
     }
+}
+
+/// A comma-separated flag's items, trimmed, without empty ones or repeats.
+fn unique_strings(text: &str) -> BTreeSet<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Go's `net.SplitHostPort(host)`'s host, or the whole header when it has no port (as
@@ -91,12 +95,7 @@ impl CorsOrigins {
     /// From the flag's comma-separated text.
     pub fn parse(text: &str) -> CorsOrigins {
         CorsOrigins {
-            origins: text
-                .split(',')
-                .map(str::trim)
-                .filter(|o| !o.is_empty())
-                .map(String::from)
-                .collect(),
+            origins: unique_strings(text),
         }
     }
 

@@ -621,11 +621,9 @@ fn a_gateway_watch_with_an_empty_body_stays_open_as_etcds() {
     }
 }
 
-/// Streaming calls under auth: a watch on a range the user may not read, without a token and
-/// with a bad one (each a created-and-canceled line; the stream stays open, so only that line
-/// is read), a snapshot by a non-root user (its raw auth error as the HTTP status and an error
-/// line), an observe the user may not read (an empty stream), and a permitted watch.
-fn refused_transcript(server: &Server) -> Vec<(u16, Vec<Value>)> {
+/// Turns auth on with root and a user alice who may `permission` (read, write or readwrite)
+/// the prefix `pre/`; alice's token, from the gateway's Authenticate.
+fn alice_with_prefix(server: &Server, permission: &str) -> String {
     for args in [
         &["user", "add", "root:rootpw"][..],
         &["user", "add", "alice:alicepw"],
@@ -635,7 +633,7 @@ fn refused_transcript(server: &Server) -> Vec<(u16, Vec<Value>)> {
             "grant-permission",
             "pre",
             "--prefix",
-            "readwrite",
+            permission,
             "pre/",
         ],
         &["user", "grant-role", "alice", "pre"],
@@ -643,16 +641,24 @@ fn refused_transcript(server: &Server) -> Vec<(u16, Vec<Value>)> {
     ] {
         server.etcdctl(args).ok();
     }
-    let addr = server.endpoint();
     let (status, text) = http_request(
-        &addr,
+        &server.endpoint(),
         "POST",
         "/v3/auth/authenticate",
         r#"{"name":"alice","password":"alicepw"}"#,
     );
     assert_eq!(status, 200, "{text}");
     let login: Value = serde_json::from_str(&text).expect("JSON");
-    let alice = login["token"].as_str().expect("a token").to_string();
+    login["token"].as_str().expect("a token").to_string()
+}
+
+/// Streaming calls under auth: a watch on a range the user may not read, without a token and
+/// with a bad one (each a created-and-canceled line; the stream stays open, so only that line
+/// is read), a snapshot by a non-root user (its raw auth error as the HTTP status and an error
+/// line), an observe the user may not read (an empty stream), and a permitted watch.
+fn refused_transcript(server: &Server) -> Vec<(u16, Vec<Value>)> {
+    let alice = alice_with_prefix(server, "readwrite");
+    let addr = server.endpoint();
     let secret_watch = r#"{"create_request":{"key":"c2VjcmV0"}}"#;
     let mut answers = Vec::new();
     for (path, body, token, whole) in [
@@ -845,34 +851,8 @@ fn gateway_tokens_come_from_the_headers_etcd_reads() {
     crate::common::require_tool("curl");
     let mut transcripts = Vec::new();
     for server in [Server::keel(&[]), Server::etcd(&[])] {
-        for args in [
-            &["user", "add", "root:rootpw"][..],
-            &["user", "add", "alice:alicepw"],
-            &["role", "add", "pre"],
-            &[
-                "role",
-                "grant-permission",
-                "pre",
-                "--prefix",
-                "read",
-                "pre/",
-            ],
-            &["user", "grant-role", "alice", "pre"],
-            &["auth", "enable"],
-        ] {
-            server.etcdctl(args).ok();
-        }
+        let token = alice_with_prefix(&server, "read");
         let addr = server.endpoint();
-        let (status, text) = curl(
-            &addr,
-            "POST",
-            "/v3/auth/authenticate",
-            r#"{"name":"alice","password":"alicepw"}"#,
-            &[],
-        );
-        assert_eq!(status, 200, "{text}");
-        let login: Value = serde_json::from_str(&text).expect("JSON");
-        let token = login["token"].as_str().expect("a token").to_string();
         let answers: Vec<(String, u16, Value)> = [
             ("Authorization", token.as_str()),
             ("Grpc-Metadata-Token", &token),
