@@ -138,161 +138,95 @@ pub async fn serve(api: &Rc<Api>, mut request: HttpRequest) -> HttpResponse {
     let body = request.body;
     let api = api.clone();
     let who = &who;
-    let recv_bytes_max = api.shared().limits.grpc_recv_bytes_max;
+    let unary = Unary {
+        body: &body,
+        recv_bytes_max: api.shared().limits.grpc_recv_bytes_max,
+    };
     if let Some(rest) = path.strip_prefix("/v3/auth/") {
-        return auth_call(&api, who, rest, &body, recv_bytes_max).await;
+        return auth_call(&api, who, rest, unary).await;
     }
     match path.as_str() {
-        "/v3/kv/range" => {
-            call(
-                &body,
-                recv_bytes_max,
-                |r| async move { api.range(r, who).await },
-            )
-            .await
-        }
-        "/v3/kv/put" => {
-            call(
-                &body,
-                recv_bytes_max,
-                |r| async move { api.put(r, who).await },
-            )
-            .await
-        }
+        "/v3/kv/range" => unary.run(|r| async move { api.range(r, who).await }).await,
+        "/v3/kv/put" => unary.run(|r| async move { api.put(r, who).await }).await,
         "/v3/kv/deleterange" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.delete_range(r, who).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.delete_range(r, who).await })
+                .await
         }
-        "/v3/kv/txn" => {
-            call(
-                &body,
-                recv_bytes_max,
-                |r| async move { api.txn(r, who).await },
-            )
-            .await
-        }
-        "/v3/kv/compaction" => {
-            call(
-                &body,
-                recv_bytes_max,
-                |r| async move { api.compact(r).await },
-            )
-            .await
-        }
-        "/v3/lease/grant" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.lease_grant(r).await
-            })
-            .await
-        }
+        "/v3/kv/txn" => unary.run(|r| async move { api.txn(r, who).await }).await,
+        "/v3/kv/compaction" => unary.run(|r| async move { api.compact(r).await }).await,
+        "/v3/lease/grant" => unary.run(|r| async move { api.lease_grant(r).await }).await,
         "/v3/lease/revoke" | "/v3/kv/lease/revoke" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.lease_revoke(r, who).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.lease_revoke(r, who).await })
+                .await
         }
         "/v3/lease/timetolive" | "/v3/kv/lease/timetolive" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.lease_time_to_live(r).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.lease_time_to_live(r).await })
+                .await
         }
         "/v3/lease/leases" | "/v3/kv/lease/leases" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.lease_leases(r).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.lease_leases(r).await })
+                .await
         }
-        "/v3/cluster/member/add" => {
-            call(
-                &body,
-                recv_bytes_max,
-                |r| async move { api.member_add(r).await },
-            )
-            .await
-        }
+        "/v3/cluster/member/add" => unary.run(|r| async move { api.member_add(r).await }).await,
         "/v3/cluster/member/remove" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.member_remove(r).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.member_remove(r).await })
+                .await
         }
         "/v3/cluster/member/update" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.member_update(r).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.member_update(r).await })
+                .await
         }
         "/v3/cluster/member/promote" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.member_promote(r).await
-            })
-            .await
+            unary
+                .run(|r| async move { api.member_promote(r).await })
+                .await
         }
-        "/v3/cluster/member/list" => {
-            call(&body, recv_bytes_max, |r| async move { api.member_list(r) }).await
-        }
-        "/v3/maintenance/alarm" => {
-            call(&body, recv_bytes_max, |r| async move { api.alarm(r).await }).await
-        }
-        "/v3/maintenance/status" => {
-            call(&body, recv_bytes_max, |r| async move { api.status(r) }).await
-        }
-        "/v3/maintenance/defragment" => {
-            call(
-                &body,
-                recv_bytes_max,
-                |r| async move { api.defragment(r).await },
-            )
-            .await
-        }
+        "/v3/cluster/member/list" => unary.run(|r| async move { api.member_list(r) }).await,
+        "/v3/maintenance/alarm" => unary.run(|r| async move { api.alarm(r).await }).await,
+        "/v3/maintenance/status" => unary.run(|r| async move { api.status(r) }).await,
+        "/v3/maintenance/defragment" => unary.run(|r| async move { api.defragment(r).await }).await,
         // etcd's protos map Hash and HashKV to the same path; grpc-gateway serves Hash there.
-        "/v3/maintenance/hash" => {
-            call(&body, recv_bytes_max, |r| async move { api.hash(r).await }).await
-        }
+        "/v3/maintenance/hash" => unary.run(|r| async move { api.hash(r).await }).await,
         "/v3/maintenance/transfer-leadership" => {
-            call(&body, recv_bytes_max, |r| async move {
-                api.move_leader(r).await
-            })
-            .await
+            unary.run(|r| async move { api.move_leader(r).await }).await
         }
         "/v3/lock/lock" => {
-            call(&body, recv_bytes_max, |r| async move {
-                crate::lock::lock(api.shared(), api.hub(), who, r).await
-            })
-            .await
+            unary
+                .run(|r| async move { crate::lock::lock(api.shared(), api.hub(), who, r).await })
+                .await
         }
         "/v3/lock/unlock" => {
-            call(&body, recv_bytes_max, |r| async move {
-                crate::lock::unlock(api.shared(), who, r).await
-            })
-            .await
+            unary
+                .run(|r| async move { crate::lock::unlock(api.shared(), who, r).await })
+                .await
         }
         "/v3/election/campaign" => {
-            call(&body, recv_bytes_max, |r| async move {
-                crate::lock::campaign(api.shared(), api.hub(), who, r).await
-            })
-            .await
+            unary
+                .run(
+                    |r| async move { crate::lock::campaign(api.shared(), api.hub(), who, r).await },
+                )
+                .await
         }
         "/v3/election/proclaim" => {
-            call(&body, recv_bytes_max, |r| async move {
-                crate::lock::proclaim(api.shared(), who, r).await
-            })
-            .await
+            unary
+                .run(|r| async move { crate::lock::proclaim(api.shared(), who, r).await })
+                .await
         }
         "/v3/election/leader" => {
-            call(&body, recv_bytes_max, |r| async move {
-                crate::lock::leader(api.shared(), who, r).await
-            })
-            .await
+            unary
+                .run(|r| async move { crate::lock::leader(api.shared(), who, r).await })
+                .await
         }
         "/v3/election/resign" => {
-            call(&body, recv_bytes_max, |r| async move {
-                crate::lock::resign(api.shared(), who, r).await
-            })
-            .await
+            unary
+                .run(|r| async move { crate::lock::resign(api.shared(), who, r).await })
+                .await
         }
         _ => HttpResponse::not_found(),
     }
@@ -303,43 +237,27 @@ async fn auth_call(
     api: &Rc<Api>,
     who: &crate::auth::AuthInfo,
     rest: &str,
-    body: &[u8],
-    recv_bytes_max: usize,
+    unary: Unary<'_>,
 ) -> HttpResponse {
     use crate::auth::api as a;
     let api = api.as_ref();
     match rest {
-        "enable" => call(body, recv_bytes_max, |r| a::auth_enable(api, who, r)).await,
-        "disable" => call(body, recv_bytes_max, |r| a::auth_disable(api, who, r)).await,
-        "authenticate" => call(body, recv_bytes_max, |r| a::authenticate(api, who, r)).await,
-        "user/add" => call(body, recv_bytes_max, |r| a::user_add(api, who, r)).await,
-        "user/get" => call(body, recv_bytes_max, |r| a::user_get(api, who, r)).await,
-        "user/list" => call(body, recv_bytes_max, |r| a::user_list(api, who, r)).await,
-        "user/delete" => call(body, recv_bytes_max, |r| a::user_delete(api, who, r)).await,
-        "user/changepw" => {
-            call(body, recv_bytes_max, |r| {
-                a::user_change_password(api, who, r)
-            })
-            .await
-        }
-        "user/grant" => call(body, recv_bytes_max, |r| a::user_grant_role(api, who, r)).await,
-        "user/revoke" => call(body, recv_bytes_max, |r| a::user_revoke_role(api, who, r)).await,
-        "role/add" => call(body, recv_bytes_max, |r| a::role_add(api, who, r)).await,
-        "role/get" => call(body, recv_bytes_max, |r| a::role_get(api, who, r)).await,
-        "role/list" => call(body, recv_bytes_max, |r| a::role_list(api, who, r)).await,
-        "role/delete" => call(body, recv_bytes_max, |r| a::role_delete(api, who, r)).await,
-        "role/grant" => {
-            call(body, recv_bytes_max, |r| {
-                a::role_grant_permission(api, who, r)
-            })
-            .await
-        }
-        "role/revoke" => {
-            call(body, recv_bytes_max, |r| {
-                a::role_revoke_permission(api, who, r)
-            })
-            .await
-        }
+        "enable" => unary.run(|r| a::auth_enable(api, who, r)).await,
+        "disable" => unary.run(|r| a::auth_disable(api, who, r)).await,
+        "authenticate" => unary.run(|r| a::authenticate(api, who, r)).await,
+        "user/add" => unary.run(|r| a::user_add(api, who, r)).await,
+        "user/get" => unary.run(|r| a::user_get(api, who, r)).await,
+        "user/list" => unary.run(|r| a::user_list(api, who, r)).await,
+        "user/delete" => unary.run(|r| a::user_delete(api, who, r)).await,
+        "user/changepw" => unary.run(|r| a::user_change_password(api, who, r)).await,
+        "user/grant" => unary.run(|r| a::user_grant_role(api, who, r)).await,
+        "user/revoke" => unary.run(|r| a::user_revoke_role(api, who, r)).await,
+        "role/add" => unary.run(|r| a::role_add(api, who, r)).await,
+        "role/get" => unary.run(|r| a::role_get(api, who, r)).await,
+        "role/list" => unary.run(|r| a::role_list(api, who, r)).await,
+        "role/delete" => unary.run(|r| a::role_delete(api, who, r)).await,
+        "role/grant" => unary.run(|r| a::role_grant_permission(api, who, r)).await,
+        "role/revoke" => unary.run(|r| a::role_revoke_permission(api, who, r)).await,
         _ => HttpResponse::not_found(),
     }
 }
@@ -377,39 +295,45 @@ fn from_go_value<Req: DeserializeOwned + Default>(
     serde_json::from_value(value)
 }
 
-/// Decodes the JSON request (an empty body is an empty request, and unknown fields are
-/// ignored, as grpc-gateway does), runs the method, and encodes its answer or error.
-async fn call<Req, Resp, F, Fut>(body: &[u8], recv_bytes_max: usize, method: F) -> HttpResponse
-where
-    Req: DeserializeOwned + Default + prost::Message,
-    Resp: Serialize,
-    F: FnOnce(Req) -> Fut,
-    Fut: Future<Output = Result<Resp, Status>>,
-{
-    let request = if body.iter().all(|b| b.is_ascii_whitespace()) {
-        Req::default()
-    } else {
-        match decode_like_go::<Req>(body) {
+/// A unary call's JSON body, and the gRPC receive limit its decoded message must keep to.
+#[derive(Clone, Copy)]
+struct Unary<'a> {
+    body: &'a [u8],
+    recv_bytes_max: usize,
+}
+
+impl Unary<'_> {
+    /// Decodes the JSON request (an empty body is an empty request, and unknown fields are
+    /// ignored, as grpc-gateway does), runs the method, and encodes its answer or error.
+    async fn run<Req, Resp, F, Fut>(self, method: F) -> HttpResponse
+    where
+        Req: DeserializeOwned + Default + prost::Message,
+        Resp: Serialize,
+        F: FnOnce(Req) -> Fut,
+        Fut: Future<Output = Result<Resp, Status>>,
+    {
+        let request = match decode_like_go::<Req>(self.body) {
             Ok(r) => r,
             Err(e) => return error(&Status::new(Code::InvalidArgument, e.to_string())),
+        };
+        // etcd's gateway hands the decoded request to its gRPC server as a message, which
+        // that server refuses over its receive limit (max-request-bytes plus 512 KiB) with
+        // grpc-go's ResourceExhausted; below it, a write over max-request-bytes is "request
+        // is too large".
+        let message_bytes = request.encoded_len();
+        if message_bytes > self.recv_bytes_max {
+            return error(&Status::message_too_large(
+                message_bytes as u64,
+                self.recv_bytes_max,
+            ));
         }
-    };
-    // etcd's gateway hands the decoded request to its gRPC server as a message, which that
-    // server refuses over its receive limit (max-request-bytes plus 512 KiB) with grpc-go's
-    // ResourceExhausted; below it, a write over max-request-bytes is "request is too large".
-    let message_bytes = request.encoded_len();
-    if message_bytes > recv_bytes_max {
-        return error(&Status::message_too_large(
-            message_bytes as u64,
-            recv_bytes_max,
-        ));
-    }
-    match method(request).await {
-        Ok(response) => match serde_json::to_vec(&response) {
-            Ok(json) => HttpResponse::new(StatusCode::OK, "application/json", json),
-            Err(e) => error(&Status::new(Code::Internal, e.to_string())),
-        },
-        Err(status) => error(&status),
+        match method(request).await {
+            Ok(response) => match serde_json::to_vec(&response) {
+                Ok(json) => HttpResponse::new(StatusCode::OK, "application/json", json),
+                Err(e) => error(&Status::new(Code::Internal, e.to_string())),
+            },
+            Err(status) => error(&status),
+        }
     }
 }
 
@@ -691,6 +615,12 @@ mod tests {
         );
         assert_eq!(
             read("null").expect("null body"),
+            pb::RangeRequest::default()
+        );
+        // An empty body, or one of whitespace, is an empty request.
+        assert_eq!(read("").expect("empty body"), pb::RangeRequest::default());
+        assert_eq!(
+            read(" \r\n").expect("blank body"),
             pb::RangeRequest::default()
         );
         // Only the first value is read; a repeated field keeps its last value.

@@ -277,15 +277,16 @@ pub fn write_streaming_head(response: &HttpResponse) -> Vec<u8> {
 
 /// The response's Content-Type (if it has one) and extra fields, each line ended.
 fn head_fields(response: &HttpResponse) -> String {
+    use std::fmt::Write as _;
     let mut fields = String::new();
     if !response.content_type.is_empty() {
-        fields.push_str(&format!("Content-Type: {}\r\n", response.content_type));
+        let _ = write!(fields, "Content-Type: {}\r\n", response.content_type);
     }
     for (name, value) in &response.headers {
         // Header values are visible ASCII (the handler builds them); anything else is dropped
         // rather than written raw into the head.
         if let Ok(value) = value.to_str() {
-            fields.push_str(&format!("{name}: {value}\r\n"));
+            let _ = write!(fields, "{name}: {value}\r\n");
         }
     }
     fields
