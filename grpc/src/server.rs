@@ -486,22 +486,8 @@ impl ResponseSink {
         let local = matches!(*self.wire.borrow(), Wire::Local(_));
         if length_bytes <= PIECE_BYTES_TARGET || local {
             // The in-process gateway takes whole messages.
-            let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
-            put_prefix(&mut frame, length_bytes, self.max_send_message_bytes)?;
-            loop {
-                if let Some(wait) = message.prepare() {
-                    wait.await;
-                }
-                if !message.encode_piece(&mut frame, usize::MAX)? {
-                    break;
-                }
-            }
-            assert_eq!(
-                frame.len(),
-                PREFIX_BYTES + length_bytes,
-                "a message's pieces add up to its encoded length"
-            );
-            return self.send_frame(frame.freeze()).await;
+            let frame = self.encode_whole(message, length_bytes).await?;
+            return self.send_frame(frame).await;
         }
         if self.frame_torn {
             return Err(Status::new(Code::Canceled, "context canceled"));
@@ -549,6 +535,61 @@ impl ResponseSink {
         add(&self.counts.messages_sent, 1);
         add(&self.counts.bytes_sent, length_bytes as u64);
         Ok(())
+    }
+
+    /// The one message of a call that then ends OK: a unary method's answer. When nothing
+    /// was sent yet and the message fits in one piece, the response head, the message and
+    /// the OK trailers go to h2 in one call (third_party/h2, KEEL PATCH
+    /// `send_unary_repeated`), which takes h2's locks and moves the stream's state once
+    /// rather than once per frame and per flow-control step. The message is queued whatever
+    /// the peer's window: the call would hold it while waiting anyway, and it is at most one
+    /// piece. Otherwise it is sent as [`ResponseSink::send_pieces`] sends it. After an `Ok`,
+    /// the handler must return [`Status::ok`]: the trailers may have gone already.
+    ///
+    /// Not cancel-safe, as [`ResponseSink::send_frame`].
+    pub async fn send_last_pieces<P: PieceEncode>(&mut self, message: P) -> Result<(), Status> {
+        let length_bytes = message.encoded_len();
+        let fresh = matches!(*self.wire.borrow(), Wire::Fresh(_));
+        if length_bytes > PIECE_BYTES_TARGET || !fresh || self.frame_torn {
+            return self.send_pieces(message).await;
+        }
+        let frame = self.encode_whole(message, length_bytes).await?;
+        let body_bytes = (frame.len() - PREFIX_BYTES) as u64;
+        // Only this task sends on the sink, and the reset watcher only polls it, so it is
+        // still fresh after the encoding's waits.
+        match std::mem::replace(&mut *self.wire.borrow_mut(), Wire::Finished) {
+            Wire::Fresh(mut respond) => respond
+                .send_unary_repeated(StatusCode::OK, &GRPC_RESPONSE_HEAD, frame, &GRPC_STATUS_OK)
+                .map_err(|error| status_from_h2(&error))?,
+            other => panic!("a unary answer on a {} response sink", other.name()),
+        }
+        add(&self.counts.messages_sent, 1);
+        add(&self.counts.bytes_sent, body_bytes);
+        Ok(())
+    }
+
+    /// `message` encoded whole, with its 5-byte prefix; `length_bytes` is its encoded length.
+    async fn encode_whole<P: PieceEncode>(
+        &self,
+        mut message: P,
+        length_bytes: usize,
+    ) -> Result<Bytes, Status> {
+        let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
+        put_prefix(&mut frame, length_bytes, self.max_send_message_bytes)?;
+        loop {
+            if let Some(wait) = message.prepare() {
+                wait.await;
+            }
+            if !message.encode_piece(&mut frame, usize::MAX)? {
+                break;
+            }
+        }
+        assert_eq!(
+            frame.len(),
+            PREFIX_BYTES + length_bytes,
+            "a message's pieces add up to its encoded length"
+        );
+        Ok(frame.freeze())
     }
 
     /// Hands `frame` to h2 as the peer's flow-control window allows, waiting for capacity, so
@@ -776,7 +817,7 @@ where
         Ok(response) => response,
         Err(status) => return status,
     };
-    match sink.send_pieces(response).await {
+    match sink.send_last_pieces(response).await {
         Ok(()) => Status::ok(),
         Err(status) => status,
     }

@@ -703,6 +703,32 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
     }
 }
 
+/// A unary answer goes to h2 in one call, head, message and trailers together, whatever the
+/// client's window (`ResponseSink::send_last_pieces`): it must still arrive whole, as the
+/// window opens, with its trailers after it.
+#[test]
+fn unary_answers_larger_than_the_clients_window_arrive_whole() {
+    run_client(|| async {
+        let mut builder = h2::client::Builder::new();
+        builder.initial_window_size(100);
+        let mut client = connect_with(server_addr(), builder).await;
+        for key_bytes in [1, 99, 100, 101, 20 * 1024, 100 * 1024] {
+            let key: Vec<u8> = (0..key_bytes).map(|i| b'a' + (i % 26) as u8).collect();
+            let request = RangeRequest {
+                key: Bytes::from(key.clone()),
+                ..Default::default()
+            };
+            let payload = encode_message(&request, usize::MAX).expect("encode");
+            let reply = call_raw(&mut client, "/etcdserverpb.KV/Range", &[], Some(payload)).await;
+            let context = format!("a {key_bytes}-byte key");
+            assert_grpc_reply(&reply, Code::Ok, "", &context);
+            assert_eq!(reply.messages.len(), 1, "{context}");
+            let answer = RangeResponse::decode(reply.messages[0].clone()).expect("decodes");
+            assert_eq!(answer, range_response(Bytes::from(key)), "{context}");
+        }
+    });
+}
+
 #[test]
 fn many_concurrent_unary_calls_on_one_connection() {
     run_client(|| async {

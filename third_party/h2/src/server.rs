@@ -1289,6 +1289,26 @@ impl<B: Buf> SendResponse<B> {
             .map_err(Into::into)
     }
 
+    /// KEEL PATCH: a whole response at once: `status` and the `head` fields, `data` as
+    /// one DATA frame, then the `trailers` fields, which end the stream. It takes the
+    /// connection's locks and moves the stream's state once, not once per frame (see
+    /// `send_response_repeated`). `data` is queued whatever the peer's flow-control window,
+    /// so keep it small: the caller holds it until then in any case.
+    pub fn send_unary_repeated(
+        &mut self,
+        status: http::StatusCode,
+        head: &'static crate::RepeatedFields,
+        data: B,
+        trailers: &'static crate::RepeatedFields,
+    ) -> Result<(), crate::Error>
+    where
+        B: Buf,
+    {
+        self.inner
+            .send_unary_repeated(status, head, data, trailers)
+            .map_err(Into::into)
+    }
+
     /// Push a request and response to the client
     ///
     /// On success, a [`SendResponse`] instance is returned.
@@ -1676,9 +1696,13 @@ impl proto::Peer for Peer {
         fields: HeaderMap,
         stream_id: StreamId,
     ) -> Result<Self::Poll, Error> {
-        use http::{uri, Version};
+        use http::{uri, Uri, Version};
 
-        let mut b = Request::builder();
+        // KEEL PATCH: the request is built in place, not through `Request::builder()`, whose
+        // every step moves the whole builder (its `Result<Parts>`, about 200 bytes) by value,
+        // and the pseudo-headers' bytes are handed over rather than cloned: this function
+        // runs for every request a server receives.
+        let mut request = Request::new(());
 
         macro_rules! malformed {
             ($($arg:tt)*) => {{
@@ -1687,12 +1711,12 @@ impl proto::Peer for Peer {
             }}
         }
 
-        b = b.version(Version::HTTP_2);
+        *request.version_mut() = Version::HTTP_2;
 
         let is_connect;
         if let Some(method) = pseudo.method {
             is_connect = method == Method::CONNECT;
-            b = b.method(method);
+            *request.method_mut() = method;
         } else {
             malformed!("malformed headers: missing method");
         }
@@ -1701,7 +1725,9 @@ impl proto::Peer for Peer {
         if has_protocol {
             if is_connect {
                 // Assert that we have the right type.
-                b = b.extension::<crate::ext::Protocol>(pseudo.protocol.unwrap());
+                request
+                    .extensions_mut()
+                    .insert::<crate::ext::Protocol>(pseudo.protocol.unwrap());
             } else {
                 malformed!("malformed headers: :protocol on non-CONNECT request");
             }
@@ -1721,10 +1747,10 @@ impl proto::Peer for Peer {
             // endpoint URL itself ("http://127.0.0.1:2379") for some calls. Rejecting the stream
             // would break `etcdctl endpoint status` against Keel, so an authority that is not a
             // valid URI authority is dropped instead (gRPC servers never route on it).
-            match uri::Authority::from_maybe_shared(authority.clone().into_inner()) {
+            match uri::Authority::from_maybe_shared(authority.into_inner()) {
                 Ok(a) => parts.authority = Some(a),
                 Err(why) => {
-                    tracing::debug!("ignoring malformed authority ({:?}): {}", authority, why);
+                    tracing::debug!("ignoring malformed authority: {}", why);
                 }
             }
         }
@@ -1763,25 +1789,23 @@ impl proto::Peer for Peer {
                 malformed!("malformed headers: missing path");
             }
 
-            let maybe_path = uri::PathAndQuery::from_maybe_shared(path.clone().into_inner());
+            let maybe_path = uri::PathAndQuery::from_maybe_shared(path.into_inner());
             parts.path_and_query = Some(maybe_path.or_else(|why| {
-                malformed!("malformed headers: malformed path ({:?}): {}", path, why,)
+                malformed!("malformed headers: malformed path: {}", why)
             })?);
         } else if is_connect && has_protocol {
             malformed!("malformed headers: missing path in extended CONNECT");
         }
 
-        b = b.uri(parts);
-
-        let mut request = match b.body(()) {
-            Ok(request) => request,
+        match Uri::from_parts(parts) {
+            Ok(uri) => *request.uri_mut() = uri,
             Err(e) => {
                 // TODO: Should there be more specialized handling for different
                 // kinds of errors
                 proto_err!(stream: "error building request: {}; stream={:?}", e, stream_id);
                 return Err(Error::library_reset(stream_id, Reason::PROTOCOL_ERROR));
             }
-        };
+        }
 
         *request.headers_mut() = fields;
 

@@ -489,7 +489,13 @@ fn consume(buf: &mut Cursor<&mut BytesMut>) {
     // remove bytes from the internal BytesMut when they have been successfully
     // decoded. This is a more permanent cursor position, which will be
     // used to resume if decoding was only partial.
-    take(buf, 0);
+    //
+    // KEEL PATCH: advanced in place. Upstream split the consumed bytes off into a `Bytes`
+    // (`take(buf, 0)`) only to drop it: a reference count taken and released, and on the
+    // first split of a fresh buffer an allocation, for every header field of every request.
+    let pos = buf.position() as usize;
+    buf.get_mut().advance(pos);
+    buf.set_position(0);
 }
 
 // ===== impl Table =====

@@ -78,6 +78,11 @@ impl Send {
     }
 
     fn check_headers(fields: &http::HeaderMap) -> Result<(), UserError> {
+        // KEEL PATCH: nothing to look up in an empty map (trailers and heads made of
+        // repeated fields only, one of each per gRPC call).
+        if fields.is_empty() {
+            return Ok(());
+        }
         // 8.1.2.2. Connection-Specific Header Fields
         if fields.contains_key(http::header::CONNECTION)
             || fields.contains_key(http::header::TRANSFER_ENCODING)

@@ -1362,6 +1362,48 @@ impl<B> StreamRef<B> {
         })
     }
 
+    /// KEEL PATCH: a whole response in one go: HEADERS (`status` and `head`), one DATA
+    /// frame with `data`, and trailers (`trailers`) that end the stream, queued under one
+    /// taking of the locks and one state transition rather than three. A unary gRPC answer
+    /// is exactly this, and a server sends one per request. `data` is queued whatever the
+    /// peer's window, as `send_data` queues it; it goes out as the window opens.
+    pub fn send_unary_repeated(
+        &mut self,
+        status: http::StatusCode,
+        head: &'static crate::hpack::RepeatedFields,
+        data: B,
+        trailers: &'static crate::hpack::RepeatedFields,
+    ) -> Result<(), UserError>
+    where
+        B: Buf,
+    {
+        let mut me = self.opaque.inner.lock().unwrap();
+        let me = &mut *me;
+
+        let stream = me.store.resolve(self.opaque.key);
+        let actions = &mut me.actions;
+        let mut send_buffer = self.send_buffer.inner.lock().unwrap();
+        let send_buffer = &mut *send_buffer;
+
+        me.counts.transition(stream, |counts, stream| {
+            let task = &mut actions.task;
+            let id = stream.id;
+            let frame =
+                frame::Headers::with_repeated_fields(id, frame::Pseudo::response(status), head);
+            actions
+                .send
+                .send_headers(frame, send_buffer, stream, counts, task)?;
+            let frame = frame::Data::new(id, data);
+            actions
+                .send
+                .send_data(frame, send_buffer, stream, counts, task)?;
+            let frame = frame::Headers::trailers_with_repeated_fields(id, trailers);
+            actions
+                .send
+                .send_trailers(frame, send_buffer, stream, counts, task)
+        })
+    }
+
     pub fn send_push_promise(
         &mut self,
         mut request: Request<()>,
