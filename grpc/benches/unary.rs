@@ -21,19 +21,15 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::{Cell, RefCell};
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use glommio::{LocalExecutorBuilder, Placement};
-use keel_grpc::{
-    serve_connection, unary, Call, Handler, ResponseSink, Runtime, ServerConfig, Status,
-};
+use keel_grpc::{serve_connection, unary, Call, Handler, ResponseSink, ServerConfig, Status};
 use keel_proto::etcdserverpb::{PutRequest, PutResponse, ResponseHeader};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -231,21 +227,9 @@ impl AsyncWrite for MemoryIo {
     }
 }
 
-struct GlommioRuntime;
-
-impl Runtime for GlommioRuntime {
-    fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
-        // Behind the running task, as Keel's shards spawn calls (keel-core
-        // `rt::spawn_local_queued`).
-        let queue = glommio::executor().current_task_queue();
-        glommio::spawn_local_into(task, queue)
-            .expect("the running task's own queue exists")
-            .detach();
-    }
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
-        Box::pin(glommio::timer::sleep(duration))
-    }
-}
+#[path = "../tests/support/glommio_runtime.rs"]
+mod glommio_runtime;
+use glommio_runtime::GlommioRuntime;
 
 struct PutHandler {
     progress: Rc<Progress>,
@@ -272,16 +256,21 @@ impl Handler for PutHandler {
     }
 }
 
-/// This thread's CPU time so far (the kernel's run time of the task, which leaves out time a
-/// VM's CPU was stolen by its host, unlike a wall clock), in nanoseconds.
+/// This thread's CPU time so far, in nanoseconds: the kernel's run time of the task, brought
+/// up to date by the call, which leaves out time a VM's CPU was stolen by its host, unlike a
+/// wall clock. (`/proc/thread-self/schedstat` would lag by up to a scheduler tick.)
 fn thread_cpu_ns() -> u64 {
-    let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat")
-        .expect("Linux exposes /proc/thread-self/schedstat");
-    schedstat
-        .split_whitespace()
-        .next()
-        .and_then(|ns| ns.parse().ok())
-        .expect("schedstat starts with the run time in ns")
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(
+        rc, 0,
+        "CLOCK_THREAD_CPUTIME_ID is always available on Linux"
+    );
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// `conns` connections at once, each through the calls of `call_ends`: nanoseconds per call
@@ -328,14 +317,19 @@ async fn one_round(conns: usize, input: Bytes, call_ends: Vec<usize>) -> (f64, f
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; numbers after it are CALLS and ROUNDS.
-    let numbers: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|arg| arg.parse().ok())
-        .collect();
-    let calls = numbers.first().copied().unwrap_or(200_000);
-    let rounds = numbers.get(1).copied().unwrap_or(7);
-    let conns = numbers.get(2).copied().unwrap_or(1).max(1);
+    // `cargo bench` passes `--bench`, then CALLS, ROUNDS and CONNS if given. `cargo test`
+    // runs this too (with neither): a short smoke run, so the benchmark keeps working.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let numbers: Vec<usize> = args.iter().filter_map(|arg| arg.parse().ok()).collect();
+    let smoke = numbers.is_empty() && !args.iter().any(|arg| arg == "--bench");
+    let (default_calls, default_rounds, default_conns) = if smoke {
+        (2_000, 1, 2)
+    } else {
+        (200_000, 7, 1)
+    };
+    let calls = numbers.first().copied().unwrap_or(default_calls);
+    let rounds = numbers.get(1).copied().unwrap_or(default_rounds);
+    let conns = numbers.get(2).copied().unwrap_or(default_conns).max(1);
     let (input, call_ends) = client_bytes(calls / conns);
     let results = LocalExecutorBuilder::new(Placement::Unbound)
         .name("unary-bench")

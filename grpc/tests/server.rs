@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream as StdTcpStream};
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -20,7 +19,7 @@ use http::{HeaderMap, StatusCode};
 use keel_grpc::codec::{encode_message, MessageDecoder};
 use keel_grpc::{
     serve_connection, unary, unary_pieces, Call, CallHead, Code, EtcdError, Handler, HttpRequest,
-    HttpResponse, PieceEncode, ResponseSink, Runtime, ServerConfig, ServiceKnown, Status,
+    HttpResponse, PieceEncode, ResponseSink, ServerConfig, ServiceKnown, Status,
 };
 use keel_proto::etcdserverpb::{
     RangeRequest, RangeResponse, ResponseHeader, WatchRequest, WatchResponse,
@@ -40,22 +39,9 @@ const MAX_RECV_MESSAGE_BYTES: usize = 256 * 1024;
 const BIG_VALUE_BYTES: usize = 1024 * 1024;
 const BIG_VALUE_COUNT: usize = 8;
 
-struct GlommioRuntime;
-
-impl Runtime for GlommioRuntime {
-    fn spawn_local(&self, task: Pin<Box<dyn Future<Output = ()>>>) {
-        // Behind the running queue, not polled inside the accept: as keel's shards spawn
-        // calls (keel-core `rt::spawn_local_queued`), so these tests see the same order.
-        let queue = glommio::executor().current_task_queue();
-        glommio::spawn_local_into(task, queue)
-            .expect("the running task's own queue exists")
-            .detach();
-    }
-
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
-        Box::pin(glommio::timer::sleep(duration))
-    }
-}
+#[path = "support/glommio_runtime.rs"]
+mod glommio_runtime;
+use glommio_runtime::GlommioRuntime;
 
 struct TestHandler;
 
