@@ -73,6 +73,7 @@ const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
 const WINDOW_UPDATE: u8 = 0x8;
 const END_STREAM: u8 = 0x1;
+const SETTINGS_ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
 fn frame(out: &mut BytesMut, kind: u8, flags: u8, stream_id: u32, payload: &[u8]) {
@@ -90,7 +91,10 @@ fn frame(out: &mut BytesMut, kind: u8, flags: u8, stream_id: u32, payload: &[u8]
 
 /// An HPACK string literal, no Huffman coding (lengths here stay under 127).
 fn literal(out: &mut Vec<u8>, text: &[u8]) {
-    assert!(text.len() < 127);
+    assert!(
+        text.len() < 127,
+        "a length that fits HPACK's 7-bit prefix in one byte"
+    );
     out.push(text.len() as u8);
     out.extend_from_slice(text);
 }
@@ -125,6 +129,9 @@ fn client_bytes(calls: usize) -> (Bytes, Vec<usize>) {
     settings.extend_from_slice(&4u16.to_be_bytes());
     settings.extend_from_slice(&((1u32 << 31) - 1).to_be_bytes());
     frame(&mut out, SETTINGS, 0, 0, &settings);
+    // The server's SETTINGS go out first, at the handshake, so a client's ACK of them can
+    // come this early; it makes the server's own settings (windows, frame size) take effect.
+    frame(&mut out, SETTINGS, SETTINGS_ACK, 0, &[]);
     let increment = (1u32 << 31) - 1 - 65_535;
     frame(&mut out, WINDOW_UPDATE, 0, 0, &increment.to_be_bytes());
     let mut ends = Vec::with_capacity(calls);
@@ -174,7 +181,7 @@ impl Progress {
 struct MemoryIo {
     input: Bytes,
     read_bytes: usize,
-    /// Where the bytes of the preamble and of each call end.
+    /// Where the bytes of each call end (the preamble comes before the first).
     call_ends: Vec<usize>,
     progress: Rc<Progress>,
     written_bytes: usize,
@@ -330,6 +337,9 @@ fn main() {
     let calls = numbers.first().copied().unwrap_or(default_calls);
     let rounds = numbers.get(1).copied().unwrap_or(default_rounds);
     let conns = numbers.get(2).copied().unwrap_or(default_conns).max(1);
+    assert!(calls >= conns, "at least one call per connection");
+    // Whole calls per connection: the figures count what ran.
+    let calls = calls / conns * conns;
     let (input, call_ends) = client_bytes(calls / conns);
     let results = LocalExecutorBuilder::new(Placement::Unbound)
         .name("unary-bench")

@@ -138,7 +138,8 @@ impl ServerConfig {
         assert!((16_384..=16_777_215).contains(&self.max_frame_bytes));
         assert!(self.initial_stream_window_bytes <= i32::MAX as u32);
         assert!(self.initial_connection_window_bytes <= i32::MAX as u32);
-        assert!(self.max_send_buffer_bytes > 0);
+        // A unary answer may be queued whole ahead of the window (`send_last_pieces`).
+        assert!(self.max_send_buffer_bytes >= UNARY_AT_ONCE_BYTES_MAX);
         assert!(self.data_frame_budget_bytes > 0);
         assert!(!self.preface_timeout.is_zero());
     }
@@ -318,6 +319,12 @@ fn status_from_h2(error: &h2::Error) -> Status {
         Status::new(Code::Internal, format!("transport: {error}"))
     }
 }
+
+/// The largest framed unary answer that `ResponseSink::send_last_pieces` hands to h2 whole,
+/// ahead of the peer's flow-control window: a put's, a lease's, a small range's. A quarter of
+/// HTTP/2's default 64 KiB stream window, which gRPC clients keep or raise, so such an answer
+/// nearly always fits the window at once; larger answers go under flow control.
+pub const UNARY_AT_ONCE_BYTES_MAX: usize = 16 * 1024;
 
 /// The response side of one call. Sends the response headers lazily with the first message,
 /// and never buffers past the peer's flow-control window plus `max_send_buffer_bytes`.
@@ -538,19 +545,25 @@ impl ResponseSink {
     }
 
     /// The one message of a call that then ends OK: a unary method's answer. When nothing
-    /// was sent yet and the message fits in one piece, the response head, the message and
-    /// the OK trailers go to h2 in one call (third_party/h2, KEEL PATCH
-    /// `send_unary_repeated`), which takes h2's locks and moves the stream's state once
-    /// rather than once per frame and per flow-control step. The message is queued whatever
-    /// the peer's window: the call would hold it while waiting anyway, and it is at most one
-    /// piece. Otherwise it is sent as [`ResponseSink::send_pieces`] sends it. After an `Ok`,
-    /// the handler must return [`Status::ok`]: the trailers may have gone already.
+    /// was sent yet and the framed message is at most [`UNARY_AT_ONCE_BYTES_MAX`], the
+    /// response head, the message and the OK trailers go to h2 in one call (third_party/h2,
+    /// KEEL PATCH `send_unary_repeated`), which takes h2's locks and moves the stream's state
+    /// once, rather than once per frame plus three flow-control calls. Otherwise the message
+    /// goes as [`ResponseSink::send_pieces`] sends it. After an `Ok`, the handler must return
+    /// [`Status::ok`]: the trailers may have gone already, and a later send is refused.
     ///
-    /// Not cancel-safe, as [`ResponseSink::send_frame`].
+    /// Such a message is queued in h2 whatever the peer's window, as grpc-go (etcd) queues a
+    /// small unary answer and returns from the handler: the call is over, and the bytes wait
+    /// in h2 until the window opens or the client resets the stream. Sent under flow control,
+    /// the call instead waited with them and ended at its deadline. This stays within the
+    /// bound that `max_send_buffer_bytes` sets (`ServerConfig::check`).
+    ///
+    /// Cancel-safe up to the hand-off to h2 (all its waits come before); after the fallback,
+    /// not cancel-safe, as [`ResponseSink::send_frame`].
     pub async fn send_last_pieces<P: PieceEncode>(&mut self, message: P) -> Result<(), Status> {
         let length_bytes = message.encoded_len();
         let fresh = matches!(*self.wire.borrow(), Wire::Fresh(_));
-        if length_bytes > PIECE_BYTES_TARGET || !fresh || self.frame_torn {
+        if PREFIX_BYTES + length_bytes > UNARY_AT_ONCE_BYTES_MAX || !fresh || self.frame_torn {
             return self.send_pieces(message).await;
         }
         let frame = self.encode_whole(message, length_bytes).await?;
@@ -637,11 +650,6 @@ impl ResponseSink {
         Ok(())
     }
 
-    /// Whether response headers went out (then the status goes in trailers).
-    pub fn headers_sent(&self) -> bool {
-        matches!(*self.wire.borrow(), Wire::Streaming(_))
-    }
-
     fn with_stream<T>(&self, action: impl FnOnce(&mut SendStream<Bytes>) -> T) -> T {
         match &mut *self.wire.borrow_mut() {
             Wire::Streaming(stream) => action(stream),
@@ -660,7 +668,13 @@ impl ResponseSink {
             }
             Wire::Streaming(stream) => *wire = Wire::Streaming(stream),
             Wire::Local(_) => panic!("h2 send on an in-process sink"),
-            Wire::Finished => panic!("send after the call finished"),
+            // Only after `send_last_pieces`, whose answer ended the response.
+            Wire::Finished => {
+                return Err(Status::new(
+                    Code::Internal,
+                    "grpc: a message sent after the call's last one",
+                ))
+            }
         }
         Ok(())
     }

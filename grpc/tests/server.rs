@@ -29,6 +29,8 @@ use prost::Message;
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 static HOLD_DROPPED: AtomicUsize = AtomicUsize::new(0);
+/// Calls of `/test.Big/UnaryCounted` whose handler has returned.
+static UNARY_COUNTED_DONE: AtomicUsize = AtomicUsize::new(0);
 /// Bytes `/test.Big/Pieces` has encoded so far.
 static PIECES_ENCODED_BYTES: AtomicUsize = AtomicUsize::new(0);
 const PIECES_KV_COUNT: usize = 1024;
@@ -250,6 +252,11 @@ impl Handler for TestHandler {
     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
         match call.head.path.as_str() {
             "/etcdserverpb.KV/Range" => unary(call, sink, range).await,
+            "/test.Big/UnaryCounted" => {
+                let status = unary(call, sink, range).await;
+                UNARY_COUNTED_DONE.fetch_add(1, Ordering::SeqCst);
+                status
+            }
             "/etcdserverpb.Watch/Watch" => watch(call, sink).await,
             "/test.Big/Download" => download(call, sink).await,
             "/test.Big/FailAfterOne" => fail_after_one(call, sink).await,
@@ -689,22 +696,38 @@ fn repeated_response_fields_decode_with_any_header_table_size() {
     }
 }
 
-/// A unary answer goes to h2 in one call, head, message and trailers together, whatever the
-/// client's window (`ResponseSink::send_last_pieces`): it must still arrive whole, as the
-/// window opens, with its trailers after it.
+fn range_request_of(key_bytes: usize) -> (Vec<u8>, Bytes) {
+    let key: Vec<u8> = (0..key_bytes).map(|i| b'a' + (i % 26) as u8).collect();
+    let request = RangeRequest {
+        key: Bytes::from(key.clone()),
+        ..Default::default()
+    };
+    (key, encode_message(&request, usize::MAX).expect("encode"))
+}
+
+/// A unary answer of up to `UNARY_AT_ONCE_BYTES_MAX` goes to h2 in one call, head, message
+/// and trailers together, whatever the client's window (`ResponseSink::send_last_pieces`);
+/// larger ones go under flow control. Either way an answer must arrive whole, as the window
+/// opens, with its trailers after it.
 #[test]
 fn unary_answers_larger_than_the_clients_window_arrive_whole() {
     run_client(|| async {
         let mut builder = h2::client::Builder::new();
         builder.initial_window_size(100);
         let mut client = connect_with(server_addr(), builder).await;
-        for key_bytes in [1, 99, 100, 101, 20 * 1024, 100 * 1024] {
-            let key: Vec<u8> = (0..key_bytes).map(|i| b'a' + (i % 26) as u8).collect();
-            let request = RangeRequest {
-                key: Bytes::from(key.clone()),
-                ..Default::default()
-            };
-            let payload = encode_message(&request, usize::MAX).expect("encode");
+        // A range answer is its key plus 31 bytes; framed, 36.
+        let at_once_key_bytes = keel_grpc::UNARY_AT_ONCE_BYTES_MAX - 36;
+        for key_bytes in [
+            1,
+            99,
+            100,
+            101,
+            at_once_key_bytes,
+            at_once_key_bytes + 1,
+            20 * 1024,
+            200 * 1024,
+        ] {
+            let (key, payload) = range_request_of(key_bytes);
             let reply = call_raw(&mut client, "/etcdserverpb.KV/Range", &[], Some(payload)).await;
             let context = format!("a {key_bytes}-byte key");
             assert_grpc_reply(&reply, Code::Ok, "", &context);
@@ -712,6 +735,42 @@ fn unary_answers_larger_than_the_clients_window_arrive_whole() {
             let answer = RangeResponse::decode(reply.messages[0].clone()).expect("decodes");
             assert_eq!(answer, range_response(Bytes::from(key)), "{context}");
         }
+    });
+}
+
+/// The handler of a small unary call returns while its answer still waits for the client's
+/// window, as grpc-go's does: the answer was handed to h2 whole. (Sent under flow control,
+/// the handler would wait until the client read.)
+#[test]
+fn a_small_unary_answer_does_not_wait_for_the_clients_window() {
+    run_client(|| async {
+        let mut builder = h2::client::Builder::new();
+        builder.initial_window_size(100);
+        let mut client = connect_with(server_addr(), builder).await;
+        let (key, payload) = range_request_of(4 * 1024);
+        let done_before = UNARY_COUNTED_DONE.load(Ordering::SeqCst);
+        let (response, mut stream) = client
+            .send_request(grpc_request("/test.Big/UnaryCounted", &[]), false)
+            .expect("send");
+        stream.send_data(payload, true).expect("send data");
+        // Nothing is read (so no window is released) until the handler has returned.
+        let waited = Instant::now();
+        while UNARY_COUNTED_DONE.load(Ordering::SeqCst) == done_before {
+            assert!(
+                waited.elapsed() < Duration::from_secs(5),
+                "the handler still waits for the client's window"
+            );
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+        let reply = read_reply(response).await;
+        assert_grpc_reply(
+            &reply,
+            Code::Ok,
+            "",
+            "a 4 KiB answer behind a 100-byte window",
+        );
+        let answer = RangeResponse::decode(reply.messages[0].clone()).expect("decodes");
+        assert_eq!(answer, range_response(Bytes::from(key)));
     });
 }
 

@@ -491,8 +491,8 @@ fn consume(buf: &mut Cursor<&mut BytesMut>) {
     // used to resume if decoding was only partial.
     //
     // KEEL PATCH: advanced in place. Upstream split the consumed bytes off into a `Bytes`
-    // (`take(buf, 0)`) only to drop it: a reference count taken and released, and on the
-    // first split of a fresh buffer an allocation, for every header field of every request.
+    // (`take(buf, 0)`) only to drop it: a reference count taken and released, for every
+    // header field of every request.
     let pos = buf.position() as usize;
     buf.get_mut().advance(pos);
     buf.set_position(0);

@@ -1377,6 +1377,12 @@ impl<B> StreamRef<B> {
     where
         B: Buf,
     {
+        // `send_data`'s one refusal, checked before anything is queued: once the HEADERS
+        // frame is, a failure would leave the stream open with no handle to reset it. The
+        // other two steps cannot fail once `send_headers` has opened the stream for sending.
+        if data.remaining() > proto::MAX_WINDOW_SIZE as usize {
+            return Err(UserError::PayloadTooBig);
+        }
         let mut me = self.opaque.inner.lock().unwrap();
         let me = &mut *me;
 
