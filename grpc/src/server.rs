@@ -567,7 +567,6 @@ impl ResponseSink {
             return self.send_pieces(message).await;
         }
         let frame = self.encode_whole(message, length_bytes).await?;
-        let body_bytes = (frame.len() - PREFIX_BYTES) as u64;
         // Only this task sends on the sink, and the reset watcher only polls it, so it is
         // still fresh after the encoding's waits.
         match std::mem::replace(&mut *self.wire.borrow_mut(), Wire::Finished) {
@@ -577,7 +576,7 @@ impl ResponseSink {
             other => panic!("a unary answer on a {} response sink", other.name()),
         }
         add(&self.counts.messages_sent, 1);
-        add(&self.counts.bytes_sent, body_bytes);
+        add(&self.counts.bytes_sent, length_bytes as u64);
         Ok(())
     }
 

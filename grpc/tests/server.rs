@@ -705,6 +705,13 @@ fn range_request_of(key_bytes: usize) -> (Vec<u8>, Bytes) {
     (key, encode_message(&request, usize::MAX).expect("encode"))
 }
 
+/// A client whose streams' windows hold 100 bytes, far less than most answers below.
+async fn connect_with_a_100_byte_window() -> SendRequest<Bytes> {
+    let mut builder = h2::client::Builder::new();
+    builder.initial_window_size(100);
+    connect_with(server_addr(), builder).await
+}
+
 /// A unary answer of up to `UNARY_AT_ONCE_BYTES_MAX` goes to h2 in one call, head, message
 /// and trailers together, whatever the client's window (`ResponseSink::send_last_pieces`);
 /// larger ones go under flow control. Either way an answer must arrive whole, as the window
@@ -712,9 +719,7 @@ fn range_request_of(key_bytes: usize) -> (Vec<u8>, Bytes) {
 #[test]
 fn unary_answers_larger_than_the_clients_window_arrive_whole() {
     run_client(|| async {
-        let mut builder = h2::client::Builder::new();
-        builder.initial_window_size(100);
-        let mut client = connect_with(server_addr(), builder).await;
+        let mut client = connect_with_a_100_byte_window().await;
         // A range answer is its key plus 31 bytes; framed, 36.
         let at_once_key_bytes = keel_grpc::UNARY_AT_ONCE_BYTES_MAX - 36;
         for key_bytes in [
@@ -744,9 +749,7 @@ fn unary_answers_larger_than_the_clients_window_arrive_whole() {
 #[test]
 fn a_small_unary_answer_does_not_wait_for_the_clients_window() {
     run_client(|| async {
-        let mut builder = h2::client::Builder::new();
-        builder.initial_window_size(100);
-        let mut client = connect_with(server_addr(), builder).await;
+        let mut client = connect_with_a_100_byte_window().await;
         let (key, payload) = range_request_of(4 * 1024);
         let done_before = UNARY_COUNTED_DONE.load(Ordering::SeqCst);
         let (response, mut stream) = client
