@@ -674,7 +674,7 @@ fn propose(
         .try_send(Proposal {
             data: compaction_entry(id, revision),
             id,
-            reply,
+            reply: reply.into(),
         })
         .map_err(|_| EtcdError::TooManyRequests)?;
     Ok(answer)

@@ -2,6 +2,7 @@
 
 pub mod alarms;
 pub mod alloc_count;
+pub mod answers;
 pub mod auth;
 pub mod checkpoint;
 pub mod checkpoint_writer;

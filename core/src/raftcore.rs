@@ -458,6 +458,10 @@ impl RaftCore {
             self.step_peers();
             let now_ms = self.now_ms();
             self.member.tick(now_ms);
+            // Events are built only while someone watches; a watcher added after this look
+            // finds what applied meanwhile in history (see `Effect::EventsCut` below).
+            self.member
+                .set_events_wanted(self.shared.watchers_total.load(Ordering::SeqCst) > 0);
             // Queries read the store (Snapshot, Hash, TimeToLive's keys) or change it
             // (Defragment): they wait in their bounded mailbox while an entry is half applied.
             if !self.member.applying_in_steps() {
@@ -900,8 +904,14 @@ impl RaftCore {
                 }
                 Effect::Events { revision, events } => self.publish_events(revision, events),
                 Effect::EventsCut { revision } => {
-                    tracing::debug!(revision, "watch events left for history reads");
-                    self.resync_watchers();
+                    // Pairs with the fence in Hub::add_watcher_count, as in `publish_events`:
+                    // either this sees a watcher added since the events were left out, or
+                    // that watcher's first history read sees `revision`.
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if self.shared.watchers_total.load(Ordering::SeqCst) > 0 {
+                        tracing::debug!(revision, "watch events left for history reads");
+                        self.resync_watchers();
+                    }
                 }
                 Effect::StoreReplaced { reader } => {
                     if let Some(mapped) = self.placed_mapping.take() {

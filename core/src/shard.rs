@@ -248,6 +248,8 @@ async fn run(
         }
     }
     let _ = bound.send(Ok(()));
+    // This shard's proposals take their answers in batches, one wake-up per batch.
+    rt::spawn_local(crate::answers::install_on_this_thread());
     let hub = Hub::new(shard, shared.clone());
     rt::spawn_local(hub.clone().run());
     let metrics_only = Rc::new(MetricsOnly::new(shared.clone(), metrics.clone()));

@@ -61,7 +61,8 @@ pub struct Outcome<Op = kv::OpResponse> {
 /// never waits for the disk to answer (see `kv::Unchecked`); `served` reads them.
 pub type Unserved = Outcome<kv::Unchecked<kv::OpResponse>>;
 
-pub type Reply = oneshot::Sender<Result<Unserved, EtcdError>>;
+/// Where a proposal's answer goes: in batches to the proposing shard (see `answers`).
+pub use crate::answers::Reply;
 
 impl Unserved {
     /// The answer as a shard serves it: the pages of its unread values are brought into
@@ -485,7 +486,7 @@ impl Shared {
     ) -> impl Future<Output = Result<Outcome, EtcdError>> + '_ {
         let submitted = self.submit(request, who);
         async move {
-            let applied = submitted?.await.unwrap_or(Err(EtcdError::Stopped))?;
+            let applied = submitted?.await?;
             Ok(applied.served(&self.pager).await)
         }
     }
@@ -495,7 +496,7 @@ impl Shared {
         &self,
         mut request: pb::InternalRaftRequest,
         who: &AuthInfo,
-    ) -> Result<oneshot::Receiver<Result<Unserved, EtcdError>>, EtcdError> {
+    ) -> Result<crate::answers::AnswerWait, EtcdError> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(EtcdError::Stopped);
         }
@@ -515,7 +516,7 @@ impl Shared {
         if data.len() > self.limits.request_bytes_max {
             return Err(EtcdError::RequestTooLarge);
         }
-        let (reply, rx) = oneshot::channel();
+        let (reply, answer) = crate::answers::reply_here();
         if self
             .proposals
             .try_send(Proposal { data, id, reply })
@@ -527,7 +528,7 @@ impl Shared {
                 EtcdError::TooManyRequests
             });
         }
-        Ok(rx)
+        Ok(answer)
     }
 
     /// etcd's quota check before proposing a write that costs `cost_bytes` (see

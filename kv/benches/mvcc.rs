@@ -5,6 +5,13 @@
 //! 2 and 4 reader threads at once.
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-kv cargo bench -p keel-kv --bench mvcc`
+//!
+//! `cargo bench -p keel-kv --bench mvcc -- apply KEYS ROUNDS` runs only a put apply
+//! measurement, for comparing builds: per round a fresh store, KEYS keys created in order, then
+//! 4 x KEYS puts to them in a random order (the raft core's work for a put load over a working
+//! set), then the same puts again keeping no watch events (a member without watchers), each
+//! phase's ns per put printed, and the medians at the end. mimalloc is the
+//! allocator, as in the server.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -106,7 +113,78 @@ fn reads_per_s(reader: &Reader, threads: usize, span_keys: u64) -> f64 {
     total as f64 / READ_DURATION.as_secs_f64()
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Per round: (ns per put creating `keys` keys, ns per put updating them in a random order).
+fn apply_rounds(keys: u64, rounds: usize) {
+    let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
+    let put = |i: u64| {
+        Op::Put(PutRequest {
+            key: key(i),
+            value: value.clone(),
+            ..Default::default()
+        })
+    };
+    let (mut creates, mut updates, mut quiets) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (mut writer, _reader) = Store::new();
+        let mut index = 0u64;
+        let created: Vec<Op> = (0..keys).map(put).collect();
+        let start = Instant::now();
+        for op in &created {
+            index += 1;
+            writer.apply(index, op).expect("put");
+        }
+        let create_ns = start.elapsed().as_nanos() as f64 / keys as f64;
+        let mut state = 0x2545_f491_4f6c_dd1du64 ^ round as u64;
+        let updated: Vec<Op> = (0..4 * keys)
+            .map(|_| put(next(&mut state) % keys))
+            .collect();
+        let start = Instant::now();
+        for op in &updated {
+            index += 1;
+            writer.apply(index, op).expect("put");
+        }
+        let update_ns = start.elapsed().as_nanos() as f64 / (4 * keys) as f64;
+        // As many again with no events kept: a member whose shards have no watchers.
+        let start = Instant::now();
+        for op in &updated {
+            index += 1;
+            writer.apply_bounded(index, op, 0).expect("put");
+        }
+        let quiet_ns = start.elapsed().as_nanos() as f64 / (4 * keys) as f64;
+        println!(
+            "round {round}: {keys} keys, create {create_ns:.0} ns/put, update {update_ns:.0} ns/put, \
+             update without events {quiet_ns:.0} ns/put"
+        );
+        creates.push(create_ns);
+        updates.push(update_ns);
+        quiets.push(quiet_ns);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "median of {rounds}: create {:.0} ns/put, update {:.0} ns/put, update without events \
+         {:.0} ns/put",
+        median(&mut creates),
+        median(&mut updates),
+        median(&mut quiets)
+    );
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "apply") {
+        let number = |i: usize, default: u64| {
+            args.get(at + i)
+                .map_or(default, |a| a.parse().expect("a number"))
+        };
+        apply_rounds(number(1, KEYS), number(2, 5) as usize);
+        return;
+    }
     let (mut writer, reader) = Store::new();
     let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
     let ops: Vec<Op> = (0..PUTS)

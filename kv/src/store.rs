@@ -564,25 +564,27 @@ impl TxnCtx {
         }
     }
 
-    /// Counts a write and keeps its event, unless the apply's events went past the bound.
-    fn push_event(&mut self, event: Event) {
-        match event.kind {
+    /// Counts a write, and says whether its event is kept: not once the apply's events went
+    /// past the bound. A write whose event is not kept builds none (with no watchers the
+    /// member asks for none at all: building them was a tenth of a put's apply).
+    fn note_write(&mut self, kind: EventKind, created: bool) -> bool {
+        match kind {
             EventKind::Put => {
                 self.counts.puts += 1;
-                self.counts.created += u64::from(event.kv.version == 1);
+                self.counts.created += u64::from(created);
             }
             EventKind::Delete => self.counts.deletes += 1,
         }
         if self.events_cut {
-            return;
+            return false;
         }
         if self.events.len() == self.events_max {
             // Free what was gathered now: the apply may go on for millions of keys.
             self.events = Vec::new();
             self.events_cut = true;
-            return;
+            return false;
         }
-        self.events.push(event);
+        true
     }
 
     /// The revision a read inside the txn sees: its own writes included.
@@ -1040,15 +1042,20 @@ impl Writer {
         prev: Option<PrevKv>,
     ) {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
-        let event_prev = self.event_prev(ctx, entry.as_ref(), prev.as_ref());
+        let keep_event = ctx.note_write(EventKind::Put, prev.is_none());
+        let event_prev = if keep_event {
+            self.event_prev(ctx, entry.as_ref(), prev.as_ref())
+        } else {
+            None
+        };
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         // A copy of the key for the event and the lease, never a clone of the index's own: a
         // clone would give that key a shared header (32 bytes more per key, for as long as it
         // lives), and a slice of the request would pin the whole request buffer.
-        let key_bytes = Bytes::copy_from_slice(key);
+        let key_bytes = (keep_event || lease != 0).then(|| Bytes::copy_from_slice(key));
         let placed = self.vlog.append(key, rev, value);
-        self.index_grew(key_bytes.len());
+        self.index_grew(key.len());
         self.dirty.wrote(key, rev.main, self.shared.index.len());
         let version = Version::put(
             rev,
@@ -1069,11 +1076,15 @@ impl Writer {
                 .leases
                 .get_mut(&lease)
                 .expect("a put's lease is checked before apply");
-            entry.keys.insert(key_bytes.clone());
+            entry
+                .keys
+                .insert(key_bytes.clone().expect("copied for a lease"));
         }
         // The event takes the copy itself when no lease shares it: the first clone of a
         // Vec-backed Bytes allocates, once per put on the raft core.
-        let kv = version.fresh_key_value(key_bytes, self.vlog.table());
+        let kv = key_bytes
+            .filter(|_| keep_event)
+            .map(|key_bytes| version.fresh_key_value(key_bytes, self.vlog.table()));
         match &entry {
             Some(e) => e.value().push(version, &guard),
             None => {
@@ -1085,11 +1096,13 @@ impl Writer {
             }
         }
         ctx.writes += 1;
-        ctx.push_event(Event {
-            kind: EventKind::Put,
-            kv,
-            prev_kv: event_prev.unwrap_or(prev),
-        });
+        if let Some(kv) = kv {
+            ctx.events.push(Event {
+                kind: EventKind::Put,
+                kv,
+                prev_kv: event_prev.unwrap_or(prev),
+            });
+        }
     }
 
     /// The previous state the watch event of a write of this txn carries, when it is not the
@@ -1183,7 +1196,12 @@ impl Writer {
 
     /// Writes a tombstone over `prev`, the live version of `entry`'s key.
     fn write_delete(&mut self, ctx: &mut TxnCtx, entry: &IndexEntry<'_>, prev: PrevKv) {
-        let event_prev = self.event_prev(ctx, Some(entry), Some(&prev));
+        let keep_event = ctx.note_write(EventKind::Delete, false);
+        let event_prev = if keep_event {
+            self.event_prev(ctx, Some(entry), Some(&prev))
+        } else {
+            None
+        };
         let rev = ctx.next_revision();
         let guard = epoch::pin();
         let old = entry.value().load(&guard);
@@ -1200,16 +1218,18 @@ impl Writer {
             self.detach(prev.lease(), entry.key());
         }
         ctx.writes += 1;
-        ctx.push_event(Event {
-            kind: EventKind::Delete,
-            kv: KeyValue {
-                // The previous state's copy of the key (never the index's own bytes).
-                key: prev.key().clone(),
-                mod_revision: rev.main,
-                ..KeyValue::default()
-            },
-            prev_kv: event_prev.unwrap_or(Some(prev)),
-        });
+        if keep_event {
+            ctx.events.push(Event {
+                kind: EventKind::Delete,
+                kv: KeyValue {
+                    // The previous state's copy of the key (never the index's own bytes).
+                    key: prev.key().clone(),
+                    mod_revision: rev.main,
+                    ..KeyValue::default()
+                },
+                prev_kv: event_prev.unwrap_or(Some(prev)),
+            });
+        }
     }
 
     /// Applies a txn whole; `evaluated` is its `txn_path` at `ctx.begin_rev` when the caller

@@ -251,8 +251,9 @@ pub enum Effect {
         events: Vec<kv::Event>,
     },
     /// Writes applied up to `revision` made more events than one entry may hand the hubs
-    /// (`watch_events_per_apply_max`): none of them is handed out, and every hub's watchers
-    /// read them from history.
+    /// (`watch_events_per_apply_max`), or were applied with no events wanted
+    /// (`set_events_wanted`): none of them is handed out, and every hub's watchers read them
+    /// from history.
     EventsCut { revision: i64 },
     /// A leader's snapshot replaced the store: shards read through this reader from now on and
     /// their watchers resynchronize from history.
@@ -569,6 +570,8 @@ pub struct Member {
     applied_through: u64,
     /// Steps taken of entries applied in steps (the driver times each as an apply).
     apply_steps_taken: u64,
+    /// Some watcher may want this member's events (the driver says, see `set_events_wanted`).
+    events_wanted: bool,
     /// The pending snapshot as the driver placed it, until `persisted` installs it.
     placed: Option<PlacedSnapshot>,
     effects: Vec<Effect>,
@@ -643,6 +646,7 @@ impl Member {
             pages_brought_for: (0, 0),
             applied_through: 0,
             apply_steps_taken: 0,
+            events_wanted: true,
             placed: None,
             effects: Vec::new(),
             leader_id_logged: 0,
@@ -829,6 +833,14 @@ impl Member {
             .postpone(now_ms.saturating_sub(wait.since_ms));
         self.pages_brought_for = (index, rounds.min(crate::limits::APPLY_PAGER_ROUNDS_MAX));
         self.apply(Vec::new(), now_ms);
+    }
+
+    /// Whether anyone watches this member's shards, as the driver last saw. Without watchers
+    /// entries apply without building their events (a tenth of a put's apply), and the
+    /// member answers `Effect::EventsCut` as for events past the bound: a watcher that
+    /// arrived meanwhile reads them from history. True until told otherwise.
+    pub fn set_events_wanted(&mut self, wanted: bool) {
+        self.events_wanted = wanted;
     }
 
     /// Steps taken so far of entries applied in steps.
@@ -2238,7 +2250,7 @@ impl Member {
                     Some(op) => {
                         // The bound holds for the whole call's events: what earlier entries
                         // gathered counts, and once cut nothing more is gathered.
-                        let events_left = if batch.cut {
+                        let events_left = if batch.cut || !self.events_wanted {
                             0
                         } else {
                             self.config
@@ -2901,7 +2913,7 @@ mod tests {
         let p = Proposal {
             data: Bytes::from(req.encode_to_vec()),
             id,
-            reply,
+            reply: reply.into(),
         };
         (p, rx)
     }
@@ -3023,6 +3035,56 @@ mod tests {
             .any(|e| matches!(e, Effect::Events { events, .. } if events.len() == 1)));
     }
 
+    /// With no watchers (the driver says so), writes apply without building events: the
+    /// member hands out `EventsCut` at the revision they reached instead, and answers the
+    /// writes as before. Wanted again, events come back.
+    #[test]
+    fn without_watchers_writes_hand_out_a_cut_and_no_events() {
+        let mut m = started_leader();
+        m.take_effects();
+        m.set_events_wanted(false);
+        let (p, mut rx) = proposal(10, put("a"));
+        m.propose(p, 10);
+        settle(&mut m, 10);
+        let Ok(Some(Ok(outcome))) = rx.try_recv() else {
+            panic!("the put is answered");
+        };
+        let Answer::Op(response) = outcome.response else {
+            panic!("a kv answer");
+        };
+        assert!(matches!(
+            response.check(),
+            kv::OpResponse::Put(kv::PutResponse { revision: 2, .. })
+        ));
+        let effects = m.take_effects();
+        assert!(!effects.iter().any(|e| matches!(e, Effect::Events { .. })));
+        let cut: Vec<i64> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::EventsCut { revision } => Some(*revision),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cut, vec![2], "the cut names the revision the put made");
+        assert_eq!(
+            m.config.stats.puts.load(Ordering::Relaxed),
+            1,
+            "counted all the same"
+        );
+
+        m.set_events_wanted(true);
+        let (p, _rx) = proposal(11, put("b"));
+        m.propose(p, 20);
+        settle(&mut m, 20);
+        let effects = m.take_effects();
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::Events { events, revision: 3 } if events.len() == 1)));
+        assert!(!effects
+            .iter()
+            .any(|e| matches!(e, Effect::EventsCut { .. })));
+    }
+
     /// The bound holds for all the entries one Ready applies: two deletes, each under it, whose
     /// events together pass it hand out none.
     #[test]
@@ -3127,7 +3189,7 @@ mod tests {
             Proposal {
                 data: Bytes::from(req.encode_to_vec()),
                 id,
-                reply,
+                reply: reply.into(),
             },
             10,
         );

@@ -277,7 +277,7 @@ impl Clients {
                     node.proposals.push_back(Proposal {
                         data,
                         id,
-                        reply: tx,
+                        reply: tx.into(),
                     });
                 }
                 Waiting::Write(rx)
@@ -342,7 +342,7 @@ impl Clients {
             node.proposals.push_back(Proposal {
                 data: keel_core::compactor::compaction_entry(id, revision),
                 id,
-                reply: tx,
+                reply: tx.into(),
             });
             self.compactions += 1;
         }
@@ -372,7 +372,7 @@ impl Clients {
                     DeleteForm::Key,
                 ),
                 id,
-                reply: tx,
+                reply: tx.into(),
             });
         }
     }

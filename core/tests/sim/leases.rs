@@ -175,7 +175,7 @@ impl LeaseClients {
             node.proposals.push_back(Proposal {
                 data: Bytes::from(req.encode_to_vec()),
                 id: header_id,
-                reply: tx,
+                reply: tx.into(),
             });
             let n = world.nodes.len();
             self.clients[c].lease = Some(TrackedLease {

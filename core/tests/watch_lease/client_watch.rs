@@ -451,3 +451,66 @@ async fn a_delete_of_more_keys_than_one_entry_hands_out_reaches_every_watcher() 
     assert_eq!(seen[0].mod_revision, o);
     assert_no_response(&mut all, Duration::from_millis(300)).await;
 }
+
+/// A member with no watchers applies writes without building their events, and a watcher
+/// that arrives meanwhile reads what it missed from history (the raft core's `EventsCut`).
+/// Watchers created one after another while a client keeps writing, each left to go before
+/// the next (so writes between them apply unwatched), must each see every write from their
+/// start on, with no gap: one lost in that hand-over would leave a hole in the revisions, or
+/// the watcher waiting past its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_arriving_during_unwatched_writes_miss_none_of_them() {
+    const ROUNDS: usize = 60;
+    const EVENTS_PER_WATCHER: usize = 10;
+    const WRITERS: usize = 4;
+    let server = Server::under_test(&[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Several writers, so that a raft core turn usually has writes in flight when a
+    // watcher arrives.
+    let mut writing = Vec::new();
+    for w in 0..WRITERS {
+        let mut writer = client(&server).await;
+        let stop = stop.clone();
+        writing.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                writer
+                    .put(format!("w/{w}"), i.to_string(), None)
+                    .await
+                    .expect("put");
+                i += 1;
+            }
+            i
+        }));
+    }
+    let mut c = client(&server).await;
+    for round in 0..ROUNDS {
+        let mut stream = c
+            .watch("w/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch");
+        let created = expect_created(&mut stream).await;
+        let start = created.header().expect("header").revision() + 1;
+        let mut revisions = Vec::new();
+        while revisions.len() < EVENTS_PER_WATCHER {
+            // A response may carry several events.
+            let r = next_response(&mut stream).await;
+            assert!(!r.canceled(), "round {round}: canceled: {r:?}");
+            revisions.extend(seen_of(&r).iter().map(|s| s.mod_revision));
+        }
+        // Only the writers write, one key per revision.
+        let want: Vec<i64> = (start..start + revisions.len() as i64).collect();
+        assert_eq!(
+            revisions, want,
+            "round {round}: every write from the start, once"
+        );
+        stream.cancel(created.watch_id()).await.expect("cancel");
+        drop(stream);
+        // Unwatched for a while: the writes of this gap apply without events.
+        tokio::time::sleep(Duration::from_millis(10 + (round % 5) as u64 * 5)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writing {
+        assert!(w.await.expect("a writer") > 0);
+    }
+}

@@ -1,0 +1,543 @@
+//! Answers to proposals, from the raft core back to the shards, in batches: one wake-up of a
+//! shard per batch of answers, not one per answer.
+//!
+//! A proposal's answer used to travel in its own one-shot channel. The raft core then woke
+//! each waiting call's task across threads: an `Arc` allocated per call, locks in the channel,
+//! and a push onto the shard executor's queue of foreign wake-ups, per answer. Under a put load
+//! that was about 4 % of the server's CPU (bench/results/flame-put-2026-12-06-1654.*).
+//!
+//! Now each shard has a `ShardAnswers` queue. The raft core pushes every answer for that
+//! shard into it, under a lock nobody holds for long, and wakes the shard's drain task only
+//! when the queue was not already due for a drain. The drain task hands each answer to its
+//! call's slot in the shard's own `Slots` table and wakes the call's task with a local wake.
+//!
+//! Calls proposed from a thread without a drain task (the raft core's own compactor, tests)
+//! keep the one-shot channel: `Reply` carries either.
+//!
+//! Bounds: a shard's queue holds at most one answer per slot, and a slot is one call waiting
+//! on that shard, so both are bounded by the shard's calls in flight (its connections times
+//! their concurrent streams). The member drops a `Reply` it cannot answer, and the drop
+//! answers `Stopped`, as a one-shot channel's cancellation did.
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use futures_channel::oneshot;
+use futures_util::task::AtomicWaker;
+use keel_grpc::EtcdError;
+
+use crate::shared::Unserved;
+
+/// What a proposal's caller gets back.
+pub type Answered = Result<Unserved, EtcdError>;
+
+/// A slot in one shard's table: its index, and the generation that distinguishes this call
+/// from later ones in the same index (an answer for a call that went away is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotKey {
+    index: u32,
+    generation: u32,
+}
+
+/// One shard's answers, queued by the raft core and drained on the shard.
+pub struct ShardAnswers {
+    queued: Mutex<Queued>,
+    drain: AtomicWaker,
+}
+
+struct Queued {
+    answers: Vec<(SlotKey, Answered)>,
+    /// A wake of the drain task is owed or on its way: later pushes need not wake it again.
+    wake_sent: bool,
+}
+
+impl ShardAnswers {
+    fn new() -> Arc<ShardAnswers> {
+        Arc::new(ShardAnswers {
+            queued: Mutex::new(Queued {
+                answers: Vec::new(),
+                wake_sent: false,
+            }),
+            drain: AtomicWaker::new(),
+        })
+    }
+
+    fn push(&self, slot: SlotKey, answer: Answered) {
+        let wake = {
+            let mut queued = self
+                .queued
+                .lock()
+                .expect("nothing panics while the answer queue is held");
+            queued.answers.push((slot, answer));
+            !std::mem::replace(&mut queued.wake_sent, true)
+        };
+        if wake {
+            self.drain.wake();
+        }
+    }
+
+    /// Swaps what is queued into `into` (empty on entry), or registers the drain task to be
+    /// woken by the next push.
+    fn take_or_register(&self, into: &mut Vec<(SlotKey, Answered)>, cx: &Context<'_>) -> bool {
+        debug_assert!(into.is_empty());
+        // Registered before looking: a push after the look sees `wake_sent` false and wakes
+        // this registration.
+        self.drain.register(cx.waker());
+        let mut queued = self
+            .queued
+            .lock()
+            .expect("nothing panics while the answer queue is held");
+        queued.wake_sent = false;
+        if queued.answers.is_empty() {
+            return false;
+        }
+        std::mem::swap(&mut queued.answers, into);
+        true
+    }
+}
+
+/// Where a proposal's answer goes.
+pub struct Reply(ReplyTo);
+
+enum ReplyTo {
+    Oneshot(oneshot::Sender<Answered>),
+    Shard {
+        answers: Arc<ShardAnswers>,
+        slot: SlotKey,
+    },
+    /// Sent (only between `send` taking it and the drop).
+    Done,
+}
+
+/// The call a reply was for went away before its answer (its request was cancelled).
+#[derive(Debug)]
+pub struct CallGone;
+
+impl Reply {
+    /// Answers the call. Where the call went away (its request was cancelled) the answer is
+    /// dropped; a one-shot reply says so with `CallGone`, a shard's finds out on the shard.
+    pub fn send(mut self, answer: Answered) -> Result<(), CallGone> {
+        match std::mem::replace(&mut self.0, ReplyTo::Done) {
+            ReplyTo::Oneshot(sender) => sender.send(answer).map_err(|_| CallGone),
+            ReplyTo::Shard { answers, slot } => {
+                answers.push(slot, answer);
+                Ok(())
+            }
+            ReplyTo::Done => unreachable!("a reply is sent once: `send` takes it"),
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        // Never answered: the call ends with `Stopped`, as a dropped one-shot sender's
+        // cancellation read.
+        if let ReplyTo::Shard { answers, slot } = std::mem::replace(&mut self.0, ReplyTo::Done) {
+            answers.push(slot, Err(EtcdError::Stopped));
+        }
+    }
+}
+
+impl From<oneshot::Sender<Answered>> for Reply {
+    fn from(sender: oneshot::Sender<Answered>) -> Reply {
+        Reply(ReplyTo::Oneshot(sender))
+    }
+}
+
+impl fmt::Debug for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ReplyTo::Oneshot(_) => f.write_str("Reply(oneshot)"),
+            ReplyTo::Shard { slot, .. } => write!(f, "Reply(slot {})", slot.index),
+            ReplyTo::Done => f.write_str("Reply(done)"),
+        }
+    }
+}
+
+/// A shard's waiting calls.
+struct Slots {
+    entries: RefCell<Vec<Slot>>,
+    /// Indexes of free entries.
+    free: RefCell<Vec<u32>>,
+    next_generation: Cell<u32>,
+}
+
+struct Slot {
+    generation: u32,
+    state: SlotState,
+}
+
+enum SlotState {
+    Free,
+    Waiting(Option<Waker>),
+    Answered(Answered),
+}
+
+impl Slots {
+    fn take(&self) -> SlotKey {
+        let generation = self.next_generation.get();
+        self.next_generation.set(generation.wrapping_add(1));
+        let mut entries = self.entries.borrow_mut();
+        let slot = Slot {
+            generation,
+            state: SlotState::Waiting(None),
+        };
+        let index = match self.free.borrow_mut().pop() {
+            Some(index) => {
+                entries[index as usize] = slot;
+                index
+            }
+            None => {
+                entries.push(slot);
+                u32::try_from(entries.len() - 1).expect("fewer than 2^32 calls wait on a shard")
+            }
+        };
+        SlotKey { index, generation }
+    }
+
+    fn release(&self, key: SlotKey) {
+        let mut entries = self.entries.borrow_mut();
+        let slot = &mut entries[key.index as usize];
+        assert!(
+            slot.generation == key.generation && !matches!(slot.state, SlotState::Free),
+            "a slot is released once, by its own call"
+        );
+        slot.state = SlotState::Free;
+        self.free.borrow_mut().push(key.index);
+    }
+
+    /// Gives the answer to its call, if that call still waits.
+    fn answer(&self, key: SlotKey, answer: Answered) {
+        let waker = {
+            let mut entries = self.entries.borrow_mut();
+            let slot = &mut entries[key.index as usize];
+            if slot.generation != key.generation {
+                // The call went away, and its slot serves another one now.
+                return;
+            }
+            match std::mem::replace(&mut slot.state, SlotState::Answered(answer)) {
+                SlotState::Waiting(waker) => waker,
+                SlotState::Free => {
+                    // The call went away and nobody took the slot since.
+                    slot.state = SlotState::Free;
+                    return;
+                }
+                SlotState::Answered(_) => unreachable!("one answer per proposal"),
+            }
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn poll(&self, key: SlotKey, cx: &Context<'_>) -> Poll<Answered> {
+        let mut entries = self.entries.borrow_mut();
+        let slot = &mut entries[key.index as usize];
+        assert_eq!(
+            slot.generation, key.generation,
+            "a waiting call owns its slot"
+        );
+        match &mut slot.state {
+            SlotState::Waiting(waker) => {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            SlotState::Answered(_) => {
+                let SlotState::Answered(answer) =
+                    std::mem::replace(&mut slot.state, SlotState::Free)
+                else {
+                    unreachable!("matched just above")
+                };
+                drop(entries);
+                self.free.borrow_mut().push(key.index);
+                Poll::Ready(answer)
+            }
+            SlotState::Free => unreachable!("a waiting call's slot is never free"),
+        }
+    }
+}
+
+/// This thread's answer queue and slots, when it runs a drain task (a shard).
+struct ThisShard {
+    answers: Arc<ShardAnswers>,
+    slots: Rc<Slots>,
+}
+
+thread_local! {
+    static THIS_SHARD: RefCell<Option<ThisShard>> = const { RefCell::new(None) };
+}
+
+/// Makes this thread's proposals take their answers in batches, and returns the task that
+/// drains them: spawn it on this thread's executor, which must be the one that proposes.
+/// Once per thread.
+pub fn install_on_this_thread() -> impl Future<Output = ()> {
+    let answers = ShardAnswers::new();
+    let slots = Rc::new(Slots {
+        entries: RefCell::new(Vec::new()),
+        free: RefCell::new(Vec::new()),
+        next_generation: Cell::new(0),
+    });
+    THIS_SHARD.with(|this| {
+        let previous = this.replace(Some(ThisShard {
+            answers: answers.clone(),
+            slots: slots.clone(),
+        }));
+        assert!(previous.is_none(), "one answer queue per thread");
+    });
+    drain(answers, slots)
+}
+
+async fn drain(answers: Arc<ShardAnswers>, slots: Rc<Slots>) {
+    // Swapped with the queue's vector each time: no allocation per batch once both have grown.
+    let mut batch = Vec::new();
+    loop {
+        std::future::poll_fn(|cx| {
+            if answers.take_or_register(&mut batch, cx) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        for (slot, answer) in batch.drain(..) {
+            slots.answer(slot, answer);
+        }
+    }
+}
+
+/// A reply for a proposal made on this thread, and the wait for its answer.
+pub fn reply_here() -> (Reply, AnswerWait) {
+    let batched = THIS_SHARD.with(|this| {
+        this.borrow().as_ref().map(|this| {
+            let slot = this.slots.take();
+            (this.answers.clone(), this.slots.clone(), slot)
+        })
+    });
+    match batched {
+        Some((answers, slots, slot)) => (
+            Reply(ReplyTo::Shard { answers, slot }),
+            AnswerWait(Wait::Slot {
+                slots,
+                slot,
+                done: false,
+            }),
+        ),
+        None => {
+            let (sender, receiver) = oneshot::channel();
+            (sender.into(), AnswerWait(Wait::Oneshot(receiver)))
+        }
+    }
+}
+
+/// Waits for a proposal's answer; `Stopped` when the member dropped its reply unanswered.
+pub struct AnswerWait(Wait);
+
+enum Wait {
+    Oneshot(oneshot::Receiver<Answered>),
+    Slot {
+        slots: Rc<Slots>,
+        slot: SlotKey,
+        done: bool,
+    },
+}
+
+impl Future for AnswerWait {
+    type Output = Answered;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
+        match &mut self.get_mut().0 {
+            Wait::Oneshot(receiver) => Pin::new(receiver)
+                .poll(cx)
+                .map(|r| r.unwrap_or(Err(EtcdError::Stopped))),
+            Wait::Slot { slots, slot, done } => {
+                assert!(!*done, "polled after its answer");
+                let answer = slots.poll(*slot, cx);
+                *done = answer.is_ready();
+                answer
+            }
+        }
+    }
+}
+
+impl Drop for AnswerWait {
+    fn drop(&mut self) {
+        if let Wait::Slot {
+            slots,
+            slot,
+            done: false,
+        } = &self.0
+        {
+            // The call went away unanswered (a cancelled request): its answer, when it comes,
+            // finds the slot free or another call's, and is dropped.
+            slots.release(*slot);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::{Answer, Outcome};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    fn answered(term: u64) -> Answered {
+        Ok(Outcome {
+            response: Answer::Alarms(Vec::new()),
+            raft_term: term,
+        })
+    }
+
+    fn term(answer: Poll<Answered>) -> u64 {
+        match answer {
+            Poll::Ready(Ok(outcome)) => outcome.raft_term,
+            Poll::Ready(Err(e)) => panic!("answered {e:?}"),
+            Poll::Pending => panic!("not answered yet"),
+        }
+    }
+
+    #[derive(Default)]
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting() -> (Arc<CountingWaker>, Waker) {
+        let counter = Arc::new(CountingWaker::default());
+        (counter.clone(), Waker::from(counter))
+    }
+
+    /// A batch of answers from another thread wakes the shard's drain task once, and each
+    /// waiting call once, with its own answer.
+    #[test]
+    fn a_batch_of_answers_wakes_the_shard_once() {
+        let mut drain = Box::pin(install_on_this_thread());
+        let (drain_wakes, drain_waker) = counting();
+        let mut drain_cx = Context::from_waker(&drain_waker);
+        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
+
+        let (calls_woken, call_waker) = counting();
+        let mut call_cx = Context::from_waker(&call_waker);
+        let (replies, mut waits): (Vec<Reply>, Vec<AnswerWait>) =
+            (0..100).map(|_| reply_here()).unzip();
+        for wait in &mut waits {
+            assert!(Pin::new(wait).poll(&mut call_cx).is_pending());
+        }
+        // The raft core answers them all in reverse, from its own thread.
+        std::thread::spawn(move || {
+            for (i, reply) in replies.into_iter().enumerate().rev() {
+                reply
+                    .send(answered(i as u64))
+                    .expect("the shard takes every answer");
+            }
+        })
+        .join()
+        .expect("the answering thread");
+        assert_eq!(
+            drain_wakes.0.load(Ordering::SeqCst),
+            1,
+            "one wake per batch"
+        );
+        assert_eq!(
+            calls_woken.0.load(Ordering::SeqCst),
+            0,
+            "calls wait for the drain"
+        );
+
+        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
+        assert_eq!(calls_woken.0.load(Ordering::SeqCst), 100, "each call once");
+        for (i, wait) in waits.iter_mut().enumerate() {
+            assert_eq!(term(Pin::new(wait).poll(&mut call_cx)), i as u64);
+        }
+        // The next answer wakes the drain task again.
+        let (reply, mut wait) = reply_here();
+        assert!(Pin::new(&mut wait).poll(&mut call_cx).is_pending());
+        reply.send(answered(7)).expect("taken");
+        assert_eq!(drain_wakes.0.load(Ordering::SeqCst), 2);
+        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
+        assert_eq!(term(Pin::new(&mut wait).poll(&mut call_cx)), 7);
+    }
+
+    /// A call that went away (its request was cancelled) frees its slot; its answer, arriving
+    /// later, is dropped and never reaches the call that took the slot next.
+    #[test]
+    fn a_late_answer_never_reaches_the_slots_next_call() {
+        let mut drain = Box::pin(install_on_this_thread());
+        let (_, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        assert!(drain.as_mut().poll(&mut cx).is_pending());
+
+        let (stale_reply, stale_wait) = reply_here();
+        drop(stale_wait);
+        let (reply, mut wait) = reply_here();
+        stale_reply.send(answered(1)).expect("queued");
+        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        assert!(
+            Pin::new(&mut wait).poll(&mut cx).is_pending(),
+            "the stale answer went to nobody"
+        );
+        reply.send(answered(2)).expect("queued");
+        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(term(Pin::new(&mut wait).poll(&mut cx)), 2);
+
+        // Answered before the call went away: the answer is dropped with the slot.
+        let (reply, wait) = reply_here();
+        reply.send(answered(3)).expect("queued");
+        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        drop(wait);
+        let (reply, mut wait) = reply_here();
+        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
+        reply.send(answered(4)).expect("queued");
+        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(term(Pin::new(&mut wait).poll(&mut cx)), 4);
+    }
+
+    /// A reply the member drops unanswered (it stopped) ends its call with `Stopped`, as a
+    /// dropped one-shot sender did.
+    #[test]
+    fn a_dropped_reply_answers_stopped() {
+        let mut drain = Box::pin(install_on_this_thread());
+        let (_, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        let (reply, mut wait) = reply_here();
+        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
+        std::thread::spawn(move || drop(reply))
+            .join()
+            .expect("the dropping thread");
+        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        assert!(matches!(
+            Pin::new(&mut wait).poll(&mut cx),
+            Poll::Ready(Err(EtcdError::Stopped))
+        ));
+    }
+
+    /// A thread without a drain task (the raft core's compactor, tests) gets a one-shot
+    /// channel, answered directly.
+    #[test]
+    fn a_thread_without_a_drain_task_uses_a_oneshot_channel() {
+        let (reply, mut wait) = reply_here();
+        assert!(format!("{reply:?}").contains("oneshot"));
+        let (_, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
+        reply.send(answered(5)).expect("the wait is there");
+        assert_eq!(term(Pin::new(&mut wait).poll(&mut cx)), 5);
+        let (reply, wait) = reply_here();
+        drop(reply);
+        assert!(matches!(
+            futures_lite::future::block_on(wait),
+            Err(EtcdError::Stopped)
+        ));
+    }
+}
