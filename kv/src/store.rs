@@ -587,6 +587,11 @@ impl TxnCtx {
         true
     }
 
+    /// Whether the next write's event would be kept (`note_write` says the same for it).
+    fn keeps_next_event(&self) -> bool {
+        !self.events_cut && self.events.len() < self.events_max
+    }
+
     /// The revision a read inside the txn sees: its own writes included.
     fn read_rev(&self) -> i64 {
         self.begin_rev + i64::from(self.writes > 0)
@@ -1007,31 +1012,41 @@ impl Writer {
         // One index lookup per put: the entry found here is the one `write_put` appends to.
         let shared = self.shared.clone();
         let entry = shared.index.get(req.key.as_ref());
-        let prev = entry.as_ref().and_then(|e| {
+        let live = entry.as_ref().and_then(|e| {
             let guard = epoch::pin();
-            live_at(e.value().load(&guard), ctx.read_rev())
-                .map(|v| v.to_prev_kv(e.key(), self.vlog.table()))
+            live_at(e.value().load(&guard), ctx.read_rev()).cloned()
         });
-        let (value, lease) = match (&prev, req.ignore_value, req.ignore_lease) {
-            (Some(p), true, true) => (p.clone().checked().value, p.lease()),
-            (Some(p), true, false) => (p.clone().checked().value, req.lease),
-            (Some(p), false, true) => (req.value.clone(), p.lease()),
-            (_, false, false) => (req.value.clone(), req.lease),
-            (None, _, _) => panic!("ignore_* on a missing key must be rejected before apply"),
+        // The previous key-value whole (a copy of its key, its value's record found) only
+        // where something reads it: the answer's prev_kv, an ignore_value put, or the write's
+        // watch event. A plain put needs only the live version's revisions and lease.
+        let needs_prev = req.prev_kv || req.ignore_value || ctx.keeps_next_event();
+        let prev = match (&entry, &live) {
+            (Some(e), Some(v)) if needs_prev => Some(v.to_prev_kv(e.key(), self.vlog.table())),
+            _ => None,
+        };
+        let (value, lease) = match (&live, &prev, req.ignore_value, req.ignore_lease) {
+            (Some(v), Some(p), true, true) => (p.clone().checked().value, v.lease),
+            (Some(_), Some(p), true, false) => (p.clone().checked().value, req.lease),
+            (Some(v), _, false, true) => (req.value.clone(), v.lease),
+            (_, _, false, false) => (req.value.clone(), req.lease),
+            _ => panic!("ignore_* on a missing key must be rejected before apply"),
         };
         let prev_kv = if req.prev_kv {
             prev.clone().map(|p| p.into_answer(&mut ctx.checks))
         } else {
             None
         };
-        self.write_put(ctx, &req.key, entry, &value, lease, prev);
+        self.write_put(ctx, &req.key, entry, &value, lease, live.as_ref(), prev);
         PutResponse {
             revision: ctx.begin_rev + 1,
             prev_kv,
         }
     }
 
-    /// Writes a put of `key`, whose index entry (if it has one) is `entry`.
+    /// Writes a put of `key`, whose index entry (if it has one) is `entry`; `live` is the
+    /// key's live version before it, and `prev` that version whole when the put's watch event
+    /// is kept (`TxnCtx::keeps_next_event`).
+    #[allow(clippy::too_many_arguments)]
     fn write_put(
         &mut self,
         ctx: &mut TxnCtx,
@@ -1039,10 +1054,15 @@ impl Writer {
         entry: Option<crossbeam_skiplist::map::Entry<'_, crate::index::IndexKey, KeyHistory>>,
         value: &[u8],
         lease: i64,
+        live: Option<&Version>,
         prev: Option<PrevKv>,
     ) {
         assert!(!key.is_empty(), "empty keys are rejected before apply");
-        let keep_event = ctx.note_write(EventKind::Put, prev.is_none());
+        let keep_event = ctx.note_write(EventKind::Put, live.is_none());
+        assert!(
+            !keep_event || prev.is_some() == live.is_some(),
+            "a kept event's previous key-value was read"
+        );
         let event_prev = if keep_event {
             self.event_prev(ctx, entry.as_ref(), prev.as_ref())
         } else {
@@ -1059,16 +1079,16 @@ impl Writer {
         self.dirty.wrote(key, rev.main, self.shared.index.len());
         let version = Version::put(
             rev,
-            prev.as_ref().map_or(rev.main, |p| p.create_revision()),
-            prev.as_ref().map_or(1, |p| p.version() + 1),
+            live.map_or(rev.main, |v| v.create_revision),
+            live.map_or(1, |v| v.version + 1),
             lease,
             placed.value_len,
             placed.segment,
             placed.offset,
         );
-        if let Some(p) = &prev {
-            if p.lease() != 0 {
-                self.detach(p.lease(), key);
+        if let Some(v) = live {
+            if v.lease != 0 {
+                self.detach(v.lease, key);
             }
         }
         if lease != 0 {
