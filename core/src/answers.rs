@@ -418,6 +418,17 @@ mod tests {
         (counter.clone(), Waker::from(counter))
     }
 
+    /// Answers `reply` with `term` and lets the drain task hand it on.
+    fn deliver(
+        drain: &mut Pin<Box<impl Future<Output = ()>>>,
+        cx: &mut Context<'_>,
+        reply: Reply,
+        term: u64,
+    ) {
+        reply.send(answered(term)).expect("queued for the shard");
+        assert!(drain.as_mut().poll(cx).is_pending());
+    }
+
     /// A batch of answers from another thread wakes the shard's drain task once, and each
     /// waiting call once, with its own answer.
     #[test]
@@ -481,25 +492,21 @@ mod tests {
         let (stale_reply, stale_wait) = reply_here();
         drop(stale_wait);
         let (reply, mut wait) = reply_here();
-        stale_reply.send(answered(1)).expect("queued");
-        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        deliver(&mut drain, &mut cx, stale_reply, 1);
         assert!(
             Pin::new(&mut wait).poll(&mut cx).is_pending(),
             "the stale answer went to nobody"
         );
-        reply.send(answered(2)).expect("queued");
-        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        deliver(&mut drain, &mut cx, reply, 2);
         assert_eq!(term(Pin::new(&mut wait).poll(&mut cx)), 2);
 
         // Answered before the call went away: the answer is dropped with the slot.
         let (reply, wait) = reply_here();
-        reply.send(answered(3)).expect("queued");
-        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        deliver(&mut drain, &mut cx, reply, 3);
         drop(wait);
         let (reply, mut wait) = reply_here();
         assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
-        reply.send(answered(4)).expect("queued");
-        assert!(drain.as_mut().poll(&mut cx).is_pending());
+        deliver(&mut drain, &mut cx, reply, 4);
         assert_eq!(term(Pin::new(&mut wait).poll(&mut cx)), 4);
     }
 

@@ -1037,6 +1037,43 @@ mod tests {
         consumer.join().expect("consumer finishes");
     }
 
+    /// glommio looks up a task's executor (its sleep notifier, which wake-ups from other
+    /// threads go through) when the task is spawned, and a thread keeps the one it found last
+    /// (a KEEL PATCH in third_party/glommio). Executors made one after another on one thread
+    /// must each get their own: a task woken through a finished executor's would never run.
+    #[test]
+    fn executors_made_one_after_another_on_a_thread_get_their_own_wake_ups() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for round in 0..3u32 {
+                let executor = glommio::LocalExecutorBuilder::default()
+                    .make()
+                    .expect("executor");
+                executor.run(async move {
+                    let mb: Arc<Mailbox<u32>> = Mailbox::new(1);
+                    let sender = {
+                        let mb = mb.clone();
+                        std::thread::spawn(move || {
+                            // Long enough for the task below to wait, and its executor to sleep.
+                            std::thread::sleep(Duration::from_millis(20));
+                            assert!(mb.try_send(round).is_ok());
+                        })
+                    };
+                    let waiting = glommio::spawn_local(async move {
+                        mb.ready().await;
+                        mb.try_recv()
+                    });
+                    assert_eq!(waiting.await, Some(round));
+                    sender.join().expect("the sender");
+                });
+            }
+            done_tx.send(()).expect("the test waits");
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("every executor was woken for its task");
+    }
+
     #[test]
     fn full_mailbox_refuses_and_gives_the_item_back() {
         let mb: Arc<Mailbox<u8>> = Mailbox::new(1);

@@ -2900,6 +2900,17 @@ mod tests {
         m
     }
 
+    /// The revisions of the `EventsCut` effects among `effects`.
+    fn cut_revisions(effects: &[Effect]) -> Vec<i64> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::EventsCut { revision } => Some(*revision),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn proposal(
         id: u64,
         req: pb::InternalRaftRequest,
@@ -3010,13 +3021,7 @@ mod tests {
         );
         let effects = m.take_effects();
         assert!(!effects.iter().any(|e| matches!(e, Effect::Events { .. })));
-        let cut: Vec<i64> = effects
-            .iter()
-            .filter_map(|e| match e {
-                Effect::EventsCut { revision } => Some(*revision),
-                _ => None,
-            })
-            .collect();
+        let cut = cut_revisions(&effects);
         assert_eq!(cut, vec![m.writer().current_revision()]);
         let stats = &m.config.stats;
         assert_eq!(stats.deletes.load(Ordering::Relaxed), keys.len() as u64);
@@ -3058,13 +3063,7 @@ mod tests {
         ));
         let effects = m.take_effects();
         assert!(!effects.iter().any(|e| matches!(e, Effect::Events { .. })));
-        let cut: Vec<i64> = effects
-            .iter()
-            .filter_map(|e| match e {
-                Effect::EventsCut { revision } => Some(*revision),
-                _ => None,
-            })
-            .collect();
+        let cut = cut_revisions(&effects);
         assert_eq!(cut, vec![2], "the cut names the revision the put made");
         assert_eq!(
             m.config.stats.puts.load(Ordering::Relaxed),

@@ -129,7 +129,8 @@ where
 
             // Write the header as the first field of the task.
             (raw.header as *mut Header).write(Header {
-                notifier: sys::get_sleep_notifier_for(executor_id).unwrap(),
+                // KEEL PATCH: without the registry's global lock (see the function).
+                notifier: sys::get_local_sleep_notifier_for(executor_id).unwrap(),
                 state: SCHEDULED | HANDLE,
                 latency_matters,
                 references: AtomicI16::new(0),
