@@ -14,10 +14,12 @@
 //! Calls proposed from a thread without a drain task (the raft core's own compactor, tests)
 //! keep the one-shot channel: `Reply` carries either.
 //!
-//! Bounds: a shard's queue holds at most one answer per slot, and a slot is one call waiting
-//! on that shard, so both are bounded by the shard's calls in flight (its connections times
-//! their concurrent streams). The member drops a `Reply` it cannot answer, and the drop
-//! answers `Stopped`, as a one-shot channel's cancellation did.
+//! Bounds: a shard's queue holds at most one answer per `Reply` the member holds for that
+//! shard's proposals, which the proposal mailbox and the member's waiting calls bound (each
+//! times out with its request); the slots are the shard's calls in flight (its connections
+//! times their concurrent streams). A cancelled call frees its slot at once, while its `Reply`
+//! stays with the member until answered. The member drops a `Reply` it cannot answer, and
+//! the drop answers `Stopped`, as a one-shot channel's cancellation did.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -41,7 +43,8 @@ pub type Answered = Result<Unserved, EtcdError>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SlotKey {
     index: u32,
-    generation: u32,
+    /// 64 bits: never wraps, so a stale reply can never match a later call.
+    generation: u64,
 }
 
 /// One shard's answers, queued by the raft core and drained on the shard.
@@ -133,6 +136,14 @@ impl Reply {
     }
 }
 
+impl Reply {
+    /// Drops the reply without answering: for a proposal that never reached the raft core,
+    /// whose caller was already told why (no `Stopped` queued for a call that has returned).
+    pub fn forget(mut self) {
+        self.0 = ReplyTo::Done;
+    }
+}
+
 impl Drop for Reply {
     fn drop(&mut self) {
         // Never answered: the call ends with `Stopped`, as a dropped one-shot sender's
@@ -164,11 +175,11 @@ struct Slots {
     entries: RefCell<Vec<Slot>>,
     /// Indexes of free entries.
     free: RefCell<Vec<u32>>,
-    next_generation: Cell<u32>,
+    next_generation: Cell<u64>,
 }
 
 struct Slot {
-    generation: u32,
+    generation: u64,
     state: SlotState,
 }
 
@@ -181,7 +192,7 @@ enum SlotState {
 impl Slots {
     fn take(&self) -> SlotKey {
         let generation = self.next_generation.get();
-        self.next_generation.set(generation.wrapping_add(1));
+        self.next_generation.set(generation + 1);
         let mut entries = self.entries.borrow_mut();
         let slot = Slot {
             generation,

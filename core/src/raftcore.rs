@@ -45,7 +45,7 @@ use crate::member::{
 use crate::peer::{Control, Transport};
 use crate::peer_snapshot;
 use crate::rt;
-use crate::shared::Shared;
+use crate::shared::{Shared, OVERFLOW_LOST, OVERFLOW_UNWATCHED};
 use crate::stats::RaftStats;
 use crate::vlog_writer::{self, VlogWriter};
 use crate::watch::WatchBatch;
@@ -910,7 +910,14 @@ impl RaftCore {
                     std::sync::atomic::fence(Ordering::SeqCst);
                     if self.shared.watchers_total.load(Ordering::SeqCst) > 0 {
                         tracing::debug!(revision, "watch events left for history reads");
-                        self.resync_watchers();
+                        // Events left out because nobody watched are routine; past the
+                        // bound, they are worth a line in the shards' logs.
+                        let why = if self.member.events_wanted() {
+                            OVERFLOW_LOST
+                        } else {
+                            OVERFLOW_UNWATCHED
+                        };
+                        self.resync_watchers(why);
                     }
                 }
                 Effect::StoreReplaced { reader } => {
@@ -921,7 +928,7 @@ impl RaftCore {
                     self.shared
                         .applied_index
                         .store(self.member.applied_index(), Ordering::Release);
-                    self.resync_watchers();
+                    self.resync_watchers(OVERFLOW_LOST);
                 }
                 Effect::RemoveCheckpointsBefore { index } => {
                     self.release_beside(Removal::OlderThan(index), None, Vec::new())
@@ -1002,9 +1009,10 @@ impl RaftCore {
 
     /// Tells every shard's watch hub that its watchers must catch up from history: revisions
     /// were published whose events no batch carries.
-    fn resync_watchers(&self) {
+    /// `why` is an `OVERFLOW_*` bit.
+    fn resync_watchers(&self, why: u8) {
         for (shard, flag) in self.shared.watch_overflow.iter().enumerate() {
-            flag.store(true, Ordering::Release);
+            flag.fetch_or(why, Ordering::AcqRel);
             self.shared.watch_batches[shard].nudge();
         }
     }
@@ -1023,7 +1031,7 @@ impl RaftCore {
         let batch = Arc::new(WatchBatch::encode(revision, events));
         for (shard, mailbox) in self.shared.watch_batches.iter().enumerate() {
             if mailbox.try_send(batch.clone()).is_err() {
-                self.shared.watch_overflow[shard].store(true, Ordering::Release);
+                self.shared.watch_overflow[shard].fetch_or(OVERFLOW_LOST, Ordering::AcqRel);
                 mailbox.nudge();
             }
         }

@@ -1039,12 +1039,15 @@ mod tests {
 
     /// glommio looks up a task's executor (its sleep notifier, which wake-ups from other
     /// threads go through) when the task is spawned, and a thread keeps the one it found last
-    /// (a KEEL PATCH in third_party/glommio). Executors made one after another on one thread
-    /// must each get their own: a task woken through a finished executor's would never run.
+    /// (a KEEL PATCH in third_party/glommio). Executors run one after another on one thread
+    /// must each get their own: a task woken through another executor's notifier would never
+    /// run. The earlier executors stay alive, so a cache that ignored the id would hand out a
+    /// live notifier of an idle executor, and the test would hang.
     #[test]
     fn executors_made_one_after_another_on_a_thread_get_their_own_wake_ups() {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut kept = Vec::new();
             for round in 0..3u32 {
                 let executor = glommio::LocalExecutorBuilder::default()
                     .make()
@@ -1066,8 +1069,10 @@ mod tests {
                     assert_eq!(waiting.await, Some(round));
                     sender.join().expect("the sender");
                 });
+                kept.push(executor);
             }
             done_tx.send(()).expect("the test waits");
+            drop(kept);
         });
         done_rx
             .recv_timeout(Duration::from_secs(20))

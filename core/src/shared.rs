@@ -177,6 +177,13 @@ pub const QUERY_QUEUE_MAX: usize = 16 * 1024;
 /// history instead: a slow shard never slows apply.
 pub const WATCH_BATCH_QUEUE_MAX: usize = 1024;
 
+/// `Shared::watch_overflow`: a batch was dropped for a slow shard, an entry's events passed
+/// the bound, or a snapshot replaced the store.
+pub const OVERFLOW_LOST: u8 = 1;
+/// `Shared::watch_overflow`: entries applied while no shard had a watcher, without events,
+/// and a watcher appeared meanwhile (routine; see `Member::set_events_wanted`).
+pub const OVERFLOW_UNWATCHED: u8 = 2;
+
 /// One linearizable read waiting for the applied index to catch up with a ReadIndex.
 pub struct ReadWait {
     pub reply: oneshot::Sender<Result<(), EtcdError>>,
@@ -226,8 +233,9 @@ pub struct Shared {
     pub queries: Arc<Mailbox<Query>>,
     /// Applied events, one queue per shard (see `watch`).
     pub watch_batches: Vec<Arc<Mailbox<Arc<WatchBatch>>>>,
-    /// Set by the raft core when it had to drop a batch for that shard.
-    pub watch_overflow: Vec<AtomicBool>,
+    /// Set by the raft core when revisions were published that no batch brings that shard:
+    /// `OVERFLOW_*` bits, saying why (cleared by the shard's hub as it resyncs).
+    pub watch_overflow: Vec<AtomicU8>,
     /// Watchers on all shards; the raft core encodes events only when some exist.
     pub watchers_total: AtomicUsize,
     /// The cluster's id; 0 only on a joining member that has not heard from a peer yet.
@@ -304,7 +312,7 @@ impl Shared {
             watch_batches: (0..shards)
                 .map(|_| Mailbox::new(WATCH_BATCH_QUEUE_MAX))
                 .collect(),
-            watch_overflow: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+            watch_overflow: (0..shards).map(|_| AtomicU8::new(0)).collect(),
             watchers_total: AtomicUsize::new(0),
             cluster_id: AtomicU64::new(cluster_id),
             members: Mutex::new(members),
@@ -517,11 +525,8 @@ impl Shared {
             return Err(EtcdError::RequestTooLarge);
         }
         let (reply, answer) = crate::answers::reply_here();
-        if self
-            .proposals
-            .try_send(Proposal { data, id, reply })
-            .is_err()
-        {
+        if let Err(refused) = self.proposals.try_send(Proposal { data, id, reply }) {
+            refused.reply.forget();
             return Err(if self.stopping.load(Ordering::Acquire) {
                 EtcdError::Stopped
             } else {

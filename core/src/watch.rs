@@ -35,7 +35,7 @@ use keel_proto::etcdserverpb as pb;
 use prost::Message;
 
 use crate::convert;
-use crate::shared::Shared;
+use crate::shared::{Shared, OVERFLOW_LOST};
 use crate::watch_ranges::RangeIndex;
 
 /// Encoded responses a stream may have queued before its watchers fall back to history.
@@ -329,16 +329,12 @@ impl Hub {
             if mailbox.is_closed() && mailbox.is_empty() {
                 return;
             }
-            if self.shared.watch_overflow[self.shard].swap(false, Ordering::AcqRel) {
-                self.overflowed();
-            }
+            self.resync_if_overflowed();
             while let Some(batch) = mailbox.try_recv() {
                 // Look at the flag after taking the batch: a drop the raft core flagged before
                 // queueing this batch must turn watchers unsynced before they see it, or they
                 // would skip the dropped revisions.
-                if self.shared.watch_overflow[self.shard].swap(false, Ordering::AcqRel) {
-                    self.overflowed();
-                }
+                self.resync_if_overflowed();
                 self.bring_in_prev_values(&batch).await;
                 self.dispatch(&batch);
             }
@@ -431,14 +427,30 @@ impl Hub {
         }
     }
 
+    fn resync_if_overflowed(&self) {
+        let why = self.shared.watch_overflow[self.shard].swap(0, Ordering::AcqRel);
+        if why != 0 {
+            self.overflowed(why);
+        }
+    }
+
     /// Revisions were published that no batch brings this shard (a batch dropped for a slow
-    /// shard, an entry's events cut, a store replaced by a snapshot): every watcher catches up
-    /// from history, every waiter re-checks.
-    fn overflowed(&self) {
-        tracing::info!(
-            shard = self.shard,
-            "revisions without a watch batch; watchers catch up from history"
-        );
+    /// shard, an entry's events cut, a store replaced by a snapshot, or entries applied while
+    /// nobody watched as a watcher arrived): every watcher catches up from history, every
+    /// waiter re-checks. `why` holds `OVERFLOW_*` bits.
+    fn overflowed(&self, why: u8) {
+        if why & OVERFLOW_LOST != 0 {
+            tracing::info!(
+                shard = self.shard,
+                "revisions without a watch batch; watchers catch up from history"
+            );
+        } else {
+            // Routine: the first watcher after writes nobody watched.
+            tracing::debug!(
+                shard = self.shard,
+                "revisions applied unwatched; watchers catch up from history"
+            );
+        }
         self.resyncs.set(self.resyncs.get() + 1);
         for s in self.streams.borrow().values() {
             for w in s.watchers.borrow_mut().values_mut() {

@@ -10,8 +10,11 @@
 //! measurement, for comparing builds: per round a fresh store, KEYS keys created in order, then
 //! 4 x KEYS puts to them in a random order (the raft core's work for a put load over a working
 //! set), then the same puts again keeping no watch events (a member without watchers), each
-//! phase's ns per put printed, and the medians at the end. mimalloc is the
-//! allocator, as in the server.
+//! phase's ns per put printed, and the medians at the end. Compare a column across builds,
+//! not the columns with each other: the last phase runs on longer histories than the one before.
+//!
+//! mimalloc is the allocator in both modes, as in the server (since 2026-12-06; figures in
+//! BENCHMARKS.md from before were taken with the system allocator).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -843,6 +843,11 @@ impl Member {
         self.events_wanted = wanted;
     }
 
+    /// As last set by `set_events_wanted`.
+    pub fn events_wanted(&self) -> bool {
+        self.events_wanted
+    }
+
     /// Steps taken so far of entries applied in steps.
     pub fn apply_steps_taken(&self) -> u64 {
         self.apply_steps_taken

@@ -687,3 +687,84 @@ fn watch_events_in_a_txn_carry_the_state_before_the_txn() {
         .expect("the put's event");
     assert_eq!(prev_value(put_event), expected, "from history");
 }
+
+/// A store applied keeping no watch events (a member without watchers) ends exactly as one
+/// applied keeping them: the same answers (prev_kv included), the same counts, leases and
+/// history, previous states and all. Covers a lease, ignore_lease, ignore_value, prev_kv, a
+/// txn that puts one key twice and deletes another, and a delete of a range.
+#[test]
+fn applying_without_events_changes_the_store_as_applying_with_them() {
+    use crate::{DeleteRangeRequest, LeaseGrantRequest, PutRequest, RequestOp, Store, TxnRequest};
+    let put = |key: &'static str, value: &'static str, lease: i64| PutRequest {
+        key: Bytes::from_static(key.as_bytes()),
+        value: Bytes::from_static(value.as_bytes()),
+        lease,
+        ..Default::default()
+    };
+    let delete = |key: &'static str, range_end: &'static str| DeleteRangeRequest {
+        key: Bytes::from_static(key.as_bytes()),
+        range_end: Bytes::from_static(range_end.as_bytes()),
+        prev_kv: true,
+    };
+    let ops = vec![
+        Op::LeaseGrant(LeaseGrantRequest { ttl_s: 60, id: 7 }),
+        Op::Put(put("a", "1", 0)),
+        Op::Put(put("b", "1", 7)),
+        Op::Put(PutRequest {
+            prev_kv: true,
+            ..put("a", "2", 7)
+        }),
+        Op::Put(PutRequest {
+            ignore_lease: true,
+            ..put("b", "2", 0)
+        }),
+        Op::Put(PutRequest {
+            ignore_value: true,
+            ..put("a", "", 0)
+        }),
+        Op::Put(PutRequest {
+            ignore_value: true,
+            ignore_lease: true,
+            prev_kv: true,
+            ..put("b", "", 0)
+        }),
+        Op::Txn(TxnRequest {
+            compare: Vec::new(),
+            success: vec![
+                RequestOp::Put(put("c", "1", 0)),
+                RequestOp::Put(PutRequest {
+                    prev_kv: true,
+                    ..put("c", "2", 7)
+                }),
+                RequestOp::DeleteRange(delete("a", "")),
+            ],
+            failure: Vec::new(),
+        }),
+        Op::Put(put("a", "3", 0)),
+        Op::DeleteRange(delete("a", "z")),
+        Op::Put(put("b", "4", 7)),
+    ];
+    let (mut with, with_reader) = Store::new();
+    let (mut without, without_reader) = Store::new();
+    for (i, op) in ops.iter().enumerate() {
+        let index = i as u64 + 1;
+        let kept = with.apply(index, op).expect("applies");
+        let left = without.apply_bounded(index, op, 0).expect("applies");
+        assert_eq!(kept.counts, left.counts, "op {i}");
+        assert!(left.events.is_empty(), "op {i}");
+        assert_eq!(left.events_cut, !kept.events.is_empty(), "op {i}");
+        assert_eq!(kept.response.check(), left.response.check(), "op {i}");
+    }
+    assert_eq!(with.current_revision(), without.current_revision());
+    assert_eq!(with.leases(), without.leases());
+    let history = |reader: &crate::Reader| {
+        reader
+            .range_events_unchecked(1, b"a", b"z", 1000, true)
+            .expect("not compacted")
+            .check()
+            .events
+    };
+    let (kept, left) = (history(&with_reader), history(&without_reader));
+    assert_eq!(kept.len(), 14, "every write of the sequence");
+    assert_eq!(kept, left);
+}

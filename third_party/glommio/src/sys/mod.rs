@@ -303,16 +303,22 @@ thread_local! {
 /// executor's notifier it found last, as a `Weak`, so an executor dropped since is never kept
 /// alive by it: its upgrade then fails, and the registry answers as before.
 pub(crate) fn get_local_sleep_notifier_for(id: usize) -> Option<Arc<SleepNotifier>> {
-    let cached = LAST_NOTIFIER.with(|last| match &*last.borrow() {
-        Some((cached_id, notifier)) if *cached_id == id => notifier.upgrade(),
-        _ => None,
-    });
+    // `try_with`: a task spawned while the thread's locals are being destroyed goes to the
+    // registry, as upstream.
+    let cached = LAST_NOTIFIER
+        .try_with(|last| match &*last.borrow() {
+            Some((cached_id, notifier)) if *cached_id == id => notifier.upgrade(),
+            _ => None,
+        })
+        .ok()
+        .flatten();
     if cached.is_some() {
         return cached;
     }
     let found = get_sleep_notifier_for(id);
     if let Some(notifier) = &found {
-        LAST_NOTIFIER.with(|last| *last.borrow_mut() = Some((id, Arc::downgrade(notifier))));
+        let _ = LAST_NOTIFIER
+            .try_with(|last| *last.borrow_mut() = Some((id, Arc::downgrade(notifier))));
     }
     found
 }
