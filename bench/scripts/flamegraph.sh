@@ -17,6 +17,7 @@
 # WORKLOAD is one of
 #   put          1000 clients / 100 conns, 256 B values, 20,000 keys written in sequence
 #   txn-put      the same through Txn (one Put, no compares)
+#   put1         one client / one conn, the same puts: each put alone on the path
 #   range-l      linearizable Range of one key, 100 clients / 10 conns
 #   range-s      serializable Range of one key, 100 clients / 10 conns
 #   keepalive    LeaseKeepAlive, 100 clients (one lease and one stream each) / 10 conns
@@ -49,6 +50,7 @@ minwidth=${MINWIDTH:-1}
 watch_rate=${WATCH_RATE:-50}
 case "$workload" in
   put | txn-put) total=${TOTAL:-150000} ;;
+  put1) total=${TOTAL:-10000} ;;
   watch) total=${TOTAL:-250} ;;
   *) total=${TOTAL:-400000} ;;
 esac
@@ -110,7 +112,7 @@ value=$(head -c 256 /dev/zero | tr '\0' v)
 
 # Preload, not sampled.
 case "$workload" in
-  put | txn-put)
+  put | txn-put | put1)
     b --clients 100 --conns 10 put --key-size 8 --val-size 256 --total 20000 \
       --key-space-size 20000 --sequential-keys >/dev/null ;;
   range-l | range-s)
@@ -122,6 +124,8 @@ esac
 cmd=()
 case "$workload" in
   put) cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
+    --key-space-size 20000 --sequential-keys) ;;
+  put1) cmd=(--clients 1 --conns 1 put --key-size 8 --val-size 256 --total "$total"
     --key-space-size 20000 --sequential-keys) ;;
   txn-put) cmd=(--clients 1000 --conns 100 txn-put --key-size 8 --val-size 256 --txn-ops 1
     --total "$total" --key-space-size 20000) ;;

@@ -9,12 +9,14 @@
 #   bench/scripts/server-ab.sh WORKLOAD RUNS LABEL=BIN [LABEL=BIN ...]
 #
 # WORKLOAD: put (1000 clients over 100 connections, 256 B values, 20,000 keys in sequence),
+#   put-random (the same, each put to a key drawn at random from the preloaded ones),
 #   put1 (one client, one connection, 256 B, 1,000 keys), txn-put (as put, through Txn),
 #   range-s and range-l (serializable and linearizable Range of one 256-byte key, 100 clients
 #   over 10 connections), keepalive (100 clients, one lease and stream each, over 10
 #   connections).
 # Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put and txn-put
-#   100000, put1 3000, range-s, range-l and keepalive 200000), EXTRA_ARGS (more server flags,
+#   100000, put1 3000, range-s, range-l and keepalive 200000), KEYS (keys written before the
+#   measured run, and the key space of put, put-random and txn-put: 20000), EXTRA_ARGS (more server flags,
 #   space separated), BENCH_ARGS (more keel-bench flags for the measured run, e.g.
 #   "--warmup 1"; a warm-up's requests count in the server's CPU but not in TOTAL),
 #   THREADS=1 (also print each server thread's CPU per request, from its schedstat run time,
@@ -26,13 +28,17 @@ workload=$1
 runs=$2
 shift 2
 bench=${BENCH:-target/release/keel-bench}
+keys=${KEYS:-20000}
 case "$workload" in
   put) total=${TOTAL:-100000}
     cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
-      --key-space-size 20000 --sequential-keys) ;;
+      --key-space-size "$keys" --sequential-keys) ;;
+  put-random) total=${TOTAL:-100000}
+    cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
+      --key-space-size "$keys") ;;
   txn-put) total=${TOTAL:-100000}
     cmd=(--clients 1000 --conns 100 txn-put --key-size 8 --val-size 256 --txn-ops 1 --total "$total"
-      --key-space-size 20000) ;;
+      --key-space-size "$keys") ;;
   range-s | range-l) total=${TOTAL:-200000}
     cmd=(--clients 100 --conns 10 range server-ab-range --consistency "${workload#range-}" --total "$total") ;;
   put1) total=${TOTAL:-3000}
@@ -79,8 +85,8 @@ print(a.getsockname()[1], b.getsockname()[1])')
       sleep 0.05
     done
     b() { "$bench" --endpoints "127.0.0.1:$port" "$@"; }
-    b --clients 100 --conns 10 put --key-size 8 --val-size 256 --total 20000 \
-      --key-space-size 20000 --sequential-keys >/dev/null
+    b --clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$keys" \
+      --key-space-size "$keys" --sequential-keys >/dev/null
     ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" put server-ab-range "$(head -c 256 /dev/zero | tr '\0' v)" >/dev/null
     perf stat -x, -e 'raw_syscalls:sys_enter,syscalls:sys_enter_io_uring_enter' -p "$pid" \
       -o "$work/stat" &

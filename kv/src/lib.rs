@@ -45,6 +45,7 @@ mod checkpoint;
 mod dirty;
 pub mod error;
 mod index;
+mod lookup;
 mod read;
 mod segments;
 mod store;

@@ -10,9 +10,10 @@ use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
 use crate::index::{
-    for_each_entry_in_range, for_each_in_range, live_at, Index, IndexEntry, KeyHistory,
-    RecordCheck, Unchecked, Version, VersionKind,
+    for_each_entry_in_range, for_each_in_range, live_at, Index, KeyHistory, RecordCheck, Unchecked,
+    Version, VersionKind,
 };
+use crate::lookup::{Found, KeyLookup};
 use crate::read::{
     range_at_unchecked, range_rest_batch, range_split_at, RangeGather, RangeRest, RangeSplit,
     RestWalk,
@@ -124,6 +125,7 @@ impl Store {
             defragmenting: false,
             tombstones_kept_after: i64::MAX,
             dirty: crate::dirty::DirtyKeys::since(REVISION_INITIAL),
+            lookup: crate::lookup::KeyLookup::new(),
             versions_held: 0,
             key_bytes_held: 0,
             live_keys_restored: 0,
@@ -288,6 +290,9 @@ pub struct Writer {
     tombstones_kept_after: i64,
     /// The keys written since the delta base, so a delta reads only their lists.
     pub(crate) dirty: crate::dirty::DirtyKeys,
+    /// The writer's own hash lookup of keys it writes (see `lookup`): a put finds its key's
+    /// history without a skip-list search.
+    pub(crate) lookup: crate::lookup::KeyLookup,
     /// Versions held in the index (what a full checkpoint's size grows with).
     pub(crate) versions_held: u64,
     /// The bytes of the index's keys, each once (what a full checkpoint holds of them).
@@ -914,6 +919,7 @@ impl Writer {
                     let begin_rev = steps.ctx.begin_rev;
                     let Some(path) = eval.step(
                         &self.shared,
+                        &self.lookup,
                         req,
                         begin_rev,
                         self.compact_rev,
@@ -1002,26 +1008,28 @@ impl Writer {
     /// The key's live state at `rev`, its value unread: a write needs only the metadata, and
     /// reads the value only when its request asks for it.
     fn latest(&self, key: &[u8], rev: i64) -> Option<PrevKv> {
+        let found = self
+            .lookup
+            .find(&self.shared.index, key, self.lookup.hash(key))?;
         let guard = epoch::pin();
-        let entry = self.shared.index.get(key)?;
-        live_at(entry.value().load(&guard), rev)
-            .map(|v| v.to_prev_kv(entry.key(), self.vlog.table()))
+        live_at(found.history.load(&guard), rev).map(|v| v.to_prev_kv(found.key, self.vlog.table()))
     }
 
     fn put(&mut self, ctx: &mut TxnCtx, req: &PutRequest) -> PutResponse {
-        // One index lookup per put: the entry found here is the one `write_put` appends to.
+        // One index lookup per put: the node found here is the one `write_put` appends to.
         let shared = self.shared.clone();
-        let entry = shared.index.get(req.key.as_ref());
+        let hash = self.lookup.hash(&req.key);
+        let entry = self.lookup.find(&shared.index, &req.key, hash);
         let live = entry.as_ref().and_then(|e| {
             let guard = epoch::pin();
-            live_at(e.value().load(&guard), ctx.read_rev()).cloned()
+            live_at(e.history.load(&guard), ctx.read_rev()).cloned()
         });
         // The previous key-value whole (a copy of its key, its value's record found) only
         // where something reads it: the answer's prev_kv, an ignore_value put, or the write's
         // watch event. A plain put needs only the live version's revisions and lease.
         let needs_prev = req.prev_kv || req.ignore_value || ctx.keeps_next_event();
         let prev = match (&entry, &live) {
-            (Some(e), Some(v)) if needs_prev => Some(v.to_prev_kv(e.key(), self.vlog.table())),
+            (Some(e), Some(v)) if needs_prev => Some(v.to_prev_kv(e.key, self.vlog.table())),
             _ => None,
         };
         let (value, lease) = match (&live, &prev, req.ignore_value, req.ignore_lease) {
@@ -1036,14 +1044,24 @@ impl Writer {
         } else {
             None
         };
-        self.write_put(ctx, &req.key, entry, &value, lease, live.as_ref(), prev);
+        self.write_put(
+            ctx,
+            &req.key,
+            hash,
+            entry,
+            &value,
+            lease,
+            live.as_ref(),
+            prev,
+        );
         PutResponse {
             revision: ctx.begin_rev + 1,
             prev_kv,
         }
     }
 
-    /// Writes a put of `key`, whose index entry (if it has one) is `entry`; `live` is the
+    /// Writes a put of `key` (`hash` its `KeyLookup` hash), whose index node (if it has one) is
+    /// `entry`; `live` is the
     /// key's live version before it, and `prev` that version whole when the put's watch event
     /// is kept (`TxnCtx::keeps_next_event`).
     #[allow(clippy::too_many_arguments)]
@@ -1051,7 +1069,8 @@ impl Writer {
         &mut self,
         ctx: &mut TxnCtx,
         key: &[u8],
-        entry: Option<crossbeam_skiplist::map::Entry<'_, crate::index::IndexKey, KeyHistory>>,
+        hash: u64,
+        entry: Option<Found<'_>>,
         value: &[u8],
         lease: i64,
         live: Option<&Version>,
@@ -1064,7 +1083,7 @@ impl Writer {
             "a kept event's previous key-value was read"
         );
         let event_prev = if keep_event {
-            self.event_prev(ctx, entry.as_ref(), prev.as_ref())
+            self.event_prev(ctx, entry, prev.as_ref())
         } else {
             None
         };
@@ -1106,11 +1125,21 @@ impl Writer {
             .filter(|_| keep_event)
             .map(|key_bytes| version.fresh_key_value(key_bytes, self.vlog.table()));
         match &entry {
-            Some(e) => e.value().push(version, &guard),
+            Some(e) => e.history.push(version, &guard),
             None => {
-                self.shared
+                // `get_or_insert`, not `insert`: should the lookup ever miss a key the index
+                // holds, this finds the old node (and the assert stops the writer) where
+                // `insert` would replace it and lose the key's history.
+                let inserted = self
+                    .shared
                     .index
-                    .insert(Box::from(key), KeyHistory::new(vec![version]));
+                    .get_or_insert(Box::from(key), KeyHistory::new(vec![version]));
+                let versions = inserted.value().load(&guard);
+                assert!(
+                    versions.len() == 1 && versions[0].rev() == rev,
+                    "a put created a key the index already held: the writer's lookup missed it"
+                );
+                self.lookup.note(&inserted, hash);
                 self.key_bytes_held += key.len() as u64;
                 self.writes.keys_created += 1;
             }
@@ -1133,7 +1162,7 @@ impl Writer {
     fn event_prev(
         &self,
         ctx: &TxnCtx,
-        entry: Option<&IndexEntry<'_>>,
+        entry: Option<Found<'_>>,
         prev: Option<&PrevKv>,
     ) -> Option<Option<PrevKv>> {
         let written_in_txn = match prev {
@@ -1146,8 +1175,8 @@ impl Writer {
         }
         let guard = epoch::pin();
         Some(entry.and_then(|e| {
-            live_at(e.value().load(&guard), ctx.begin_rev)
-                .map(|v| v.to_prev_kv(e.key(), self.vlog.table()))
+            live_at(e.history.load(&guard), ctx.begin_rev)
+                .map(|v| v.to_prev_kv(e.key, self.vlog.table()))
         }))
     }
 
@@ -1190,32 +1219,43 @@ impl Writer {
         // at this delete's revision, which the read revision (its own writes included) sees.
         let shared = self.shared.clone();
         let mut visited = 0usize;
-        for_each_entry_in_range(&shared.index, &from, &req.range_end, |entry| {
+        let mut visit = |this: &mut Self, found: Found<'_>| {
             if visited == keys_max {
-                walk.next_key = Some(Bytes::copy_from_slice(entry.key()));
+                walk.next_key = Some(Bytes::copy_from_slice(found.key));
                 return false;
             }
             visited += 1;
             let prev = {
                 let guard = epoch::pin();
-                let Some(v) = live_at(entry.value().load(&guard), read_rev) else {
+                let Some(v) = live_at(found.history.load(&guard), read_rev) else {
                     return true;
                 };
-                v.to_prev_kv(entry.key(), self.vlog.table())
+                v.to_prev_kv(found.key, this.vlog.table())
             };
             if req.prev_kv {
                 walk.prev_kvs
                     .push(prev.clone().into_answer(&mut ctx.checks));
             }
             walk.deleted += 1;
-            self.write_delete(ctx, &entry, prev);
+            this.write_delete(ctx, found, prev);
             true
-        });
+        };
+        if req.range_end.is_empty() {
+            // One key: through the writer's lookup, as a put finds its key.
+            let hash = self.lookup.hash(&from);
+            if let Some(found) = self.lookup.find(&shared.index, &from, hash) {
+                visit(self, found);
+            }
+        } else {
+            for_each_entry_in_range(&shared.index, &from, &req.range_end, |entry| {
+                visit(self, Found::of(&entry))
+            });
+        }
         visited
     }
 
     /// Writes a tombstone over `prev`, the live version of `entry`'s key.
-    fn write_delete(&mut self, ctx: &mut TxnCtx, entry: &IndexEntry<'_>, prev: PrevKv) {
+    fn write_delete(&mut self, ctx: &mut TxnCtx, entry: Found<'_>, prev: PrevKv) {
         let keep_event = ctx.note_write(EventKind::Delete, false);
         let event_prev = if keep_event {
             self.event_prev(ctx, Some(entry), Some(&prev))
@@ -1224,18 +1264,18 @@ impl Writer {
         };
         let rev = ctx.next_revision();
         let guard = epoch::pin();
-        let old = entry.value().load(&guard);
+        let old = entry.history.load(&guard);
         assert!(
             old.last()
                 .is_some_and(|v| v.kind() == VersionKind::Put && v.rev() < rev),
             "only a live key is deleted"
         );
-        entry.value().push(Version::tombstone(rev), &guard);
-        self.index_grew(entry.key().len());
+        entry.history.push(Version::tombstone(rev), &guard);
+        self.index_grew(entry.key.len());
         self.dirty
-            .wrote(entry.key(), rev.main, self.shared.index.len());
+            .wrote(entry.key, rev.main, self.shared.index.len());
         if prev.lease() != 0 {
-            self.detach(prev.lease(), entry.key());
+            self.detach(prev.lease(), entry.key);
         }
         ctx.writes += 1;
         if keep_event {
@@ -1279,7 +1319,13 @@ impl Writer {
         begin_rev: i64,
         req: &'a TxnRequest,
     ) -> Result<(TxnPath, ChosenOps<'a>)> {
-        let path = compare_path(&self.shared, req, begin_rev, self.compact_rev);
+        let path = compare_path(
+            &self.shared,
+            Some(&self.lookup),
+            req,
+            begin_rev,
+            self.compact_rev,
+        );
         self.txn_checks(begin_rev, req, path)
     }
 
@@ -1585,6 +1631,7 @@ impl Writer {
                 .key_bytes_held
                 .checked_sub(key.len() as u64)
                 .expect("key bytes underflow");
+            self.lookup.removed(&key);
             self.shared.index.remove(key.as_ref());
         }
         next_key.map(|k| CompactionCursor {
@@ -1770,17 +1817,20 @@ impl Writer {
         let left = entry.keys.len();
         let keys: Vec<Bytes> = entry.keys.iter().take(keys_max).cloned().collect();
         // Keys ascend (BTreeSet), as etcd sorts them, so every member deletes in the same order.
+        let shared = self.shared.clone();
         for key in keys {
-            let prev = self
-                .latest(&key, ctx.read_rev())
-                .expect("a key attached to a lease is live");
-            assert!(prev.lease() == req.id);
-            let shared = self.shared.clone();
-            let entry = shared
-                .index
-                .get(key.as_ref())
+            let found = self
+                .lookup
+                .find(&shared.index, &key, self.lookup.hash(&key))
                 .expect("a live key has an index entry");
-            self.write_delete(ctx, &entry, prev);
+            let prev = {
+                let guard = epoch::pin();
+                live_at(found.history.load(&guard), ctx.read_rev())
+                    .expect("a key attached to a lease is live")
+                    .to_prev_kv(found.key, self.vlog.table())
+            };
+            assert!(prev.lease() == req.id);
+            self.write_delete(ctx, found, prev);
         }
         left <= keys_max
     }
@@ -1868,12 +1918,26 @@ fn txn_writes(req: &TxnRequest) -> bool {
 
 /// Which branch each txn takes (see `TxnPath`), comparing against the state at `rev` with
 /// `compact_rev` the oldest readable revision.
-fn compare_path(shared: &Shared, req: &TxnRequest, rev: i64, compact_rev: i64) -> TxnPath {
+/// `lookup` is the writer's, on the raft core; readers pass None.
+fn compare_path(
+    shared: &Shared,
+    lookup: Option<&KeyLookup>,
+    req: &TxnRequest,
+    rev: i64,
+    compact_rev: i64,
+) -> TxnPath {
     // Unbounded, each compare is decided as it is asked for: nothing to keep between steps
     // (no allocation on a txn's apply).
     let mut keys_left = usize::MAX;
     path_from(req, &mut |compare: &Compare| {
-        CompareWalk::starting_at(compare).step(shared, compare, rev, compact_rev, &mut keys_left)
+        CompareWalk::starting_at(compare).step(
+            shared,
+            lookup,
+            compare,
+            rev,
+            compact_rev,
+            &mut keys_left,
+        )
     })
     .expect("an evaluation without a bound decides every compare")
 }
@@ -1896,6 +1960,7 @@ impl CompareEval {
     fn step(
         &mut self,
         shared: &Shared,
+        lookup: &KeyLookup,
         req: &TxnRequest,
         rev: i64,
         compact_rev: i64,
@@ -1913,7 +1978,7 @@ impl CompareEval {
             }
             let holds = walk
                 .get_or_insert_with(|| CompareWalk::starting_at(compare))
-                .step(shared, compare, rev, compact_rev, keys_left)?;
+                .step(shared, Some(lookup), compare, rev, compact_rev, keys_left)?;
             *walk = None;
             results.push(holds);
             Some(holds)
@@ -1968,9 +2033,11 @@ impl CompareWalk {
     }
 
     /// Visits at most `*keys_left` keys (at least one is counted); the result once decided.
+    /// A single key is found through `lookup` where the writer passes its own.
     fn step(
         &mut self,
         shared: &Shared,
+        lookup: Option<&KeyLookup>,
         c: &Compare,
         rev: i64,
         compact_rev: i64,
@@ -1990,7 +2057,7 @@ impl CompareWalk {
         let guard = epoch::pin();
         let mut visited = 0usize;
         let mut failed = false;
-        for_each_in_range(&shared.index, &from, &c.range_end, |key, history| {
+        let visit = |key: &[u8], history: &KeyHistory| {
             if visited == budget {
                 self.next_key = Some(Bytes::copy_from_slice(key));
                 return false;
@@ -2015,7 +2082,11 @@ impl CompareWalk {
                 }
             }
             true
-        });
+        };
+        match lookup {
+            Some(lookup) => lookup.for_each_in_range(&shared.index, &from, &c.range_end, visit),
+            None => for_each_in_range(&shared.index, &from, &c.range_end, visit),
+        }
         *keys_left -= visited.max(1);
         if failed {
             return Some(false);
@@ -2278,7 +2349,7 @@ impl Reader {
 
     fn txn_read_only_at(&self, req: &TxnRequest, cur_rev: i64) -> Result<Unchecked<TxnResponse>> {
         let compact_rev = self.compact_revision();
-        let path = compare_path(&self.shared, req, cur_rev, compact_rev);
+        let path = compare_path(&self.shared, None, req, cur_rev, compact_rev);
         assert!(path.nested.is_empty(), "a read-only txn has no nested txn");
         let ops = if path.succeeded {
             &req.success
