@@ -16,7 +16,8 @@
 #   connections).
 # Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put and txn-put
 #   100000, put1 3000, range-s, range-l and keepalive 200000), KEYS (keys written before the
-#   measured run, and the key space of put, put-random and txn-put: 20000), EXTRA_ARGS (more server flags,
+#   measured run, and the key space of put, put-random and txn-put: 20000), PASSES (times
+#   those keys are written before the measured run, in sequence: 1), EXTRA_ARGS (more server flags,
 #   space separated), BENCH_ARGS (more keel-bench flags for the measured run, e.g.
 #   "--warmup 1"; a warm-up's requests count in the server's CPU but not in TOTAL),
 #   THREADS=1 (also print each server thread's CPU per request, from its schedstat run time,
@@ -85,8 +86,10 @@ print(a.getsockname()[1], b.getsockname()[1])')
       sleep 0.05
     done
     b() { "$bench" --endpoints "127.0.0.1:$port" "$@"; }
-    b --clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$keys" \
-      --key-space-size "$keys" --sequential-keys >/dev/null
+    for _ in $(seq 1 "${PASSES:-1}"); do
+      b --clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$keys" \
+        --key-space-size "$keys" --sequential-keys >/dev/null
+    done
     ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" put server-ab-range "$(head -c 256 /dev/zero | tr '\0' v)" >/dev/null
     perf stat -x, -e 'raw_syscalls:sys_enter,syscalls:sys_enter_io_uring_enter' -p "$pid" \
       -o "$work/stat" &

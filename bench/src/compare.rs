@@ -176,12 +176,17 @@ pub struct ClusterPut {
     pub member_us_per_put: Vec<f64>,
 }
 
-/// The disk floor of one repeat.
+/// The disk floor of one repeat, and the loopback network's beside it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct FloorReport {
     pub repeat: u32,
     pub ops: u64,
     pub latency_us: Percentiles,
+    /// One round trip of a put-sized message over loopback TCP between two threads (`ops` of
+    /// them): what a one-client put pays beside its sync whatever the server does. Absent in
+    /// results from before it was measured.
+    #[serde(default)]
+    pub loopback_rtt_us: Option<Percentiles>,
 }
 
 /// One line of the ratio table; values are medians over the repeats.
@@ -297,10 +302,12 @@ async fn run_repeats(
     let mut runs = Vec::new();
     for repeat in 0..args.repeats {
         let floor = measure_disk_floor(work_dir, args.floor_ops)?;
+        let loopback = measure_loopback_rtt(args.floor_ops)?;
         floors.push(FloorReport {
             repeat,
             ops: args.floor_ops,
             latency_us: Percentiles::of(&floor),
+            loopback_rtt_us: Some(Percentiles::of(&loopback)),
         });
         let order = if repeat % 2 == 0 {
             [Side::Etcd, Side::Keel]
@@ -1154,6 +1161,47 @@ pub fn measure_disk_floor(dir: &Path, ops: u64) -> Result<Histogram<u64>, Error>
     Ok(histogram)
 }
 
+/// Bytes each way in a loopback round trip: about a one-client put's request (an 8-byte key
+/// and a 256-byte value, framed by gRPC and HTTP/2).
+const LOOPBACK_MESSAGE_BYTES: usize = 300;
+
+/// The loopback network's own round trip: `ops` exchanges of `LOOPBACK_MESSAGE_BYTES` over one
+/// TCP connection (TCP_NODELAY, blocking) between this thread and an echo thread, neither
+/// pinned, as the load generator's client and the server's threads are not tied to each other.
+/// A one-client put crosses it once, beside its WAL write, so a put's p50 cannot fall below
+/// the disk floor plus this.
+pub fn measure_loopback_rtt(ops: u64) -> Result<Histogram<u64>, Error> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let echo = std::thread::Builder::new()
+        .name("loopback-echo".into())
+        .spawn(move || -> std::io::Result<()> {
+            let (mut peer, _) = listener.accept()?;
+            peer.set_nodelay(true)?;
+            let mut buf = [0u8; LOOPBACK_MESSAGE_BYTES];
+            for _ in 0..ops {
+                peer.read_exact(&mut buf)?;
+                peer.write_all(&buf)?;
+            }
+            Ok(())
+        })?;
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    let mut buf = [0x5au8; LOOPBACK_MESSAGE_BYTES];
+    let mut histogram = report::new_histogram();
+    for _ in 0..ops {
+        let start = Instant::now();
+        stream.write_all(&buf)?;
+        stream.read_exact(&mut buf)?;
+        report::record_latency(&mut histogram, start.elapsed());
+    }
+    echo.join()
+        .map_err(|_| Error::InvalidArgument("the loopback echo thread panicked".into()))??;
+    assert_eq!(histogram.len(), ops);
+    Ok(histogram)
+}
+
 /// One system's values of `metric` over its runs (the repeats), in run order.
 fn values_of(
     runs: &[SystemRun],
@@ -1216,6 +1264,14 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         .map(|f| f.latency_us.p50 as f64)
         .collect();
     let floor_p50 = median(&floors);
+    let loopbacks: Vec<f64> = result
+        .floors
+        .iter()
+        .filter_map(|f| f.loopback_rtt_us.as_ref().map(|l| l.p50 as f64))
+        .collect();
+    let loopback_p50 = median(&loopbacks);
+    // What no server that syncs before it answers can go below: the sync and one round trip.
+    let path_floor_p50 = floor_p50.zip(loopback_p50).map(|(d, l)| d + l);
     let row = |name: &str, unit: &str, target: &str, metric: &dyn Fn(&SystemRun) -> Option<f64>| {
         let e = values_of(runs, etcd, metric);
         let k = values_of(runs, keel, metric);
@@ -1262,6 +1318,12 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         row("put p50 / disk floor p50", "x floor", "keel <= 1.3", &|r| {
             Some(put_p50(r)? / floor_p50.filter(|f| *f > 0.0)?)
         }),
+        row(
+            "put p50 / (disk floor + loopback round trip) p50",
+            "x",
+            "",
+            &|r| Some(put_p50(r)? / path_floor_p50.filter(|f| *f > 0.0)?),
+        ),
         row(
             "txn-put throughput (1 put, no compares)",
             "req/s",
@@ -1380,6 +1442,16 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         keel: None,
         ratio: None,
         etcd_spread: spread(&floors),
+        keel_spread: None,
+    });
+    rows.push(Row {
+        name: "loopback round trip p50 (300 B each way, TCP)".into(),
+        unit: "us".into(),
+        target: String::new(),
+        etcd: loopback_p50,
+        keel: None,
+        ratio: None,
+        etcd_spread: spread(&loopbacks),
         keel_spread: None,
     });
     assert!(rows.iter().all(|r| !r.name.is_empty()));
@@ -1846,6 +1918,12 @@ mod tests {
         assert!(measure_disk_floor(dir, 0).is_err());
     }
 
+    #[test]
+    fn loopback_round_trips_are_measured_one_by_one() {
+        let histogram = measure_loopback_rtt(50).expect("loopback TCP works");
+        assert_eq!(histogram.len(), 50, "one latency per round trip");
+    }
+
     fn fake_run(system: &str, repeat: u32, put_rate: f64, p50_us: u64) -> SystemRun {
         let summary = |rate: f64, p50: u64| Summary {
             workload: "w".into(),
@@ -1900,6 +1978,10 @@ mod tests {
                     p50: 100,
                     ..Default::default()
                 },
+                loopback_rtt_us: Some(Percentiles {
+                    p50: 50,
+                    ..Default::default()
+                }),
             }],
             runs,
             table: Vec::new(),
@@ -1928,6 +2010,18 @@ mod tests {
             .expect("row");
         assert_eq!(floor_ratio.etcd, Some(3.0));
         assert_eq!(floor_ratio.keel, Some(1.1));
+        // The same p50s over the disk floor plus the loopback round trip (100 + 50 us).
+        let path_ratio = rows
+            .iter()
+            .find(|r| r.name.contains("loopback round trip) p50"))
+            .expect("row");
+        assert_eq!(path_ratio.etcd, Some(2.0));
+        assert_eq!(path_ratio.keel, Some(110.0 / 150.0));
+        let loopback = rows
+            .iter()
+            .find(|r| r.name.starts_with("loopback round trip p50"))
+            .expect("row");
+        assert_eq!(loopback.etcd, Some(50.0));
         // The loaded put's p99 (here twice each run's p50), median over the repeats.
         let p99 = rows
             .iter()

@@ -2170,8 +2170,6 @@ where
         ..options
     };
     let (mut writer, reader) = Store::with_value_log(options);
-    // The parts below fill the index on several threads, past the writer's lookup.
-    writer.lookup.keys_inserted_unnoted();
     writer.applied_index = applied_index;
     writer.current_rev = current_rev;
     // Nothing was written since the image: deltas against it (or a later base) can use the

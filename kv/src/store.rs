@@ -292,7 +292,7 @@ pub struct Writer {
     pub(crate) dirty: crate::dirty::DirtyKeys,
     /// The writer's own hash lookup of keys it writes (see `lookup`): a put finds its key's
     /// history without a skip-list search.
-    pub(crate) lookup: crate::lookup::KeyLookup,
+    lookup: crate::lookup::KeyLookup,
     /// Versions held in the index (what a full checkpoint's size grows with).
     pub(crate) versions_held: u64,
     /// The bytes of the index's keys, each once (what a full checkpoint holds of them).
@@ -1044,24 +1044,14 @@ impl Writer {
         } else {
             None
         };
-        self.write_put(
-            ctx,
-            &req.key,
-            hash,
-            entry,
-            &value,
-            lease,
-            live.as_ref(),
-            prev,
-        );
+        self.write_put(ctx, &req.key, entry, &value, lease, live.as_ref(), prev);
         PutResponse {
             revision: ctx.begin_rev + 1,
             prev_kv,
         }
     }
 
-    /// Writes a put of `key` (`hash` its `KeyLookup` hash), whose index node (if it has one) is
-    /// `entry`; `live` is the
+    /// Writes a put of `key`, whose index node (if it has one) is `entry`; `live` is the
     /// key's live version before it, and `prev` that version whole when the put's watch event
     /// is kept (`TxnCtx::keeps_next_event`).
     #[allow(clippy::too_many_arguments)]
@@ -1069,7 +1059,6 @@ impl Writer {
         &mut self,
         ctx: &mut TxnCtx,
         key: &[u8],
-        hash: u64,
         entry: Option<Found<'_>>,
         value: &[u8],
         lease: i64,
@@ -1127,19 +1116,10 @@ impl Writer {
         match &entry {
             Some(e) => e.history.push(version, &guard),
             None => {
-                // `get_or_insert`, not `insert`: should the lookup ever miss a key the index
-                // holds, this finds the old node (and the assert stops the writer) where
-                // `insert` would replace it and lose the key's history.
-                let inserted = self
-                    .shared
+                // Not noted in the lookup: it learns the keys written again (see `lookup`).
+                self.shared
                     .index
-                    .get_or_insert(Box::from(key), KeyHistory::new(vec![version]));
-                let versions = inserted.value().load(&guard);
-                assert!(
-                    versions.len() == 1 && versions[0].rev() == rev,
-                    "a put created a key the index already held: the writer's lookup missed it"
-                );
-                self.lookup.note(&inserted, hash);
+                    .insert(Box::from(key), KeyHistory::new(vec![version]));
                 self.key_bytes_held += key.len() as u64;
                 self.writes.keys_created += 1;
             }
