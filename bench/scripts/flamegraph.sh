@@ -25,8 +25,8 @@
 #                WATCH_RATE/s, each delivered to all 10,000 watchers
 #
 # SERVER (default target/release/keel), BENCH (target/release/keel-bench), KIND (keel or
-# etcd: only the flags both take are passed), TOTAL (requests: put and txn-put 150000, watch
-# 250 puts, the others 400000), WATCH_RATE (puts/s in the watch workload, 50), FREQ (perf
+# etcd: only the flags both take are passed), TOTAL (requests: put and txn-put 150000, put1
+# 10000, watch 250 puts, the others 400000), WATCH_RATE (puts/s in the watch workload, 50), FREQ (perf
 # samples per second per CPU, 499), CALL_GRAPH (perf's --call-graph: default dwarf,65528, the
 # largest user stack copy, since Rust release code keeps no frame pointers and glommio's task
 # stacks are deep: with 8 KiB most stacks stop at [unknown]; fp unwinds only kernel frames

@@ -8,13 +8,14 @@
 //! every raft core. Readers (the shards) still search the skip list: only the writer, which is
 //! also the only thread that inserts or removes keys, keeps this table.
 //!
-//! The table learns a key when the writer finds it in the skip list (a miss falls back to the
-//! skip list and notes the node), not when it inserts one: it holds the keys written again
-//! since the start, so a restart or a restore builds nothing up front, and keys written once
-//! and never again cost no memory here. (Noting every created key cost 40-50 bytes of RSS a
-//! key at 10,000 keys, from the tables' growth, in `compare`'s memory row; a put that creates
-//! a key costs a probe more than before, and searches the skip list as it did.) It holds 12 bytes per key it
-//! met: a pointer to the node's key, from which the node's value lies a fixed distance away
+//! The table learns a key when the writer looks it up and finds it in the skip list (a miss
+//! falls back to the skip list and notes the node), not when it inserts one: it holds the keys
+//! the writer looked up again since the start (puts, single-key deletes and compares, a put's
+//! ignore_* check, lease revokes), so a restart or a restore builds nothing up front, and keys
+//! written once and never looked up again cost no memory here. (Noting every created key cost
+//! 40-50 bytes of RSS a key at 10,000 keys, from the tables' growth, in `compare`'s memory
+//! row; a put that creates a key costs a probe more than before, and searches the skip list as
+//! it did.) It holds 12 bytes per key it met: a pointer to the node's key, from which the node's value lies a fixed distance away
 //! (one node type, so one layout; checked at every note), and 32 bits of the key's hash, so
 //! that a table doubles without reading the keys again (with the pointer alone, the cache
 //! misses of that rehash made a put that creates a key 50 % dearer). It is split by hash into
@@ -139,11 +140,11 @@ impl KeyLookup {
     ///
     /// The answer stays valid until the writer removes a key from `index`: callers hold it
     /// only within one operation's write of that key (removal happens in compaction alone,
-    /// which goes through `removed` first).
+    /// which goes through `remove`).
     pub(crate) fn find<'i>(&self, index: &'i Index, key: &[u8], hash: u64) -> Option<Found<'i>> {
         let (table, hash_low) = Self::split(hash);
         // SAFETY: every pointer in the tables names the key of a node that is in the index
-        // (`note` takes only entries of the index, `removed` drops a key's pointer before the
+        // (`note` takes only entries of the index, `remove` drops a key's pointer before the
         // writer removes its node), and nodes in the index are alive.
         let same = |s: &Slot| s.hash_low == hash_low && unsafe { s.key() } == key;
         let hit = self.tables.borrow()[table]
@@ -200,9 +201,8 @@ impl KeyLookup {
         match table.entry(Slot::table_hash(hash_low), same, |s| {
             Slot::table_hash(s.hash_low)
         }) {
-            hashbrown::hash_table::Entry::Occupied(mut at) => {
-                // A key inserted again after its removal: the new node.
-                *at.get_mut() = slot;
+            hashbrown::hash_table::Entry::Occupied(_) => {
+                unreachable!("`find` notes a key only after the table missed it")
             }
             hashbrown::hash_table::Entry::Vacant(at) => {
                 at.insert(slot);
@@ -211,8 +211,14 @@ impl KeyLookup {
         }
     }
 
-    /// Forgets `key`, before the writer removes its node from the index.
-    pub(crate) fn removed(&mut self, key: &[u8]) {
+    /// Removes `key` from `index`, forgetting its slot first: the one way the writer removes
+    /// a key, so that no slot outlives its node.
+    pub(crate) fn remove(&mut self, index: &Index, key: &[u8]) {
+        self.forget(key);
+        index.remove(key);
+    }
+
+    fn forget(&mut self, key: &[u8]) {
         let (table, hash_low) = Self::split(self.hash(key));
         let table = &mut self.tables.get_mut()[table];
         // SAFETY: as in `find`: the node of `key` is still in the index.
@@ -231,7 +237,11 @@ impl KeyLookup {
             .get()
             .expect("a noted node taught the value's offset");
         // SAFETY: per the contract, the node is alive, and its value lies `offset` bytes from
-        // its key (asserted for every noted node).
+        // its key (asserted for every noted node). The value's pointer is derived from the
+        // key's: crossbeam's node is `repr(C)` (its value, then its key), so both lie in one
+        // allocation that nothing frees or moves while the node is in the index. (Stacked
+        // Borrows would object to a pointer from one field reaching its sibling; the node
+        // offers no pointer to itself to derive both from.)
         unsafe {
             let key: &'i IndexKey = &*key_at.as_ptr();
             let history = &*(key_at.as_ptr().cast::<u8>().offset(offset) as *const KeyHistory);
@@ -277,8 +287,7 @@ mod tests {
         let mut lookup = KeyLookup::new();
         let hash = lookup.hash(b"k");
         assert!(lookup.find(&index, b"k", hash).is_some());
-        lookup.removed(b"k");
-        index.remove(&b"k"[..]);
+        lookup.remove(&index, b"k");
         assert_eq!(lookup.len(), 0);
         assert!(lookup.find(&index, b"k", hash).is_none());
         let entry = index.insert(Box::from(&b"k"[..]), KeyHistory::new(Vec::new()));
@@ -318,8 +327,7 @@ mod tests {
             ));
         }
         for k in keys.iter().step_by(2) {
-            lookup.removed(k);
-            index.remove(&k[..]);
+            lookup.remove(&index, k);
         }
         assert_eq!(lookup.len(), keys.len() / 2);
         for (i, k) in keys.iter().enumerate() {

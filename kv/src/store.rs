@@ -290,8 +290,8 @@ pub struct Writer {
     tombstones_kept_after: i64,
     /// The keys written since the delta base, so a delta reads only their lists.
     pub(crate) dirty: crate::dirty::DirtyKeys,
-    /// The writer's own hash lookup of keys it writes (see `lookup`): a put finds its key's
-    /// history without a skip-list search.
+    /// The writer's own hash lookup of the keys it looked up before (see `lookup`): a put
+    /// finds its key's history without a skip-list search.
     lookup: crate::lookup::KeyLookup,
     /// Versions held in the index (what a full checkpoint's size grows with).
     pub(crate) versions_held: u64,
@@ -1611,8 +1611,7 @@ impl Writer {
                 .key_bytes_held
                 .checked_sub(key.len() as u64)
                 .expect("key bytes underflow");
-            self.lookup.removed(&key);
-            self.shared.index.remove(key.as_ref());
+            self.lookup.remove(&self.shared.index, &key);
         }
         next_key.map(|k| CompactionCursor {
             rev: cursor.rev,

@@ -37,11 +37,12 @@ static ALLOCATOR: Counting = Counting;
 /// Heap bytes the index may hold per version of a 16-byte key, values on disk: the version
 /// (48 bytes: metadata and the value's segment, offset and length), the key's skip-list node
 /// (about 48: the key is a boxed slice, 16 bytes in the node), the key's bytes (16) and its
-/// history's header (24); 138 measured. The value log keeps no back-reference per version, the
-/// versions no slice of their own (the segment table says where each segment is), and the
-/// index's keys no shared header. A key written again also takes a slot in the writer's
-/// lookup (`lookup.rs`: 12 bytes and a control byte, 15-30 bytes at a hash table's load
-/// factors); these keys are written once. ARCHITECTURE.md quotes it.
+/// history's header (24); 136-138 measured. The value log keeps no back-reference per version,
+/// the versions no slice of their own (the segment table says where each segment is), and the
+/// index's keys no shared header. A key the writer looks up again (a second put, a delete, a
+/// compare) also takes a slot in its lookup (`lookup.rs`: 12 bytes and a control byte, 15-30
+/// bytes at a hash table's load factors); these keys are written once. ARCHITECTURE.md quotes
+/// it.
 const INDEX_BYTES_PER_VERSION_MAX: usize = 152;
 
 fn write_sealed(w: &mut Writer, dir: &std::path::Path) {
