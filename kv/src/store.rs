@@ -668,6 +668,15 @@ impl Writer {
         self.vlog.sealed_backlog_bytes()
     }
 
+    /// Hands what this thread deferred (replaced version lists, segment tables and the sealed
+    /// segments' records they hold) to the epoch's global queue, and frees what no reader can
+    /// still see. A thread's deferred frees otherwise wait in its own bag until 64 fill it,
+    /// and are collected only every 128 pins: an idle writer kept the last segments' records,
+    /// megabytes, for as long as it stayed idle. The driver calls it once a raft tick.
+    pub fn release_deferred(&self) {
+        epoch::pin().flush();
+    }
+
     /// Segment `id` (of `sealed_bytes` record bytes) is durable in `file`, its mapped contents:
     /// readers read its values from `file` from now on, so the memory copy is freed once the
     /// last reader drops its slice. A segment that reclaim removed meanwhile is only counted.

@@ -1085,6 +1085,9 @@ impl Member {
             self.node.tick();
             self.next_tick_ms += self.config.tick_ms;
         }
+        // Once a tick: what the writer deferred is freed within a few ticks of its last use,
+        // however idle the member is (see `Writer::release_deferred`).
+        self.writer.release_deferred();
         // Not while an entry is applied in steps: no lease can be renewed meanwhile (apply
         // trails the commit index), so none expires either; see `apply`.
         if self.stepping.is_none() && self.pages_wait.is_none() {
