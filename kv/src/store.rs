@@ -669,10 +669,12 @@ impl Writer {
     }
 
     /// Hands what this thread deferred (replaced version lists, segment tables and the sealed
-    /// segments' records they hold) to the epoch's global queue, and frees what no reader can
-    /// still see. A thread's deferred frees otherwise wait in its own bag until 64 fill it,
-    /// and are collected only every 128 pins: an idle writer kept the last segments' records,
-    /// megabytes, for as long as it stayed idle. The driver calls it once a raft tick.
+    /// segments' records they hold) to the epoch's global queue, and advances the epoch a step
+    /// where no thread pinned earlier holds it back, freeing the bags it passed (what this
+    /// call hands over goes about two calls later). A thread's deferred frees otherwise wait
+    /// in its own bag until 64 fill it, and are collected only every 128 pins: an idle writer
+    /// kept the last segments' records, megabytes, for as long as it stayed idle. The driver
+    /// calls it once a raft tick.
     pub fn release_deferred(&self) {
         epoch::pin().flush();
     }

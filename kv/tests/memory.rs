@@ -77,6 +77,8 @@ fn values_on_disk_leave_only_the_index_in_memory() {
         }
     }
     write_sealed(&mut w, dir.path());
+    // (This binary holds this one test: a second would share the allocation count and the
+    // epoch, which the bounds below assume only this thread pins.)
     // Even before any release, the sealed segments' records go as the load goes on (each
     // segment table the writer replaces is handed to the epoch's queue at once, not kept in
     // the thread's bag): at most the open segment and about one sealed one are held beside
