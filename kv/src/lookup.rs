@@ -119,7 +119,7 @@ impl KeyLookup {
         }
     }
 
-    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+    fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }
 
@@ -136,12 +136,12 @@ impl KeyLookup {
     }
 
     /// `key`'s node in `index`, through the table, or through the skip list (then noted).
-    /// `hash` is `self.hash(key)`.
     ///
     /// The answer stays valid until the writer removes a key from `index`: callers hold it
     /// only within one operation's write of that key (removal happens in compaction alone,
     /// which goes through `remove`).
-    pub(crate) fn find<'i>(&self, index: &'i Index, key: &[u8], hash: u64) -> Option<Found<'i>> {
+    pub(crate) fn find<'i>(&self, index: &'i Index, key: &[u8]) -> Option<Found<'i>> {
+        let hash = self.hash(key);
         let (table, hash_low) = Self::split(hash);
         // SAFETY: every pointer in the tables names the key of a node that is in the index
         // (`note` takes only entries of the index, `remove` drops a key's pointer before the
@@ -168,7 +168,7 @@ impl KeyLookup {
         F: FnMut(&[u8], &KeyHistory) -> bool,
     {
         if end.is_empty() {
-            if let Some(found) = self.find(index, key, self.hash(key)) {
+            if let Some(found) = self.find(index, key) {
                 f(found.key, found.history);
             }
         } else {
@@ -176,7 +176,7 @@ impl KeyLookup {
         }
     }
 
-    /// Notes a node of the index that the writer found.
+    /// Notes a node of the index that the writer found and the table did not hold.
     fn note(&self, entry: &IndexEntry<'_>, hash: u64) {
         let key_at = entry.key() as *const IndexKey;
         let value_at = entry.value() as *const KeyHistory;
@@ -189,26 +189,15 @@ impl KeyLookup {
             ),
         }
         let (table, hash_low) = Self::split(hash);
-        let mut tables = self.tables.borrow_mut();
-        let table = &mut tables[table];
-        let key: &[u8] = entry.key();
         let slot = Slot {
             key: NonNull::from(entry.key()),
             hash_low,
         };
-        // SAFETY: the pointers in the table name keys of live nodes (see `find`).
-        let same = |s: &Slot| s.hash_low == hash_low && unsafe { s.key() } == key;
-        match table.entry(Slot::table_hash(hash_low), same, |s| {
+        // Unique: `find` notes a key only after the table missed it.
+        self.tables.borrow_mut()[table].insert_unique(Slot::table_hash(hash_low), slot, |s| {
             Slot::table_hash(s.hash_low)
-        }) {
-            hashbrown::hash_table::Entry::Occupied(_) => {
-                unreachable!("`find` notes a key only after the table missed it")
-            }
-            hashbrown::hash_table::Entry::Vacant(at) => {
-                at.insert(slot);
-                self.len.set(self.len.get() + 1);
-            }
-        }
+        });
+        self.len.set(self.len.get() + 1);
     }
 
     /// Removes `key` from `index`, forgetting its slot first: the one way the writer removes
@@ -268,16 +257,14 @@ mod tests {
         let lookup = KeyLookup::new();
         for key in [&b"a"[..], b"bb", b"ccc"] {
             for _ in 0..2 {
-                let hash = lookup.hash(key);
-                let found = lookup.find(&index, key, hash).expect("in the index");
+                let found = lookup.find(&index, key).expect("in the index");
                 assert_eq!(found.key, key);
                 let entry = index.get(key).unwrap();
                 assert!(std::ptr::eq(found.history, entry.value()));
             }
         }
         assert_eq!(lookup.len(), 3);
-        let hash = lookup.hash(b"zz");
-        assert!(lookup.find(&index, b"zz", hash).is_none());
+        assert!(lookup.find(&index, b"zz").is_none());
         assert_eq!(lookup.len(), 3, "a miss notes nothing");
     }
 
@@ -285,13 +272,12 @@ mod tests {
     fn a_removed_key_is_looked_up_again_and_a_new_node_noted() {
         let index = index_with(&[b"k"]);
         let mut lookup = KeyLookup::new();
-        let hash = lookup.hash(b"k");
-        assert!(lookup.find(&index, b"k", hash).is_some());
+        assert!(lookup.find(&index, b"k").is_some());
         lookup.remove(&index, b"k");
         assert_eq!(lookup.len(), 0);
-        assert!(lookup.find(&index, b"k", hash).is_none());
+        assert!(lookup.find(&index, b"k").is_none());
         let entry = index.insert(Box::from(&b"k"[..]), KeyHistory::new(Vec::new()));
-        let found = lookup.find(&index, b"k", hash).expect("inserted again");
+        let found = lookup.find(&index, b"k").expect("inserted again");
         assert!(std::ptr::eq(found.history, entry.value()));
         assert_eq!(lookup.len(), 1);
     }
@@ -305,8 +291,7 @@ mod tests {
         let mut lookup = KeyLookup::new();
         for k in &keys {
             index.insert(k.clone().into_boxed_slice(), KeyHistory::new(Vec::new()));
-            let hash = lookup.hash(k);
-            lookup.find(&index, k, hash).expect("just inserted");
+            lookup.find(&index, k).expect("just inserted");
         }
         assert_eq!(std::mem::size_of::<Slot>(), 12);
         assert_eq!(lookup.len(), keys.len());
@@ -318,8 +303,7 @@ mod tests {
             .count();
         assert_eq!(used, TABLES, "20,000 keys reach every table");
         for k in keys.iter().step_by(7) {
-            let hash = lookup.hash(k);
-            let found = lookup.find(&index, k, hash).expect("noted");
+            let found = lookup.find(&index, k).expect("noted");
             assert_eq!(found.key, &k[..]);
             assert!(std::ptr::eq(
                 found.history,
@@ -331,8 +315,7 @@ mod tests {
         }
         assert_eq!(lookup.len(), keys.len() / 2);
         for (i, k) in keys.iter().enumerate() {
-            let hash = lookup.hash(k);
-            assert_eq!(lookup.find(&index, k, hash).is_some(), i % 2 == 1);
+            assert_eq!(lookup.find(&index, k).is_some(), i % 2 == 1);
         }
     }
 }

@@ -1019,9 +1019,7 @@ impl Writer {
     /// The key's live state at `rev`, its value unread: a write needs only the metadata, and
     /// reads the value only when its request asks for it.
     fn latest(&self, key: &[u8], rev: i64) -> Option<PrevKv> {
-        let found = self
-            .lookup
-            .find(&self.shared.index, key, self.lookup.hash(key))?;
+        let found = self.lookup.find(&self.shared.index, key)?;
         let guard = epoch::pin();
         live_at(found.history.load(&guard), rev).map(|v| v.to_prev_kv(found.key, self.vlog.table()))
     }
@@ -1029,8 +1027,7 @@ impl Writer {
     fn put(&mut self, ctx: &mut TxnCtx, req: &PutRequest) -> PutResponse {
         // One index lookup per put: the node found here is the one `write_put` appends to.
         let shared = self.shared.clone();
-        let hash = self.lookup.hash(&req.key);
-        let entry = self.lookup.find(&shared.index, &req.key, hash);
+        let entry = self.lookup.find(&shared.index, &req.key);
         let live = entry.as_ref().and_then(|e| {
             let guard = epoch::pin();
             live_at(e.history.load(&guard), ctx.read_rev()).cloned()
@@ -1233,8 +1230,7 @@ impl Writer {
         };
         if req.range_end.is_empty() {
             // One key: through the writer's lookup, as a put finds its key.
-            let hash = self.lookup.hash(&from);
-            if let Some(found) = self.lookup.find(&shared.index, &from, hash) {
+            if let Some(found) = self.lookup.find(&shared.index, &from) {
                 visit(self, found);
             }
         } else {
@@ -1811,7 +1807,7 @@ impl Writer {
         for key in keys {
             let found = self
                 .lookup
-                .find(&shared.index, &key, self.lookup.hash(&key))
+                .find(&shared.index, &key)
                 .expect("a live key has an index entry");
             let prev = {
                 let guard = epoch::pin();
