@@ -13,7 +13,14 @@
 //! phase's ns per put printed, and the medians at the end. Compare a column across builds,
 //! not the columns with each other: the last phase runs on longer histories than the one before.
 //!
-//! mimalloc is the allocator in both modes, as in the server (since 2026-12-06; figures in
+//! `cargo bench -p keel-kv --bench mvcc -- walk KEYS ROUNDS` times a walk of a skip list laid
+//! out as the index is (boxed keys, an 8-byte value, nodes allocated in a random key order as
+//! a store's keys arrive), in key order as a full checkpoint walks it: through `SkipMap`'s
+//! iterator, which takes and drops a reference count on every node, and through
+//! `base::SkipList`'s, which holds one epoch guard instead. It says what a walk without the
+//! reference counts would save a checkpoint.
+//!
+//! mimalloc is the allocator in all modes, as in the server (since 2026-12-06; figures in
 //! BENCHMARKS.md from before were taken with the system allocator).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -120,6 +127,67 @@ fn reads_per_s(reader: &Reader, threads: usize, span_keys: u64) -> f64 {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Per round: (ns per put creating `keys` keys, ns per put updating them in a random order).
+/// See the module's `walk` mode.
+fn walk_rounds(keys: u64, rounds: usize) {
+    use crossbeam_skiplist::{base::SkipList, SkipMap};
+    // Keys in a random order (xorshift), so that neighbours in key order are not neighbours
+    // in memory, as in a store whose keys arrived in no particular order.
+    let mut order: Vec<u64> = (0..keys).collect();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let boxed = |i: u64| -> Box<[u8]> { key(i).to_vec().into_boxed_slice() };
+    let map: SkipMap<Box<[u8]>, usize> = SkipMap::new();
+    let list: SkipList<Box<[u8]>, usize> =
+        SkipList::new(crossbeam_epoch::default_collector().clone());
+    {
+        let guard = crossbeam_epoch::pin();
+        // Interleaved, so that both lists' nodes are spread over the same memory.
+        for &i in &order {
+            map.insert(boxed(i), i as usize);
+            list.insert(boxed(i), i as usize, &guard).release(&guard);
+        }
+    }
+    let (mut counted, mut guarded) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let start = Instant::now();
+        let mut sum = 0usize;
+        for entry in map.iter() {
+            sum = sum.wrapping_add(entry.key().len() + *entry.value());
+        }
+        let by_map = start.elapsed().as_nanos() as f64 / keys as f64;
+        let start = Instant::now();
+        let mut sum_base = 0usize;
+        {
+            let guard = crossbeam_epoch::pin();
+            for entry in list.iter(&guard) {
+                sum_base = sum_base.wrapping_add(entry.key().len() + *entry.value());
+            }
+        }
+        let by_base = start.elapsed().as_nanos() as f64 / keys as f64;
+        assert_eq!(sum, sum_base, "both walks see the same entries");
+        println!(
+            "round {round}: {keys} keys, SkipMap::iter {by_map:.0} ns/key, \
+             base::SkipList::iter under one guard {by_base:.0} ns/key"
+        );
+        counted.push(by_map);
+        guarded.push(by_base);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "median of {rounds}: SkipMap::iter {:.0} ns/key, base::SkipList::iter {:.0} ns/key",
+        median(&mut counted),
+        median(&mut guarded)
+    );
+}
+
 fn apply_rounds(keys: u64, rounds: usize) {
     let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
     let put = |i: u64| {
@@ -186,6 +254,14 @@ fn main() {
                 .map_or(default, |a| a.parse().expect("a number"))
         };
         apply_rounds(number(1, KEYS), number(2, 5) as usize);
+        return;
+    }
+    if let Some(at) = args.iter().position(|a| a == "walk") {
+        let number = |i: usize, default: u64| {
+            args.get(at + i)
+                .map_or(default, |a| a.parse().expect("a number"))
+        };
+        walk_rounds(number(1, 1_000_000), number(2, 5) as usize);
         return;
     }
     let (mut writer, reader) = Store::new();
