@@ -15,10 +15,11 @@
 //!
 //! `cargo bench -p keel-kv --bench mvcc -- walk KEYS ROUNDS` times a walk of a skip list laid
 //! out as the index is (boxed keys, an 8-byte value, nodes allocated in a random key order as
-//! a store's keys arrive), in key order as a full checkpoint walks it: through `SkipMap`'s
-//! iterator, which takes and drops a reference count on every node, and through
-//! `base::SkipList`'s, which holds one epoch guard instead. It says what a walk without the
-//! reference counts would save a checkpoint.
+//! a store's keys arrive), in key order as a full checkpoint walks it, each under one epoch
+//! guard: through `SkipMap`'s iterator, which takes and drops a reference count on every node,
+//! and through `base::SkipList`'s, which does not. It estimates the per-node cost of those
+//! reference counts; a checkpoint's walk also prefetches and reads each key's bytes and
+//! versions, which neither walk here does.
 //!
 //! mimalloc is the allocator in all modes, as in the server (since 2026-12-06; figures in
 //! BENCHMARKS.md from before were taken with the system allocator).
@@ -126,7 +127,6 @@ fn reads_per_s(reader: &Reader, threads: usize, span_keys: u64) -> f64 {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Per round: (ns per put creating `keys` keys, ns per put updating them in a random order).
 /// See the module's `walk` mode.
 fn walk_rounds(keys: u64, rounds: usize) {
     use crossbeam_skiplist::{base::SkipList, SkipMap};
@@ -135,10 +135,7 @@ fn walk_rounds(keys: u64, rounds: usize) {
     let mut order: Vec<u64> = (0..keys).collect();
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for i in (1..order.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
+        order.swap(i, (next(&mut x) % (i as u64 + 1)) as usize);
     }
     let boxed = |i: u64| -> Box<[u8]> { key(i).to_vec().into_boxed_slice() };
     let map: SkipMap<Box<[u8]>, usize> = SkipMap::new();
@@ -153,26 +150,38 @@ fn walk_rounds(keys: u64, rounds: usize) {
         }
     }
     let (mut counted, mut guarded) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
+    // Each walk holds a guard, as a checkpoint's does: `SkipMap`'s iterator pins per entry,
+    // and under an outer guard that pin is a nested one, as in the checkpoint's walk.
+    let walk_map = || {
+        let _guard = crossbeam_epoch::pin();
         let start = Instant::now();
         let mut sum = 0usize;
         for entry in map.iter() {
             sum = sum.wrapping_add(entry.key().len() + *entry.value());
         }
-        let by_map = start.elapsed().as_nanos() as f64 / keys as f64;
+        (start.elapsed().as_nanos() as f64 / keys as f64, sum)
+    };
+    let walk_list = || {
+        let guard = crossbeam_epoch::pin();
         let start = Instant::now();
-        let mut sum_base = 0usize;
-        {
-            let guard = crossbeam_epoch::pin();
-            for entry in list.iter(&guard) {
-                sum_base = sum_base.wrapping_add(entry.key().len() + *entry.value());
-            }
+        let mut sum = 0usize;
+        for entry in list.iter(&guard) {
+            sum = sum.wrapping_add(entry.key().len() + *entry.value());
         }
-        let by_base = start.elapsed().as_nanos() as f64 / keys as f64;
+        (start.elapsed().as_nanos() as f64 / keys as f64, sum)
+    };
+    for round in 0..rounds {
+        // Alternated, so that neither walk always finds the other's leftovers in the cache.
+        let ((by_map, sum), (by_base, sum_base)) = if round % 2 == 0 {
+            (walk_map(), walk_list())
+        } else {
+            let list_first = walk_list();
+            (walk_map(), list_first)
+        };
         assert_eq!(sum, sum_base, "both walks see the same entries");
         println!(
             "round {round}: {keys} keys, SkipMap::iter {by_map:.0} ns/key, \
-             base::SkipList::iter under one guard {by_base:.0} ns/key"
+             base::SkipList::iter {by_base:.0} ns/key"
         );
         counted.push(by_map);
         guarded.push(by_base);
@@ -188,6 +197,7 @@ fn walk_rounds(keys: u64, rounds: usize) {
     );
 }
 
+/// Per round: (ns per put creating `keys` keys, ns per put updating them in a random order).
 fn apply_rounds(keys: u64, rounds: usize) {
     let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
     let put = |i: u64| {
@@ -248,20 +258,20 @@ fn apply_rounds(keys: u64, rounds: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The numbers after a mode's name; what is not one (cargo appends `--bench`) leaves the
+    // default.
+    let number = |at: usize, i: usize, default: u64| {
+        args.get(at + i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(default)
+            .max(1)
+    };
     if let Some(at) = args.iter().position(|a| a == "apply") {
-        let number = |i: usize, default: u64| {
-            args.get(at + i)
-                .map_or(default, |a| a.parse().expect("a number"))
-        };
-        apply_rounds(number(1, KEYS), number(2, 5) as usize);
+        apply_rounds(number(at, 1, KEYS), number(at, 2, 5) as usize);
         return;
     }
     if let Some(at) = args.iter().position(|a| a == "walk") {
-        let number = |i: usize, default: u64| {
-            args.get(at + i)
-                .map_or(default, |a| a.parse().expect("a number"))
-        };
-        walk_rounds(number(1, 1_000_000), number(2, 5) as usize);
+        walk_rounds(number(at, 1, 1_000_000), number(at, 2, 5) as usize);
         return;
     }
     let (mut writer, reader) = Store::new();
