@@ -127,6 +127,12 @@ fn reads_per_s(reader: &Reader, threads: usize, span_keys: u64) -> f64 {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The median of a mode's per-round figures.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// See the module's `walk` mode.
 fn walk_rounds(keys: u64, rounds: usize) {
     use crossbeam_skiplist::{base::SkipList, SkipMap};
@@ -186,10 +192,6 @@ fn walk_rounds(keys: u64, rounds: usize) {
         counted.push(by_map);
         guarded.push(by_base);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "median of {rounds}: SkipMap::iter {:.0} ns/key, base::SkipList::iter {:.0} ns/key",
         median(&mut counted),
@@ -243,10 +245,6 @@ fn apply_rounds(keys: u64, rounds: usize) {
         updates.push(update_ns);
         quiets.push(quiet_ns);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "median of {rounds}: create {:.0} ns/put, update {:.0} ns/put, update without events \
          {:.0} ns/put",
