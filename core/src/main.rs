@@ -50,6 +50,8 @@ fn init_logging(level: &str) {
         "panic" | "fatal" => "error",
         other => other,
     };
+    // KEEL_LOG (an EnvFilter directive) overrides the level for debugging. A release build
+    // has no trace-level events to show: they are compiled out (see the root Cargo.toml).
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     tracing_subscriber::fmt()
