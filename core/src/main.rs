@@ -50,8 +50,9 @@ fn init_logging(level: &str) {
         "panic" | "fatal" => "error",
         other => other,
     };
-    // KEEL_LOG (an EnvFilter directive) overrides the level for debugging. A release build
-    // has no trace-level events to show: they are compiled out (see the root Cargo.toml).
+    // KEEL_LOG (an EnvFilter directive) overrides the level for debugging. In a release build
+    // tracing's trace-level events (h2's among them) are compiled out (see the root
+    // Cargo.toml); trace records written through the `log` crate (rustls) still show.
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     tracing_subscriber::fmt()
