@@ -1125,9 +1125,18 @@ impl Writer {
             Some(e) => e.history.push(version, &guard),
             None => {
                 // Not noted in the lookup: it learns the keys written again (see `lookup`).
-                self.shared
+                // `get_or_insert`, not `insert`: the same search, and should `find` ever miss a
+                // key the index holds, this finds the old node and the assert stops the writer,
+                // where `insert` would replace the node and lose the key's history.
+                let inserted = self
+                    .shared
                     .index
-                    .insert(Box::from(key), KeyHistory::new(vec![version]));
+                    .get_or_insert(Box::from(key), KeyHistory::new(vec![version]));
+                let versions = inserted.value().load(&guard);
+                assert!(
+                    versions.len() == 1 && versions[0].rev() == rev,
+                    "a put created a key the index already held: the writer's lookup missed it"
+                );
                 self.key_bytes_held += key.len() as u64;
                 self.writes.keys_created += 1;
             }
