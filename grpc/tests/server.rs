@@ -1284,6 +1284,160 @@ fn garbage_closes_only_that_connection() {
     });
 }
 
+/// One HTTP/2 frame: the 9-byte head, then the payload.
+fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(9 + payload.len());
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    frame.push(kind);
+    frame.push(flags);
+    frame.extend_from_slice(&stream_id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// An HPACK string literal, not Huffman-coded (7-bit length prefix).
+fn hpack_literal(block: &mut Vec<u8>, text: &str) {
+    assert!(text.len() < 127);
+    block.push(text.len() as u8);
+    block.extend_from_slice(text.as_bytes());
+}
+
+/// Sends one gRPC call on `stream_id` with `block` as its HPACK header block and a
+/// RangeRequest for "cached" as its body, and reads frames until the stream ends. Returns the
+/// DATA bytes the server sent on it (empty for a trailers-only error answer). The block goes
+/// in a HEADERS frame, or split after `continued_from` bytes into HEADERS and CONTINUATION.
+fn raw_call(
+    socket: &mut StdTcpStream,
+    stream_id: u32,
+    block: &[u8],
+    continued_from: Option<usize>,
+) -> Vec<u8> {
+    const DATA: u8 = 0;
+    const HEADERS: u8 = 1;
+    const RST_STREAM: u8 = 3;
+    const SETTINGS: u8 = 4;
+    const CONTINUATION: u8 = 9;
+    const END_STREAM: u8 = 0x1;
+    const END_HEADERS: u8 = 0x4;
+    let mut out = match continued_from {
+        None => h2_frame(HEADERS, END_HEADERS, stream_id, block),
+        Some(at) => {
+            let mut frames = h2_frame(HEADERS, 0, stream_id, &block[..at]);
+            frames.extend(h2_frame(CONTINUATION, END_HEADERS, stream_id, &block[at..]));
+            frames
+        }
+    };
+    out.extend(h2_frame(
+        DATA,
+        END_STREAM,
+        stream_id,
+        &range_request(b"cached"),
+    ));
+    socket.write_all(&out).expect("send call");
+    let mut data = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        socket.read_exact(&mut head).expect("frame head");
+        let length = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let (kind, flags) = (head[3], head[4]);
+        let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; length];
+        socket.read_exact(&mut payload).expect("frame payload");
+        if kind == SETTINGS && flags & 0x1 == 0 {
+            socket
+                .write_all(&h2_frame(SETTINGS, 0x1, 0, &[]))
+                .expect("settings ack");
+        }
+        if id != stream_id {
+            continue;
+        }
+        assert_ne!(kind, RST_STREAM, "stream {stream_id} was reset");
+        if kind == DATA {
+            data.extend_from_slice(&payload);
+        }
+        if (kind == DATA || kind == HEADERS) && flags & END_STREAM != 0 {
+            return data;
+        }
+    }
+}
+
+/// h2 (patched) keeps the last request head a connection decoded and serves the same block
+/// bytes from it while the HPACK dynamic table is unchanged. The same bytes must still mean
+/// what the table says: here the block indexes its :path from the table (index 62), and calls
+/// in between put a different :path there. Those calls send their block as HEADERS plus
+/// CONTINUATION, a path that does not pass through the kept head, so only the table's change
+/// count can tell the kept head stale (a whole block in between would replace it anyway).
+#[test]
+fn a_repeated_header_block_means_what_the_current_header_table_says() {
+    let path_inserting_block = |path: &str| {
+        // :method POST, :scheme http (static), :path with incremental indexing (table 62),
+        // content-type without indexing.
+        let mut block = vec![0x83, 0x86, 0x44];
+        hpack_literal(&mut block, path);
+        block.extend_from_slice(&[0x0f, 0x10]);
+        hpack_literal(&mut block, "application/grpc");
+        block
+    };
+    // The same fields, the :path from table index 62: these bytes change no table.
+    let mut indexed = vec![0x83, 0x86, 0xbe, 0x0f, 0x10];
+    hpack_literal(&mut indexed, "application/grpc");
+    // The same, with a `token: bad` literal that the handler refuses.
+    let mut with_bad_token = indexed.clone();
+    with_bad_token.push(0x00);
+    hpack_literal(&mut with_bad_token, "token");
+    hpack_literal(&mut with_bad_token, "bad");
+
+    let mut socket = StdTcpStream::connect(server_addr()).expect("connect");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    socket
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .expect("preface");
+    socket.write_all(&h2_frame(4, 0, 0, &[])).expect("settings");
+    let mut stream_id = 1;
+    let mut call_split = |block: &[u8], continued_from: Option<usize>| {
+        let data = raw_call(&mut socket, stream_id, block, continued_from);
+        stream_id += 2;
+        data
+    };
+    let answered = |data: &[u8]| data.windows(6).any(|window| window == b"cached");
+
+    let data = call_split(&path_inserting_block("/etcdserverpb.KV/Range"), None);
+    assert!(answered(&data), "a Range call is answered: {data:?}");
+    // The token field must come back each time too: the handler refuses it with no DATA.
+    for round in 0..4 {
+        let data = call_split(&with_bad_token, None);
+        assert!(data.is_empty(), "bad token call {round}: {data:?}");
+    }
+    // Seen once, seen again (kept), then served from what was kept. These
+    // stay kept across the next call, whose block does not pass through the kept head.
+    for round in 0..4 {
+        let data = call_split(&indexed, None);
+        assert!(answered(&data), "indexed Range call {round}: {data:?}");
+    }
+    // Table index 62 becomes another :path: the same indexed bytes now name a method the
+    // handler does not know (answered with trailers only).
+    let data = call_split(&path_inserting_block("/test.Big/Nope"), Some(2));
+    assert!(data.is_empty(), "unknown method: {data:?}");
+    for round in 0..3 {
+        let data = call_split(&indexed, None);
+        assert!(
+            data.is_empty(),
+            "indexed call {round} after the table changed: {data:?}"
+        );
+    }
+    let data = call_split(&path_inserting_block("/etcdserverpb.KV/Range"), Some(2));
+    assert!(answered(&data), "Range again: {data:?}");
+    for round in 0..3 {
+        let data = call_split(&indexed, None);
+        assert!(
+            answered(&data),
+            "indexed Range call {round}, again: {data:?}"
+        );
+    }
+}
+
 #[test]
 fn http1_health_on_the_grpc_port() {
     let mut stream = StdTcpStream::connect(server_addr()).expect("connect");

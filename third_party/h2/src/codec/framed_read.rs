@@ -38,6 +38,9 @@ struct FrameDecoder {
     max_continuation_frames: usize,
 
     partial: Option<Partial>,
+
+    /// KEEL PATCH: the last request head decoded, for the next one sent alike.
+    head_cache: frame::HeadCache,
 }
 
 /// Partially loaded headers frame
@@ -123,6 +126,7 @@ impl FrameDecoder {
                 max_frame_size,
             ),
             partial: None,
+            head_cache: frame::HeadCache::default(),
         }
     }
 
@@ -166,6 +170,25 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
 
     tracing::trace!(frame.kind = ?kind);
 
+    // KEEL PATCH: a whole HEADERS block goes through the connection's `HeadCache`.
+    macro_rules! load_block {
+        (Headers, $frame:ident, $payload:ident, $is_end_headers:ident, $decoder:ident) => {
+            if $is_end_headers {
+                $frame.load_hpack_cached(
+                    &mut $payload,
+                    $decoder.max_header_list_size,
+                    &mut $decoder.hpack,
+                    &mut $decoder.head_cache,
+                )
+            } else {
+                $frame.load_hpack(&mut $payload, $decoder.max_header_list_size, &mut $decoder.hpack)
+            }
+        };
+        (PushPromise, $frame:ident, $payload:ident, $is_end_headers:ident, $decoder:ident) => {
+            $frame.load_hpack(&mut $payload, $decoder.max_header_list_size, &mut $decoder.hpack)
+        };
+    }
+
     macro_rules! header_block {
         ($frame:ident, $head:ident, $bytes:ident) => ({
             // Drop the frame header
@@ -190,7 +213,7 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
             let is_end_headers = frame.is_end_headers();
 
             // Load the HPACK encoded headers
-            match frame.load_hpack(&mut payload, decoder.max_header_list_size, &mut decoder.hpack) {
+            match load_block!($frame, frame, payload, is_end_headers, decoder) {
                 Ok(_) => {},
                 Err(frame::Error::Hpack(hpack::DecoderError::NeedMore(_))) if !is_end_headers => {},
                 Err(frame::Error::MalformedMessage) => {

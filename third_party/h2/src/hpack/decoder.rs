@@ -20,6 +20,10 @@ pub struct Decoder {
     last_max_update: usize,
     table: Table,
     buffer: BytesMut,
+    /// KEEL PATCH: how many times a block changed the dynamic table (an insertion or a size
+    /// update), so that a caller can tell that two blocks were decoded against the same table
+    /// (see `frame::HeadCache`).
+    table_changes: u64,
 }
 
 /// Represents all errors that can be encountered while performing the decoding
@@ -159,6 +163,22 @@ impl Decoder {
             last_max_update: size,
             table: Table::new(size),
             buffer: BytesMut::with_capacity(4096),
+            table_changes: 0,
+        }
+    }
+
+    /// KEEL PATCH: the count of the dynamic table's changes so far. Decoding a block that
+    /// neither inserts nor resizes is a function of its bytes and of the table, so equal
+    /// bytes decoded at equal counts decode alike.
+    pub fn table_changes(&self) -> u64 {
+        self.table_changes
+    }
+
+    /// KEEL PATCH: what `decode` does to the decoder for a block that leaves the table as it
+    /// is, for a caller that reuses such a block's earlier decoding instead of decoding it.
+    pub fn skip_unchanging_block(&mut self) {
+        if let Some(size) = self.max_size_update.take() {
+            self.last_max_update = size;
         }
     }
 
@@ -186,9 +206,7 @@ impl Decoder {
 
         let mut can_resize = true;
 
-        if let Some(size) = self.max_size_update.take() {
-            self.last_max_update = size;
-        }
+        self.skip_unchanging_block();
 
         let span = tracing::trace_span!("hpack::decode");
         let _e = span.enter();
@@ -216,6 +234,7 @@ impl Decoder {
 
                     // Insert the header into the table
                     self.table.insert(entry.clone());
+                    self.table_changes += 1;
                     consume(src);
 
                     if f(entry).is_break() {
@@ -250,6 +269,7 @@ impl Decoder {
                     }
 
                     // Handle the dynamic table size update
+                    self.table_changes += 1;
                     self.process_size_update(src)?;
                     consume(src);
                 }
