@@ -66,10 +66,22 @@ impl Head {
     pub fn encode<T: BufMut>(&self, payload_len: usize, dst: &mut T) {
         debug_assert!(self.encode_len() <= dst.remaining_mut());
 
-        dst.put_uint(payload_len as u64, 3);
-        dst.put_u8(self.kind as u8);
-        dst.put_u8(self.flag);
-        dst.put_u32(self.stream_id.into());
+        // KEEL PATCH: the 9 bytes in one write, not four (each checks and advances the
+        // buffer; about 100 instructions a frame less). The length is its low 24 bits, as
+        // `put_uint(len, 3)` wrote it.
+        let len = (payload_len as u64).to_be_bytes();
+        let id = u32::from(self.stream_id).to_be_bytes();
+        dst.put_slice(&[
+            len[5],
+            len[6],
+            len[7],
+            self.kind as u8,
+            self.flag,
+            id[0],
+            id[1],
+            id[2],
+            id[3],
+        ]);
     }
 }
 

@@ -1118,6 +1118,22 @@ impl HeaderBlock {
     fn into_encoding(self, encoder: &mut hpack::Encoder) -> EncodingHeaderBlock {
         let mut hpack = encoder.take_scratch();
         hpack.clear();
+        // KEEL PATCH: a head of a status and repeated fields, or trailers of repeated fields
+        // only (every gRPC answer's two blocks), skip the general encoder.
+        let pseudo = &self.pseudo;
+        if self.fields.is_empty()
+            && pseudo.method.is_none()
+            && pseudo.scheme.is_none()
+            && pseudo.authority.is_none()
+            && pseudo.path.is_none()
+            && pseudo.protocol.is_none()
+            && encoder.encode_static_status(pseudo.status, &mut hpack)
+        {
+            if let Some(repeated) = self.repeated {
+                encoder.encode_repeated(repeated, &mut hpack);
+            }
+            return EncodingHeaderBlock { hpack };
+        }
         let headers = Iter {
             pseudo: Some(self.pseudo),
             fields: self.fields.into_iter(),
@@ -1132,13 +1148,6 @@ impl HeaderBlock {
         EncodingHeaderBlock { hpack }
     }
 
-    /// Calculates the size of the currently decoded header list.
-    ///
-    /// According to http://httpwg.org/specs/rfc7540.html#SETTINGS_MAX_HEADER_LIST_SIZE
-    ///
-    /// > The value is based on the uncompressed size of header fields,
-    /// > including the length of the name and value in octets plus an
-    /// > overhead of 32 octets for each header field.
     /// KEEL PATCH: a copy that shares no bytes with the frames it was decoded from, for
     /// `HeadCache` to keep. A decoded literal is a slice of the connection's read buffer, and a
     /// kept slice would hold that whole buffer (up to a large DATA frame's size) for as long
@@ -1175,6 +1184,13 @@ impl HeaderBlock {
         })
     }
 
+    /// Calculates the size of the currently decoded header list.
+    ///
+    /// According to http://httpwg.org/specs/rfc7540.html#SETTINGS_MAX_HEADER_LIST_SIZE
+    ///
+    /// > The value is based on the uncompressed size of header fields,
+    /// > including the length of the name and value in octets plus an
+    /// > overhead of 32 octets for each header field.
     fn calculate_header_list_size(&self) -> usize {
         macro_rules! pseudo_size {
             ($name:ident) => {{
