@@ -101,6 +101,12 @@ pub struct Iter {
 /// fields indexed, is 10-20 bytes; one with literals is not sent twice alike.
 const HEAD_CACHE_BLOCK_BYTES_MAX: usize = 256;
 
+/// KEEL PATCH: the largest decoded head (HTTP/2's header list size: names, values and 32
+/// bytes a field) `HeadCache` keeps. A few indexed bytes can name large table entries, up to
+/// the header list limit, and every connection keeps one head: this bounds what a connection
+/// holds between calls. A gRPC request's head is about 300.
+const HEAD_CACHE_DECODED_BYTES_MAX: usize = 4096;
+
 /// KEEL PATCH: the last whole header block a connection received, and what it decoded to when
 /// that left the dynamic table unchanged (see `Headers::load_hpack_cached`). Decoding depends
 /// only on the block's bytes, the table (identified by `hpack::Decoder::table_changes`) and the
@@ -323,7 +329,11 @@ impl Headers {
         // Kept from its second sight on, so a client whose blocks never repeat pays a copy of
         // a few bytes a request, not a header map's clone; and only a block that left the
         // table as it was, or the bytes would mean something else next time.
-        if same_as_last && result.is_ok() && decoder.table_changes() == table_changes {
+        if same_as_last
+            && result.is_ok()
+            && decoder.table_changes() == table_changes
+            && self.header_block.calculate_header_list_size() <= HEAD_CACHE_DECODED_BYTES_MAX
+        {
             let Some(mut kept) = self.header_block.detached() else {
                 return result;
             };
