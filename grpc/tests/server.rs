@@ -1312,10 +1312,23 @@ fn raw_call(
     block: &[u8],
     continued_from: Option<usize>,
 ) -> Vec<u8> {
+    raw_call_or_goaway(socket, stream_id, block, continued_from)
+        .unwrap_or_else(|| panic!("the server ended the connection at stream {stream_id}"))
+}
+
+/// `raw_call`, or None when the server ends the connection instead (GOAWAY) before the
+/// stream ends.
+fn raw_call_or_goaway(
+    socket: &mut StdTcpStream,
+    stream_id: u32,
+    block: &[u8],
+    continued_from: Option<usize>,
+) -> Option<Vec<u8>> {
     const DATA: u8 = 0;
     const HEADERS: u8 = 1;
     const RST_STREAM: u8 = 3;
     const SETTINGS: u8 = 4;
+    const GOAWAY: u8 = 7;
     const CONTINUATION: u8 = 9;
     const END_STREAM: u8 = 0x1;
     const END_HEADERS: u8 = 0x4;
@@ -1348,6 +1361,13 @@ fn raw_call(
                 .write_all(&h2_frame(SETTINGS, 0x1, 0, &[]))
                 .expect("settings ack");
         }
+        if kind == GOAWAY {
+            assert!(
+                data.is_empty(),
+                "stream {stream_id} was answered, then GOAWAY"
+            );
+            return None;
+        }
         if id != stream_id {
             continue;
         }
@@ -1356,7 +1376,7 @@ fn raw_call(
             data.extend_from_slice(&payload);
         }
         if (kind == DATA || kind == HEADERS) && flags & END_STREAM != 0 {
-            return data;
+            return Some(data);
         }
     }
 }
@@ -1436,6 +1456,49 @@ fn a_repeated_header_block_means_what_the_current_header_table_says() {
             "indexed Range call {round}, again: {data:?}"
         );
     }
+}
+
+/// As above, with the table changed by a size update instead: the client empties its table
+/// (a size update to 0 at the start of a block split over HEADERS and CONTINUATION, so the
+/// kept head stays), and the kept indexed bytes then name an entry that no longer exists. The
+/// server must fail to decode them (a connection error, as HPACK asks), not serve the head it
+/// kept from before.
+#[test]
+fn a_header_table_size_update_makes_a_kept_head_stale() {
+    let mut range_path_inserted = vec![0x83, 0x86, 0x44];
+    hpack_literal(&mut range_path_inserted, "/etcdserverpb.KV/Range");
+    range_path_inserted.extend_from_slice(&[0x0f, 0x10]);
+    hpack_literal(&mut range_path_inserted, "application/grpc");
+    let mut indexed = vec![0x83, 0x86, 0xbe, 0x0f, 0x10];
+    hpack_literal(&mut indexed, "application/grpc");
+    // Table size 0 (evicting everything), then the fields as literals without indexing.
+    let mut emptied = vec![0x20, 0x83, 0x86, 0x04];
+    hpack_literal(&mut emptied, "/etcdserverpb.KV/Range");
+    emptied.extend_from_slice(&[0x0f, 0x10]);
+    hpack_literal(&mut emptied, "application/grpc");
+
+    let mut socket = StdTcpStream::connect(server_addr()).expect("connect");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    socket
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .expect("preface");
+    socket.write_all(&h2_frame(4, 0, 0, &[])).expect("settings");
+    let answered = |data: &[u8]| data.windows(6).any(|window| window == b"cached");
+    let data = raw_call(&mut socket, 1, &range_path_inserted, None);
+    assert!(answered(&data), "a Range call is answered: {data:?}");
+    for (round, stream_id) in [3, 5, 7].into_iter().enumerate() {
+        let data = raw_call(&mut socket, stream_id, &indexed, None);
+        assert!(answered(&data), "indexed Range call {round}: {data:?}");
+    }
+    let data = raw_call(&mut socket, 9, &emptied, Some(1));
+    assert!(answered(&data), "a call after the size update: {data:?}");
+    let after = raw_call_or_goaway(&mut socket, 11, &indexed, None);
+    assert_eq!(
+        after, None,
+        "index 62 names nothing once the table is empty, so the connection must end"
+    );
 }
 
 #[test]

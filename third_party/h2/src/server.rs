@@ -1737,9 +1737,10 @@ impl proto::Peer for Peer {
             malformed!("malformed headers: :status field on request");
         }
 
-        // KEEL PATCH: a head that `frame::HeadCache` served again carries the URI its first
-        // sight converted to (`Pseudo::request_uri`), checked by the same code below then;
-        // converting :authority and :path again cost a call about 900 instructions.
+        // KEEL PATCH: a head that `frame::HeadCache` served again carries the URI that
+        // `request_uri` converted once, when the head was kept (`Pseudo::request_uri`; a
+        // malformed :authority is then logged once, not per call). Converting :authority and
+        // :path for every call cost about 900 instructions.
         let uri = match pseudo.request_uri {
             Some(uri) => std::sync::Arc::unwrap_or_clone(uri),
             None => match request_uri(

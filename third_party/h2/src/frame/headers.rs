@@ -27,9 +27,9 @@ pub struct Headers {
     /// The stream dependency information, if any.
     stream_dep: Option<StreamDependency>,
 
-    /// The header block fragment. KEEL PATCH: boxed, so that a `Frame` is 48 bytes, not
-    /// 312: h2 moves frames by value through its queues and codec, about 40 copies a unary
-    /// call, each of a whole frame.
+    /// The header block fragment. KEEL PATCH: boxed, so that a `Frame` is 64 bytes, not
+    /// 312 (296 before `Pseudo::request_uri`): h2 moves frames by value through its queues
+    /// and codec, about 40 copies a unary call, each of a whole frame.
     header_block: Box<HeaderBlock>,
 
     /// The associated flags
@@ -47,9 +47,9 @@ pub struct PushPromise {
     /// The ID of the stream being reserved by this PushPromise.
     promised_id: StreamId,
 
-    /// The header block fragment. KEEL PATCH: boxed, so that a `Frame` is 48 bytes, not
-    /// 312: h2 moves frames by value through its queues and codec, about 40 copies a unary
-    /// call, each of a whole frame.
+    /// The header block fragment. KEEL PATCH: boxed, so that a `Frame` is 64 bytes, not
+    /// 312 (296 before `Pseudo::request_uri`): h2 moves frames by value through its queues
+    /// and codec, about 40 copies a unary call, each of a whole frame.
     header_block: Box<HeaderBlock>,
 
     /// The associated flags
@@ -101,8 +101,8 @@ pub struct Iter {
 /// fields indexed, is 10-20 bytes; one with literals is not sent twice alike.
 const HEAD_CACHE_BLOCK_BYTES_MAX: usize = 256;
 
-/// KEEL PATCH: the largest decoded head (HTTP/2's header list size: names, values and 32
-/// bytes a field) `HeadCache` keeps. A few indexed bytes can name large table entries, up to
+/// KEEL PATCH: the largest decoded head `HeadCache` keeps, measured as HTTP/2 measures a
+/// header list (names, values and 32 bytes a field). A few indexed bytes can name large table entries, up to
 /// the header list limit, and every connection keeps one head: this bounds what a connection
 /// holds between calls. A gRPC request's head is about 300.
 const HEAD_CACHE_DECODED_BYTES_MAX: usize = 4096;
@@ -329,14 +329,15 @@ impl Headers {
         // Kept from its second sight on, so a client whose blocks never repeat pays a copy of
         // a few bytes a request, not a header map's clone; and only a block that left the
         // table as it was, or the bytes would mean something else next time.
+        // `:protocol` (extended CONNECT, never gRPC) is not counted in the header list size
+        // below: a head with one is not kept, so the bound holds.
         if same_as_last
             && result.is_ok()
             && decoder.table_changes() == table_changes
+            && self.header_block.pseudo.protocol.is_none()
             && self.header_block.calculate_header_list_size() <= HEAD_CACHE_DECODED_BYTES_MAX
         {
-            let Some(mut kept) = self.header_block.detached() else {
-                return result;
-            };
+            let mut kept = self.header_block.detached();
             let pseudo = &mut kept.pseudo;
             if let Some(method) = &pseudo.method {
                 // A request: convert its URI once, as the server would for each. One that
@@ -1159,22 +1160,14 @@ impl HeaderBlock {
     }
 
     /// KEEL PATCH: a copy that shares no bytes with the frames it was decoded from, for
-    /// `HeadCache` to keep. A decoded literal is a slice of the connection's read buffer, and a
-    /// kept slice would hold that whole buffer (up to a large DATA frame's size) for as long
-    /// as the block is kept. None if a field does not convert back (it always should).
-    fn detached(&self) -> Option<HeaderBlock> {
+    /// `HeadCache` to keep. The decoder copies field names and values out (`HeaderValue::
+    /// from_bytes`), but a pseudo-header's value is a slice of the connection's read buffer (or
+    /// of the decoder's Huffman buffer), and a kept slice would hold that whole buffer, up to a
+    /// large DATA frame's size, for as long as the head is kept. So those are copied.
+    fn detached(&self) -> HeaderBlock {
         let copy = |value: &BytesStr| BytesStr::from(value.as_str());
-        let mut fields = HeaderMap::with_capacity(self.fields.len());
-        for (name, value) in &self.fields {
-            let name = HeaderName::from_bytes(name.as_str().as_bytes()).ok()?;
-            let mut copied =
-                HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(value.as_bytes()))
-                    .ok()?;
-            copied.set_sensitive(value.is_sensitive());
-            fields.try_append(name, copied).ok()?;
-        }
-        Some(HeaderBlock {
-            fields,
+        HeaderBlock {
+            fields: self.fields.clone(),
             field_size: self.field_size,
             is_over_size: self.is_over_size,
             pseudo: Pseudo {
@@ -1191,7 +1184,7 @@ impl HeaderBlock {
                 request_uri: None,
             },
             repeated: self.repeated,
-        })
+        }
     }
 
     /// Calculates the size of the currently decoded header list.
