@@ -1381,32 +1381,27 @@ fn raw_call_or_goaway(
     }
 }
 
-/// h2 (patched) keeps the last request head a connection decoded and serves the same block
-/// bytes from it while the HPACK dynamic table is unchanged. The same bytes must still mean
-/// what the table says: here the block indexes its :path from the table (index 62), and calls
-/// in between put a different :path there. Those calls send their block as HEADERS plus
-/// CONTINUATION, a path that does not pass through the kept head, so only the table's change
-/// count can tell the kept head stale (a whole block in between would replace it anyway).
-#[test]
-fn a_repeated_header_block_means_what_the_current_header_table_says() {
-    let path_inserting_block = |path: &str| {
-        // :method POST, :scheme http (static), :path with incremental indexing (table 62),
-        // content-type without indexing.
-        let mut block = vec![0x83, 0x86, 0x44];
-        hpack_literal(&mut block, path);
-        block.extend_from_slice(&[0x0f, 0x10]);
-        hpack_literal(&mut block, "application/grpc");
-        block
-    };
-    // The same fields, the :path from table index 62: these bytes change no table.
-    let mut indexed = vec![0x83, 0x86, 0xbe, 0x0f, 0x10];
-    hpack_literal(&mut indexed, "application/grpc");
-    // The same, with a `token: bad` literal that the handler refuses.
-    let mut with_bad_token = indexed.clone();
-    with_bad_token.push(0x00);
-    hpack_literal(&mut with_bad_token, "token");
-    hpack_literal(&mut with_bad_token, "bad");
+/// A block naming :method POST and :scheme http from the static table, then `path_field`
+/// (a :path representation, its first byte given, e.g. 0x44 with incremental indexing), then
+/// `content-type: application/grpc` without indexing. `prefix` goes first (a size update).
+fn grpc_head_block(prefix: &[u8], path_field: u8, path: &str) -> Vec<u8> {
+    let mut block = prefix.to_vec();
+    block.extend_from_slice(&[0x83, 0x86, path_field]);
+    hpack_literal(&mut block, path);
+    block.extend_from_slice(&[0x0f, 0x10]);
+    hpack_literal(&mut block, "application/grpc");
+    block
+}
 
+/// The same fields with :path taken from dynamic table index 62: bytes that change no table.
+fn indexed_head_block() -> Vec<u8> {
+    let mut block = vec![0x83, 0x86, 0xbe, 0x0f, 0x10];
+    hpack_literal(&mut block, "application/grpc");
+    block
+}
+
+/// A raw HTTP/2 connection to the test server: preface and an empty SETTINGS sent.
+fn raw_h2_connection() -> StdTcpStream {
     let mut socket = StdTcpStream::connect(server_addr()).expect("connect");
     socket
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -1415,13 +1410,38 @@ fn a_repeated_header_block_means_what_the_current_header_table_says() {
         .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         .expect("preface");
     socket.write_all(&h2_frame(4, 0, 0, &[])).expect("settings");
+    socket
+}
+
+/// Whether `raw_call`'s DATA holds the Range answer for the key "cached".
+fn answered(data: &[u8]) -> bool {
+    data.windows(6).any(|window| window == b"cached")
+}
+
+/// h2 (patched) keeps the last request head a connection decoded and serves the same block
+/// bytes from it while the HPACK dynamic table is unchanged. The same bytes must still mean
+/// what the table says: here the block indexes its :path from the table (index 62), and calls
+/// in between put a different :path there. Those calls send their block as HEADERS plus
+/// CONTINUATION, a path that does not pass through the kept head, so only the table's change
+/// count can tell the kept head stale (a whole block in between would replace it anyway).
+#[test]
+fn a_repeated_header_block_means_what_the_current_header_table_says() {
+    // :path with incremental indexing: it goes to table index 62.
+    let path_inserting_block = |path: &str| grpc_head_block(&[], 0x44, path);
+    let indexed = indexed_head_block();
+    // The same, with a `token: bad` literal that the handler refuses.
+    let mut with_bad_token = indexed.clone();
+    with_bad_token.push(0x00);
+    hpack_literal(&mut with_bad_token, "token");
+    hpack_literal(&mut with_bad_token, "bad");
+
+    let mut socket = raw_h2_connection();
     let mut stream_id = 1;
     let mut call_split = |block: &[u8], continued_from: Option<usize>| {
         let data = raw_call(&mut socket, stream_id, block, continued_from);
         stream_id += 2;
         data
     };
-    let answered = |data: &[u8]| data.windows(6).any(|window| window == b"cached");
 
     let data = call_split(&path_inserting_block("/etcdserverpb.KV/Range"), None);
     assert!(answered(&data), "a Range call is answered: {data:?}");
@@ -1465,27 +1485,13 @@ fn a_repeated_header_block_means_what_the_current_header_table_says() {
 /// kept from before.
 #[test]
 fn a_header_table_size_update_makes_a_kept_head_stale() {
-    let mut range_path_inserted = vec![0x83, 0x86, 0x44];
-    hpack_literal(&mut range_path_inserted, "/etcdserverpb.KV/Range");
-    range_path_inserted.extend_from_slice(&[0x0f, 0x10]);
-    hpack_literal(&mut range_path_inserted, "application/grpc");
-    let mut indexed = vec![0x83, 0x86, 0xbe, 0x0f, 0x10];
-    hpack_literal(&mut indexed, "application/grpc");
-    // Table size 0 (evicting everything), then the fields as literals without indexing.
-    let mut emptied = vec![0x20, 0x83, 0x86, 0x04];
-    hpack_literal(&mut emptied, "/etcdserverpb.KV/Range");
-    emptied.extend_from_slice(&[0x0f, 0x10]);
-    hpack_literal(&mut emptied, "application/grpc");
+    let range_path_inserted = grpc_head_block(&[], 0x44, "/etcdserverpb.KV/Range");
+    let indexed = indexed_head_block();
+    // Table size 0 (a size update, 0x20, evicting everything), then :path as a literal
+    // without indexing (0x04).
+    let emptied = grpc_head_block(&[0x20], 0x04, "/etcdserverpb.KV/Range");
 
-    let mut socket = StdTcpStream::connect(server_addr()).expect("connect");
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    socket
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .expect("preface");
-    socket.write_all(&h2_frame(4, 0, 0, &[])).expect("settings");
-    let answered = |data: &[u8]| data.windows(6).any(|window| window == b"cached");
+    let mut socket = raw_h2_connection();
     let data = raw_call(&mut socket, 1, &range_path_inserted, None);
     assert!(answered(&data), "a Range call is answered: {data:?}");
     for (round, stream_id) in [3, 5, 7].into_iter().enumerate() {

@@ -102,9 +102,9 @@ pub struct Iter {
 const HEAD_CACHE_BLOCK_BYTES_MAX: usize = 256;
 
 /// KEEL PATCH: the largest decoded head `HeadCache` keeps, measured as HTTP/2 measures a
-/// header list (names, values and 32 bytes a field). A few indexed bytes can name large table entries, up to
-/// the header list limit, and every connection keeps one head: this bounds what a connection
-/// holds between calls. A gRPC request's head is about 300.
+/// header list (names, values and 32 bytes a field). A few indexed bytes can name large
+/// table entries, up to the header list limit, and every connection keeps one head: this
+/// bounds what a connection holds between calls. A gRPC request's head is about 300.
 const HEAD_CACHE_DECODED_BYTES_MAX: usize = 4096;
 
 /// KEEL PATCH: the last whole header block a connection received, and what it decoded to when
@@ -302,7 +302,9 @@ impl Headers {
         decoder: &mut hpack::Decoder,
         cache: &mut HeadCache,
     ) -> Result<(), Error> {
-        debug_assert!(self.header_block.fields.is_empty() && self.header_block.pseudo == Pseudo::default());
+        debug_assert!(
+            self.header_block.fields.is_empty() && self.header_block.pseudo == Pseudo::default()
+        );
         let table_changes = decoder.table_changes();
         let same_as_last = cache.recorded
             && cache.table_changes == table_changes
