@@ -380,6 +380,19 @@ impl KeyHistory {
         prefetch(unsafe { shared.deref() }.ptr);
     }
 
+    /// Starts loading the newest of this history's versions, and the slot a push writes
+    /// next, which a put reads and writes; its chunk should be in the cache by now
+    /// (`prefetch_chunk`), or this waits for it.
+    pub(crate) fn prefetch_newest(&self, guard: &Guard) {
+        let shared = self.chunk.load(Ordering::Acquire, guard);
+        // SAFETY: as in `prefetch_versions`.
+        let chunk = unsafe { shared.deref() };
+        let len = chunk.len.load(Ordering::Relaxed);
+        // wrapping_add: an address to prefetch, never dereferenced, so one past the buffer is
+        // harmless (and a prefetch cannot fault).
+        prefetch(chunk.ptr.wrapping_add(len.saturating_sub(1)));
+    }
+
     /// Appends `version`, newer than every version in the list. Only the single writer calls
     /// this. In place while the buffer has room; otherwise the list moves to a buffer twice as
     /// large, so appends cost O(1) amortized whatever the history's length.

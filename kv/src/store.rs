@@ -761,6 +761,13 @@ impl Writer {
         self.applied_index = raft_index;
     }
 
+    /// Starts loading into the CPU's cache what puts of `keys`, applied next, will read of
+    /// the index (see `KeyLookup::prefetch`). Changes nothing: a hint, which a caller gives
+    /// for the entries it is about to apply so that their cache misses overlap.
+    pub fn prefetch_keys(&self, keys: &[&[u8]]) {
+        self.lookup.prefetch(keys);
+    }
+
     /// Applies one committed entry. Deterministic: the same entries give the same state. An error
     /// leaves the state untouched (only the applied index moves) and produces no events.
     pub fn apply(&mut self, raft_index: u64, op: &Op) -> Result<Applied> {

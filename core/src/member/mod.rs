@@ -3,6 +3,7 @@
 //! raft core (`raftcore.rs`) does.
 //!
 //! - `waiters`: every kind of waiting call, with deadlines, in one type.
+//! - `hint`: the keys a committed entry will look up, read from its bytes, for a prefetch.
 //! - `lease_clock`: the leader's lease countdowns, on a clock passed in.
 //! - `membership`: which membership changes are allowed and the member list each leaves.
 //! - `recovery`: the WAL records a Ready becomes, and the replay that rebuilds the raft log.
@@ -12,6 +13,7 @@
 //! Architecture invariant: nothing under `member/` reads a clock, touches a file or socket, or
 //! spawns a task. Time arrives as milliseconds on the member's monotonic clock (`now_ms`).
 
+mod hint;
 pub mod lease_clock;
 pub mod machine;
 pub mod membership;
