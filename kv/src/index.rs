@@ -380,7 +380,7 @@ impl KeyHistory {
         prefetch(unsafe { shared.deref() }.ptr);
     }
 
-    /// Starts loading the newest of this history's versions, and the slot a push writes
+    /// Starts loading the newest of this history's versions and the slot a push writes
     /// next, which a put reads and writes; its chunk should be in the cache by now
     /// (`prefetch_chunk`), or this waits for it.
     pub(crate) fn prefetch_newest(&self, guard: &Guard) {
@@ -388,9 +388,18 @@ impl KeyHistory {
         // SAFETY: as in `prefetch_versions`.
         let chunk = unsafe { shared.deref() };
         let len = chunk.len.load(Ordering::Relaxed);
-        // wrapping_add: an address to prefetch, never dereferenced, so one past the buffer is
-        // harmless (and a prefetch cannot fault).
-        prefetch(chunk.ptr.wrapping_add(len.saturating_sub(1)));
+        // From the newest version's first byte to the last byte of the slot after it: a
+        // version is 48 bytes, so the two span two or three cache lines. Addresses to
+        // prefetch, never dereferenced (hence wrapping_add): the slot after a full buffer lies
+        // past it, which is harmless, as a prefetch cannot fault.
+        let first = chunk.ptr.wrapping_add(len.saturating_sub(1)).cast::<u8>();
+        let end = chunk.ptr.wrapping_add(len + 1).cast::<u8>();
+        let mut at = first;
+        while at < end {
+            prefetch(at);
+            at = at.wrapping_add(64);
+        }
+        prefetch(end.wrapping_sub(1));
     }
 
     /// Appends `version`, newer than every version in the list. Only the single writer calls

@@ -15,12 +15,13 @@
 //! written once and never looked up again cost no memory here. (Noting every created key cost
 //! 40-50 bytes of RSS a key at 10,000 keys, from the tables' growth, in `compare`'s memory
 //! row; a put that creates a key costs a probe more than before, and searches the skip list as
-//! it did.) It holds 12 bytes per key it met (in tables at most 3/4 full): a pointer to the node's key, from which the node's value lies a fixed distance away
-//! (one node type, so one layout; checked at every note), and 32 bits of the key's hash, so
-//! that a table doubles without reading the keys again (with the pointer alone, the cache
-//! misses of that rehash made a put that creates a key 50 % dearer). It is split by hash into
-//! tables that double separately, as `DirtyKeys` is, so that no doubling rehashes millions of
-//! keys at once on the raft core.
+//! it did.) A slot is 12 bytes, in tables at most 3/4 full (16-32 bytes per key it met): a
+//! pointer to the node's key, from which the node's value lies a fixed distance away (one
+//! node type, so one layout; checked at every note), and 32 bits of the key's hash, so that a
+//! table doubles without reading the keys again (with the pointer alone, the cache misses of
+//! that rehash made a put that creates a key 50 % dearer). It is split by hash into tables
+//! that double separately, as `DirtyKeys` is, so that no doubling rehashes millions of keys
+//! at once on the raft core.
 
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::RandomState;
@@ -42,8 +43,9 @@ unsafe fn key_of<'a>(p: NonNull<IndexKey>) -> &'a [u8] {
     unsafe { &*p.as_ptr() }
 }
 
-/// One key in a table: its node's key and the low half of its hash, 12 bytes (packed to 4),
-/// as many as hashbrown's slot and control byte took before (memory per hot key unchanged).
+/// One key in a table: its node's key and the low half of its hash, 12 bytes (packed to 4).
+/// (hashbrown's tables, before, took 13 bytes a bucket and filled to 7/8: 15-30 bytes a key
+/// against 16-32 here.)
 #[derive(Clone, Copy)]
 #[repr(C, packed(4))]
 struct Slot {

@@ -68,6 +68,17 @@ impl<'m> Iterator for Fields<'m> {
     type Item = (u32, &'m [u8]);
 
     fn next(&mut self) -> Option<Self::Item> {
+        let field = self.next_field();
+        if field.is_none() {
+            // Fused: after a malformed field, nothing more.
+            self.0 = &[];
+        }
+        field
+    }
+}
+
+impl<'m> Fields<'m> {
+    fn next_field(&mut self) -> Option<(u32, &'m [u8])> {
         while !self.0.is_empty() {
             let tag = varint(&mut self.0)?;
             let field = u32::try_from(tag >> 3).ok()?;
@@ -80,7 +91,6 @@ impl<'m> Iterator for Fields<'m> {
                 2 => {
                     let len = usize::try_from(varint(&mut self.0)?).ok()?;
                     if len > self.0.len() {
-                        self.0 = &[];
                         return None;
                     }
                     let (body, rest) = self.0.split_at(len);
@@ -88,13 +98,9 @@ impl<'m> Iterator for Fields<'m> {
                     return Some((field, body));
                 }
                 5 => 4,
-                _ => {
-                    self.0 = &[];
-                    return None;
-                }
+                _ => return None,
             };
             if skip > self.0.len() {
-                self.0 = &[];
                 return None;
             }
             self.0 = &self.0[skip..];

@@ -2184,6 +2184,7 @@ impl Member {
             // own cost (a light load's every apply).
             return self.to_apply.len();
         }
+        // Keys, not entries: most entries are single puts, each one key.
         let mut keys = Vec::with_capacity(HINT_ENTRIES);
         let mut covered = 0;
         for e in self.to_apply.iter().take(HINT_ENTRIES) {
