@@ -212,7 +212,6 @@ pub(crate) struct KeyLookup {
     value_offset: Cell<Option<isize>>,
     /// std's SipHash, keyed per process: the keys are the clients'.
     hasher: RandomState,
-    len: Cell<usize>,
 }
 
 // SAFETY: the pointers name nodes of the index, a `SkipMap<Box<[u8]>, KeyHistory>`, which is
@@ -221,9 +220,8 @@ unsafe impl Send for KeyLookup {}
 
 impl std::fmt::Debug for KeyLookup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyLookup")
-            .field("len", &self.len.get())
-            .finish()
+        let len = self.tables.try_borrow().map(|tables| Self::len_of(&tables));
+        f.debug_struct("KeyLookup").field("len", &len.ok()).finish()
     }
 }
 
@@ -233,7 +231,6 @@ impl KeyLookup {
             tables: RefCell::new((0..TABLES).map(|_| SlotTable::default()).collect()),
             value_offset: Cell::new(None),
             hasher: RandomState::new(),
-            len: Cell::new(0),
         }
     }
 
@@ -250,7 +247,11 @@ impl KeyLookup {
     /// Keys noted.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.len.get()
+        Self::len_of(&self.tables.borrow())
+    }
+
+    fn len_of(tables: &[SlotTable]) -> usize {
+        tables.iter().map(|t| t.len).sum()
     }
 
     /// `key`'s node in `index`, through the table, or through the skip list (then noted).
@@ -315,7 +316,6 @@ impl KeyLookup {
         };
         // Unique: `find` notes a key only after the table missed it.
         self.tables.borrow_mut()[table].insert_unique(slot);
-        self.len.set(self.len.get() + 1);
     }
 
     /// Starts loading, for each of `keys` this table holds, what a `find` of it and a put's
@@ -383,7 +383,6 @@ impl KeyLookup {
         let same = |at: NonNull<IndexKey>| unsafe { key_of(at) } == key;
         if let Some(at) = table.find(hash_low, same) {
             table.remove(at);
-            self.len.set(self.len.get() - 1);
         }
     }
 
