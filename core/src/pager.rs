@@ -145,11 +145,18 @@ impl Pager {
 
     /// Serves a read: its values' pages brought in (awaiting a pager thread where some are
     /// missing, while the calling shard serves others), then its records checked.
-    pub async fn serve<T>(&self, unchecked: keel_kv::Unchecked<T>) -> T {
-        if let Some(wait) = self.bring_in(&unchecked) {
-            wait.await;
+    ///
+    /// Not an `async fn`: the pages are asked for here, when called, and the future holds
+    /// the read once (an `async fn` holds each argument twice, and every write's answer and
+    /// every read's task carries this future).
+    pub fn serve<T>(&self, unchecked: keel_kv::Unchecked<T>) -> impl Future<Output = T> {
+        let wait = self.bring_in(&unchecked);
+        async move {
+            if let Some(wait) = wait {
+                wait.await;
+            }
+            unchecked.check()
         }
-        unchecked.check()
     }
 
     /// `bring_in_records` of `records`, and of every record `rest` lists, which the pager

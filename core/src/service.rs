@@ -119,12 +119,15 @@ impl Handler for Api {
 impl Api {
     /// Serves one call; `cert_user` is the common name of the connection's verified client
     /// certificate, the call's user when it carries no token (etcd's AuthInfoFromTLS).
-    pub(crate) async fn grpc_from(
+    ///
+    /// Not an `async fn`, nor is [`Api::dispatch`]: every call's task holds the future, which
+    /// an `async fn` makes keep each argument twice (the 248-byte `call` among them).
+    pub(crate) fn grpc_from<'a>(
         self: Rc<Self>,
         mut call: Call,
-        sink: &mut ResponseSink,
+        sink: &'a mut ResponseSink,
         cert_user: Option<&str>,
-    ) -> Status {
+    ) -> impl Future<Output = Status> + 'a {
         call.head.metadata.remove(crate::auth::CERT_USER_HEADER);
         if let Some(value) = cert_user.and_then(|u| http::HeaderValue::from_str(u).ok()) {
             call.head
@@ -136,74 +139,84 @@ impl Api {
         let method = Metrics::method_index(&path);
         self.metrics.record_started(method);
         let (started, counts) = (std::time::Instant::now(), sink.counts());
-        let status = self.dispatch(&path, call, sink).await;
-        self.metrics.record_grpc(method, status.code);
-        self.metrics.record_call(method, &counts, started.elapsed());
-        status
+        async move {
+            let status = self.dispatch(&path, call, sink).await;
+            self.metrics.record_grpc(method, status.code);
+            self.metrics.record_call(method, &counts, started.elapsed());
+            status
+        }
     }
 
     /// Runs one call by its gRPC path (the JSON gateway's streaming calls come here too).
-    pub(crate) async fn dispatch(
-        self: &Rc<Self>,
-        path: &str,
+    // Written out by hand on purpose (see `Api::grpc_from`): clippy would make it an `async fn`.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn dispatch<'a>(
+        self: &'a Rc<Self>,
+        path: &'a str,
         call: Call,
-        sink: &mut ResponseSink,
-    ) -> Status {
-        // etcd's clients send "hasleader: true" to be told at once when the member is cut off.
-        if requires_leader(&call.head) && !self.shared.has_leader() {
-            return etcd(EtcdError::NoLeader);
-        }
-        let this = self.clone();
-        match path {
-            "/etcdserverpb.KV/Range" => {
-                // A range may answer hundreds of MB: it goes out piece by piece.
-                unary_pieces(call, sink, |r, h| async move {
-                    let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.range_pieces(r, &who).await
-                })
-                .await
+        sink: &'a mut ResponseSink,
+    ) -> impl Future<Output = Status> + 'a {
+        async move {
+            // etcd's clients send "hasleader: true" to be told at once when the member is cut
+            // off.
+            if requires_leader(&call.head) && !self.shared.has_leader() {
+                return etcd(EtcdError::NoLeader);
             }
-            "/etcdserverpb.KV/Put" => {
-                unary(call, sink, |r, h| async move {
-                    let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.put(r, &who).await
-                })
-                .await
+            let this = self.clone();
+            match path {
+                "/etcdserverpb.KV/Range" => {
+                    // A range may answer hundreds of MB: it goes out piece by piece.
+                    unary_pieces(call, sink, |r, h| async move {
+                        let who = auth_api::who(&this.shared, &h.metadata).await?;
+                        this.range_pieces(r, &who).await
+                    })
+                    .await
+                }
+                "/etcdserverpb.KV/Put" => {
+                    unary(call, sink, |r, h| async move {
+                        let who = auth_api::who(&this.shared, &h.metadata).await?;
+                        this.put(r, &who).await
+                    })
+                    .await
+                }
+                "/etcdserverpb.KV/DeleteRange" => {
+                    unary(call, sink, |r, h| async move {
+                        let who = auth_api::who(&this.shared, &h.metadata).await?;
+                        this.delete_range(r, &who).await
+                    })
+                    .await
+                }
+                "/etcdserverpb.KV/Txn" => {
+                    // A txn's reads may answer as much as a Range: piece by piece too.
+                    unary_pieces(call, sink, |r, h| async move {
+                        let who = auth_api::who(&this.shared, &h.metadata).await?;
+                        this.txn(r, &who).await.map(convert::TxnPieces::new)
+                    })
+                    .await
+                }
+                "/etcdserverpb.KV/Compact" => {
+                    unary(call, sink, |r, _| async move { this.compact(r).await }).await
+                }
+                "/etcdserverpb.Lease/LeaseGrant" => {
+                    unary(call, sink, |r, _| async move { this.lease_grant(r).await }).await
+                }
+                "/etcdserverpb.Lease/LeaseRevoke" => {
+                    unary(call, sink, |r, h| async move {
+                        let who = auth_api::who(&this.shared, &h.metadata).await?;
+                        this.lease_revoke(r, &who).await
+                    })
+                    .await
+                }
+                // Boxed: a watch stream's future is the largest here, and a stream lives
+                // long, so one allocation for it costs little, while every unary call's task
+                // would otherwise be as large.
+                "/etcdserverpb.Watch/Watch" => Box::pin(self.hub.serve(call, sink)).await,
+                "/etcdserverpb.Lease/LeaseKeepAlive" => self.lease_keep_alive(call, sink).await,
+                // Every call's task holds this future, copied into a fresh allocation per request:
+                // the rarer calls are boxed so that their larger futures (locks, elections, auth,
+                // membership) do not set its size.
+                _ => Box::pin(self.dispatch_rare(path, call, sink)).await,
             }
-            "/etcdserverpb.KV/DeleteRange" => {
-                unary(call, sink, |r, h| async move {
-                    let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.delete_range(r, &who).await
-                })
-                .await
-            }
-            "/etcdserverpb.KV/Txn" => {
-                // A txn's reads may answer as much as a Range: piece by piece too.
-                unary_pieces(call, sink, |r, h| async move {
-                    let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.txn(r, &who).await.map(convert::TxnPieces::new)
-                })
-                .await
-            }
-            "/etcdserverpb.KV/Compact" => {
-                unary(call, sink, |r, _| async move { this.compact(r).await }).await
-            }
-            "/etcdserverpb.Lease/LeaseGrant" => {
-                unary(call, sink, |r, _| async move { this.lease_grant(r).await }).await
-            }
-            "/etcdserverpb.Lease/LeaseRevoke" => {
-                unary(call, sink, |r, h| async move {
-                    let who = auth_api::who(&this.shared, &h.metadata).await?;
-                    this.lease_revoke(r, &who).await
-                })
-                .await
-            }
-            "/etcdserverpb.Watch/Watch" => self.hub.serve(call, sink).await,
-            "/etcdserverpb.Lease/LeaseKeepAlive" => self.lease_keep_alive(call, sink).await,
-            // Every call's task holds this future, copied into a fresh allocation per request:
-            // the rarer calls are boxed so that their larger futures (locks, elections, auth,
-            // membership) do not set its size.
-            _ => Box::pin(self.dispatch_rare(path, call, sink)).await,
         }
     }
 
@@ -466,34 +479,45 @@ impl Api {
         Ok(req)
     }
 
-    pub(crate) async fn put(&self, r: pb::PutRequest, who: &AuthInfo) -> R<pb::PutResponse> {
-        // Validate a converted copy: conversion only moves the Bytes handles.
-        let req = convert::put_request(r.clone());
-        kv::validate_put(&req).map_err(|e| etcd(kv_error(e)))?;
-        self.shared
-            .check_quota(alarms::put_cost_bytes(&req))
-            .await
-            .map_err(etcd)?;
-        if req.ignore_value {
-            let records = self.shared.reader().records_put_reads(&req);
-            self.bring_in_records(&records).await;
-        }
-        // Bound before awaiting: a request built in the awaited expression would stay in
-        // this future (1.2 KB) until the answer comes.
-        let proposed = self.shared.propose_as(
-            pb::InternalRaftRequest {
-                put: Some(r),
-                ..Default::default()
-            },
-            who,
-        );
-        let out = proposed.await.map_err(etcd)?;
-        match out.response {
-            Answer::Op(kv::OpResponse::Put(p)) => {
-                let h = self.header_at(p.revision, out.raft_term);
-                Ok(convert::put_response(p, h))
+    /// A Put, proposed through raft.
+    ///
+    /// Not an `async fn`, which would hold `r` twice in every put's task.
+    // Written out by hand on purpose: clippy would make it an `async fn`.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn put<'a>(
+        &'a self,
+        r: pb::PutRequest,
+        who: &'a AuthInfo,
+    ) -> impl Future<Output = R<pb::PutResponse>> + 'a {
+        async move {
+            // Validate a converted copy: conversion only moves the Bytes handles.
+            let req = convert::put_request(r.clone());
+            kv::validate_put(&req).map_err(|e| etcd(kv_error(e)))?;
+            self.shared
+                .check_quota(alarms::put_cost_bytes(&req))
+                .await
+                .map_err(etcd)?;
+            if req.ignore_value {
+                let records = self.shared.reader().records_put_reads(&req);
+                self.bring_in_records(&records).await;
             }
-            other => unreachable_response("Put", &other),
+            // Bound before awaiting: a request built in the awaited expression would stay in
+            // this future (1.2 KB) until the answer comes.
+            let proposed = self.shared.propose_as(
+                pb::InternalRaftRequest {
+                    put: Some(r),
+                    ..Default::default()
+                },
+                who,
+            );
+            let out = proposed.await.map_err(etcd)?;
+            match out.response {
+                Answer::Op(kv::OpResponse::Put(p)) => {
+                    let h = self.header_at(p.revision, out.raft_term);
+                    Ok(convert::put_response(p, h))
+                }
+                other => unreachable_response("Put", &other),
+            }
         }
     }
 

@@ -559,48 +559,70 @@ impl ResponseSink {
     ///
     /// Cancel-safe up to the hand-off to h2 (all its waits come before); after the fallback,
     /// not cancel-safe, as [`ResponseSink::send_frame`].
-    pub async fn send_last_pieces<P: PieceEncode>(&mut self, message: P) -> Result<(), Status> {
-        let length_bytes = message.encoded_len();
-        let fresh = matches!(*self.wire.borrow(), Wire::Fresh(_));
-        if PREFIX_BYTES + length_bytes > UNARY_AT_ONCE_BYTES_MAX || !fresh || self.frame_torn {
-            return self.send_pieces(message).await;
+    ///
+    /// Not an `async fn`, and the piece-by-piece path boxed: every unary call's task holds
+    /// this future, which an `async fn` would make hold `message` twice, and the path for
+    /// answers over 16 KiB several times more.
+    // Written out by hand on purpose: see above (clippy would make it an `async fn`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn send_last_pieces<'a, P: PieceEncode + 'a>(
+        &'a mut self,
+        message: P,
+    ) -> impl Future<Output = Result<(), Status>> + 'a {
+        async move {
+            let length_bytes = message.encoded_len();
+            let fresh = matches!(*self.wire.borrow(), Wire::Fresh(_));
+            if PREFIX_BYTES + length_bytes > UNARY_AT_ONCE_BYTES_MAX || !fresh || self.frame_torn {
+                return Box::pin(self.send_pieces(message)).await;
+            }
+            let frame = self.encode_whole(message, length_bytes).await?;
+            // Only this task sends on the sink, and the reset watcher only polls it, so it is
+            // still fresh after the encoding's waits.
+            match std::mem::replace(&mut *self.wire.borrow_mut(), Wire::Finished) {
+                Wire::Fresh(mut respond) => respond
+                    .send_unary_repeated(
+                        StatusCode::OK,
+                        &GRPC_RESPONSE_HEAD,
+                        frame,
+                        &GRPC_STATUS_OK,
+                    )
+                    .map_err(|error| status_from_h2(&error))?,
+                other => panic!("a unary answer on a {} response sink", other.name()),
+            }
+            add(&self.counts.messages_sent, 1);
+            add(&self.counts.bytes_sent, length_bytes as u64);
+            Ok(())
         }
-        let frame = self.encode_whole(message, length_bytes).await?;
-        // Only this task sends on the sink, and the reset watcher only polls it, so it is
-        // still fresh after the encoding's waits.
-        match std::mem::replace(&mut *self.wire.borrow_mut(), Wire::Finished) {
-            Wire::Fresh(mut respond) => respond
-                .send_unary_repeated(StatusCode::OK, &GRPC_RESPONSE_HEAD, frame, &GRPC_STATUS_OK)
-                .map_err(|error| status_from_h2(&error))?,
-            other => panic!("a unary answer on a {} response sink", other.name()),
-        }
-        add(&self.counts.messages_sent, 1);
-        add(&self.counts.bytes_sent, length_bytes as u64);
-        Ok(())
     }
 
     /// `message` encoded whole, with its 5-byte prefix; `length_bytes` is its encoded length.
-    async fn encode_whole<P: PieceEncode>(
-        &self,
+    ///
+    /// Not an `async fn`, which would hold `message` twice.
+    // Written out by hand on purpose: see above (clippy would make it an `async fn`).
+    #[allow(clippy::manual_async_fn)]
+    fn encode_whole<'a, P: PieceEncode + 'a>(
+        &'a self,
         mut message: P,
         length_bytes: usize,
-    ) -> Result<Bytes, Status> {
-        let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
-        put_prefix(&mut frame, length_bytes, self.max_send_message_bytes)?;
-        loop {
-            if let Some(wait) = message.prepare() {
-                wait.await;
+    ) -> impl Future<Output = Result<Bytes, Status>> + 'a {
+        async move {
+            let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length_bytes);
+            put_prefix(&mut frame, length_bytes, self.max_send_message_bytes)?;
+            loop {
+                if let Some(wait) = message.prepare() {
+                    wait.await;
+                }
+                if !message.encode_piece(&mut frame, usize::MAX)? {
+                    break;
+                }
             }
-            if !message.encode_piece(&mut frame, usize::MAX)? {
-                break;
-            }
+            assert_eq!(
+                frame.len(),
+                PREFIX_BYTES + length_bytes,
+                "a message's pieces add up to its encoded length"
+            );
+            Ok(frame.freeze())
         }
-        assert_eq!(
-            frame.len(),
-            PREFIX_BYTES + length_bytes,
-            "a message's pieces add up to its encoded length"
-        );
-        Ok(frame.freeze())
     }
 
     /// Hands `frame` to h2 as the peer's flow-control window allows, waiting for capacity, so
@@ -809,29 +831,34 @@ where
 
 /// [`unary`] for a method whose answer may be large: it is sent piece by piece
 /// ([`ResponseSink::send_pieces`]).
-pub async fn unary_pieces<Req, Resp, F, Fut>(
+///
+/// Not an `async fn`, for the reason [`unary`] gives: an `async fn` keeps each argument twice
+/// in its future (the argument, and the local it is moved into), and `call` is 248 bytes.
+pub fn unary_pieces<'a, Req, Resp, F, Fut>(
     call: Call,
-    sink: &mut ResponseSink,
+    sink: &'a mut ResponseSink,
     method: F,
-) -> Status
+) -> impl Future<Output = Status> + 'a
 where
-    Req: prost::Message + Default,
-    Resp: PieceEncode,
-    F: FnOnce(Req, CallHead) -> Fut,
-    Fut: Future<Output = Result<Resp, Status>>,
+    Req: prost::Message + Default + 'a,
+    Resp: PieceEncode + 'a,
+    F: FnOnce(Req, CallHead) -> Fut + 'a,
+    Fut: Future<Output = Result<Resp, Status>> + 'a,
 {
     let Call { head, mut requests } = call;
-    let request = match requests.decode_one::<Req>().await {
-        Ok(request) => request,
-        Err(status) => return status,
-    };
-    let response = match method(request, head).await {
-        Ok(response) => response,
-        Err(status) => return status,
-    };
-    match sink.send_last_pieces(response).await {
-        Ok(()) => Status::ok(),
-        Err(status) => status,
+    async move {
+        let request = match requests.decode_one::<Req>().await {
+            Ok(request) => request,
+            Err(status) => return status,
+        };
+        let response = match method(request, head).await {
+            Ok(response) => response,
+            Err(status) => return status,
+        };
+        match sink.send_last_pieces(response).await {
+            Ok(()) => Status::ok(),
+            Err(status) => status,
+        }
     }
 }
 
@@ -897,14 +924,7 @@ where
         .await?;
     while let Some(accepted) = connection.accept().await {
         let (request, respond) = accepted?;
-        let task = serve_stream(
-            request,
-            respond,
-            handler.clone(),
-            config.clone(),
-            runtime.clone(),
-        );
-        runtime.spawn_local(Box::pin(task));
+        serve_stream(request, respond, &handler, &config, &runtime);
     }
     // No new streams (the client said GOAWAY or closed its side), but calls in flight still
     // need the connection driven to flush their responses and trailers.
@@ -958,12 +978,19 @@ impl<'a> CallFields<'a> {
     }
 }
 
-async fn serve_stream<H: Handler, R: Runtime>(
+/// Checks an accepted stream's head and spawns the task that serves it: the gRPC call, raced
+/// against its deadline and a client reset, or `serve_http_over_h2`. A head that fails a check
+/// is answered here, with no task.
+///
+/// Not an `async fn`: the checks run before the task is spawned, and only what the call needs
+/// from then on goes into the call's task. As the task itself, this held the request and its
+/// parts (464 bytes) for the whole call, and spawning copies the whole future, per call.
+fn serve_stream<H: Handler, R: Runtime>(
     request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-    handler: Rc<H>,
-    config: Rc<ServerConfig>,
-    runtime: Rc<R>,
+    handler: &Rc<H>,
+    config: &ServerConfig,
+    runtime: &Rc<R>,
 ) {
     let (parts, body) = request.into_parts();
     let fields = CallFields::of(&parts.headers);
@@ -977,16 +1004,14 @@ async fn serve_stream<H: Handler, R: Runtime>(
     let plain_http =
         parts.method == Method::GET || parts.method == Method::HEAD || config.all_http_over_h2;
     if plain_http && !is_grpc_content_type(content_type) {
-        // Boxed: every gRPC call's task holds this function's future, and the HTTP path's is
-        // the largest part of it.
-        Box::pin(serve_http_over_h2(
+        // Its own task, so no gRPC call's task is sized by the HTTP path's larger future.
+        runtime.spawn_local(Box::pin(serve_http_over_h2(
             parts,
             body,
             respond,
-            handler,
+            handler.clone(),
             config.http1.body_bytes_max,
-        ))
-        .await;
+        )));
         return;
     }
     // grpc-go answers a non-gRPC content type with HTTP 415 and a gRPC status, so both gRPC
@@ -1043,6 +1068,7 @@ async fn serve_stream<H: Handler, R: Runtime>(
     let requests = RequestStream::new(body, config.max_recv_message_bytes, counts.clone());
     let mut sink = ResponseSink::new(respond, config.max_send_message_bytes, counts);
     let reset = sink.reset_watcher();
+    let timer = runtime.clone();
     let cancellation = async move {
         let reset = pin!(reset);
         match timeout {
@@ -1050,25 +1076,27 @@ async fn serve_stream<H: Handler, R: Runtime>(
                 reset.await;
                 Status::new(Code::Canceled, "context canceled")
             }
-            Some(timeout) => match select(runtime.sleep(timeout), reset).await {
+            Some(timeout) => match select(timer.sleep(timeout), reset).await {
                 Either::Left(((), _)) => Status::deadline_exceeded(),
                 Either::Right(((), _)) => Status::new(Code::Canceled, "context canceled"),
             },
         }
     };
-    // The handler's future is dropped when the deadline passes or the client resets the
-    // stream, so a call blocked on something else (a lock, a raft round) stops waiting.
-    let status = {
-        let call = handler.grpc(Call { head, requests }, &mut sink);
-        match select(pin!(call), pin!(cancellation)).await {
-            Either::Left((status, _)) => status,
-            Either::Right((status, _)) => status,
-        }
-    };
-    sink.finish(&status);
+    let handler = handler.clone();
+    runtime.spawn_local(Box::pin(async move {
+        // The handler's future is dropped when the deadline passes or the client resets the
+        // stream, so a call blocked on something else (a lock, a raft round) stops waiting.
+        let status = {
+            let call = handler.grpc(Call { head, requests }, &mut sink);
+            match select(pin!(call), pin!(cancellation)).await {
+                Either::Left((status, _)) => status,
+                Either::Right((status, _)) => status,
+            }
+        };
+        sink.finish(&status);
+    }));
 }
 
-/// Ends a stream before the handler runs: an HTTP status plus a trailers-only gRPC status.
 /// Answers a plain HTTP/2 request (a GET or HEAD, or where allowed any, a gateway POST) with the
 /// handler's HTTP endpoints. The body is read whole first, up to `body_bytes_max` (as on
 /// HTTP/1.1); a larger one is answered 413 without being read further.
@@ -1196,6 +1224,7 @@ async fn send_stream_over_h2(mut send: SendStream<Bytes>, mut stream: crate::htt
     let _ = send.send_data(Bytes::new(), true);
 }
 
+/// Ends a stream before the handler runs: an HTTP status plus a trailers-only gRPC status.
 fn reject(respond: &mut SendResponse<Bytes>, http_status: StatusCode, status: &Status) {
     assert!(!status.is_ok());
     tracing::debug!(%http_status, %status, "rejecting a gRPC stream before dispatch");
