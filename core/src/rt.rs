@@ -505,12 +505,113 @@ pub fn spawn_local_handle<T: 'static, F: Future<Output = T> + 'static>(
     glommio::spawn_local(f)
 }
 
+/// A client connection as the gRPC server reads and writes it (tokio's I/O traits), over a
+/// glommio TCP stream. `tokio_util::compat` does the same, but zeroes the read buffer's whole
+/// spare capacity (up to 8 KiB) before every read to make a `&mut [u8]` of it (0.7 % of the
+/// server's samples under a put load, BENCHMARKS.md); this reads into the spare capacity as
+/// it is (`TcpStream::poll_read_uninit`, a patch of the vendored glommio). Writes go through
+/// as `compat` sends them (not vectored).
+pub struct TcpIo(TcpStream);
+
+impl TcpIo {
+    pub fn new(stream: TcpStream) -> Self {
+        TcpIo(stream)
+    }
+}
+
+impl tokio::io::AsyncRead for TcpIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        // SAFETY: the socket only writes into these bytes (never reads them), and only the
+        // first `read_bytes` of them, which are then marked initialized and filled.
+        let unfilled = unsafe { buf.unfilled_mut() };
+        let read_bytes = std::task::ready!(Pin::new(&mut self.0).poll_read_uninit(cx, unfilled))?;
+        assert!(
+            read_bytes <= buf.remaining(),
+            "recv returns at most the bytes it was given"
+        );
+        // SAFETY: `recv` wrote the first `read_bytes` bytes of the unfilled part.
+        unsafe { buf.assume_init(read_bytes) };
+        buf.advance(read_bytes);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for TcpIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        futures_lite::AsyncWrite::poll_write(Pin::new(&mut self.0), cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        futures_lite::AsyncWrite::poll_flush(Pin::new(&mut self.0), cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        futures_lite::AsyncWrite::poll_close(Pin::new(&mut self.0), cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// What the shards' call tasks rely on: a queued spawn runs only once its spawner yields,
     /// in spawn order, while glommio's own spawn polls the task before it returns.
+    /// `TcpIo` reads into a buffer's uninitialized spare capacity exactly what arrived, in
+    /// pieces and across reads, reports the peer's close as a read of nothing, and writes
+    /// through.
+    #[test]
+    fn tcp_io_reads_into_spare_capacity_and_writes_through() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (received, echoed) = spawn_pinned("tcp-io-test", process_cpu_list()[0], || async {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("address");
+            let peer = std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut client = std::net::TcpStream::connect(addr).expect("connect");
+                // Bytes lost on the way would leave both ends waiting: the peer gives up and
+                // closes, and the reader's next read, of nothing, fails the test.
+                client
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .expect("a read timeout");
+                client.write_all(b"hello, ").expect("write");
+                std::thread::sleep(Duration::from_millis(20));
+                client.write_all(&[7u8; 10_000]).expect("write");
+                let mut echoed = [0u8; 5];
+                let answered = client.read_exact(&mut echoed);
+                drop(client);
+                answered.map(|()| echoed)
+            });
+            let mut io = TcpIo::new(listener.accept().await.expect("accept"));
+            let mut received = bytes::BytesMut::with_capacity(64);
+            while received.len() < 7 + 10_000 {
+                received.reserve(4096);
+                let read_bytes = io.read_buf(&mut received).await.expect("read");
+                assert!(read_bytes > 0, "the peer is still sending");
+            }
+            io.write_all(b"done!").await.expect("write");
+            io.flush().await.expect("flush");
+            // The peer closes after reading the answer: a read then fills nothing.
+            assert_eq!(io.read_buf(&mut received).await.expect("read at close"), 0);
+            let echoed = peer.join().expect("the peer thread ends");
+            (received, echoed)
+        })
+        .expect("executor starts")
+        .join()
+        .expect("the executor finishes");
+        assert_eq!(&received[..7], b"hello, ");
+        assert!(received[7..].iter().all(|&b| b == 7));
+        assert_eq!(received.len(), 7 + 10_000);
+        assert_eq!(&echoed.expect("the answer arrives"), b"done!");
+    }
+
     #[test]
     fn a_queued_spawn_runs_after_its_spawner_yields() {
         let order = spawn_pinned("spawn-test", process_cpu_list()[0], || async {

@@ -388,14 +388,14 @@ async fn accept_loop<H: crate::auth::ServesCertUser>(
                 rt::spawn_local(async move {
                     let served = match (tls, host_check) {
                         (None, None) => {
-                            serve_connection(stream.compat(), api, config, runtime).await
+                            serve_connection(rt::TcpIo::new(stream), api, config, runtime).await
                         }
                         (None, Some(whitelist)) => {
                             let checked = Rc::new(HostChecked {
                                 inner: api,
                                 whitelist,
                             });
-                            serve_connection(stream.compat(), checked, config, runtime).await
+                            serve_connection(rt::TcpIo::new(stream), checked, config, runtime).await
                         }
                         (Some(acceptor), _) => {
                             let handshake = pin!(acceptor.accept(stream));

@@ -258,6 +258,17 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         cx: &Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        self.poll_read_raw(cx, buf.as_mut_ptr(), buf.len())
+    }
+
+    /// KEEL PATCH: `poll_read` into `len` bytes at `ptr`, which need not be initialized (see
+    /// `TcpStream::poll_read_uninit`). The bytes are only ever written, by `recv`.
+    pub(crate) fn poll_read_raw(
+        &mut self,
+        cx: &Context<'_>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
         let reactor = self.reactor.upgrade().unwrap();
         let reactor = reactor.as_ref();
 
@@ -268,14 +279,14 @@ impl<S: AsRawFd> NonBufferedStream<S> {
             .unwrap_or(true);
 
         if no_pending_poll {
-            if let Some(result) = super::yolo_recv(self.stream.as_raw_fd(), buf) {
+            if let Some(result) = super::yolo_recv_raw(self.stream.as_raw_fd(), ptr, len) {
                 self.source_rx.take();
                 self.read_timeout.cancel_timer(reactor);
                 let result = poll_err!(result);
                 // Start an early poll if the buffer is not fully filled. So when
                 // the next time `poll_read` is called, it will be known immediately
                 // whether the underlying stream is ready for reading.
-                if result > 0 && result < buf.len() {
+                if result > 0 && result < len {
                     self.source_rx = Some(reactor.poll_read_ready(self.stream.as_raw_fd()));
                     // The `rush_dispatch`s here and after could be removed to
                     // improve performance if #458 is handled appropriately.
@@ -391,6 +402,19 @@ where
     unsafe fn from_raw_fd(fd: RawFd) -> Self {
         let socket = socket2::Socket::from_raw_fd(fd);
         GlommioStream::from(socket)
+    }
+}
+
+impl<S: AsRawFd> GlommioStream<S, NonBuffered> {
+    /// KEEL PATCH: see `TcpStream::poll_read_uninit`. Unbuffered, so the read goes straight
+    /// to the socket, as `poll_read` does.
+    pub(crate) fn poll_read_uninit(
+        &mut self,
+        cx: &Context<'_>,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        self.stream
+            .poll_read_raw(cx, buf.as_mut_ptr().cast::<u8>(), buf.len())
     }
 }
 

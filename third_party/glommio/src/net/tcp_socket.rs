@@ -701,6 +701,20 @@ impl<B: Buffered + Unpin> AsyncBufRead for TcpStream<B> {
     }
 }
 
+impl TcpStream<NonBuffered> {
+    /// KEEL PATCH: `poll_read` into memory that need not be initialized: the kernel writes
+    /// the bytes it returns (`Ready(Ok(n))`: the first `n` of `buf`) and reads none of them.
+    /// A reader over a buffer's spare capacity (tokio's `ReadBuf`) otherwise zeroes all of it
+    /// before every read only to make a `&mut [u8]` of it.
+    pub fn poll_read_uninit(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        self.stream.poll_read_uninit(cx, buf)
+    }
+}
+
 impl<B: RxBuf + Unpin> AsyncRead for TcpStream<B> {
     fn poll_read(
         mut self: Pin<&mut Self>,
