@@ -10,24 +10,39 @@
 # Environment: TOTAL puts (300000), SAMPLES (6, 0.4 s apart, from 1 s into the run), BENCH
 # (target/release/keel-bench). Needs etcdctl (the readiness probe) and ss (iproute2).
 set -euo pipefail
-BIN=${1:?usage: socket-queues.sh BIN}; TOTAL=${TOTAL:-300000}
-d=$(mktemp -d /tmp/keel-socket-queues.XXXXXX)
+bin=${1:?usage: socket-queues.sh BIN}
+total=${TOTAL:-300000}
+bench=${BENCH:-target/release/keel-bench}
+work=$(mktemp -d /tmp/keel-socket-queues.XXXXXX)
+pid=
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill "$pid" || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 read -r port peer < <(python3 -c '
 import socket
 a, b = socket.socket(), socket.socket()
 a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
 print(a.getsockname()[1], b.getsockname()[1])')
-$BIN --name default --data-dir $d/data --listen-client-urls http://127.0.0.1:$port --advertise-client-urls http://127.0.0.1:$port --listen-peer-urls http://127.0.0.1:$peer --initial-advertise-peer-urls http://127.0.0.1:$peer --initial-cluster default=http://127.0.0.1:$peer > $d/log 2>&1 &
+"$bin" --name default --data-dir "$work/data" \
+  --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+  --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+  --initial-cluster "default=http://127.0.0.1:$peer" >"$work/log" 2>&1 &
 pid=$!
-for i in $(seq 50); do etcdctl --endpoints 127.0.0.1:$port endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
-B=${BENCH:-target/release/keel-bench}
-$B --endpoints http://127.0.0.1:$port --clients 1000 --conns 100 put --key-size 8 --val-size 256 --total $TOTAL --key-space-size 20000 --sequential-keys | grep -E "throughput|p50" &
-bp=$!
+until ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" --command-timeout=1s endpoint health >/dev/null 2>&1; do
+  kill -0 "$pid" 2>/dev/null || { echo "socket-queues.sh: the server exited; its log:" >&2; tail -5 "$work/log" >&2; exit 1; }
+  sleep 0.1
+done
+"$bench" --endpoints "http://127.0.0.1:$port" --clients 1000 --conns 100 put --key-size 8 --val-size 256 \
+  --total "$total" --key-space-size 20000 --sequential-keys >"$work/bench.out" &
+bench_pid=$!
 sleep 1
-for i in $(seq ${SAMPLES:-6}); do
+# A sample taken after the load ended reports 0 connections: raise TOTAL for a faster server.
+for _ in $(seq "${SAMPLES:-6}"); do
   ss -tnH state established "( sport = :$port )" | awk '{r+=$1; s+=$2; n++; if ($1>0) nz++} END{printf "server side: conns %d  recvq bytes %d (nonzero %d)  sendq %d\n", n, r, nz, s}'
   ss -tnH state established "( dport = :$port )" | awk '{r+=$1; s+=$2; n++; if ($1>0) nz++} END{printf "client side: conns %d  recvq bytes %d (nonzero %d)  sendq %d\n", n, r, nz, s}'
   sleep 0.4
 done
-wait $bp
-kill $pid; wait $pid 2>/dev/null || true; rm -rf $d
+wait "$bench_pid"
+grep -E "throughput|p50" "$work/bench.out"

@@ -507,7 +507,7 @@ pub fn spawn_local_handle<T: 'static, F: Future<Output = T> + 'static>(
 
 /// A client connection as the gRPC server reads and writes it (tokio's I/O traits), over a
 /// glommio TCP stream. `tokio_util::compat` does the same, but zeroes the read buffer's whole
-/// spare capacity (up to 8 KiB) before every read to make a `&mut [u8]` of it (0.7 % of the
+/// spare capacity (8 KiB or more) before every read to make a `&mut [u8]` of it (0.7 % of the
 /// server's samples under a put load, BENCHMARKS.md); this reads into the spare capacity as
 /// it is (`TcpStream::poll_read_uninit`, a patch of the vendored glommio). Writes go through
 /// as `compat` sends them (not vectored).
@@ -525,8 +525,8 @@ impl tokio::io::AsyncRead for TcpIo {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        // SAFETY: the socket only writes into these bytes (never reads them), and only the
-        // first `read_bytes` of them, which are then marked initialized and filled.
+        // SAFETY: nothing writes uninitialized bytes into the unfilled part (`recv` stores
+        // only the bytes it returns), so nothing initialized becomes uninitialized.
         let unfilled = unsafe { buf.unfilled_mut() };
         let read_bytes = std::task::ready!(Pin::new(&mut self.0).poll_read_uninit(cx, unfilled))?;
         assert!(
@@ -562,46 +562,79 @@ impl tokio::io::AsyncWrite for TcpIo {
 mod tests {
     use super::*;
 
-    /// What the shards' call tasks rely on: a queued spawn runs only once its spawner yields,
-    /// in spawn order, while glommio's own spawn polls the task before it returns.
     /// `TcpIo` reads into a buffer's uninitialized spare capacity exactly what arrived, in
-    /// pieces and across reads, reports the peer's close as a read of nothing, and writes
-    /// through.
+    /// pieces and across reads, after what the buffer already holds, reports the peer's close
+    /// as a read of nothing, and writes through. Bounded: a lost wake-up fails it, not hangs.
     #[test]
     fn tcp_io_reads_into_spare_capacity_and_writes_through() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
         let (received, echoed) = spawn_pinned("tcp-io-test", process_cpu_list()[0], || async {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr = listener.local_addr().expect("address");
-            let peer = std::thread::spawn(move || {
-                use std::io::{Read, Write};
-                let mut client = std::net::TcpStream::connect(addr).expect("connect");
-                // Bytes lost on the way would leave both ends waiting: the peer gives up and
-                // closes, and the reader's next read, of nothing, fails the test.
-                client
-                    .set_read_timeout(Some(Duration::from_secs(5)))
-                    .expect("a read timeout");
-                client.write_all(b"hello, ").expect("write");
-                std::thread::sleep(Duration::from_millis(20));
-                client.write_all(&[7u8; 10_000]).expect("write");
-                let mut echoed = [0u8; 5];
-                let answered = client.read_exact(&mut echoed);
-                drop(client);
-                answered.map(|()| echoed)
-            });
-            let mut io = TcpIo::new(listener.accept().await.expect("accept"));
-            let mut received = bytes::BytesMut::with_capacity(64);
-            while received.len() < 7 + 10_000 {
-                received.reserve(4096);
-                let read_bytes = io.read_buf(&mut received).await.expect("read");
-                assert!(read_bytes > 0, "the peer is still sending");
+            let work = async {
+                let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+                let addr = listener.local_addr().expect("address");
+                let peer = std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    let mut client = std::net::TcpStream::connect(addr).expect("connect");
+                    // Bytes lost on the way would leave both ends waiting: the peer gives up
+                    // and closes, and the reader's next read, of nothing, fails the test.
+                    client
+                        .set_read_timeout(Some(Duration::from_secs(5)))
+                        .expect("a read timeout");
+                    client.write_all(b"hello, ").expect("write");
+                    std::thread::sleep(Duration::from_millis(20));
+                    client.write_all(&[7u8; 10_000]).expect("write");
+                    let mut echoed = [0u8; 5];
+                    let answered = client.read_exact(&mut echoed);
+                    drop(client);
+                    answered.map(|()| echoed)
+                });
+                let mut io = TcpIo::new(listener.accept().await.expect("accept"));
+                let mut received = Vec::new();
+                // Into a buffer that already holds bytes, none of the rest initialized: the
+                // read lands after them, and exactly the bytes read become initialized.
+                let mut storage = [std::mem::MaybeUninit::<u8>::uninit(); 16];
+                let mut buf = ReadBuf::uninit(&mut storage);
+                buf.put_slice(b"ab");
+                futures_lite::future::poll_fn(|cx| Pin::new(&mut io).poll_read(cx, &mut buf))
+                    .await
+                    .expect("read");
+                assert!(buf.filled().len() > 2 && buf.filled().starts_with(b"ab"));
+                assert_eq!(buf.initialized().len(), buf.filled().len());
+                received.extend_from_slice(&buf.filled()[2..]);
+                // Into initialized bytes: they stay initialized past the read.
+                let mut storage = [0xEEu8; 16];
+                let mut buf = ReadBuf::new(&mut storage);
+                buf.put_slice(b"xy");
+                futures_lite::future::poll_fn(|cx| Pin::new(&mut io).poll_read(cx, &mut buf))
+                    .await
+                    .expect("read");
+                assert!(buf.filled().len() > 2 && buf.filled().starts_with(b"xy"));
+                assert_eq!(buf.initialized().len(), 16);
+                received.extend_from_slice(&buf.filled()[2..]);
+                // Into a growing buffer's spare capacity, as h2 reads.
+                let mut rest = bytes::BytesMut::with_capacity(64);
+                while received.len() + rest.len() < 7 + 10_000 {
+                    rest.reserve(4096);
+                    let read_bytes = io.read_buf(&mut rest).await.expect("read");
+                    assert!(read_bytes > 0, "the peer is still sending");
+                }
+                received.extend_from_slice(&rest);
+                io.write_all(b"done!").await.expect("write");
+                io.flush().await.expect("flush");
+                // The peer closes after reading the answer: a read then fills nothing.
+                assert_eq!(io.read_buf(&mut rest).await.expect("read at close"), 0);
+                let echoed = peer.join().expect("the peer thread ends");
+                (received, echoed)
+            };
+            match futures_util::future::select(
+                std::pin::pin!(work),
+                std::pin::pin!(sleep(Duration::from_secs(10))),
+            )
+            .await
+            {
+                futures_util::future::Either::Left((done, _)) => done,
+                futures_util::future::Either::Right(_) => panic!("TcpIo's reads stalled"),
             }
-            io.write_all(b"done!").await.expect("write");
-            io.flush().await.expect("flush");
-            // The peer closes after reading the answer: a read then fills nothing.
-            assert_eq!(io.read_buf(&mut received).await.expect("read at close"), 0);
-            let echoed = peer.join().expect("the peer thread ends");
-            (received, echoed)
         })
         .expect("executor starts")
         .join()
@@ -612,6 +645,8 @@ mod tests {
         assert_eq!(&echoed.expect("the answer arrives"), b"done!");
     }
 
+    /// What the shards' call tasks rely on: a queued spawn runs only once its spawner yields,
+    /// in spawn order, while glommio's own spawn polls the task before it returns.
     #[test]
     fn a_queued_spawn_runs_after_its_spawner_yields() {
         let order = spawn_pinned("spawn-test", process_cpu_list()[0], || async {

@@ -53,13 +53,25 @@ fn yolo_peek(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
 }
 
 fn yolo_recv(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
-    yolo_recv_raw(fd, buf.as_mut_ptr(), buf.len())
+    // SAFETY: `yolo_recv_uninit` only stores initialized bytes (what `recv` returns), so the
+    // initialized slice stays initialized.
+    yolo_recv_uninit(fd, unsafe {
+        &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>])
+    })
 }
 
-/// KEEL PATCH: `yolo_recv` into `len` bytes at `ptr`, which need not be initialized: `recv`
-/// only writes the bytes it returns.
-fn yolo_recv_raw(fd: RawFd, ptr: *mut u8, len: usize) -> Option<io::Result<usize>> {
-    match sys::recv_syscall(fd, ptr, len, MsgFlags::MSG_DONTWAIT.bits()) {
+/// KEEL PATCH: `yolo_recv` into bytes that need not be initialized: `recv` writes the bytes
+/// it returns (the first `n` of `buf`) and reads none.
+fn yolo_recv_uninit(
+    fd: RawFd,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+) -> Option<io::Result<usize>> {
+    match sys::recv_syscall(
+        fd,
+        buf.as_mut_ptr().cast::<u8>(),
+        buf.len(),
+        MsgFlags::MSG_DONTWAIT.bits(),
+    ) {
         Ok(x) => Some(Ok(x)),
         Err(err) => match err.kind() {
             io::ErrorKind::WouldBlock => None,

@@ -258,17 +258,21 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         cx: &Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        self.poll_read_raw(cx, buf.as_mut_ptr(), buf.len())
+        // SAFETY: `poll_read_uninit` only stores initialized bytes (what `recv` returns), so
+        // the initialized slice stays initialized.
+        self.poll_read_uninit(cx, unsafe {
+            &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>])
+        })
     }
 
-    /// KEEL PATCH: `poll_read` into `len` bytes at `ptr`, which need not be initialized (see
-    /// `TcpStream::poll_read_uninit`). The bytes are only ever written, by `recv`.
-    pub(crate) fn poll_read_raw(
+    /// KEEL PATCH: `poll_read` into bytes that need not be initialized (see
+    /// `TcpStream::poll_read_uninit`). They are only ever written, by `recv`.
+    pub(crate) fn poll_read_uninit(
         &mut self,
         cx: &Context<'_>,
-        ptr: *mut u8,
-        len: usize,
+        buf: &mut [std::mem::MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
+        let len = buf.len();
         let reactor = self.reactor.upgrade().unwrap();
         let reactor = reactor.as_ref();
 
@@ -279,7 +283,7 @@ impl<S: AsRawFd> NonBufferedStream<S> {
             .unwrap_or(true);
 
         if no_pending_poll {
-            if let Some(result) = super::yolo_recv_raw(self.stream.as_raw_fd(), ptr, len) {
+            if let Some(result) = super::yolo_recv_uninit(self.stream.as_raw_fd(), buf) {
                 self.source_rx.take();
                 self.read_timeout.cancel_timer(reactor);
                 let result = poll_err!(result);
@@ -413,8 +417,7 @@ impl<S: AsRawFd> GlommioStream<S, NonBuffered> {
         cx: &Context<'_>,
         buf: &mut [std::mem::MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
-        self.stream
-            .poll_read_raw(cx, buf.as_mut_ptr().cast::<u8>(), buf.len())
+        self.stream.poll_read_uninit(cx, buf)
     }
 }
 
