@@ -36,10 +36,68 @@ unsafe impl Send for OpenSegment {}
 // SAFETY: as above.
 unsafe impl Sync for OpenSegment {}
 
+/// Buffers of dropped segments, kept for the next segments of the same size. A fresh
+/// buffer's pages fault in one by one as the writer fills it, on the raft core: under a put
+/// load that was a third of that thread's page faults (BENCHMARKS.md), because a segment made
+/// durable frees its buffer and the allocator gives the pages back to the system before the
+/// next segment asks for as many.
+struct SpareBuffers {
+    /// How many buffers wait, at most.
+    buffers_max: usize,
+    /// The largest buffer kept: a segment of the configured size (1 MiB by default) is; a
+    /// larger one, rare, goes back to the allocator.
+    buffer_bytes_max: usize,
+    buffers: Mutex<Vec<Vec<u8>>>,
+}
+
+impl SpareBuffers {
+    const fn new(buffers_max: usize, buffer_bytes_max: usize) -> Self {
+        SpareBuffers {
+            buffers_max,
+            buffer_bytes_max,
+            buffers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A spare buffer of exactly `capacity` bytes, if one waits (the newest such).
+    fn take(&self, capacity: usize) -> Option<Vec<u8>> {
+        if capacity > self.buffer_bytes_max {
+            return None;
+        }
+        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let at = buffers.iter().rposition(|b| b.capacity() == capacity)?;
+        Some(buffers.remove(at))
+    }
+
+    /// Keeps `buffer` (empty, its capacity intact) for a later segment, in place of the
+    /// longest-kept one when enough wait (the newest is likeliest still in the caches), or
+    /// frees it when it is large.
+    fn give(&self, buffer: Vec<u8>) {
+        assert!(buffer.is_empty(), "a spare buffer holds nothing");
+        if buffer.capacity() > self.buffer_bytes_max || self.buffers_max == 0 {
+            return;
+        }
+        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = (buffers.len() == self.buffers_max).then(|| buffers.remove(0));
+        buffers.push(buffer);
+        // The one pushed out is freed after the lock is released.
+        drop(buffers);
+        drop(oldest);
+    }
+}
+
+/// Process-wide: a segment's last reference may drop on any thread (a reader's epoch collects
+/// it), and a buffer is plain memory, whichever store it served. At most 4 buffers of at most
+/// 4 MiB wait: 4 MiB held at most, against a fault per 4 KiB page of every new segment.
+static SPARE_SEGMENTS: SpareBuffers = SpareBuffers::new(4, 4 << 20);
+
 impl OpenSegment {
     pub(crate) fn with_capacity(capacity: usize) -> Arc<OpenSegment> {
         assert!(capacity > 0, "a segment holds something");
-        let mut buffer = std::mem::ManuallyDrop::new(Vec::<u8>::with_capacity(capacity));
+        let buffer = SPARE_SEGMENTS
+            .take(capacity)
+            .unwrap_or_else(|| Vec::<u8>::with_capacity(capacity));
+        let mut buffer = std::mem::ManuallyDrop::new(buffer);
         Arc::new(OpenSegment {
             ptr: NonNull::new(buffer.as_mut_ptr()).expect("a Vec's pointer is never null"),
             capacity: buffer.capacity(),
@@ -94,8 +152,9 @@ impl std::fmt::Debug for OpenSegment {
 impl Drop for OpenSegment {
     fn drop(&mut self) {
         // SAFETY: `ptr` and `capacity` describe the Vec this buffer was made from; its bytes
-        // need no drop.
-        drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), 0, self.capacity) });
+        // need no drop. This is the last reference, so no reader still sees the bytes, and a
+        // segment that reuses the buffer only publishes what it writes anew.
+        SPARE_SEGMENTS.give(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), 0, self.capacity) });
     }
 }
 
@@ -448,6 +507,69 @@ impl SegmentsWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dropped segment's buffer serves the next segment of its size, the same memory; other
+    /// sizes are not served, buffers over the size bound are not kept, and past the count the
+    /// newest are kept.
+    #[test]
+    fn spare_buffers_serve_segments_of_their_size_and_stay_bounded() {
+        let spares = SpareBuffers::new(2, 1 << 20);
+        let first = Vec::<u8>::with_capacity(4096);
+        let first_ptr = first.as_ptr();
+        spares.give(first);
+        assert!(spares.take(8192).is_none(), "another size is not served");
+        let again = spares.take(4096).expect("the same size is served");
+        assert_eq!(again.as_ptr(), first_ptr, "with the same memory");
+        assert!(spares.take(4096).is_none(), "once");
+        let given: Vec<Vec<u8>> = (0..3).map(|_| Vec::with_capacity(4096)).collect();
+        let newest: Vec<*const u8> = given[1..].iter().map(|b| b.as_ptr()).collect();
+        for buffer in given {
+            spares.give(buffer);
+        }
+        spares.give(Vec::with_capacity(2 << 20));
+        let kept: Vec<*const u8> = spares
+            .buffers
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|b| b.as_ptr())
+            .collect();
+        assert_eq!(kept, newest, "the two newest wait; the large one is freed");
+    }
+
+    /// A dropped segment leaves its buffer in the process's spares, and the next segment of
+    /// its size takes that very buffer, and still holds only what it writes.
+    #[test]
+    fn a_segment_reuses_a_dropped_segments_buffer() {
+        // A size no other test uses, so no other segment takes the spare. The spares are the
+        // process's, so other tests' segments dropped in between could push it out: tried a
+        // few times, one clean round is enough.
+        let capacity = 12_347;
+        let spare_ptr = || {
+            SPARE_SEGMENTS
+                .buffers
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .find(|b| b.capacity() == capacity)
+                .map(|b| b.as_ptr())
+        };
+        let reused = (0..10).any(|_| {
+            let old = OpenSegment::with_capacity(capacity);
+            // SAFETY: the only writer, within the capacity; nothing is published.
+            unsafe { old.write_at(0, b"old bytes") };
+            let old_ptr = old.ptr.as_ptr().cast_const();
+            drop(old);
+            let kept = spare_ptr() == Some(old_ptr);
+            let new = OpenSegment::with_capacity(capacity);
+            assert_eq!(new.capacity(), capacity);
+            // SAFETY: as above; the bytes read back are the ones just written.
+            unsafe { new.write_at(0, b"new") };
+            assert_eq!(unsafe { new.written(0, 3) }, b"new");
+            kept && new.ptr.as_ptr().cast_const() == old_ptr && spare_ptr().is_none()
+        });
+        assert!(reused, "the dropped segment's buffer is kept, then reused");
+    }
 
     /// A segment retired while a reader is pinned stays in every table that reader loads,
     /// however often the writer drains and publishes meanwhile; once the reader unpins, it
