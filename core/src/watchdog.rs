@@ -136,6 +136,9 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
             let purge_due_ms =
                 last_purge_ms + crate::rt::FREED_MEMORY_PURGE_EVERY.as_millis() as u64;
             if shared.uptime_ms() >= purge_due_ms {
+                // Spare value-log buffers no segment took within a purge period go back too:
+                // under writes they are taken within milliseconds, so only an idle member's go.
+                keel_kv::release_spare_segment_buffers(crate::rt::FREED_MEMORY_PURGE_EVERY);
                 crate::rt::release_freed_memory();
                 last_purge_ms = shared.uptime_ms();
             }

@@ -62,7 +62,7 @@ pub use checkpoint::{
 pub use error::{KvError, Result};
 pub use index::Unchecked;
 pub use read::{KeyValueShape, RangeRest, RangeSplit};
-pub use segments::MappedSegment;
+pub use segments::{release_spare_segment_buffers, MappedSegment};
 pub use store::{
     txn_is_read_only, txn_is_serializable, ApplyInSteps, CompactionStatus, Progress, Reader, Store,
     TxnReads, UnreadableRecord, ValueLogOptions, Writer, COMPACT_REVISION_NONE, REVISION_INITIAL,

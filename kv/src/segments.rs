@@ -15,6 +15,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_epoch::{Atomic, Guard, Owned};
@@ -27,6 +28,9 @@ use crate::vlog::DurableSegment;
 pub(crate) struct OpenSegment {
     ptr: NonNull<u8>,
     capacity: usize,
+    /// Of the store's configured size: its buffer serves a later segment once this one is
+    /// dropped (a segment made larger for one large record does not).
+    reusable: bool,
 }
 
 // SAFETY: the buffer is a plain heap allocation owned by this value. Readers on other threads
@@ -36,18 +40,19 @@ unsafe impl Send for OpenSegment {}
 // SAFETY: as above.
 unsafe impl Sync for OpenSegment {}
 
-/// Buffers of dropped segments, kept for the next segments of the same size. A fresh
-/// buffer's pages fault in one by one as the writer fills it, on the raft core: under a put
-/// load that was a third of that thread's page faults (BENCHMARKS.md), because a segment made
-/// durable frees its buffer and the allocator gives the pages back to the system before the
-/// next segment asks for as many.
+/// Buffers of dropped segments of the store's configured size, kept for the next segments.
+/// Measured under a put load, before: a third of the raft core's page faults came from
+/// filling fresh segment buffers (BENCHMARKS.md). Why the allocator hands out fresh pages for
+/// each 1 MiB segment is not established; a buffer's last reference often drops on another
+/// thread (a reader's epoch collection), which may be part of it.
 struct SpareBuffers {
     /// How many buffers wait, at most.
     buffers_max: usize,
-    /// The largest buffer kept: a segment of the configured size (1 MiB by default) is; a
-    /// larger one, rare, goes back to the allocator.
+    /// The largest buffer kept: a store configured with larger segments keeps none.
     buffer_bytes_max: usize,
-    buffers: Mutex<Vec<Vec<u8>>>,
+    /// Each with when it was given: `release_spare_segment_buffers` frees those that waited
+    /// long, so an idle member gives the memory back.
+    buffers: Mutex<Vec<(Vec<u8>, Instant)>>,
 }
 
 impl SpareBuffers {
@@ -65,8 +70,10 @@ impl SpareBuffers {
             return None;
         }
         let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let at = buffers.iter().rposition(|b| b.capacity() == capacity)?;
-        Some(buffers.remove(at))
+        let at = buffers
+            .iter()
+            .rposition(|(b, _)| b.capacity() == capacity)?;
+        Some(buffers.remove(at).0)
     }
 
     /// Keeps `buffer` (empty, its capacity intact) for a later segment, in place of the
@@ -79,28 +86,56 @@ impl SpareBuffers {
         }
         let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
         let oldest = (buffers.len() == self.buffers_max).then(|| buffers.remove(0));
-        buffers.push(buffer);
+        buffers.push((buffer, Instant::now()));
         // The one pushed out is freed after the lock is released.
         drop(buffers);
         drop(oldest);
+    }
+
+    /// Frees the buffers that have waited at least `age`; returns their bytes.
+    fn release_older_than(&self, age: Duration) -> usize {
+        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *buffers)
+            .into_iter()
+            .partition(|(_, given)| now.duration_since(*given) >= age);
+        *buffers = kept;
+        drop(buffers);
+        old.iter().map(|(b, _)| b.capacity()).sum()
     }
 }
 
 /// Process-wide: a segment's last reference may drop on any thread (a reader's epoch collects
 /// it), and a buffer is plain memory, whichever store it served. At most 4 buffers of at most
-/// 4 MiB wait: 4 MiB held at most, against a fault per 4 KiB page of every new segment.
+/// 4 MiB each wait (4 MiB at the default 1 MiB segments), and a member's periodic purge frees
+/// those that waited a purge period (`release_spare_segment_buffers`), so an idle member holds
+/// none.
 static SPARE_SEGMENTS: SpareBuffers = SpareBuffers::new(4, 4 << 20);
 
+/// Frees the spare segment buffers that have waited at least `age` and returns their bytes.
+/// Under a write load they are reused within milliseconds; a member calls this with its
+/// purge period each time it gives freed memory back, and a test that measures the heap calls
+/// it with zero first.
+pub fn release_spare_segment_buffers(age: Duration) -> usize {
+    SPARE_SEGMENTS.release_older_than(age)
+}
+
 impl OpenSegment {
-    pub(crate) fn with_capacity(capacity: usize) -> Arc<OpenSegment> {
+    /// A segment of `capacity` bytes; `reusable` when that is the store's configured segment
+    /// size, whose buffers are kept for later segments.
+    pub(crate) fn with_capacity(capacity: usize, reusable: bool) -> Arc<OpenSegment> {
         assert!(capacity > 0, "a segment holds something");
-        let buffer = SPARE_SEGMENTS
-            .take(capacity)
-            .unwrap_or_else(|| Vec::<u8>::with_capacity(capacity));
+        let spare = if reusable {
+            SPARE_SEGMENTS.take(capacity)
+        } else {
+            None
+        };
+        let buffer = spare.unwrap_or_else(|| Vec::<u8>::with_capacity(capacity));
         let mut buffer = std::mem::ManuallyDrop::new(buffer);
         Arc::new(OpenSegment {
             ptr: NonNull::new(buffer.as_mut_ptr()).expect("a Vec's pointer is never null"),
             capacity: buffer.capacity(),
+            reusable,
         })
     }
 
@@ -154,7 +189,10 @@ impl Drop for OpenSegment {
         // SAFETY: `ptr` and `capacity` describe the Vec this buffer was made from; its bytes
         // need no drop. This is the last reference, so no reader still sees the bytes, and a
         // segment that reuses the buffer only publishes what it writes anew.
-        SPARE_SEGMENTS.give(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), 0, self.capacity) });
+        let buffer = unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), 0, self.capacity) };
+        if self.reusable {
+            SPARE_SEGMENTS.give(buffer);
+        }
     }
 }
 
@@ -532,13 +570,24 @@ mod tests {
             .lock()
             .expect("not poisoned")
             .iter()
-            .map(|b| b.as_ptr())
+            .map(|(b, _)| b.as_ptr())
             .collect();
         assert_eq!(kept, newest, "the two newest wait; the large one is freed");
+        // Those that waited long enough are freed, and only those.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            spares.release_older_than(Duration::from_millis(10)),
+            2 * 4096
+        );
+        assert!(spares.take(4096).is_none());
+        spares.give(Vec::with_capacity(8192));
+        assert_eq!(spares.release_older_than(Duration::from_secs(10)), 0);
+        assert_eq!(spares.take(8192).map(|b| b.capacity()), Some(8192));
     }
 
-    /// A dropped segment leaves its buffer in the process's spares, and the next segment of
-    /// its size takes that very buffer, and still holds only what it writes.
+    /// A dropped segment of the store's size leaves its buffer in the process's spares, the
+    /// next segment of that size takes that very buffer, and a segment of another size (made
+    /// for one large record) leaves none.
     #[test]
     fn a_segment_reuses_a_dropped_segments_buffer() {
         // A size no other test uses, so no other segment takes the spare. The spares are the
@@ -551,17 +600,17 @@ mod tests {
                 .lock()
                 .expect("not poisoned")
                 .iter()
-                .find(|b| b.capacity() == capacity)
-                .map(|b| b.as_ptr())
+                .find(|(b, _)| b.capacity() == capacity)
+                .map(|(b, _)| b.as_ptr())
         };
         let reused = (0..10).any(|_| {
-            let old = OpenSegment::with_capacity(capacity);
+            let old = OpenSegment::with_capacity(capacity, true);
             // SAFETY: the only writer, within the capacity; nothing is published.
             unsafe { old.write_at(0, b"old bytes") };
             let old_ptr = old.ptr.as_ptr().cast_const();
             drop(old);
             let kept = spare_ptr() == Some(old_ptr);
-            let new = OpenSegment::with_capacity(capacity);
+            let new = OpenSegment::with_capacity(capacity, true);
             assert_eq!(new.capacity(), capacity);
             // SAFETY: as above; the bytes read back are the ones just written.
             unsafe { new.write_at(0, b"new") };
@@ -569,6 +618,14 @@ mod tests {
             kept && new.ptr.as_ptr().cast_const() == old_ptr && spare_ptr().is_none()
         });
         assert!(reused, "the dropped segment's buffer is kept, then reused");
+        let odd = OpenSegment::with_capacity(capacity, false);
+        let odd_ptr = odd.ptr.as_ptr().cast_const();
+        drop(odd);
+        assert_ne!(
+            spare_ptr(),
+            Some(odd_ptr),
+            "a segment of another size leaves no spare"
+        );
     }
 
     /// A segment retired while a reader is pinned stays in every table that reader loads,
@@ -712,7 +769,7 @@ mod tests {
     /// replaced in the table and its buffer dropped by the writer.
     #[test]
     fn a_record_read_from_the_open_segment_outlives_it() {
-        let open = OpenSegment::with_capacity(64);
+        let open = OpenSegment::with_capacity(64, false);
         // SAFETY: nothing reads the buffer yet.
         unsafe { open.write_at(0, b"hello world") };
         let segment = SegmentBytes::Open(open.clone());

@@ -680,8 +680,8 @@ impl Writer {
     }
 
     /// Segment `id` (of `sealed_bytes` record bytes) is durable in `file`, its mapped contents:
-    /// readers read its values from `file` from now on, so the memory copy is freed once the
-    /// last reader drops its slice. A segment that reclaim removed meanwhile is only counted.
+    /// readers read its values from `file` from now on, so the memory copy is freed (or its
+    /// buffer kept for a later segment) once the last reader drops its slice. A segment that reclaim removed meanwhile is only counted.
     /// No version changes: each names its segment, and the segment table says where that is.
     pub fn segment_durable(&mut self, id: u32, sealed_bytes: u64, file: Bytes) {
         self.vlog.sealed_written(sealed_bytes);

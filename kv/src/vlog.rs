@@ -10,7 +10,8 @@
 //! Values on disk (`spill` on, as the server runs it): a segment that fills up is sealed and
 //! handed to the driver ([`SealedSegment`], taken with `Writer::take_sealed_segments`), which
 //! writes it to a file, makes it durable and maps it; `Writer::segment_durable` then points the
-//! table at the mapping, and the in-memory copy is freed once the last reader drops its slice.
+//! table at the mapping, and the in-memory copy is freed once the last reader drops its slice
+//! (its buffer, of the configured size, kept a while for a later segment: `segments.rs`).
 //! Memory then holds the index, the open segment and the sealed segments not yet durable
 //! (bounded by the driver), never the whole data set. With `spill` off (tests, simulations,
 //! tools) segments stay in memory and nothing is handed out.
@@ -190,7 +191,7 @@ impl ValueLog {
         assert!(first_id != SEGMENT_NONE, "segment ids exhausted");
         let mut segments = BTreeMap::new();
         segments.insert(first_id, SegmentStats::default());
-        let open = OpenSegment::with_capacity(segment_bytes);
+        let open = OpenSegment::with_capacity(segment_bytes, true);
         table.set(first_id, SegmentBytes::Open(open.clone()));
         table.publish();
         ValueLog {
@@ -347,7 +348,10 @@ impl ValueLog {
             .checked_add(1)
             .expect("fewer than 2^32 segments");
         assert!(self.open_id != SEGMENT_NONE, "segment ids exhausted");
-        let next = OpenSegment::with_capacity(self.segment_bytes.max(record_bytes));
+        let next = OpenSegment::with_capacity(
+            self.segment_bytes.max(record_bytes),
+            record_bytes <= self.segment_bytes,
+        );
         let sealed = std::mem::replace(&mut self.open, next.clone());
         let sealed_len = std::mem::replace(&mut self.open_len, 0);
         // SAFETY: the sealed segment's written prefix never changes again: the writer now
