@@ -645,6 +645,55 @@ mod tests {
         assert_eq!(&echoed.expect("the answer arrives"), b"done!");
     }
 
+    /// The executors' rings hold a completion back while their thread runs in user space
+    /// (`COOP_TASKRUN`, third_party/README.md): no IPI interrupts the thread, and the
+    /// completion is posted when the thread next enters the kernel. A thread busy with tasks
+    /// that make no system call must still get it. Here one task spins, yielding but never
+    /// sleeping, while another waits for bytes that arrive on its socket after the socket's
+    /// poll was armed. Fails (the spinner gives up after 5 s) if the completion is lost.
+    /// On this machine the timer tick's return to user space also posts it, so the test
+    /// passes without the patched peek (`cq_ring_needs_flush`) as well; the peek is what
+    /// posts it on a CPU without a tick (`nohz_full`), as an isolated core for a shard is.
+    #[test]
+    fn a_completion_reaches_an_executor_busy_in_user_space() {
+        let seen_after = spawn_pinned("coop-test", process_cpu_list()[0], || async {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("address");
+            let peer = std::thread::spawn(move || {
+                use std::io::Write;
+                let mut client = std::net::TcpStream::connect(addr).expect("connect");
+                // Long after the reader armed its poll, which the executor submits at the end
+                // of its first turn (a 100 ms time slice at most).
+                std::thread::sleep(Duration::from_millis(400));
+                client.write_all(b"ping").expect("write");
+                std::thread::sleep(Duration::from_secs(6));
+            });
+            let mut stream = listener.accept().await.expect("accept");
+            let arrived = std::rc::Rc::new(std::cell::Cell::new(false));
+            let reader_arrived = arrived.clone();
+            spawn_local(async move {
+                use futures_lite::AsyncReadExt;
+                let mut buf = [0u8; 4];
+                stream.read_exact(&mut buf).await.expect("read");
+                assert_eq!(&buf, b"ping");
+                reader_arrived.set(true);
+            });
+            let start = std::time::Instant::now();
+            // No system call in this loop: `Instant::now` reads the vDSO clock.
+            while !arrived.get() && start.elapsed() < Duration::from_secs(5) {
+                futures_lite::future::yield_now().await;
+            }
+            let seen_after = arrived.get().then(|| start.elapsed());
+            drop(peer);
+            seen_after
+        })
+        .expect("executor starts")
+        .join()
+        .expect("the executor finishes");
+        let seen_after = seen_after.expect("the read completed while the executor was busy");
+        assert!(seen_after >= Duration::from_millis(300), "{seen_after:?}");
+    }
+
     /// What the shards' call tasks rely on: a queued spawn runs only once its spawner yields,
     /// in spawn order, while glommio's own spawn polls the task before it returns.
     #[test]

@@ -3,6 +3,10 @@ use std::{env, fs, path::*, process::Command};
 use cc::Build;
 
 fn main() {
+    // KEEL PATCH: `cc` prints `rerun-if-env-changed` lines, after which cargo reruns this
+    // script only for what is named: name the C sources too, or a patch to them is not built.
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=liburing/src");
     let project = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
         .canonicalize()
         .unwrap();

@@ -35,9 +35,16 @@ static inline bool sq_ring_needs_enter(struct io_uring *ring, unsigned *flags)
 	return false;
 }
 
+/*
+ * KEEL PATCH: also when the kernel holds completions back for the ring's task
+ * (IORING_SQ_TASKRUN, set on rings made with IORING_SETUP_TASKRUN_FLAG): a peek
+ * that finds the queue empty then enters the kernel to have them posted, as
+ * newer liburing does.
+ */
 static inline bool cq_ring_needs_flush(struct io_uring *ring)
 {
-	return IO_URING_READ_ONCE(*ring->sq.kflags) & IORING_SQ_CQ_OVERFLOW;
+	return IO_URING_READ_ONCE(*ring->sq.kflags) &
+		(IORING_SQ_CQ_OVERFLOW | IORING_SQ_TASKRUN);
 }
 
 static int __io_uring_peek_cqe(struct io_uring *ring,

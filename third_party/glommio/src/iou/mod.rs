@@ -92,6 +92,12 @@ bitflags::bitflags! {
         const CQSIZE    = 1 << 3;
         const CLAMP     = 1 << 4;
         const ATTACH_WQ = 1 << 5;
+        /// KEEL PATCH (kernel 5.19+): completions for a task running in user space wait for
+        /// its next entry into the kernel instead of interrupting it with an IPI.
+        const COOP_TASKRUN = 1 << 8;
+        /// KEEL PATCH (kernel 5.19+): the kernel sets `IORING_SQ_TASKRUN` in the submission
+        /// queue's flags while such completions wait, so that a peek knows to enter.
+        const TASKRUN_FLAG = 1 << 9;
     }
 }
 

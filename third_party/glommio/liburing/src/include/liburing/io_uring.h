@@ -102,6 +102,9 @@ enum {
 #define IORING_SETUP_CLAMP	(1U << 4)	/* clamp SQ/CQ ring sizes */
 #define IORING_SETUP_ATTACH_WQ	(1U << 5)	/* attach to existing wq */
 #define IORING_SETUP_R_DISABLED	(1U << 6)	/* start with ring disabled */
+/* KEEL PATCH: flags of kernels from 5.19 on (see third_party/README.md). */
+#define IORING_SETUP_COOP_TASKRUN	(1U << 8)	/* no IPI to a running task for its completions */
+#define IORING_SETUP_TASKRUN_FLAG	(1U << 9)	/* IORING_SQ_TASKRUN says completions wait */
 
 enum {
 	IORING_OP_NOP,
@@ -234,6 +237,7 @@ struct io_sqring_offsets {
  */
 #define IORING_SQ_NEED_WAKEUP	(1U << 0) /* needs io_uring_enter wakeup */
 #define IORING_SQ_CQ_OVERFLOW	(1U << 1) /* CQ ring is overflown */
+#define IORING_SQ_TASKRUN	(1U << 2) /* KEEL PATCH: completions wait for an io_uring_enter */
 
 struct io_cqring_offsets {
 	__u32 head;
