@@ -476,6 +476,17 @@ fn parse_hello_urls(bytes: &[u8]) -> Option<Vec<String>> {
 /// Reads one frame's payload (without its length prefix) from the peer `from` named in the
 /// connection's handshake. An error ends the connection.
 pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
+    parse_frame_in(frame, None, from)
+}
+
+/// `parse_frame` of a frame in a shared buffer: a raft message's entries (and its other
+/// payloads) are slices of `frame`, not copies (`Message::decode_shared`). Where a follower
+/// takes appends, that saved an allocation and a copy of every entry.
+pub fn parse_shared_frame(frame: &Bytes, from: u64) -> std::io::Result<Incoming> {
+    parse_frame_in(frame, Some(frame), from)
+}
+
+fn parse_frame_in(frame: &[u8], shared: Option<&Bytes>, from: u64) -> std::io::Result<Incoming> {
     let Some((&kind, body)) = frame.split_first() else {
         return Err(std::io::Error::other("empty peer frame"));
     };
@@ -483,7 +494,11 @@ pub fn parse_frame(frame: &[u8], from: u64) -> std::io::Result<Incoming> {
     let i64_at = |o: usize| i64::from_be_bytes(body[o..o + 8].try_into().expect("8 bytes"));
     let incoming = match kind {
         FRAME_RAFT => {
-            let m = Message::decode(body).map_err(|e| std::io::Error::other(e.to_string()))?;
+            let m = match shared {
+                Some(frame) => Message::decode_shared(&frame.slice(1..)),
+                None => Message::decode(body),
+            }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
             if m.from != from {
                 return Err(std::io::Error::other(
                     "message sender does not match the connection",
@@ -1619,7 +1634,7 @@ impl Transport {
         // heartbeats; its stream has deadlines of its own (its sender's per chunk).
         let mut framed = false;
         loop {
-            let frame = if read_deadline && framed && incoming.is_none() {
+            let mut frame = if read_deadline && framed && incoming.is_none() {
                 within_deadline(read_frame(reader, self.frame_bytes_max)).await?
             } else {
                 read_frame(reader, self.frame_bytes_max).await?
@@ -1629,7 +1644,14 @@ impl Transport {
             if self.removed.borrow().contains(&from) {
                 return Ok(());
             }
-            match parse_frame(&frame, from)? {
+            // A raft message without a copy: the frame's bytes become the entries' payloads.
+            // (A snapshot chunk's frame stays a `Vec`, which its writer reuses.)
+            let parsed = if frame.first() == Some(&FRAME_RAFT) {
+                parse_shared_frame(&Bytes::from(std::mem::take(&mut frame)), from)?
+            } else {
+                parse_frame(&frame, from)?
+            };
+            match parsed {
                 Incoming::SnapshotBegin {
                     index,
                     checkpoint_bytes,
