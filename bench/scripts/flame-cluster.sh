@@ -15,7 +15,8 @@
 # SERVER (default target/release/keel), BENCH (target/release/keel-bench), KIND (keel or etcd;
 # etcd threads are not named, so its per-thread lines say only "etcd"), TOTAL (puts, 150000),
 # KEYS (key space, 10000: compare's default --mem-keys is larger, but its runs in BENCHMARKS.md
-# use 10000), FREQ (perf samples per second, 999), CALL_GRAPH (dwarf,32768), PORT (first of
+# use 10000), FREQ (perf samples per second, 999; 0: no sampling, only the OUT_PREFIX.txt
+# summary, for comparing builds by CPU per put without perf's cost), CALL_GRAPH (dwarf,32768), PORT (first of
 # six ports, 25400).
 #
 # Needs: perf, etcdctl (the leader probe), python3, inferno-collapse-perf and
@@ -87,8 +88,9 @@ snapshot() {
   done
 }
 snapshot >"$work/before"
-perf record -F "$freq" --call-graph "$call_graph" -o "$work/perf.data" -p "${pids[sampled]}" -- \
-  "$bench" --endpoints "$eps" --clients 1000 --conns 100 put --total "$total" --key-size 8 \
+sample=(perf record -F "$freq" --call-graph "$call_graph" -o "$work/perf.data" -p "${pids[sampled]}" --)
+[ "$freq" = 0 ] && sample=()
+"${sample[@]}" "$bench" --endpoints "$eps" --clients 1000 --conns 100 put --total "$total" --key-size 8 \
   --val-size 256 --sequential-keys --key-space-size "$keys" >"$work/bench.txt" 2>&1
 snapshot >"$work/after"
 {
@@ -115,6 +117,7 @@ for member in ('n0', 'n1', 'n2'):
           ', '.join('%s %.2f' % (name, us) for us, name in reversed(rows) if us >= 0.05)))
 PY
 } >"$out.txt"
+if [ "$freq" = 0 ]; then cat "$out.txt"; exit 0; fi
 perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf --all >"$out.folded"
 inferno-flamegraph --minwidth 1 --title "n$sampled, the $role of three members: put, 1000 clients" \
   <"$out.folded" >"$out.svg"
