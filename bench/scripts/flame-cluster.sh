@@ -19,8 +19,8 @@
 # summary, for comparing builds by CPU per put without perf's cost), CALL_GRAPH (dwarf,32768), PORT (first of
 # six ports, 25400).
 #
-# Needs: perf, etcdctl (the leader probe), python3, inferno-collapse-perf and
-# inferno-flamegraph on PATH (`cargo install inferno`).
+# Needs: etcdctl (the leader probe) and python3; unless FREQ=0, also perf,
+# inferno-collapse-perf and inferno-flamegraph on PATH (`cargo install inferno`).
 set -euo pipefail
 
 role=$1
@@ -33,7 +33,9 @@ keys=${KEYS:-10000}
 freq=${FREQ:-999}
 call_graph=${CALL_GRAPH:-dwarf,32768}
 port=${PORT:-25400}
-for tool in perf etcdctl python3 inferno-collapse-perf inferno-flamegraph; do
+tools=(etcdctl python3)
+[ "$freq" = 0 ] || tools+=(perf inferno-collapse-perf inferno-flamegraph)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "flame-cluster.sh: $tool is not on PATH" >&2; exit 2; }
 done
 

@@ -202,7 +202,22 @@ impl<S: Storage> RaftLog<S> {
                 self.committed
             );
             let start = (conflict - (index + 1)) as usize;
-            self.append(&ents[start..]);
+            if start == 0 {
+                self.append(ents);
+            } else {
+                // A resent or overlapping append: only its tail is new. A received message's
+                // payloads may be slices of the frame it came in (`Message::decode_shared`),
+                // and the whole frame would live as long as the few entries kept; copies
+                // let it go. Rare (resends), so the copy costs little.
+                let tail: Vec<Entry> = ents[start..]
+                    .iter()
+                    .map(|e| Entry {
+                        data: bytes::Bytes::copy_from_slice(&e.data),
+                        ..e.clone()
+                    })
+                    .collect();
+                self.append(&tail);
+            }
         }
         self.commit_to(committed.min(last_new));
         Some(last_new)
@@ -373,6 +388,36 @@ mod tests {
             .collect();
         s.append(&ents);
         RaftLog::new(s)
+    }
+
+    /// An append whose head the log already holds keeps copies of its new tail, so that a
+    /// received frame is not kept alive by a few of its entries; a wholly new append keeps
+    /// the payloads as they came (slices of their frame). Fails if either is reversed.
+    #[test]
+    fn an_overlapping_append_keeps_copies_of_its_new_entries() {
+        let frame = bytes::Bytes::from(vec![7u8; 64 * 1024]);
+        let inside = frame.as_ptr_range();
+        let from_frame = |index: u64, at: usize| Entry {
+            data: frame.slice(at..at + 10),
+            ..ent(index, 1)
+        };
+        let points_into_frame = |e: &Entry| {
+            let r = e.data.as_ptr_range();
+            inside.start <= r.start && r.end <= inside.end
+        };
+        let mut log = log_with(&[1, 1]);
+        // Entry 2 is held already: 3 and 4 are new.
+        let overlapping = [from_frame(2, 0), from_frame(3, 10), from_frame(4, 20)];
+        assert_eq!(log.maybe_append(1, 1, 0, &overlapping), Some(4));
+        let kept = &log.unstable.entries;
+        assert_eq!(kept.iter().map(|e| e.index).collect::<Vec<_>>(), [3, 4]);
+        assert!(kept
+            .iter()
+            .all(|e| !points_into_frame(e) && e.data == [7u8; 10][..]));
+        // Wholly new: no copy.
+        assert_eq!(log.maybe_append(4, 1, 0, &[from_frame(5, 30)]), Some(5));
+        let last = log.unstable.entries.last().expect("entry 5");
+        assert!(last.index == 5 && points_into_frame(last));
     }
 
     #[test]

@@ -7,6 +7,9 @@ fn main() {
     // script only for what is named: name the C sources too, or a patch to them is not built.
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=liburing/src");
+    println!("cargo:rerun-if-changed=liburing/configure");
+    println!("cargo:rerun-if-changed=rusturing.c");
+    println!("cargo:rerun-if-env-changed=GLOMMIO_LIBURING_DIR");
     let project = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
         .canonicalize()
         .unwrap();

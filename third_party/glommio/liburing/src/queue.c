@@ -96,6 +96,7 @@ static int _io_uring_get_cqe(struct io_uring *ring, struct io_uring_cqe **cqe_pt
 			     struct get_data *data)
 {
 	struct io_uring_cqe *cqe = NULL;
+	bool looped = false;
 	int err;
 
 	do {
@@ -109,7 +110,12 @@ static int _io_uring_get_cqe(struct io_uring *ring, struct io_uring_cqe **cqe_pt
 		if (err)
 			break;
 		if (!cqe && !data->wait_nr && !data->submit) {
-			if (!cq_ring_needs_flush(ring)) {
+			/*
+			 * KEEL PATCH, as newer liburing: one entry into the kernel per
+			 * peek. With nothing to submit or wait for, a flag still set
+			 * after it (task work that posted nothing) must not spin.
+			 */
+			if (looped || !cq_ring_needs_flush(ring)) {
 				err = -EAGAIN;
 				break;
 			}
@@ -137,6 +143,7 @@ static int _io_uring_get_cqe(struct io_uring *ring, struct io_uring_cqe **cqe_pt
 		data->submit -= ret;
 		if (cqe)
 			break;
+		looped = true;
 	} while (1);
 
 	*cqe_ptr = cqe;

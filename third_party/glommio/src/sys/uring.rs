@@ -923,15 +923,24 @@ struct SleepableRing {
 /// `COOP_TASKRUN` the completion is posted at the thread's next entry into the kernel (every
 /// socket read, write and sleep is one), a sleeping thread is still woken, and
 /// `TASKRUN_FLAG` lets a peek of the completion queue see that completions wait (liburing's
-/// `cq_ring_needs_flush`, patched). Kernels before 5.19 refuse the flags: then the ring is
-/// made as upstream makes it.
+/// `cq_ring_needs_flush`, patched). `Reactor::need_preempt` reads the latency ring's queue
+/// without entering, so a busy turn now sees a latency-ring completion (a sleep's timer, a
+/// wake-up from another thread) at its next system call or timer tick, not at once; the
+/// turn's deadline still ends it. Kernels before 5.19 refuse the flags: then the ring is
+/// made as upstream makes it, with a warning.
 fn new_cooperative_ring(entries: u32) -> io::Result<iou::IoUring> {
     match iou::IoUring::new_with_flags(
         entries,
         iou::SetupFlags::COOP_TASKRUN | iou::SetupFlags::TASKRUN_FLAG,
         iou::SetupFeatures::empty(),
     ) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => iou::IoUring::new(entries),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            log::warn!(
+                "io_uring refused COOP_TASKRUN (a kernel before 5.19): completions will \
+                 interrupt running executors with IPIs"
+            );
+            iou::IoUring::new(entries)
+        }
         other => other,
     }
 }
@@ -1191,8 +1200,11 @@ impl UringCommon for SleepableRing {
     }
 
     fn needs_kernel_enter(&self) -> bool {
-        // We only need to enter the kernel to submit SQEs, not to collect CQEs (the
-        // kernel posts the CQEs asynchronously for us)
+        // We only need to enter the kernel to submit SQEs, not to collect CQEs. KEEL PATCH:
+        // with `COOP_TASKRUN` the kernel posts a completion for this thread only when the
+        // thread enters the kernel; a peek that finds the queue empty while the kernel flags
+        // completions as waiting (`IORING_SQ_TASKRUN`) enters once to have them posted
+        // (liburing's `cq_ring_needs_flush`, patched).
         self.waiting_kernel_submission() > 0
     }
 
