@@ -2,6 +2,9 @@
 //! costs in allocations is one of the things issue #15 measures (`keel-bench compare` divides
 //! the counter's rise by the requests served, beside etcd's `go_memstats_mallocs_total`).
 //!
+//! The label is the thread's: a shard that runs in the raft core's executor (`shard::Host`)
+//! counts under `raft_core`.
+//!
 //! Each thread owns one cache-line slot and is its only writer, so counting is a load and a
 //! plain store per allocation: no lock-prefixed add, no cache line shared between cores.
 //! Readers (the metrics page) sum the slots and may see a count a few allocations old.

@@ -288,8 +288,12 @@ thread_local! {
 
 /// Makes this thread's proposals take their answers in batches, and returns the task that
 /// drains them: spawn it on this thread's executor, which must be the one that proposes.
-/// Once per thread.
-pub fn install_on_this_thread() -> impl Future<Output = ()> {
+/// None when this thread has its queue already: shards that share an executor (those on the
+/// raft core's CPU, `shard::Host`) share its queue, slots and drain task.
+pub fn install_on_this_thread() -> Option<impl Future<Output = ()>> {
+    if THIS_SHARD.with(|this| this.borrow().is_some()) {
+        return None;
+    }
     let answers = ShardAnswers::new();
     let slots = Rc::new(Slots {
         entries: RefCell::new(Vec::new()),
@@ -303,7 +307,7 @@ pub fn install_on_this_thread() -> impl Future<Output = ()> {
         }));
         assert!(previous.is_none(), "one answer queue per thread");
     });
-    drain(answers, slots)
+    Some(drain(answers, slots))
 }
 
 async fn drain(answers: Arc<ShardAnswers>, slots: Rc<Slots>) {
@@ -444,7 +448,7 @@ mod tests {
     /// waiting call once, with its own answer.
     #[test]
     fn a_batch_of_answers_wakes_the_shard_once() {
-        let mut drain = Box::pin(install_on_this_thread());
+        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
         let (drain_wakes, drain_waker) = counting();
         let mut drain_cx = Context::from_waker(&drain_waker);
         assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
@@ -495,7 +499,7 @@ mod tests {
     /// later, is dropped and never reaches the call that took the slot next.
     #[test]
     fn a_late_answer_never_reaches_the_slots_next_call() {
-        let mut drain = Box::pin(install_on_this_thread());
+        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
         let (_, waker) = counting();
         let mut cx = Context::from_waker(&waker);
         assert!(drain.as_mut().poll(&mut cx).is_pending());
@@ -525,7 +529,7 @@ mod tests {
     /// dropped one-shot sender did.
     #[test]
     fn a_dropped_reply_answers_stopped() {
-        let mut drain = Box::pin(install_on_this_thread());
+        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
         let (_, waker) = counting();
         let mut cx = Context::from_waker(&waker);
         let (reply, mut wait) = reply_here();

@@ -864,12 +864,15 @@ pub struct Placement {
 ///   and places itself there as a lone member on a host of that many CPUs would: the raft
 ///   core on the slice's last CPU, `default_shards` of the slice (beside the raft core on
 ///   slices of 1-3 CPUs), so no member's threads share another member's CPUs;
-/// - k > N: member i pins its raft core to CPU i % N and takes one shard, on CPU
-///   (i + 1) % N, so that the shards spread round the CPUs as the raft cores do.
+/// - k > N: member i pins its raft core to CPU i % N and takes one shard, on that CPU, so it
+///   runs in the raft core's executor (`shard::Host`): each member is one thread, and the
+///   members spread round the CPUs.
 ///
 /// Measured on 2 CPUs (BENCHMARKS.md, "members on one host place themselves"): three members
 /// placed so cost 2-11 % less CPU per put than the same binary under the single-member
-/// defaults. The 16-CPU slices are not measured; the nearest measured layout (raft cores on
+/// defaults, with each shard then on the CPU after its raft core's, a thread of its own. With
+/// the shard on the raft core's CPU, in its executor, they cost 17-23 % less again (BENCHMARKS.md,
+/// "A shard in the raft core's executor"). The 16-CPU slices are not measured; the nearest measured layout (raft cores on
 /// CPUs 0-2, 4 shards each, all on CPUs 0-4) cost 0.21-0.22x etcd's CPU per put against
 /// 0.27-0.39x with 15 shards each.
 pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -> Placement {
@@ -886,16 +889,11 @@ pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -
             if count <= n {
                 alone(&cpus[index * n / count..(index + 1) * n / count])
             } else {
-                // Rotated to start after the raft core's CPU: the shard goes there first.
-                let after = (index + 1) % n;
+                let raft_cpu = cpus[index % n];
                 Placement {
-                    raft_cpu: cpus[index % n],
+                    raft_cpu,
                     shards: 1,
-                    cpus: cpus[after..]
-                        .iter()
-                        .chain(&cpus[..after])
-                        .copied()
-                        .collect(),
+                    cpus: vec![raft_cpu],
                 }
             }
         }
@@ -1603,7 +1601,8 @@ mod tests {
         };
         assert_eq!(default_placement(&[0, 1], None), alone);
         assert_eq!(default_placement(&[0, 1], Some((0, 1))), alone);
-        // More members than CPUs: raft cores round the CPUs, each shard on the next CPU.
+        // More members than CPUs: raft cores round the CPUs, each member's shard on its raft
+        // core's CPU (in its executor).
         let round = |n: usize, k: usize| -> Vec<(usize, Vec<usize>)> {
             let cpus: Vec<usize> = (0..n).collect();
             (0..k)
@@ -1612,14 +1611,16 @@ mod tests {
         };
         assert_eq!(
             round(2, 3),
-            vec![(0, vec![1]), (1, vec![0]), (0, vec![1])],
+            vec![(0, vec![0]), (1, vec![1]), (0, vec![0])],
             "three members on 2 CPUs, as measured"
         );
         assert_eq!(
             round(3, 4),
-            vec![(0, vec![1]), (1, vec![2]), (2, vec![0]), (0, vec![1])]
+            vec![(0, vec![0]), (1, vec![1]), (2, vec![2]), (0, vec![0])]
         );
-        assert_eq!(round(3, 5)[4], (1, vec![2]));
+        assert_eq!(round(3, 5)[4], (1, vec![1]));
+        // --shards on such a member: more shards go round from the raft core's CPU.
+        assert_eq!(place(&[0, 1], Some((1, 3)), None, 2), (1, vec![1, 1]));
         // Three members on 16 CPUs: slices of 5, 5 and 6, each placed as a host of its size.
         let cpus: Vec<usize> = (0..16).collect();
         let slices: Vec<Placement> = (0..3)

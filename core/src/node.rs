@@ -48,6 +48,12 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     let (check_tx, check_rx) = mpsc::channel::<Result<(), CoreError>>();
     let raft_config = config.clone();
     let raft_identity = identity.clone();
+    // The shards placed on the raft core's CPU run in its executor (see `shard::Host`).
+    let (host_shards, hosted_shards) = futures_channel::oneshot::channel();
+    let host = shard::Host {
+        cpu: config.raft_cpu,
+        shards: host_shards,
+    };
     let raft = rt::spawn_pinned("keel-raft", config.raft_cpu, move || async move {
         let opened = raftcore::open(&raft_config, &raft_identity).await;
         let (parts, reader) = match opened {
@@ -92,6 +98,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
                 }
             });
         }
+        shard::host_shards(hosted_shards);
         let _ = ready_tx.send(Ok(shared.clone()));
         let result = core.run().await;
         if !shared.signalled.load(Ordering::Acquire) {
@@ -130,7 +137,7 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     crate::value_cache::start(shared.clone(), config.value_cache_bytes)
         .map_err(|e| CoreError::Executor(format!("cannot start the value cache: {e}")))?;
     let metrics = Metrics::new();
-    let _shards = shard::start(shared.clone(), metrics, &config.shard_cpus)?;
+    let _shards = shard::start(shared.clone(), metrics, &config.shard_cpus, host)?;
     if let Some(path) = &config.config_file {
         // etcd's words, which operators grep for.
         tracing::info!(
@@ -153,6 +160,12 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         shards = config.shard_cpus.len(),
         shard_cpus = ?config.shard_cpus,
         raft_cpu = config.raft_cpu,
+        // Those shards run in the raft core's executor, not on threads of their own.
+        shards_on_raft_cpu = config
+            .shard_cpus
+            .iter()
+            .filter(|&&cpu| cpu == config.raft_cpu)
+            .count(),
         members_on_this_host = config.members_on_this_host,
         ignored_flags = ?config.ignored_flags,
         auto_compaction = config

@@ -8,6 +8,14 @@
 //!
 //! Architecture invariant: a connection and all its streams live on the shard that accepted it;
 //! nothing about a connection crosses cores.
+//!
+//! One thread per core: a shard placed on the raft core's CPU (every shard of a member on 1-3
+//! CPUs has one there, see `config::default_placement`) is not a thread of its own but a task
+//! queue in the raft core's executor (`Host`). As a second thread on that CPU it took turns
+//! with the raft core through the kernel: a context switch each way, a cross-thread wake-up
+//! for each batch of proposals and of answers, and each thread's own sleeps. In one executor
+//! the two hand work over with local wake-ups and sleep together (BENCHMARKS.md, "A shard in
+//! the raft core's executor").
 
 use std::cell::Cell;
 use std::future::Future;
@@ -51,10 +59,14 @@ impl Runtime for Glommio {
 
 /// Starts one shard per entry of `cpus`, pinned there; returns once every shard has bound every client address (or the
 /// first bind error).
+///
+/// The shards on `host`'s CPU go to the raft core's executor through `host` instead of
+/// starting threads of their own.
 pub fn start(
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     cpus: &[usize],
+    host: Host,
 ) -> Result<Vec<rt::Pinned<()>>, CoreError> {
     assert!(!cpus.is_empty(), "a node needs at least one shard");
     let count = cpus.len();
@@ -72,15 +84,33 @@ pub fn start(
     };
     let (bound_tx, bound_rx) = mpsc::channel::<Result<(), CoreError>>();
     let mut handles = Vec::with_capacity(count);
+    let mut hosted = Vec::new();
     for (shard, &cpu) in cpus.iter().enumerate() {
         let shared = shared.clone();
         let metrics = metrics.clone();
         let bound_tx = bound_tx.clone();
         let tls_files = tls_files.clone();
+        if cpu == host.cpu {
+            hosted.push(Hosted {
+                shard,
+                shared,
+                metrics,
+                tls_files,
+                bound: bound_tx,
+            });
+            continue;
+        }
         let handle = rt::spawn_pinned(&format!("keel-shard-{shard}"), cpu, move || async move {
             run(shard, shared, metrics, tls_files, bound_tx).await;
         })?;
         handles.push(handle);
+    }
+    if !hosted.is_empty() && host.shards.send(hosted).is_err() {
+        // The raft core's executor ended before it took them: it failed to start, which the
+        // caller hears from the raft core itself.
+        return Err(CoreError::Executor(
+            "the raft core's executor ended before it took its shards".into(),
+        ));
     }
     drop(bound_tx);
     for _ in 0..count {
@@ -91,6 +121,48 @@ pub fn start(
         }
     }
     Ok(handles)
+}
+
+/// Where the shards on the raft core's CPU go: `cpu` is the raft core's, and `shards` reaches
+/// the task `host_shards` left waiting in its executor.
+pub struct Host {
+    pub cpu: usize,
+    pub shards: futures_channel::oneshot::Sender<Vec<Hosted>>,
+}
+
+/// A shard to run in the raft core's executor: what `run` takes.
+pub struct Hosted {
+    shard: usize,
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    tls_files: Option<Arc<TlsFiles>>,
+    bound: mpsc::Sender<Result<(), CoreError>>,
+}
+
+/// Called on the raft core's executor: runs the shards `start` sends through the other end of
+/// `shards`, each in a task queue of its own, so the shard's tasks (and those they spawn) take
+/// turns with the raft core's as glommio's queues do, rather than run in the raft core's queue
+/// ahead of its own wake-ups. A dropped sender (no shard on this CPU, or a start that failed
+/// first) leaves nothing running.
+pub fn host_shards(shards: futures_channel::oneshot::Receiver<Vec<Hosted>>) {
+    rt::spawn_local(async move {
+        let Ok(shards) = shards.await else {
+            return;
+        };
+        for job in shards {
+            let queue = glommio::executor().create_task_queue(
+                glommio::Shares::default(),
+                glommio::Latency::NotImportant,
+                &format!("keel-shard-{}", job.shard),
+            );
+            glommio::spawn_local_into(
+                run(job.shard, job.shared, job.metrics, job.tls_files, job.bound),
+                queue,
+            )
+            .expect("the queue was just made on this executor")
+            .detach();
+        }
+    });
 }
 
 /// The names --auto-tls's certificate is made for: the https listeners' addresses, and
@@ -249,7 +321,9 @@ async fn run(
     }
     let _ = bound.send(Ok(()));
     // This shard's proposals take their answers in batches, one wake-up per batch.
-    rt::spawn_local(crate::answers::install_on_this_thread());
+    if let Some(drain) = crate::answers::install_on_this_thread() {
+        rt::spawn_local(drain);
+    }
     let hub = Hub::new(shard, shared.clone());
     rt::spawn_local(hub.clone().run());
     let metrics_only = Rc::new(MetricsOnly::new(shared.clone(), metrics.clone()));
