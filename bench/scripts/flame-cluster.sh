@@ -10,7 +10,9 @@
 # writes OUT_PREFIX.svg, OUT_PREFIX.folded (inferno-collapse-perf output; counts are
 # cpu-clock nanoseconds, so their sum is the sampled CPU time) and OUT_PREFIX.txt (the
 # keel-bench summary, and for every member its CPU per put by thread name, from each
-# thread's schedstat run time: exact, where /proc/PID/stat counts 10 ms ticks).
+# thread's schedstat run time: exact, where /proc/PID/stat counts 10 ms ticks). Members that
+# share a host run their shard inside the raft core's thread (--host-shards-on-raft-cpu), so
+# their keel-raft line holds the shard's work too.
 #
 # SERVER (default target/release/keel), BENCH (target/release/keel-bench), KIND (keel or etcd;
 # etcd threads are not named, so its per-thread lines say only "etcd"), TOTAL (puts, 150000),

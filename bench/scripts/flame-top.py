@@ -81,6 +81,7 @@ def thread_group(comm):
     if comm.startswith("keel-shard"):
         return "shard executors (keel-shard-*)"
     if comm.startswith("keel-raft"):
+        # With --host-shards-on-raft-cpu (members sharing a host) it runs shards too.
         return "raft core (keel-raft-*)"
     if comm.startswith("iou-wrk"):
         return "io_uring workers (iou-wrk-*)"

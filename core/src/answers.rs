@@ -11,8 +11,9 @@
 //! when the queue was not already due for a drain. The drain task hands each answer to its
 //! call's slot in the shard's own `Slots` table and wakes the call's task with a local wake.
 //!
-//! Calls proposed from a thread without a drain task (the raft core's own compactor, tests)
-//! keep the one-shot channel: `Reply` carries either.
+//! Calls proposed from a thread without a drain task (tests; the raft core's thread unless it
+//! hosts a shard, see `shard::Host`) keep the one-shot channel: `Reply` carries either. The
+//! raft core's compactor makes its own one-shot channel either way.
 //!
 //! Bounds: a shard's queue holds at most one answer per `Reply` the member holds for that
 //! shard's proposals, which the proposal mailbox and the member's waiting calls bound (each

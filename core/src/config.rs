@@ -224,6 +224,16 @@ pub struct Flags {
     #[arg(long = "raft-cpu", env = "KEEL_RAFT_CPU")]
     pub raft_cpu: Option<usize>,
 
+    /// Keel: whether the shards placed on the raft core's CPU run in the raft core's executor
+    /// (one thread for that CPU) rather than as threads of their own beside it. Default: yes
+    /// when several members of `--initial-cluster` share this host (a local cluster), no for a
+    /// member alone on its host. Hosted, a shard hands proposals and answers to the raft core
+    /// without crossing threads, which costs less CPU a request; but glommio does not preempt
+    /// a task, so a request that keeps such a shard busy (a count or a sort over millions of
+    /// keys) holds the raft core, and its heartbeats, for as long.
+    #[arg(long = "host-shards-on-raft-cpu", env = "KEEL_HOST_SHARDS_ON_RAFT_CPU", num_args = 0..=1, default_missing_value = "true")]
+    pub host_shards_on_raft_cpu: Option<bool>,
+
     /// Keel: bytes in one value-log segment file (values go to `<data-dir>/vlog` a segment at
     /// a time: larger segments mean fewer files, smaller ones less memory waiting for disk).
     #[arg(
@@ -478,6 +488,9 @@ pub struct Config {
     /// `--raft-cpu` and the process's CPU set; see `shard_cpus`).
     pub shard_cpus: Vec<usize>,
     pub raft_cpu: usize,
+    /// Whether the shards on `raft_cpu` run in the raft core's executor
+    /// (`--host-shards-on-raft-cpu`; see `shard::Host`).
+    pub host_shards_on_raft_cpu: bool,
     /// Members of `--initial-cluster` whose peer URLs are on this host, this one included (1
     /// when it is alone, or its own URLs are not known to be local): more than one changes the
     /// default placement (`default_placement`).
@@ -801,6 +814,9 @@ impl Config {
             auto_compaction,
             shard_cpus,
             raft_cpu,
+            host_shards_on_raft_cpu: f
+                .host_shards_on_raft_cpu
+                .unwrap_or(on_this_host.is_some_and(|(_, count)| count > 1)),
             members_on_this_host: on_this_host.map_or(1, |(_, count)| count),
             strict_reconfig_check: f.strict_reconfig_check.unwrap_or(true),
             value_log_segment_bytes: f.value_log_segment_bytes,
@@ -864,15 +880,16 @@ pub struct Placement {
 ///   and places itself there as a lone member on a host of that many CPUs would: the raft
 ///   core on the slice's last CPU, `default_shards` of the slice (beside the raft core on
 ///   slices of 1-3 CPUs), so no member's threads share another member's CPUs;
-/// - k > N: member i pins its raft core to CPU i % N and takes one shard, on that CPU, so it
-///   runs in the raft core's executor (`shard::Host`): each member is one thread, and the
-///   members spread round the CPUs.
+/// - k > N: member i pins its raft core to CPU i % N and takes one shard, on that CPU (more
+///   with `--shards`, all there), which runs in the raft core's executor (`shard::Host`, on by
+///   default for members sharing a host): each member is one thread, and the members spread
+///   round the CPUs.
 ///
 /// Measured on 2 CPUs (BENCHMARKS.md, "members on one host place themselves"): three members
 /// placed so cost 2-11 % less CPU per put than the same binary under the single-member
-/// defaults, with each shard then on the CPU after its raft core's, a thread of its own. With
-/// the shard on the raft core's CPU, in its executor, they cost 17-23 % less again (BENCHMARKS.md,
-/// "A shard in the raft core's executor"). The 16-CPU slices are not measured; the nearest measured layout (raft cores on
+/// defaults, with each shard then on the CPU after its raft core's, a thread of its own.
+/// With the shard on the raft core's CPU, in its executor, they cost 21-23 % less again
+/// (BENCHMARKS.md, "A shard in the raft core's executor"). The 16-CPU slices are not measured; the nearest measured layout (raft cores on
 /// CPUs 0-2, 4 shards each, all on CPUs 0-4) cost 0.21-0.22x etcd's CPU per put against
 /// 0.27-0.39x with 15 shards each.
 pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -> Placement {
@@ -1712,10 +1729,16 @@ mod tests {
         };
         let c = as_n1(&[]);
         assert_eq!(c.members_on_this_host, 3);
+        assert!(
+            c.host_shards_on_raft_cpu,
+            "a local cluster's shards are hosted"
+        );
         assert_eq!(
             (c.raft_cpu, c.shard_cpus),
             place(&cpus, Some((1, 3)), None, 0)
         );
+        let threads = as_n1(&["--host-shards-on-raft-cpu=false"]);
+        assert!(!threads.host_shards_on_raft_cpu);
         let raft_cpu = cpus[0].to_string();
         let flagged = as_n1(&["--raft-cpu", &raft_cpu, "--shards", "3"]);
         assert_eq!(flagged.raft_cpu, cpus[0]);
@@ -1723,6 +1746,15 @@ mod tests {
         // One member: the single-member defaults.
         let single = parse(&[]).unwrap();
         assert_eq!(single.members_on_this_host, 1);
+        assert!(
+            !single.host_shards_on_raft_cpu,
+            "a lone member keeps shard threads"
+        );
+        assert!(
+            parse(&["--host-shards-on-raft-cpu"])
+                .unwrap()
+                .host_shards_on_raft_cpu
+        );
         assert_eq!(single.raft_cpu, *cpus.last().unwrap());
         assert_eq!(single.shard_cpus.len(), default_shards(cpus.len()));
     }

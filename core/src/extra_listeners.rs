@@ -33,7 +33,7 @@ impl MetricsOnly {
 
 impl Handler for MetricsOnly {
     async fn grpc(self: Rc<Self>, call: Call, _sink: &mut ResponseSink) -> Status {
-        Status::unknown_method(&call.head.path, ServiceKnown::No)
+        Status::unknown_method(call.head.path.path(), ServiceKnown::No)
     }
 
     async fn http(self: Rc<Self>, request: HttpRequest) -> HttpResponse {

@@ -399,7 +399,7 @@ async fn streaming(
     let counts = Rc::new(CallCounts::default());
     let call = Call {
         head: CallHead {
-            path: kind.path().to_string(),
+            path: http::uri::PathAndQuery::from_static(kind.path()),
             // The Authorization header is the token, as on the unary gateway calls.
             metadata: headers,
             timeout: None,

@@ -48,12 +48,13 @@ pub fn run(config: Config) -> Result<(), CoreError> {
     let (check_tx, check_rx) = mpsc::channel::<Result<(), CoreError>>();
     let raft_config = config.clone();
     let raft_identity = identity.clone();
-    // The shards placed on the raft core's CPU run in its executor (see `shard::Host`).
+    // The shards placed on the raft core's CPU run in its executor where the configuration
+    // says so (see `shard::Host`).
     let (host_shards, hosted_shards) = futures_channel::oneshot::channel();
-    let host = shard::Host {
+    let host = config.host_shards_on_raft_cpu.then_some(shard::Host {
         cpu: config.raft_cpu,
         shards: host_shards,
-    };
+    });
     let raft = rt::spawn_pinned("keel-raft", config.raft_cpu, move || async move {
         let opened = raftcore::open(&raft_config, &raft_identity).await;
         let (parts, reader) = match opened {
@@ -160,12 +161,13 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         shards = config.shard_cpus.len(),
         shard_cpus = ?config.shard_cpus,
         raft_cpu = config.raft_cpu,
-        // Those shards run in the raft core's executor, not on threads of their own.
         shards_on_raft_cpu = config
             .shard_cpus
             .iter()
             .filter(|&&cpu| cpu == config.raft_cpu)
             .count(),
+        // Whether those run in the raft core's executor, not on threads of their own.
+        host_shards_on_raft_cpu = config.host_shards_on_raft_cpu,
         members_on_this_host = config.members_on_this_host,
         ignored_flags = ?config.ignored_flags,
         auto_compaction = config

@@ -134,13 +134,16 @@ impl Api {
                 .metadata
                 .insert(crate::auth::CERT_USER_HEADER, value);
         }
-        // Taken, not cloned (one allocation less a call): dispatch reads the path it is given.
-        let path = std::mem::take(&mut call.head.path);
-        let method = Metrics::method_index(&path);
+        // Taken, not cloned: dispatch reads the path it is given.
+        let path = std::mem::replace(
+            &mut call.head.path,
+            http::uri::PathAndQuery::from_static("/"),
+        );
+        let method = Metrics::method_index(path.path());
         self.metrics.record_started(method);
         let (started, counts) = (std::time::Instant::now(), sink.counts());
         async move {
-            let status = self.dispatch(&path, call, sink).await;
+            let status = self.dispatch(path.path(), call, sink).await;
             self.metrics.record_grpc(method, status.code);
             self.metrics.record_call(method, &counts, started.elapsed());
             status
@@ -869,9 +872,8 @@ impl Api {
             let revision = snap.source.revision();
             let conf_state = snap.conf_state;
             let source = snap.source;
-            let store_hash = glommio::executor()
-                .spawn_blocking(move || source.hash())
-                .await;
+            // Off the executor's blocking pool (see `auth::hash_password`).
+            let store_hash = crate::rt::on_thread("keel-hash", move || source.hash()).await;
             match store_hash {
                 Ok(store_hash) => {
                     // Continue the store's CRC stream over the membership.
@@ -1012,9 +1014,11 @@ impl Api {
             };
             let revision = snap.source.revision();
             let dir = self.shared.config.data_dir.clone();
-            let written = glommio::executor()
-                .spawn_blocking(move || crate::etcd_snapshot::TempDb::write(&dir, &snap))
-                .await;
+            // Off the executor's blocking pool (see `auth::hash_password`).
+            let written = crate::rt::on_thread("keel-snapshot", move || {
+                crate::etcd_snapshot::TempDb::write(&dir, &snap)
+            })
+            .await;
             match written {
                 Ok(db) => break (db, revision),
                 // A compaction began during the capture's scan: capture again after it.
@@ -1036,9 +1040,7 @@ impl Api {
         while sent < total {
             let db = db.clone();
             let at = sent;
-            let chunk = glommio::executor()
-                .spawn_blocking(move || db.read_chunk(at))
-                .await;
+            let chunk = crate::rt::on_thread("keel-snapshot", move || db.read_chunk(at)).await;
             let chunk = match chunk {
                 Ok(c) => bytes::Bytes::from(c),
                 Err(e) => return Status::new(keel_grpc::Code::Unknown, e.to_string()),

@@ -9,13 +9,17 @@
 //! Architecture invariant: a connection and all its streams live on the shard that accepted it;
 //! nothing about a connection crosses cores.
 //!
-//! One thread per core: a shard placed on the raft core's CPU (every shard of a member on 1-3
-//! CPUs has one there, see `config::default_placement`) is not a thread of its own but a task
-//! queue in the raft core's executor (`Host`). As a second thread on that CPU it took turns
-//! with the raft core through the kernel: a context switch each way, a cross-thread wake-up
-//! for each batch of proposals and of answers, and each thread's own sleeps. In one executor
-//! the two hand work over with local wake-ups and sleep together (BENCHMARKS.md, "A shard in
-//! the raft core's executor").
+//! One thread per core, where the configuration asks for it (`--host-shards-on-raft-cpu`, by
+//! default for the members of a local cluster): a shard placed on the raft core's CPU (every
+//! member on 1-3 CPUs has one there, see `config::default_placement`) is then not a thread of
+//! its own but a task queue in the raft core's executor (`Host`). As a second thread on that
+//! CPU it takes turns with the raft core through the kernel: a context switch each way, a
+//! cross-thread wake-up for each batch of proposals and of answers, and each thread's own
+//! sleeps. In one executor the two hand work over with local wake-ups and sleep together
+//! (BENCHMARKS.md, "A shard in the raft core's executor"). The price: glommio never preempts
+//! a task, so a request that keeps the shard busy holds the raft core as long. The kernel
+//! would have given the raft core its turn within milliseconds; a lone member keeps the
+//! thread by default for that reason.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -60,13 +64,13 @@ impl Runtime for Glommio {
 /// Starts one shard per entry of `cpus`, pinned there; returns once every shard has bound every client address (or the
 /// first bind error).
 ///
-/// The shards on `host`'s CPU go to the raft core's executor through `host` instead of
+/// With a `host`, the shards on its CPU go to the raft core's executor through it instead of
 /// starting threads of their own.
 pub fn start(
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     cpus: &[usize],
-    host: Host,
+    host: Option<Host>,
 ) -> Result<Vec<rt::Pinned<()>>, CoreError> {
     assert!(!cpus.is_empty(), "a node needs at least one shard");
     let count = cpus.len();
@@ -90,7 +94,7 @@ pub fn start(
         let metrics = metrics.clone();
         let bound_tx = bound_tx.clone();
         let tls_files = tls_files.clone();
-        if cpu == host.cpu {
+        if host.as_ref().is_some_and(|host| host.cpu == cpu) {
             hosted.push(Hosted {
                 shard,
                 shared,
@@ -105,7 +109,11 @@ pub fn start(
         })?;
         handles.push(handle);
     }
-    if !hosted.is_empty() && host.shards.send(hosted).is_err() {
+    let unsent = match host {
+        Some(host) if !hosted.is_empty() => host.shards.send(hosted).is_err(),
+        _ => false,
+    };
+    if unsent {
         // The raft core's executor ended before it took them: it failed to start, which the
         // caller hears from the raft core itself.
         return Err(CoreError::Executor(

@@ -15,6 +15,7 @@ use futures_util::future::{select, Either};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::CONTENT_TYPE;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
@@ -147,8 +148,9 @@ impl ServerConfig {
 /// The request side of one call: what arrived in the HEADERS frame.
 #[derive(Clone, Debug)]
 pub struct CallHead {
-    /// The method path, e.g. `/etcdserverpb.KV/Range`.
-    pub path: String,
+    /// The method path, e.g. `/etcdserverpb.KV/Range` (`path()`): the bytes of the request's
+    /// `:path`, shared, not copied out.
+    pub path: PathAndQuery,
     /// Request metadata (`hasleader`, `token`, `client-api-version`, ...), HTTP/2 headers as sent.
     pub metadata: HeaderMap,
     /// The call's time budget from `grpc-timeout`, measured from when the call arrived. The
@@ -1060,7 +1062,12 @@ fn serve_stream<H: Handler, R: Runtime>(
         },
     };
     let head = CallHead {
-        path: parts.uri.path().to_owned(),
+        // h2 accepts no request without `:path`; "/" is only for the type's sake.
+        path: parts
+            .uri
+            .into_parts()
+            .path_and_query
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
         metadata: parts.headers,
         timeout,
     };

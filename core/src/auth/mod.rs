@@ -174,35 +174,39 @@ impl keel_grpc::Handler for CertUserConnection {
     }
 }
 
-/// Hashes a password with bcrypt on the calling shard's blocking thread, in etcd's "$2a$" form.
+/// Hashes a password with bcrypt on a thread beside the calling shard's CPU (`rt::on_thread`:
+/// not the executor's blocking pool, which the raft core's executor also uses for the WAL's
+/// file renames when it hosts a shard), in etcd's "$2a$" form.
 pub async fn hash_password(password: String, cost: u32) -> Result<String, EtcdError> {
-    glommio::executor()
-        .spawn_blocking(move || {
-            bcrypt::hash_with_result(password, cost)
-                .map(|h| h.format_for_version(bcrypt::Version::TwoA))
-        })
-        .await
-        .map_err(|e| {
-            tracing::warn!(error = %e, "failed to bcrypt hash a password");
-            EtcdError::AuthFailed
-        })
+    crate::rt::on_thread("keel-bcrypt", move || {
+        bcrypt::hash_with_result(password, cost)
+            .map(|h| h.format_for_version(bcrypt::Version::TwoA))
+    })
+    .await
+    .map_err(|e| {
+        tracing::warn!(error = %e, "failed to bcrypt hash a password");
+        EtcdError::AuthFailed
+    })
 }
 
-/// Signs a JWT token on the calling shard's blocking thread (an RSA signature costs about a
-/// millisecond, more for large keys: not on the shard's request loop).
+/// Signs a JWT token on a thread beside the calling shard's CPU (an RSA signature costs about
+/// a millisecond, more for large keys: not on the shard's request loop; see `hash_password`).
 pub async fn sign_jwt(
     jwt: std::sync::Arc<jwt::Jwt>,
     user: String,
     revision: u64,
 ) -> Result<String, jwt::SignError> {
-    glommio::executor()
-        .spawn_blocking(move || jwt.sign(&user, revision, std::time::SystemTime::now()))
-        .await
+    crate::rt::on_thread("keel-jwt", move || {
+        jwt.sign(&user, revision, std::time::SystemTime::now())
+    })
+    .await
 }
 
-/// Checks a password against its bcrypt hash on the calling shard's blocking thread.
+/// Checks a password against its bcrypt hash on a thread beside the calling shard's CPU (see
+/// `hash_password`).
 pub async fn password_matches(password: String, hash: String) -> bool {
-    glommio::executor()
-        .spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
-        .await
+    crate::rt::on_thread("keel-bcrypt", move || {
+        bcrypt::verify(password, &hash).unwrap_or(false)
+    })
+    .await
 }

@@ -559,12 +559,7 @@ async fn cold_values_are_brought_in_off_the_shard_and_answer_whole() {
     let in_memory = r#"keel_pager_reads_total{outcome="in_memory"}"#;
     // A segment is read through its mapping once the disk has it: until then a read finds
     // it in memory. Read until one was paged.
-    // A shard on the raft core's CPU runs on the raft core's thread: count both.
-    let shard_faults = || {
-        crate::common::major_faults_of(server.pid(), "keel-shard")
-            + crate::common::major_faults_of(server.pid(), "keel-raft")
-    };
-    let shard_faults_before = shard_faults();
+    let shard_faults_before = crate::common::major_faults_of(server.pid(), "keel-shard");
     let mut reads = 0;
     while metric(paged) == 0 {
         assert!(reads < 50, "no read was handed to the pager");
@@ -581,7 +576,8 @@ async fn cold_values_are_brought_in_off_the_shard_and_answer_whole() {
     }
     assert!(metric("keel_pager_pages_missing_total") > 0);
     // About a hundred cold pages: a shard reading them itself took 96 major faults.
-    let shard_faults = shard_faults() - shard_faults_before;
+    let shard_faults =
+        crate::common::major_faults_of(server.pid(), "keel-shard") - shard_faults_before;
     assert!(
         shard_faults <= 3,
         "a shard waited on the disk {shard_faults} times: {:?}",
