@@ -883,7 +883,8 @@ pub struct Placement {
 /// - k > N: member i pins its raft core to CPU i % N and takes one shard, on that CPU (more
 ///   with `--shards`, all there), which runs in the raft core's executor (`shard::Host`, on by
 ///   default for members sharing a host): each member is one thread, and the members spread
-///   round the CPUs.
+///   round the CPUs. With `--host-shards-on-raft-cpu=false` the shard is a second thread on
+///   that CPU.
 ///
 /// Measured on 2 CPUs (BENCHMARKS.md, "members on one host place themselves"): three members
 /// placed so cost 2-11 % less CPU per put than the same binary under the single-member

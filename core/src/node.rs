@@ -56,6 +56,8 @@ pub fn run(config: Config) -> Result<(), CoreError> {
         shards: host_shards,
     });
     let raft = rt::spawn_pinned("keel-raft", config.raft_cpu, move || async move {
+        // A shard hosted here hands its blocking work to a helper, not this executor's pool.
+        rt::mark_raft_core_thread();
         let opened = raftcore::open(&raft_config, &raft_identity).await;
         let (parts, reader) = match opened {
             Ok(x) => x,

@@ -5,6 +5,7 @@
 //! glommio is pinned (=0.9.0) and has open bugs upstream (#671, #555); everything that names it
 //! outside `io` lives here so an upgrade or a swap touches one file.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, IntoRawFd};
@@ -325,6 +326,76 @@ pub fn spawn_local_queued<F: Future<Output = ()> + 'static>(f: F) {
     glommio::spawn_local_into(f, queue)
         .expect("the running task's own queue exists")
         .detach();
+}
+
+/// Blocking work a shard hands off (bcrypt, JWT signing, a whole-store hash, a snapshot's
+/// capture and its chunks): on a shard thread, its executor's blocking pool, as before; on the
+/// raft core's thread (a shard hosted there, `shard::Host`), one long-lived helper thread
+/// beside the raft core's CPU instead. The raft core's own blocking pool renames and removes
+/// the WAL's segment files, and a rotation that needs a spare must not wait behind a password
+/// hash; nor may the work run on the raft core's CPU. The helper takes jobs in turn from a
+/// bounded queue (`HELPER_QUEUE_JOBS_MAX`): a caller waits while it is full.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    if !RAFT_CORE_THREAD.with(Cell::get) {
+        return glommio::executor().spawn_blocking(f).await;
+    }
+    let Some(mut jobs) = raft_side_helper() else {
+        // No thread could be started: the raft core's pool, rather than fail the request.
+        return glommio::executor().spawn_blocking(f).await;
+    };
+    let (tx, rx) = futures_channel::oneshot::channel();
+    let job: HelperJob = Box::new(move || {
+        let _ = tx.send(f());
+    });
+    std::future::poll_fn(|cx| jobs.poll_ready(cx))
+        .await
+        .and_then(|()| jobs.start_send(job))
+        .expect("the helper thread takes jobs for the life of the process");
+    rx.await
+        .expect("the helper thread runs every job it takes (a panic ends the process)")
+}
+
+/// Jobs waiting for the raft core's side helper (see `blocking`), at most.
+pub const HELPER_QUEUE_JOBS_MAX: usize = 64;
+
+type HelperJob = Box<dyn FnOnce() + Send>;
+
+thread_local! {
+    /// Set on the raft core's thread (`mark_raft_core_thread`).
+    static RAFT_CORE_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as the raft core's: `blocking` then sends work to the helper.
+pub fn mark_raft_core_thread() {
+    RAFT_CORE_THREAD.with(|on| on.set(true));
+}
+
+/// The helper's queue, its thread started on first use; None when the OS starts no thread.
+fn raft_side_helper() -> Option<futures_channel::mpsc::Sender<HelperJob>> {
+    static HELPER: std::sync::Mutex<Option<futures_channel::mpsc::Sender<HelperJob>>> =
+        std::sync::Mutex::new(None);
+    let mut helper = HELPER
+        .lock()
+        .expect("nothing panics while the helper's queue is held");
+    if helper.is_none() {
+        let (tx, mut rx) = futures_channel::mpsc::channel::<HelperJob>(HELPER_QUEUE_JOBS_MAX);
+        // Started from the raft core's pinned thread: beside its CPU.
+        let started = spawn_beside("keel-helper", move || {
+            futures_lite::future::block_on(async {
+                while let Some(job) = futures_util::StreamExt::next(&mut rx).await {
+                    job();
+                }
+            })
+        });
+        match started {
+            Ok(_) => *helper = Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the raft core's helper thread");
+                return None;
+            }
+        }
+    }
+    helper.clone()
 }
 
 /// Runs `f` on a new thread beside the caller's CPU (see `spawn_beside`) and waits for its
@@ -949,6 +1020,25 @@ mod tests {
         );
         assert!(mb.try_send(7).is_ok());
         assert_eq!(consumer.join().expect("consumer finishes"), Some(7));
+    }
+
+    /// Blocking work from a shard thread runs on its executor's blocking pool; from the raft
+    /// core's thread (a hosted shard), on the helper thread, never on the raft core's pool.
+    #[test]
+    fn blocking_work_from_the_raft_core_thread_goes_to_the_helper() {
+        let executor = spawn_pinned("blocking-test", process_cpu_list()[0], || async {
+            let name = || std::thread::current().name().map(str::to_owned);
+            let from_shard = blocking(name).await;
+            mark_raft_core_thread();
+            let from_raft_core = blocking(name).await;
+            (from_shard, from_raft_core)
+        })
+        .expect("executor starts");
+        let (from_shard, from_raft_core) = executor.join().expect("the test body finishes");
+        assert_eq!(from_raft_core.as_deref(), Some("keel-helper"));
+        assert_ne!(from_shard.as_deref(), Some("keel-helper"));
+        // glommio's pool threads have no name; the executor's own thread does.
+        assert_ne!(from_shard.as_deref(), Some("blocking-test"));
     }
 
     /// glommio here is patched (third_party/glommio, KEEL PATCH): a turn's time slice is a

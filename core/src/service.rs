@@ -872,8 +872,7 @@ impl Api {
             let revision = snap.source.revision();
             let conf_state = snap.conf_state;
             let source = snap.source;
-            // Off the executor's blocking pool (see `auth::hash_password`).
-            let store_hash = crate::rt::on_thread("keel-hash", move || source.hash()).await;
+            let store_hash = crate::rt::blocking(move || source.hash()).await;
             match store_hash {
                 Ok(store_hash) => {
                     // Continue the store's CRC stream over the membership.
@@ -995,7 +994,7 @@ impl Api {
     /// etcd's schema (crate::etcd_snapshot), in chunks with remaining_bytes counting down to 0,
     /// then the database's SHA-256 in a last message, so `etcdctl snapshot status` and
     /// `restore` read it. The database is written to a temporary file in the data directory on
-    /// this shard's blocking thread from a consistent capture (the raft core only captures),
+    /// this shard's blocking thread (`rt::blocking`) from a consistent capture (the raft core only captures),
     /// then read back chunk by chunk, so memory stays bounded whatever the store's size.
     async fn snapshot(&self, call: Call, sink: &mut ResponseSink) -> Status {
         let Call {
@@ -1014,11 +1013,8 @@ impl Api {
             };
             let revision = snap.source.revision();
             let dir = self.shared.config.data_dir.clone();
-            // Off the executor's blocking pool (see `auth::hash_password`).
-            let written = crate::rt::on_thread("keel-snapshot", move || {
-                crate::etcd_snapshot::TempDb::write(&dir, &snap)
-            })
-            .await;
+            let written =
+                crate::rt::blocking(move || crate::etcd_snapshot::TempDb::write(&dir, &snap)).await;
             match written {
                 Ok(db) => break (db, revision),
                 // A compaction began during the capture's scan: capture again after it.
@@ -1040,7 +1036,7 @@ impl Api {
         while sent < total {
             let db = db.clone();
             let at = sent;
-            let chunk = crate::rt::on_thread("keel-snapshot", move || db.read_chunk(at)).await;
+            let chunk = crate::rt::blocking(move || db.read_chunk(at)).await;
             let chunk = match chunk {
                 Ok(c) => bytes::Bytes::from(c),
                 Err(e) => return Status::new(keel_grpc::Code::Unknown, e.to_string()),

@@ -13,7 +13,7 @@
 //! ```ignore
 //! impl Handler for Shard {
 //!     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
-//!         match call.head.path.as_str() {
+//!         match call.head.path.path() {
 //!             "/etcdserverpb.KV/Range" => {
 //!                 unary(call, sink, |request: RangeRequest, head: CallHead| self.range(request, head)).await
 //!             }

@@ -250,7 +250,7 @@ fn pieces_answer() -> RangeResponse {
 
 impl Handler for TestHandler {
     async fn grpc(self: Rc<Self>, call: Call, sink: &mut ResponseSink) -> Status {
-        match call.head.path.as_str() {
+        match call.head.path.path() {
             "/etcdserverpb.KV/Range" => unary(call, sink, range).await,
             "/test.Big/UnaryCounted" => {
                 let status = unary(call, sink, range).await;

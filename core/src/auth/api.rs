@@ -3,7 +3,7 @@
 //!
 //! Every Auth call goes through raft, as in etcd (reads included, so an answer reflects every
 //! change applied before it). UserAdd and UserChangePassword hash the password on this shard's
-//! blocking thread first and propose only the hash (etcd 3.5's `hashedPassword`); Authenticate
+//! blocking thread (`rt::blocking`) first and propose only the hash (etcd 3.5's `hashedPassword`); Authenticate
 //! checks the password here, then proposes the user name with a fresh token prefix, so the raft
 //! core never runs bcrypt and the log never holds a password.
 

@@ -12,7 +12,8 @@
 //! - `api.rs`: the Auth service a shard serves, and the checks every other call makes.
 //!
 //! Shards read the member's published `AuthState` and `TokenTable` (lock-free `ArcSwap`s in
-//! `Shared`). Passwords are hashed and checked on a shard's blocking thread before anything is
+//! `Shared`). Passwords are hashed and checked on a shard's blocking thread (`rt::blocking`: a
+//! helper beside the raft core's CPU for a shard hosted there) before anything is
 //! proposed, so the raft core never runs bcrypt and the log never holds a plaintext password.
 
 pub mod api;
@@ -174,11 +175,10 @@ impl keel_grpc::Handler for CertUserConnection {
     }
 }
 
-/// Hashes a password with bcrypt on a thread beside the calling shard's CPU (`rt::on_thread`:
-/// not the executor's blocking pool, which the raft core's executor also uses for the WAL's
-/// file renames when it hosts a shard), in etcd's "$2a$" form.
+/// Hashes a password with bcrypt off the calling shard's executor (`rt::blocking`), in etcd's
+/// "$2a$" form.
 pub async fn hash_password(password: String, cost: u32) -> Result<String, EtcdError> {
-    crate::rt::on_thread("keel-bcrypt", move || {
+    crate::rt::blocking(move || {
         bcrypt::hash_with_result(password, cost)
             .map(|h| h.format_for_version(bcrypt::Version::TwoA))
     })
@@ -189,24 +189,17 @@ pub async fn hash_password(password: String, cost: u32) -> Result<String, EtcdEr
     })
 }
 
-/// Signs a JWT token on a thread beside the calling shard's CPU (an RSA signature costs about
-/// a millisecond, more for large keys: not on the shard's request loop; see `hash_password`).
+/// Signs a JWT token off the calling shard's executor (`rt::blocking`: an RSA signature costs
+/// about a millisecond, more for large keys, not for the shard's request loop).
 pub async fn sign_jwt(
     jwt: std::sync::Arc<jwt::Jwt>,
     user: String,
     revision: u64,
 ) -> Result<String, jwt::SignError> {
-    crate::rt::on_thread("keel-jwt", move || {
-        jwt.sign(&user, revision, std::time::SystemTime::now())
-    })
-    .await
+    crate::rt::blocking(move || jwt.sign(&user, revision, std::time::SystemTime::now())).await
 }
 
-/// Checks a password against its bcrypt hash on a thread beside the calling shard's CPU (see
-/// `hash_password`).
+/// Checks a password against its bcrypt hash off the calling shard's executor (`rt::blocking`).
 pub async fn password_matches(password: String, hash: String) -> bool {
-    crate::rt::on_thread("keel-bcrypt", move || {
-        bcrypt::verify(password, &hash).unwrap_or(false)
-    })
-    .await
+    crate::rt::blocking(move || bcrypt::verify(password, &hash).unwrap_or(false)).await
 }

@@ -439,21 +439,7 @@ fn shards_and_the_raft_core_stay_in_the_cpu_set_keel_is_given() {
         eprintln!("one CPU: no set without CPU 0 to start keel in");
         return;
     }
-    // The child inherits the affinity of the thread that forks it.
-    let server = std::thread::spawn(move || {
-        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(last, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
-        Server::keel(&[])
-    })
-    .join()
-    .expect("keel starts inside the set");
+    let server = keel_on_one_cpu(last, &[]);
     let shards = pinned_threads(server.pid(), "keel-shard");
     let raft = pinned_threads(server.pid(), "keel-raft");
     assert!(
@@ -481,21 +467,7 @@ fn shards_hosted_in_the_raft_cores_executor_serve() {
     let cpu = *keel_core::rt::process_cpu_list()
         .last()
         .expect("never empty");
-    // The child inherits the affinity of the thread that forks it.
-    let server = std::thread::spawn(move || {
-        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
-        Server::keel(&["--shards", "2", "--host-shards-on-raft-cpu"])
-    })
-    .join()
-    .expect("keel starts inside the set");
+    let server = keel_on_one_cpu(cpu, &["--shards", "2", "--host-shards-on-raft-cpu"]);
     let shards = pinned_threads(server.pid(), "keel-shard");
     assert!(shards.is_empty(), "shard threads: {shards:?}");
     let raft = pinned_threads(server.pid(), "keel-raft");
@@ -534,6 +506,28 @@ fn shards_hosted_in_the_raft_cores_executor_serve() {
         .ok();
     assert!(out.stdout.contains("Snapshot saved at"), "{}", out.stdout);
     keel_core::etcd_snapshot::verify_sha256(&path).expect("the trailing sha256 matches");
+    // ... on the raft core's helper thread, not on the raft core's own blocking pool.
+    let helper = pinned_threads(server.pid(), "keel-helper");
+    assert!(!helper.is_empty(), "no helper thread took the capture");
+}
+
+/// Starts keel with `args` inside the CPU set {`cpu`}, as `taskset -c CPU` would.
+fn keel_on_one_cpu(cpu: usize, args: &'static [&'static str]) -> Server {
+    // The child inherits the affinity of the thread that forks it.
+    std::thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+        Server::keel(args)
+    })
+    .join()
+    .expect("keel starts inside the set")
 }
 
 /// The CPUs each of `pid`'s threads whose name starts with `prefix` may run on, as
@@ -603,6 +597,7 @@ fn members_sharing_a_host_spread_their_raft_cores_without_flags() {
             .args(["--initial-cluster", &cluster])
             .env_remove("KEEL_SHARDS")
             .env_remove("KEEL_RAFT_CPU")
+            .env_remove("KEEL_HOST_SHARDS_ON_RAFT_CPU")
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().expect("the log handle clones"))
             .stderr(log)
