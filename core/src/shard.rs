@@ -105,6 +105,11 @@ pub fn start(
             continue;
         }
         let handle = rt::spawn_pinned(&format!("keel-shard-{shard}"), cpu, move || async move {
+            // Wake-ups that do not cut the running thread's turn short (the raft core's, on
+            // its CPU): see `rt::batch_scheduling_for_this_thread`.
+            if let Err(e) = rt::batch_scheduling_for_this_thread() {
+                tracing::warn!(shard, error = %e, "cannot put a shard thread under SCHED_BATCH");
+            }
             run(shard, shared, metrics, tls_files, bound_tx).await;
         })?;
         handles.push(handle);

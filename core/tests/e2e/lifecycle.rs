@@ -457,6 +457,54 @@ fn shards_and_the_raft_core_stay_in_the_cpu_set_keel_is_given() {
     assert_eq!(put.stdout.trim(), "OK", "{}", put.stderr);
 }
 
+/// Shard threads run under SCHED_BATCH (`rt::batch_scheduling_for_this_thread`): their
+/// wake-ups do not cut the raft core's turn on a shared CPU short. The raft core's thread
+/// stays SCHED_OTHER, so its wake-ups still preempt a shard.
+#[test]
+fn shard_threads_are_batch_scheduled_and_the_raft_core_is_not() {
+    let server = Server::keel(&[]);
+    let policies = thread_policies(server.pid());
+    let of = |prefix: &str| -> Vec<i32> {
+        policies
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, policy)| *policy)
+            .collect()
+    };
+    let (shards, raft) = (of("keel-shard"), of("keel-raft"));
+    assert!(!shards.is_empty() && !raft.is_empty(), "{policies:?}");
+    // glommio starts each executor's blocking-pool thread, of the same name, before the
+    // executor's own code runs: at least one thread a shard is batch-scheduled.
+    assert!(
+        shards.iter().filter(|&&p| p == libc::SCHED_BATCH).count()
+            >= keel_core::config::default_shards(keel_core::rt::process_cpu_list().len()),
+        "{policies:?}"
+    );
+    assert!(raft.iter().all(|&p| p == libc::SCHED_OTHER), "{policies:?}");
+}
+
+/// Each thread of `pid` by name with its scheduling policy (field 41 of its `stat`).
+fn thread_policies(pid: u32) -> Vec<(String, i32)> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the task list reads") {
+        let task = task.expect("a task entry").path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+        // The name in parentheses may hold spaces: count fields after its closing one.
+        let Some((_, after)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        // `after` starts at field 3 (state); the policy is field 41.
+        if let Some(policy) = after.split_whitespace().nth(41 - 3) {
+            policies.push((
+                name.trim().to_string(),
+                policy.parse().expect("a policy number"),
+            ));
+        }
+    }
+    policies
+}
+
 /// With `--host-shards-on-raft-cpu`, a shard placed on the raft core's CPU is a task queue in
 /// the raft core's executor, not a thread beside it (`shard::Host`), and so are several, which
 /// then share the executor's answer queue. Started in a set of one CPU with two shards, the
