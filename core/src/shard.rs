@@ -104,11 +104,14 @@ pub fn start(
             });
             continue;
         }
+        let sched_batch = shared.config.shard_sched_batch;
         let handle = rt::spawn_pinned(&format!("keel-shard-{shard}"), cpu, move || async move {
             // Wake-ups that do not cut the running thread's turn short (the raft core's, on
             // its CPU): see `rt::batch_scheduling_for_this_thread`.
-            if let Err(e) = rt::batch_scheduling_for_this_thread() {
-                tracing::warn!(shard, error = %e, "cannot put a shard thread under SCHED_BATCH");
+            if sched_batch {
+                if let Err(e) = rt::batch_scheduling_for_this_thread() {
+                    tracing::warn!(shard, error = %e, "cannot put a shard thread under SCHED_BATCH");
+                }
             }
             run(shard, shared, metrics, tls_files, bound_tx).await;
         })?;

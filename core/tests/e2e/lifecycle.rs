@@ -459,7 +459,8 @@ fn shards_and_the_raft_core_stay_in_the_cpu_set_keel_is_given() {
 
 /// Shard threads run under SCHED_BATCH (`rt::batch_scheduling_for_this_thread`): their
 /// wake-ups do not cut the raft core's turn on a shared CPU short. The raft core's thread
-/// stays SCHED_OTHER, so its wake-ups still preempt a shard.
+/// stays SCHED_OTHER, so its wake-ups may still preempt a shard. `--shard-sched-batch=false`
+/// leaves every thread SCHED_OTHER.
 #[test]
 fn shard_threads_are_batch_scheduled_and_the_raft_core_is_not() {
     let server = Server::keel(&[]);
@@ -481,6 +482,15 @@ fn shard_threads_are_batch_scheduled_and_the_raft_core_is_not() {
         "{policies:?}"
     );
     assert!(raft.iter().all(|&p| p == libc::SCHED_OTHER), "{policies:?}");
+    // And none with the flag off.
+    let off = Server::keel(&["--shard-sched-batch=false"]);
+    let policies = thread_policies(off.pid());
+    assert!(
+        policies
+            .iter()
+            .all(|(name, p)| !name.starts_with("keel-") || *p == libc::SCHED_OTHER),
+        "{policies:?}"
+    );
 }
 
 /// Each thread of `pid` by name with its scheduling policy (field 41 of its `stat`).
