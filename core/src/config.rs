@@ -901,9 +901,9 @@ pub struct Placement {
 /// placed so cost 2-11 % less CPU per put than the same binary under the single-member
 /// defaults, with each shard then on the CPU after its raft core's, a thread of its own.
 /// With the shard on the raft core's CPU, in its executor, they cost 21-23 % less again
-/// (BENCHMARKS.md, "A shard in the raft core's executor"). The 16-CPU slices are not measured; the nearest measured layout (raft cores on
-/// CPUs 0-2, 4 shards each, all on CPUs 0-4) cost 0.21-0.22x etcd's CPU per put against
-/// 0.27-0.39x with 15 shards each.
+/// (BENCHMARKS.md, "A shard in the raft core's executor"). The 16-CPU slices are not
+/// measured; the nearest measured layout (raft cores on CPUs 0-2, 4 shards each, all on CPUs
+/// 0-4) cost 0.21-0.22x etcd's CPU per put against 0.27-0.39x with 15 shards each.
 pub fn default_placement(cpus: &[usize], on_this_host: Option<(usize, usize)>) -> Placement {
     assert!(!cpus.is_empty(), "the CPU list is never empty");
     let alone = |cpus: &[usize]| Placement {

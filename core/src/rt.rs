@@ -351,6 +351,21 @@ pub fn spawn_local_queued<F: Future<Output = ()> + 'static>(f: F) {
         .detach();
 }
 
+/// Spawns a task, detached, in a new task queue of the current executor named `name`: it and
+/// the tasks it spawns (`spawn_local`, `spawn_local_queued` keep to the running task's queue)
+/// take turns with the executor's other queues, as glommio shares its time between queues,
+/// rather than run in the spawner's queue. For a shard hosted in the raft core's executor.
+pub fn spawn_local_in_own_queue<F: Future<Output = ()> + 'static>(name: &str, f: F) {
+    let queue = glommio::executor().create_task_queue(
+        glommio::Shares::default(),
+        glommio::Latency::NotImportant,
+        name,
+    );
+    glommio::spawn_local_into(f, queue)
+        .expect("the queue was just made on this executor")
+        .detach();
+}
+
 /// Blocking work a shard hands off (bcrypt, JWT signing, a whole-store hash, a snapshot's
 /// capture and its chunks): on a shard thread, its executor's blocking pool, as before; on the
 /// raft core's thread (a shard hosted there, `shard::Host`), one long-lived helper thread

@@ -994,8 +994,9 @@ impl Api {
     /// etcd's schema (crate::etcd_snapshot), in chunks with remaining_bytes counting down to 0,
     /// then the database's SHA-256 in a last message, so `etcdctl snapshot status` and
     /// `restore` read it. The database is written to a temporary file in the data directory on
-    /// this shard's blocking thread (`rt::blocking`) from a consistent capture (the raft core only captures),
-    /// then read back chunk by chunk, so memory stays bounded whatever the store's size.
+    /// this shard's blocking thread (`rt::blocking`) from a consistent capture (the raft core
+    /// only captures), then read back chunk by chunk, so memory stays bounded whatever the
+    /// store's size.
     async fn snapshot(&self, call: Call, sink: &mut ResponseSink) -> Status {
         let Call {
             head: _,

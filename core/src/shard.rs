@@ -166,17 +166,10 @@ pub fn host_shards(shards: futures_channel::oneshot::Receiver<Vec<Hosted>>) {
             return;
         };
         for job in shards {
-            let queue = glommio::executor().create_task_queue(
-                glommio::Shares::default(),
-                glommio::Latency::NotImportant,
+            rt::spawn_local_in_own_queue(
                 &format!("keel-shard-{}", job.shard),
-            );
-            glommio::spawn_local_into(
                 run(job.shard, job.shared, job.metrics, job.tls_files, job.bound),
-                queue,
-            )
-            .expect("the queue was just made on this executor")
-            .detach();
+            );
         }
     });
 }
