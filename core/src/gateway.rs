@@ -401,7 +401,7 @@ async fn streaming(
         head: CallHead {
             path: http::uri::PathAndQuery::from_static(kind.path()),
             // The Authorization header is the token, as on the unary gateway calls.
-            metadata: headers,
+            metadata: headers.into(),
             timeout: None,
         },
         requests: RequestStream::local(requests, counts.clone()),

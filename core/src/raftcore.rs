@@ -711,7 +711,11 @@ impl RaftCore {
     async fn handle_ready(&mut self) -> Result<(), CoreError> {
         let now_ms = self.now_ms();
         let (before, started) = (self.apply_mark(), Instant::now());
-        let Some(io) = self.member.ready(now_ms) else {
+        // The answers of the entries this step applies go to each shard at once.
+        let held = crate::answers::hold_answers();
+        let ready = self.member.ready(now_ms);
+        drop(held);
+        let Some(io) = ready else {
             return Ok(());
         };
         self.observe_apply(before, started);
@@ -761,7 +765,10 @@ impl RaftCore {
             // bound.
             self.shared.enter_raft_phase(LoopPhase::RestoreSnapshot);
         }
-        self.member.persisted(now_ms)?;
+        let held = crate::answers::hold_answers();
+        let persisted = self.member.persisted(now_ms);
+        drop(held);
+        persisted?;
         if installs_snapshot {
             self.shared.enter_raft_phase(LoopPhase::Working);
             // Said beside the store step's line, so a pause of the loop has its cause in the

@@ -128,10 +128,21 @@ impl Api {
         sink: &'a mut ResponseSink,
         cert_user: Option<&str>,
     ) -> impl Future<Output = Status> + 'a {
-        call.head.metadata.remove(crate::auth::CERT_USER_HEADER);
+        // Looked up first: a shared map (see `keel_grpc::Metadata`) is copied only to change it.
+        if call
+            .head
+            .metadata
+            .contains_key(crate::auth::CERT_USER_HEADER)
+        {
+            call.head
+                .metadata
+                .to_mut()
+                .remove(crate::auth::CERT_USER_HEADER);
+        }
         if let Some(value) = cert_user.and_then(|u| http::HeaderValue::from_str(u).ok()) {
             call.head
                 .metadata
+                .to_mut()
                 .insert(crate::auth::CERT_USER_HEADER, value);
         }
         // Taken, not cloned: dispatch reads the path it is given.

@@ -56,8 +56,8 @@ pub use codec::{
 pub use error::GrpcError;
 pub use http1::{BodyStream, Http1Limits, HttpRequest, HttpResponse};
 pub use server::{
-    serve_connection, unary, unary_pieces, Call, CallCounts, CallHead, Handler, RequestStream,
-    ResponseSink, Runtime, ServerConfig, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_PREFACE_TIMEOUT,
-    UNARY_AT_ONCE_BYTES_MAX,
+    serve_connection, unary, unary_pieces, Call, CallCounts, CallHead, Handler, Metadata,
+    RequestStream, ResponseSink, Runtime, ServerConfig, DEFAULT_MAX_CONCURRENT_STREAMS,
+    DEFAULT_PREFACE_TIMEOUT, UNARY_AT_ONCE_BYTES_MAX,
 };
 pub use status::{split_method_path, Code, EtcdError, ServiceKnown, Status};

@@ -152,10 +152,56 @@ pub struct CallHead {
     /// `:path`, shared, not copied out.
     pub path: PathAndQuery,
     /// Request metadata (`hasleader`, `token`, `client-api-version`, ...), HTTP/2 headers as sent.
-    pub metadata: HeaderMap,
+    pub metadata: Metadata,
     /// The call's time budget from `grpc-timeout`, measured from when the call arrived. The
     /// library enforces it; handlers may use it to bound their own waits.
     pub timeout: Option<Duration>,
+}
+
+/// A call's request metadata: its own header map, or the fields of its connection's last
+/// head, shared, when the call's head repeated that one (h2's `share_repeated_heads`: a
+/// client sends the same head call after call). Reads through `Deref`; `to_mut` copies a
+/// shared map before a change.
+#[derive(Debug, Clone)]
+pub enum Metadata {
+    Own(HeaderMap),
+    Shared(std::sync::Arc<HeaderMap>),
+}
+
+impl Metadata {
+    /// The map, to change: a shared one is copied first, so the change is this call's alone.
+    pub fn to_mut(&mut self) -> &mut HeaderMap {
+        if let Metadata::Shared(shared) = self {
+            *self = Metadata::Own(HeaderMap::clone(shared));
+        }
+        match self {
+            Metadata::Own(map) => map,
+            Metadata::Shared(_) => unreachable!("copied just above"),
+        }
+    }
+}
+
+impl std::ops::Deref for Metadata {
+    type Target = HeaderMap;
+
+    fn deref(&self) -> &HeaderMap {
+        match self {
+            Metadata::Own(map) => map,
+            Metadata::Shared(map) => map,
+        }
+    }
+}
+
+impl From<HeaderMap> for Metadata {
+    fn from(map: HeaderMap) -> Metadata {
+        Metadata::Own(map)
+    }
+}
+
+impl Default for Metadata {
+    fn default() -> Metadata {
+        Metadata::Own(HeaderMap::new())
+    }
 }
 
 /// One incoming call.
@@ -230,8 +276,9 @@ impl RequestStream {
     /// The next message body, undecoded. `Ok(None)`: the client half-closed cleanly. An error
     /// is the status the call should end with (and is returned again on later calls).
     ///
-    /// Cancel-safe: its only await is h2's `data()`, and a received chunk is buffered before
-    /// any other await, so dropping this future (e.g. in a `select`) loses no bytes.
+    /// Cancel-safe: its only await is h2's `poll_data_releasing`, and a received chunk is
+    /// buffered before any other await, so dropping this future (e.g. in a `select`) loses no
+    /// bytes.
     pub async fn next_raw(&mut self) -> Result<Option<Bytes>, Status> {
         let body = match &mut self.body {
             Source::H2(body) => body,
@@ -270,13 +317,10 @@ impl RequestStream {
                     }
                 };
             }
-            match body.data().await {
-                Some(Ok(chunk)) => {
-                    self.decoder.push(&chunk);
-                    // The bytes now live in our bounded buffer: give the window back so the
-                    // client may send the rest.
-                    let _ = body.flow_control().release_capacity(chunk.len());
-                }
+            // Each chunk's window is given back as it is taken (one lock of h2's, not two):
+            // its bytes now live in our bounded buffer, and the client may send the rest.
+            match poll_fn(|cx| body.poll_data_releasing(cx)).await {
+                Some(Ok(chunk)) => self.decoder.push(&chunk),
                 Some(Err(error)) => {
                     let status = status_from_h2(&error);
                     self.end = StreamEnd::Failed(status.clone());
@@ -920,7 +964,9 @@ where
         .max_header_list_size(config.max_header_list_bytes)
         .max_concurrent_streams(config.max_concurrent_streams)
         .max_send_buffer_size(config.max_send_buffer_bytes)
-        .data_frame_budget(config.data_frame_budget_bytes);
+        .data_frame_budget(config.data_frame_budget_bytes)
+        // `serve_stream` reads a request's fields from its shared head when it has one.
+        .share_repeated_heads(true);
     let mut connection = builder
         .handshake::<_, Bytes>(Rewind::new(sniffed.freeze(), io))
         .await?;
@@ -994,8 +1040,12 @@ fn serve_stream<H: Handler, R: Runtime>(
     config: &ServerConfig,
     runtime: &Rc<R>,
 ) {
-    let (parts, body) = request.into_parts();
-    let fields = CallFields::of(&parts.headers);
+    let (mut parts, mut body) = request.into_parts();
+    let metadata = match body.take_shared_head() {
+        Some(shared) => Metadata::Shared(shared),
+        None => Metadata::Own(std::mem::take(&mut parts.headers)),
+    };
+    let fields = CallFields::of(&metadata);
     // Checked as bytes: every call reads it, and only a refused one prints it (then as text,
     // lossily). Made text for every call, it cost each about 170 instructions (callgrind).
     let content_type: &[u8] = fields.content_type.map_or(&[], |value| value.as_bytes());
@@ -1006,6 +1056,11 @@ fn serve_stream<H: Handler, R: Runtime>(
     let plain_http =
         parts.method == Method::GET || parts.method == Method::HEAD || config.all_http_over_h2;
     if plain_http && !is_grpc_content_type(content_type) {
+        // The HTTP path reads the request's own map.
+        parts.headers = match metadata {
+            Metadata::Own(map) => map,
+            Metadata::Shared(shared) => std::sync::Arc::unwrap_or_clone(shared),
+        };
         // Its own task, so no gRPC call's task is sized by the HTTP path's larger future.
         runtime.spawn_local(Box::pin(serve_http_over_h2(
             parts,
@@ -1068,7 +1123,7 @@ fn serve_stream<H: Handler, R: Runtime>(
             .into_parts()
             .path_and_query
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        metadata: parts.headers,
+        metadata,
         timeout,
     };
     let counts = Rc::new(CallCounts::default());
@@ -1299,6 +1354,32 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Rewind<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A change to a call's shared metadata copies it first: the connection's kept head, and
+    /// the calls that share it, keep their fields.
+    #[test]
+    fn changing_shared_metadata_changes_only_this_calls_copy() {
+        let mut fields = HeaderMap::new();
+        fields.insert("token", HeaderValue::from_static("t"));
+        let shared = std::sync::Arc::new(fields);
+        let mut metadata = Metadata::Shared(shared.clone());
+        assert_eq!(
+            metadata.get("token").unwrap(),
+            "t",
+            "read through the share"
+        );
+        metadata.to_mut().remove("token");
+        assert!(matches!(metadata, Metadata::Own(_)));
+        assert!(metadata.get("token").is_none());
+        assert_eq!(
+            shared.get("token").unwrap(),
+            "t",
+            "the shared map is untouched"
+        );
+        let mut own = Metadata::from(HeaderMap::new());
+        own.to_mut().insert("a", HeaderValue::from_static("b"));
+        assert_eq!(own.get("a").unwrap(), "b");
+    }
 
     #[test]
     fn grpc_content_types_match_grpc_go() {

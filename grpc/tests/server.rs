@@ -19,7 +19,7 @@ use http::{HeaderMap, StatusCode};
 use keel_grpc::codec::{encode_message, MessageDecoder};
 use keel_grpc::{
     serve_connection, unary, unary_pieces, Call, CallHead, Code, EtcdError, Handler, HttpRequest,
-    HttpResponse, PieceEncode, ResponseSink, ServerConfig, ServiceKnown, Status,
+    HttpResponse, Metadata, PieceEncode, ResponseSink, ServerConfig, ServiceKnown, Status,
 };
 use keel_proto::etcdserverpb::{
     RangeRequest, RangeResponse, ResponseHeader, WatchRequest, WatchResponse,
@@ -82,6 +82,14 @@ async fn range(request: RangeRequest, head: CallHead) -> Result<RangeResponse, S
         .is_some_and(|token| token == "bad")
     {
         return Err(EtcdError::InvalidAuthToken.into());
+    }
+    if head.metadata.contains_key("head-probe") {
+        // Says whether the call's fields came shared with its connection's last head.
+        let how: &'static [u8] = match head.metadata {
+            Metadata::Shared(_) => b"head:shared",
+            Metadata::Own(_) => b"head:own",
+        };
+        return Ok(range_response(Bytes::from_static(how)));
     }
     if request.key.is_empty() {
         return Err(EtcdError::EmptyKey.into());
@@ -1476,6 +1484,47 @@ fn a_repeated_header_block_means_what_the_current_header_table_says() {
             "indexed Range call {round}, again: {data:?}"
         );
     }
+}
+
+/// A call whose head repeats its connection's last one, from the third on (the second is
+/// decoded and kept), gets that head's fields shared (`Metadata::Shared`, h2's
+/// `share_repeated_heads`), and reads them as its own; a different head is decoded for its
+/// call, and replaces the one kept.
+#[test]
+fn a_repeated_head_shares_its_fields_and_a_new_one_is_its_own() {
+    let probe_block = |value: &str| {
+        // :path and the probe as literals without indexing: the bytes change no table.
+        let mut block = grpc_head_block(&[], 0x04, "/etcdserverpb.KV/Range");
+        block.push(0x00);
+        hpack_literal(&mut block, "head-probe");
+        hpack_literal(&mut block, value);
+        block
+    };
+    let how = |data: &[u8]| {
+        for (needle, what) in [(&b"head:shared"[..], "shared"), (&b"head:own"[..], "own")] {
+            if data.windows(needle.len()).any(|w| w == needle) {
+                return what;
+            }
+        }
+        panic!("no probe answer in {data:?}")
+    };
+    let mut socket = raw_h2_connection();
+    let mut stream_id = 1;
+    let mut call = |block: &[u8]| {
+        let data = raw_call(&mut socket, stream_id, block, None);
+        stream_id += 2;
+        how(&data)
+    };
+    let (first, second) = (probe_block("1"), probe_block("2"));
+    let seen: Vec<&str> = (0..4).map(|_| call(&first)).collect();
+    assert_eq!(seen, ["own", "own", "shared", "shared"]);
+    assert_eq!(call(&second), "own", "a new head is decoded for its call");
+    let seen: Vec<&str> = (0..3).map(|_| call(&first)).collect();
+    assert_eq!(
+        seen,
+        ["own", "own", "shared"],
+        "the first head was replaced"
+    );
 }
 
 /// As above, with the table changed by a size update instead: the client empties its table

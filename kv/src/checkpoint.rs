@@ -170,6 +170,12 @@ impl StreamTotals {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Counts of `CheckpointSource::count_totals` on this thread (tests).
+    static WALKS_COUNTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// The most padding rkyv puts before one archived part to align it.
 const ARCHIVE_ALIGN_PAD_MAX: usize = 16;
 
@@ -843,7 +849,10 @@ impl CheckpointSource {
                 let bound = self.delta_totals_max(&written);
                 let exact =
                     written.keys_created == written.versions_added && written.versions_dropped == 0;
-                if exact || small_enough(&bound) {
+                if exact || small_enough(&bound) || self.delta_never_small(&written) {
+                    // When even the least the delta can hold is too large, the bound is
+                    // refused below as the count would be, without the walk: where every
+                    // key is written between checkpoints, the walk cost 9 % of each one.
                     bound
                 } else {
                     self.count_totals(&guard, None, b)
@@ -956,6 +965,25 @@ impl CheckpointSource {
         }
     }
 
+    /// Whether a delta against a base the writer did `written` since is too large to write
+    /// whatever its exact counts: it holds at least the versions added since, less those
+    /// compaction dropped (every version added since is newer than the base, and only
+    /// compaction removes one), and `small_enough` refuses a delta whose version records
+    /// alone pass `1/DELTA_SHARE_MAX` of the full archive without values (its inline values
+    /// count on both sides, and four times on the delta's).
+    fn delta_never_small(&self, written: &crate::store::IndexWrites) -> bool {
+        let versions_min = written
+            .versions_added
+            .saturating_sub(written.versions_dropped) as usize;
+        let full_without_values = StreamTotals {
+            inline_bytes: 0,
+            ..self.full_totals_max()
+        }
+        .archived_bytes_max(self.leases.len(), self.durable_segments.len());
+        versions_min * std::mem::size_of::<ArchivedVersionRecord>() * DELTA_SHARE_MAX
+            > full_without_values
+    }
+
     /// Counts what a delta against `base` holds: each kept key's versions newer than the
     /// base, over the `named` keys only, or the whole index.
     fn count_totals(
@@ -964,6 +992,8 @@ impl CheckpointSource {
         named: Option<&[&[u8]]>,
         base: &DeltaBase,
     ) -> StreamTotals {
+        #[cfg(test)]
+        WALKS_COUNTED.with(|walks| walks.set(walks.get() + 1));
         let mut delta = StreamTotals::default();
         for entry in Entries::of(&self.reader.shared.index, named, guard) {
             let list = entry.value().load(guard);
@@ -982,6 +1012,12 @@ impl CheckpointSource {
             delta.count(entry.key().len(), new.len(), inline_bytes);
         }
         delta
+    }
+
+    /// How many times this thread counted a delta by `count_totals` (tests).
+    #[cfg(test)]
+    pub(crate) fn walks_counted() -> u64 {
+        WALKS_COUNTED.with(std::cell::Cell::get)
     }
 
     /// Whether the capture names the keys written since its base (tests).

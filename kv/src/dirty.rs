@@ -32,13 +32,32 @@ const SHARDS: usize = 64;
 pub(crate) struct DirtyKeys {
     /// Every key with a version newer than this revision is in `shards`.
     since_rev: i64,
-    /// Each key written after `since_rev`, with its newest write's main revision, in the
-    /// shard its hash names. std's SipHash, keyed per process: the keys are the clients',
-    /// and these tables live on the raft core.
-    shards: Vec<HashTable<(Box<[u8]>, i64)>>,
+    /// Each key written after `since_rev` (its bytes in `arena`), with its newest write's
+    /// main revision, in the shard its hash names. std's SipHash, keyed per process: the
+    /// keys are the clients', and these tables live on the raft core.
+    shards: Vec<HashTable<Noted>>,
+    /// The noted keys' bytes, back to back: one buffer that keeps its room when the set
+    /// starts again, where a box per key cost an allocation and a free for nearly every put
+    /// of a load that writes more keys than the set holds (it starts again every
+    /// `keys_max` new keys). Holds only the keys in `shards`: `rebase` copies out the rest.
+    arena: Vec<u8>,
     hasher: RandomState,
     /// Keys held, over all shards.
     len: usize,
+}
+
+/// A noted key: where its bytes are in the arena, and its newest write's main revision.
+#[derive(Debug, Clone, Copy)]
+struct Noted {
+    start: usize,
+    len: usize,
+    main: i64,
+}
+
+impl Noted {
+    fn key(self, arena: &[u8]) -> &[u8] {
+        &arena[self.start..self.start + self.len]
+    }
 }
 
 impl DirtyKeys {
@@ -47,12 +66,13 @@ impl DirtyKeys {
         DirtyKeys {
             since_rev: rev,
             shards: Self::empty_shards(),
+            arena: Vec::new(),
             hasher: RandomState::new(),
             len: 0,
         }
     }
 
-    fn empty_shards() -> Vec<HashTable<(Box<[u8]>, i64)>> {
+    fn empty_shards() -> Vec<HashTable<Noted>> {
         (0..SHARDS).map(|_| HashTable::new()).collect()
     }
 
@@ -73,10 +93,14 @@ impl DirtyKeys {
         }
         // One hash and one probe, whether the key is new or not.
         let hash = self.hasher.hash_one(key);
-        let hasher = &self.hasher;
+        let (hasher, arena) = (&self.hasher, &mut self.arena);
         let shard = &mut self.shards[Self::shard_of(hash)];
-        match shard.entry(hash, |(k, _)| **k == *key, |(k, _)| hasher.hash_one(&**k)) {
-            Entry::Occupied(mut at) => at.get_mut().1 = main,
+        match shard.entry(
+            hash,
+            |noted| noted.key(arena) == key,
+            |noted| hasher.hash_one(noted.key(arena)),
+        ) {
+            Entry::Occupied(mut at) => at.get_mut().main = main,
             Entry::Vacant(slot) => {
                 if self.len >= Self::keys_max(keys_held) {
                     // Writes of the same txn already noted at `main` are dropped with the
@@ -89,11 +113,18 @@ impl DirtyKeys {
                     for shard in &mut self.shards {
                         shard.clear();
                     }
+                    self.arena.clear();
                     self.len = 0;
                     self.since_rev = main;
                     return;
                 }
-                slot.insert((key.into(), main));
+                let start = arena.len();
+                arena.extend_from_slice(key);
+                slot.insert(Noted {
+                    start,
+                    len: key.len(),
+                    main,
+                });
                 self.len += 1;
             }
         }
@@ -111,15 +142,24 @@ impl DirtyKeys {
             // base at or after `since_rev` can use it.
             return;
         }
-        let hasher = &self.hasher;
+        let (hasher, arena) = (&self.hasher, &self.arena);
         let mut len = 0;
         for shard in &mut self.shards {
-            shard.retain(|(_, at)| *at > base_rev);
+            shard.retain(|noted| noted.main > base_rev);
             len += shard.len();
             if shard.capacity() > 4 * shard.len().max(DIRTY_KEYS_MIN / SHARDS) {
-                shard.shrink_to_fit(|(k, _)| hasher.hash_one(&**k));
+                shard.shrink_to_fit(|noted| hasher.hash_one(noted.key(arena)));
             }
         }
+        // The kept keys' bytes into a fresh arena, so it holds no forgotten key's.
+        let kept_bytes = self.shards.iter().flatten().map(|noted| noted.len).sum();
+        let mut kept = Vec::with_capacity(kept_bytes);
+        for noted in self.shards.iter_mut().flat_map(|shard| shard.iter_mut()) {
+            let start = kept.len();
+            kept.extend_from_slice(noted.key(&self.arena));
+            noted.start = start;
+        }
+        self.arena = kept;
         self.len = len;
         self.since_rev = base_rev;
     }
@@ -135,13 +175,13 @@ impl DirtyKeys {
             bytes: Vec::new(),
             ends: Vec::new(),
         };
-        for (key, _) in self
+        for noted in self
             .shards
             .iter()
             .flatten()
-            .filter(|(_, at)| *at > base_rev)
+            .filter(|noted| noted.main > base_rev)
         {
-            list.bytes.extend_from_slice(key);
+            list.bytes.extend_from_slice(noted.key(&self.arena));
             list.ends.push(list.bytes.len());
         }
         Some(list)
@@ -227,6 +267,7 @@ mod tests {
         let room: usize = d.shards.iter().map(HashTable::capacity).sum();
         d.wrote(b"one more", overflow_rev, 0);
         assert_eq!(d.len(), 0);
+        assert!(d.arena.is_empty(), "the keys' bytes go with them");
         // At least: a cleared table also counts the slots its deleted entries held.
         assert!(
             d.shards.iter().map(HashTable::capacity).sum::<usize>() >= room,
@@ -298,6 +339,21 @@ mod tests {
         assert_eq!(list.sorted().len(), 15_000, "each key once");
         d.rebase(15_000);
         assert_eq!(d.len(), 15_000);
+        // The arena holds the kept keys' bytes only, and each still reads back.
+        let kept = || (0..10_000).chain(15_000..20_000);
+        let kept_bytes: usize = kept().map(|i| format!("key/{i}").len()).sum();
+        assert_eq!(d.arena.len(), kept_bytes);
+        let mut named = d
+            .since_base(15_000)
+            .unwrap()
+            .sorted()
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect::<Vec<_>>();
+        let mut expected: Vec<Vec<u8>> = kept().map(|i| format!("key/{i}").into_bytes()).collect();
+        named.sort();
+        expected.sort();
+        assert_eq!(named, expected);
     }
 
     #[test]

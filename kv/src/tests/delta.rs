@@ -805,6 +805,31 @@ fn a_loose_bound_does_not_refuse_a_delta_a_walk_would_write() {
     assert!(b.checkpoint_as_walked(Some(6000)));
 }
 
+/// Every key written twice since the base, past what the writer names: the versions written
+/// alone are over a quarter of the full archive, so the checkpoint is full without counting
+/// the delta by a walk, and is the one a walk chooses.
+#[test]
+fn a_delta_too_large_by_the_writes_alone_is_refused_without_a_walk() {
+    let mut b = Based::of(4000);
+    for round in 0..2u8 {
+        b.put_keys(0..4000, &[round; 11]);
+    }
+    write_sealed(&mut b.w, &mut b.disk);
+    let bounded = b.w.checkpoint_source_against(Some(&b.base));
+    assert_eq!(bounded.versions_since_base(), Some(8000));
+    let walks = crate::checkpoint::CheckpointSource::walks_counted();
+    let image = bounded.serialize_parts_against(Some(&b.base)).unwrap();
+    assert_eq!(image.delta_of(), None, "a full checkpoint");
+    assert_eq!(
+        crate::checkpoint::CheckpointSource::walks_counted(),
+        walks,
+        "no walk counted the delta"
+    );
+    // A capture that cannot bound the delta counts it, and writes the same image.
+    assert!(!b.checkpoint_as_walked(Some(8000)));
+    assert!(crate::checkpoint::CheckpointSource::walks_counted() > walks);
+}
+
 /// The writer remembers its last 16 captures: a base pushed out of them, or one from before a
 /// restart, is counted by a walk, and the checkpoint is the same.
 #[test]

@@ -263,6 +263,9 @@ pub struct Builder {
     ///
     /// When this gets exhausted, we issue a GOAWAY with `ENHANCE_YOUR_CALM`.
     data_frame_budget: proto::DataFrameBudget,
+
+    /// KEEL PATCH: see `share_repeated_heads`.
+    share_repeated_heads: bool,
 }
 
 /// Send a response back to the client
@@ -396,6 +399,8 @@ where
             codec.set_max_recv_header_list_size(max as usize);
         }
 
+        codec.set_share_repeated_heads(builder.share_repeated_heads);
+
         // Send initial settings frame.
         codec
             .buffer(builder.settings.clone().into())
@@ -434,10 +439,14 @@ where
             return Poll::Ready(None);
         }
 
-        if let Some(inner) = self.connection.next_incoming() {
+        // KEEL PATCH: the stream, its request and its body's reference in one lock.
+        if let Some((inner, body, request, shared_head)) = self.connection.next_incoming_request()
+        {
             tracing::trace!("received incoming");
-            let (head, _) = inner.take_request().into_parts();
-            let body = RecvStream::new(FlowControl::new(inner.clone_to_opaque()));
+            let (head, _) = request.into_parts();
+            let mut body = RecvStream::new(FlowControl::new(body));
+            // KEEL PATCH: only with `Builder::share_repeated_heads`.
+            body.shared_head = shared_head;
 
             let request = Request::from_parts(head, body);
             let respond = SendResponse { inner };
@@ -663,6 +672,7 @@ impl Builder {
             max_send_buffer_size: proto::DEFAULT_MAX_SEND_BUFFER_SIZE,
             local_max_error_reset_streams: Some(proto::DEFAULT_LOCAL_RESET_COUNT_MAX),
             data_frame_budget: proto::DataFrameBudget::Auto,
+            share_repeated_heads: false,
         }
     }
 
@@ -1066,6 +1076,16 @@ impl Builder {
     /// updates the permitted framing overhead.
     pub fn data_frame_budget(&mut self, budget: usize) -> &mut Self {
         self.data_frame_budget = proto::DataFrameBudget::Configured(budget);
+        self
+    }
+
+    /// KEEL PATCH: a request whose head repeats its connection's previous one (the same
+    /// block, decoded against the same table) gets its header fields shared with that head
+    /// through `RecvStream::take_shared_head`, and an empty `HeaderMap` of its own, instead
+    /// of a clone of the fields. Off by default: a server that reads `Request::headers()`
+    /// alone would see none. The request's pseudo-headers (method, URI) are its own either way.
+    pub fn share_repeated_heads(&mut self, share: bool) -> &mut Self {
+        self.share_repeated_heads = share;
         self
     }
 

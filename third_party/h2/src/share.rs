@@ -137,6 +137,8 @@ impl From<StreamId> for u32 {
 #[must_use = "streams do nothing unless polled"]
 pub struct RecvStream {
     inner: FlowControl,
+    /// KEEL PATCH: see `take_shared_head`.
+    pub(crate) shared_head: Option<std::sync::Arc<http::HeaderMap>>,
 }
 
 /// A handle to release window capacity to a remote stream.
@@ -414,7 +416,17 @@ impl StreamId {
 
 impl RecvStream {
     pub(crate) fn new(inner: FlowControl) -> Self {
-        RecvStream { inner }
+        RecvStream {
+            inner,
+            shared_head: None,
+        }
+    }
+
+    /// KEEL PATCH: on a server built with `Builder::share_repeated_heads`, the header fields
+    /// of a request whose head repeated its connection's previous one, shared with it: the
+    /// request's own `HeaderMap` is then empty. None otherwise, and after the first call.
+    pub fn take_shared_head(&mut self) -> Option<std::sync::Arc<http::HeaderMap>> {
+        self.shared_head.take()
     }
 
     /// Get the next data frame.
@@ -430,6 +442,16 @@ impl RecvStream {
     /// Poll for the next data frame.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, crate::Error>>> {
         self.inner.inner.poll_data(cx).map_err(Into::into)
+    }
+
+    /// KEEL PATCH: `poll_data`, with each chunk's capacity released as
+    /// `flow_control().release_capacity(chunk.len())` after it would, in one go: for a reader
+    /// that consumes or buffers every chunk at once.
+    pub fn poll_data_releasing(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, crate::Error>>> {
+        self.inner.inner.poll_data_releasing(cx).map_err(Into::into)
     }
 
     #[doc(hidden)]

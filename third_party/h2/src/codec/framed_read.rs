@@ -104,6 +104,11 @@ impl<T> FramedRead<T> {
     pub fn set_header_table_size(&mut self, val: usize) {
         self.decoder.set_header_table_size(val);
     }
+
+    /// KEEL PATCH: see `server::Builder::share_repeated_heads`.
+    pub fn set_share_repeated_heads(&mut self, share: bool) {
+        self.decoder.head_cache.set_share_fields(share);
+    }
 }
 
 fn calc_max_continuation_frames(header_max: usize, frame_max: usize) -> usize {

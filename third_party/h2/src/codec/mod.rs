@@ -105,6 +105,11 @@ impl<T, B> Codec<T, B> {
         self.inner.set_max_header_list_size(val);
     }
 
+    /// KEEL PATCH: see `server::Builder::share_repeated_heads`.
+    pub fn set_share_repeated_heads(&mut self, share: bool) {
+        self.inner.set_share_repeated_heads(share);
+    }
+
     /// Get a reference to the inner stream.
     #[cfg(feature = "unstable")]
     pub fn get_ref(&self) -> &T {

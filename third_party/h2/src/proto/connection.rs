@@ -648,8 +648,18 @@ where
     T: AsyncRead + AsyncWrite + Unpin,
     B: Buf,
 {
-    pub fn next_incoming(&mut self) -> Option<StreamRef<B>> {
-        self.inner.streams.next_incoming()
+    /// KEEL PATCH: see `Streams::next_incoming_request` (upstream's `next_incoming`, whose
+    /// only caller, `server::Connection::poll_accept`, now takes the request with it).
+    #[allow(clippy::type_complexity)]
+    pub fn next_incoming_request(
+        &mut self,
+    ) -> Option<(
+        StreamRef<B>,
+        super::streams::OpaqueStreamRef,
+        http::Request<()>,
+        Option<std::sync::Arc<http::HeaderMap>>,
+    )> {
+        self.inner.streams.next_incoming_request()
     }
 
     // Graceful shutdown only makes sense for server peers.

@@ -239,7 +239,8 @@ impl Recv {
         }
 
         let stream_id = frame.stream_id();
-        let (pseudo, fields) = frame.into_parts();
+        // KEEL PATCH: a request head's shared fields stay shared (see `Stream::shared_head`).
+        let (pseudo, fields, shared_head) = frame.into_parts_sharing();
 
         if pseudo.protocol.is_some()
             && counts.peer().is_server()
@@ -258,6 +259,7 @@ impl Recv {
             let message = counts
                 .peer()
                 .convert_poll_message(pseudo, fields, stream_id)?;
+            stream.shared_head = shared_head;
 
             // Push the frame onto the stream's recv buffer
             stream
@@ -305,6 +307,15 @@ impl Recv {
             Some(Event::Headers(Server(request))) => request,
             _ => unreachable!("server stream queue must start with Headers"),
         }
+    }
+
+    /// KEEL PATCH: `take_request` and the head's shared fields (`Stream::shared_head`).
+    pub fn take_request_sharing(
+        &mut self,
+        stream: &mut store::Ptr,
+    ) -> (Request<()>, Option<std::sync::Arc<http::HeaderMap>>) {
+        let request = self.take_request(stream);
+        (request, stream.shared_head.take())
     }
 
     /// Called by the client to get pushed response

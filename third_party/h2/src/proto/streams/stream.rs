@@ -100,6 +100,11 @@ pub(super) struct Stream {
     /// Frames pending for this stream to read
     pub pending_recv: buffer::Deque,
 
+    /// KEEL PATCH: the shared fields of this stream's request head, when a sharing
+    /// `HeadCache` served it (see `frame::HeaderBlock::shared_fields`), until the server
+    /// accepts the stream and hands them to its `RecvStream`.
+    pub shared_head: Option<std::sync::Arc<http::HeaderMap>>,
+
     /// When the RecvStream drop occurs, no data should be received.
     pub is_recv: bool,
 
@@ -189,6 +194,7 @@ impl Stream {
             reset_at: None,
             next_reset_expire: None,
             pending_recv: buffer::Deque::new(),
+            shared_head: None,
             is_recv: true,
             recv_task: None,
             push_task: None,

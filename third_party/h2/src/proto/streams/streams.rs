@@ -139,30 +139,44 @@ where
         Ok(())
     }
 
-    pub fn next_incoming(&mut self) -> Option<StreamRef<B>> {
+    /// KEEL PATCH: upstream's `next_incoming`, then the stream's request (its
+    /// `StreamRef::take_request`, with the head's shared fields) and a second reference for
+    /// its body (`clone_to_opaque`), under one lock instead of three: a server accepts every
+    /// call so. It replaced those three calls, upstream's only use of the first two.
+    #[allow(clippy::type_complexity)]
+    pub fn next_incoming_request(
+        &mut self,
+    ) -> Option<(
+        StreamRef<B>,
+        OpaqueStreamRef,
+        Request<()>,
+        Option<Arc<http::HeaderMap>>,
+    )> {
         let mut me = self.inner.lock().unwrap();
         let me = &mut *me;
-        me.actions.recv.next_incoming(&mut me.store).map(|key| {
-            let stream = &mut me.store.resolve(key);
-            tracing::trace!(
-                "next_incoming; id={:?}, state={:?}",
-                stream.id,
-                stream.state
-            );
-            // TODO: ideally, OpaqueStreamRefs::new would do this, but we're holding
-            // the lock, so it can't.
-            me.refs += 1;
+        let key = me.actions.recv.next_incoming(&mut me.store)?;
+        let mut stream = me.store.resolve(key);
+        tracing::trace!(
+            "next_incoming_request; id={:?}, state={:?}",
+            stream.id,
+            stream.state
+        );
+        // Two references, each counted as `next_incoming` and `OpaqueStreamRef::clone` count
+        // theirs (`OpaqueStreamRef::new` counts the stream's).
+        me.refs += 2;
 
-            // Pending-accepted remotely-reset streams are counted.
-            if stream.state.is_remote_reset() {
-                me.counts.dec_num_remote_reset_streams();
-            }
+        // Pending-accepted remotely-reset streams are counted.
+        if stream.state.is_remote_reset() {
+            me.counts.dec_num_remote_reset_streams();
+        }
 
-            StreamRef {
-                opaque: OpaqueStreamRef::new(self.inner.clone(), stream),
-                send_buffer: self.send_buffer.clone(),
-            }
-        })
+        let (request, shared_head) = me.actions.recv.take_request_sharing(&mut stream);
+        let respond = StreamRef {
+            opaque: OpaqueStreamRef::new(self.inner.clone(), &mut stream),
+            send_buffer: self.send_buffer.clone(),
+        };
+        let body = OpaqueStreamRef::new(self.inner.clone(), &mut stream);
+        Some((respond, body, request, shared_head))
     }
 
     /// Count a refused stream toward the local error reset limit.
@@ -1466,20 +1480,8 @@ impl<B> StreamRef<B> {
         })
     }
 
-    /// Called by the server after the stream is accepted. Given that clients
-    /// initialize streams by sending HEADERS, the request will always be
-    /// available.
-    ///
-    /// # Panics
-    ///
-    /// This function panics if the request isn't present.
-    pub fn take_request(&self) -> Request<()> {
-        let mut me = self.opaque.inner.lock().unwrap();
-        let me = &mut *me;
-
-        let mut stream = me.store.resolve(self.opaque.key);
-        me.actions.recv.take_request(&mut stream)
-    }
+    // KEEL PATCH: upstream's `take_request` went with its only caller (see
+    // `Streams::next_incoming_request`).
 
     /// Called by a client to see if the current stream is pending open
     pub fn is_pending_open(&self) -> bool {
@@ -1631,6 +1633,34 @@ impl OpaqueStreamRef {
                 Some(Err(err)) => Some(Err(err)),
                 None => None,
             })
+    }
+
+    /// KEEL PATCH: `poll_data`, and a chunk's capacity released (`release_capacity` of its
+    /// length) under the same lock.
+    pub fn poll_data_releasing(
+        &mut self,
+        cx: &Context,
+    ) -> Poll<Option<Result<Bytes, proto::Error>>> {
+        let mut me = self.inner.lock().unwrap();
+        let me = &mut *me;
+
+        let mut stream = me.store.resolve(self.key);
+
+        let polled = me.actions.recv.poll_data(cx, &mut stream);
+        let Poll::Ready(Some(Ok(data))) = polled else {
+            return polled.map(|result| result.map(|data| data.map(|data| data.payload)));
+        };
+        if data.is_budgeted {
+            me.counts.release_data_frame(data.payload.len());
+        }
+        let released = me.actions.recv.release_capacity(
+            data.payload.len() as WindowSize,
+            &mut stream,
+            &mut me.actions.task,
+        );
+        // A frame's payload was counted against the window it is released to.
+        debug_assert!(released.is_ok(), "{released:?}");
+        Poll::Ready(Some(Ok(data.payload)))
     }
 
     pub fn poll_trailers(&mut self, cx: &Context) -> Poll<Option<Result<HeaderMap, proto::Error>>> {
