@@ -20,7 +20,9 @@
 //! times out with its request); the slots are the shard's calls in flight (its connections
 //! times their concurrent streams). A cancelled call frees its slot at once, while its `Reply`
 //! stays with the member until answered. The member drops a `Reply` it cannot answer, and
-//! the drop answers `Stopped`, as a one-shot channel's cancellation did.
+//! the drop answers `Stopped`, as a one-shot channel's cancellation did. Answers held on the
+//! raft core (`hold_answers`) wait in a per-shard buffer of at most `HELD_PER_SHARD_MAX`,
+//! queued when it fills or when the hold ends, for at most `HELD_SHARDS_MAX` shards.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -127,11 +129,20 @@ impl ShardAnswers {
 /// Answers held for one shard, in the order they were sent.
 type HeldForShard = (Arc<ShardAnswers>, Vec<(SlotKey, Answered)>);
 
+/// A shard's held answers are queued once this many wait: one lock for this many answers
+/// already saves nearly all of the locking, and the first of them waits for the others'
+/// apply only this long (about a microsecond each).
+const HELD_PER_SHARD_MAX: usize = 64;
+
+/// Shards one thread may hold answers for: a member's shards are one per CPU it runs on, and
+/// each answer's shard is one of them.
+const HELD_SHARDS_MAX: usize = 4096;
+
 /// The answers this thread sends while a [`HeldAnswers`] lives, by the shard they go to.
 struct Held {
     holding: bool,
-    /// One entry per shard answered while holding, kept with its buffer between holds (a
-    /// member's shards are few and live as long as the process).
+    /// One entry per shard answered while holding, kept with its buffer between holds: the
+    /// raft core's thread answers the same few shards for as long as it runs.
     by_shard: Vec<HeldForShard>,
 }
 
@@ -154,7 +165,7 @@ fn send_to(answers: &Arc<ShardAnswers>, slot: SlotKey, answer: Answered) {
         answers.push(slot, answer);
         return;
     }
-    HELD.with(|held| {
+    let full = HELD.with(|held| {
         let mut held = held.borrow_mut();
         let at = match held
             .by_shard
@@ -163,12 +174,22 @@ fn send_to(answers: &Arc<ShardAnswers>, slot: SlotKey, answer: Answered) {
         {
             Some(at) => at,
             None => {
+                assert!(
+                    held.by_shard.len() < HELD_SHARDS_MAX,
+                    "answers held for more shards than a member runs"
+                );
                 held.by_shard.push((answers.clone(), Vec::new()));
                 held.by_shard.len() - 1
             }
         };
-        held.by_shard[at].1.push((slot, answer));
+        let buffer = &mut held.by_shard[at].1;
+        buffer.push((slot, answer));
+        // Taken out when full, so that the queue's lock and wake run outside this borrow.
+        (buffer.len() >= HELD_PER_SHARD_MAX).then(|| std::mem::take(buffer))
     });
+    if let Some(mut full) = full {
+        answers.push_all(&mut full);
+    }
 }
 
 /// While this lives, answers sent on this thread to shards' queues are held, and queued when
@@ -197,7 +218,9 @@ pub fn hold_answers() -> HeldAnswers {
 
 impl Drop for HeldAnswers {
     fn drop(&mut self) {
-        // Taken out, so that a send while they are queued (none is expected) goes straight on.
+        // Taken out, so that the queues' locks and wakes run outside the thread-local's
+        // borrow; `holding` is cleared first, so a send meanwhile (none is expected) goes
+        // straight on.
         let mut by_shard = HELD.with(|held| {
             let mut held = held.borrow_mut();
             held.holding = false;
@@ -217,7 +240,9 @@ impl Drop for HeldAnswers {
     }
 }
 
-/// Where a proposal's answer goes.
+/// Where a proposal's answer goes. A shard's answer sent while its thread holds answers
+/// (`hold_answers`, the raft core over each applying step) waits in that thread's buffer until
+/// the hold ends or the buffer fills: the member answers through `send` alike either way.
 pub struct Reply(ReplyTo);
 
 enum ReplyTo {
@@ -624,6 +649,14 @@ mod tests {
             assert!(Pin::new(wait).poll(&mut call_cx).is_pending());
         }
         let wakes = drain_wakes.clone();
+        let shard = THIS_SHARD.with(|this| this.borrow().as_ref().unwrap().answers.clone());
+        let sent_generations: Vec<u64> = replies[..49]
+            .iter()
+            .map(|reply| match &reply.0 {
+                ReplyTo::Shard { slot, .. } => slot.generation,
+                _ => unreachable!("a shard's reply"),
+            })
+            .collect();
         std::thread::spawn(move || {
             let mut replies = replies.into_iter();
             let held = hold_answers();
@@ -633,6 +666,16 @@ mod tests {
             assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "held, not queued");
             drop(held);
             assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "one wake for all");
+            // All 49 in one push, in the order sent: the queue holds exactly them.
+            let queued: Vec<u64> = shard
+                .queued
+                .lock()
+                .unwrap()
+                .answers
+                .iter()
+                .map(|(slot, _)| slot.generation)
+                .collect();
+            assert_eq!(queued, sent_generations);
             // Not held: queued at once (the drain is already due, so no second wake).
             let last = replies.next().expect("the 50th");
             last.send(answered(49)).expect("queued");
@@ -660,6 +703,38 @@ mod tests {
             Pin::new(&mut wait).poll(&mut call_cx),
             Poll::Ready(Err(EtcdError::Stopped))
         ));
+    }
+
+    /// A shard's held answers are queued each time `HELD_PER_SHARD_MAX` wait, before the hold
+    /// ends: the first answer of a long step does not wait for the whole step.
+    #[test]
+    fn held_answers_are_queued_when_a_shards_buffer_fills() {
+        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
+        let (drain_wakes, drain_waker) = counting();
+        let mut drain_cx = Context::from_waker(&drain_waker);
+        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
+        let replies: Vec<Reply> = (0..HELD_PER_SHARD_MAX + 1)
+            .map(|_| reply_here().0)
+            .collect();
+        let shard = THIS_SHARD.with(|this| this.borrow().as_ref().unwrap().answers.clone());
+        let queued = move || shard.queued.lock().unwrap().answers.len();
+        let wakes = drain_wakes.clone();
+        std::thread::spawn(move || {
+            let held = hold_answers();
+            for reply in replies {
+                reply.send(answered(1)).expect("held");
+            }
+            assert_eq!(queued(), HELD_PER_SHARD_MAX, "a full buffer goes at once");
+            assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+            drop(held);
+            assert_eq!(
+                queued(),
+                HELD_PER_SHARD_MAX + 1,
+                "the rest when the hold ends"
+            );
+        })
+        .join()
+        .expect("the answering thread");
     }
 
     /// A call that went away (its request was cancelled) frees its slot; its answer, arriving

@@ -129,6 +129,8 @@ impl Api {
         cert_user: Option<&str>,
     ) -> impl Future<Output = Status> + 'a {
         // Looked up first: a shared map (see `keel_grpc::Metadata`) is copied only to change it.
+        // A connection with a client certificate copies it for every call (what h2 did for
+        // every call before heads were shared).
         if call
             .head
             .metadata

@@ -829,7 +829,9 @@ impl CheckpointSource {
         // or, when the writer no longer knew that (a base older than the captures it
         // remembers, or from before a restart), or when that bound is too loose to trust a
         // refusal by (keys written more than once, or compacted, since the base), counted by
-        // a walk. Each walk over millions of keys takes seconds.
+        // a walk, unless the versions written since, less those compacted, already make the
+        // delta too large (`delta_never_small`). Each walk over millions of keys takes
+        // seconds.
         let (leases, segments) = (self.leases.len(), self.durable_segments.len());
         let full_max = self.full_totals_max();
         let small_enough = |delta: &StreamTotals| {
@@ -975,13 +977,13 @@ impl CheckpointSource {
         let versions_min = written
             .versions_added
             .saturating_sub(written.versions_dropped) as usize;
-        let full_without_values = StreamTotals {
+        let full_without_values_bytes = StreamTotals {
             inline_bytes: 0,
             ..self.full_totals_max()
         }
         .archived_bytes_max(self.leases.len(), self.durable_segments.len());
         versions_min * std::mem::size_of::<ArchivedVersionRecord>() * DELTA_SHARE_MAX
-            > full_without_values
+            > full_without_values_bytes
     }
 
     /// Counts what a delta against `base` holds: each kept key's versions newer than the

@@ -39,7 +39,8 @@ pub(crate) struct DirtyKeys {
     /// The noted keys' bytes, back to back: one buffer that keeps its room when the set
     /// starts again, where a box per key cost an allocation and a free for nearly every put
     /// of a load that writes more keys than the set holds (it starts again every
-    /// `keys_max` new keys). Holds only the keys in `shards`: `rebase` copies out the rest.
+    /// `keys_max` new keys). Holds only the keys in `shards`: `rebase` copies the keys it
+    /// keeps into a new buffer of their size and drops the old one.
     arena: Vec<u8>,
     hasher: RandomState,
     /// Keys held, over all shards.
@@ -49,14 +50,14 @@ pub(crate) struct DirtyKeys {
 /// A noted key: where its bytes are in the arena, and its newest write's main revision.
 #[derive(Debug, Clone, Copy)]
 struct Noted {
-    start: usize,
-    len: usize,
+    start_byte: usize,
+    len_bytes: usize,
     main: i64,
 }
 
 impl Noted {
     fn key(self, arena: &[u8]) -> &[u8] {
-        &arena[self.start..self.start + self.len]
+        &arena[self.start_byte..self.start_byte + self.len_bytes]
     }
 }
 
@@ -118,11 +119,11 @@ impl DirtyKeys {
                     self.since_rev = main;
                     return;
                 }
-                let start = arena.len();
+                let start_byte = arena.len();
                 arena.extend_from_slice(key);
                 slot.insert(Noted {
-                    start,
-                    len: key.len(),
+                    start_byte,
+                    len_bytes: key.len(),
                     main,
                 });
                 self.len += 1;
@@ -152,12 +153,17 @@ impl DirtyKeys {
             }
         }
         // The kept keys' bytes into a fresh arena, so it holds no forgotten key's.
-        let kept_bytes = self.shards.iter().flatten().map(|noted| noted.len).sum();
+        let kept_bytes = self
+            .shards
+            .iter()
+            .flatten()
+            .map(|noted| noted.len_bytes)
+            .sum();
         let mut kept = Vec::with_capacity(kept_bytes);
         for noted in self.shards.iter_mut().flat_map(|shard| shard.iter_mut()) {
-            let start = kept.len();
+            let start_byte = kept.len();
             kept.extend_from_slice(noted.key(&self.arena));
-            noted.start = start;
+            noted.start_byte = start_byte;
         }
         self.arena = kept;
         self.len = len;

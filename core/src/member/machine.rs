@@ -1816,6 +1816,26 @@ impl Member {
             rd.durability,
             self.node.store().last_index(),
         );
+        if !rd.entries.is_empty() {
+            // The log keeps each entry's data as a slice of its WAL record (an entry's data
+            // ends its record), all of a Ready's in one buffer: the proposals' own buffers,
+            // each allocated on the shard that proposed it, are freed when this Ready is
+            // done, while still cached, instead of one by one on another thread after the
+            // next checkpoint (1.1-1.4 % of a put load's server CPU), and the shards reuse
+            // their memory instead of faulting in fresh pages for it.
+            let data: Vec<Bytes> = records
+                .iter()
+                .filter(|r| r.kind == recovery::WAL_KIND_ENTRY)
+                .zip(&rd.entries)
+                .map(|(record, entry)| {
+                    assert_eq!(record.index, entry.index, "a record per entry, in order");
+                    record
+                        .payload
+                        .slice(record.payload.len() - entry.data.len()..)
+                })
+                .collect();
+            self.node.share_in_flight_entry_data(data);
+        }
         if let Some(hs) = &rd.hard_state {
             self.raft_term = hs.term;
             self.effects.push(Effect::HardState {
