@@ -571,6 +571,21 @@ mod tests {
         (counter.clone(), Waker::from(counter))
     }
 
+    /// Lets the drain task hand on what is queued, and checks that `wait` was answered
+    /// `Stopped` (its reply was dropped unanswered).
+    fn assert_answered_stopped<F: Future<Output = ()> + ?Sized>(
+        drain: &mut Pin<Box<F>>,
+        drain_cx: &mut Context<'_>,
+        wait: &mut AnswerWait,
+        call_cx: &mut Context<'_>,
+    ) {
+        assert!(drain.as_mut().poll(drain_cx).is_pending());
+        assert!(matches!(
+            Pin::new(wait).poll(call_cx),
+            Poll::Ready(Err(EtcdError::Stopped))
+        ));
+    }
+
     /// Answers `reply` with `term` and lets the drain task hand it on.
     fn deliver(
         drain: &mut Pin<Box<impl Future<Output = ()>>>,
@@ -582,22 +597,60 @@ mod tests {
         assert!(drain.as_mut().poll(cx).is_pending());
     }
 
+    /// This thread's drain task, polled once, and `calls` calls waiting on it (each polled
+    /// once), with counting wakers for both.
+    struct CallsWaiting {
+        drain: Pin<Box<dyn Future<Output = ()>>>,
+        drain_wakes: Arc<CountingWaker>,
+        drain_waker: Waker,
+        calls_woken: Arc<CountingWaker>,
+        call_waker: Waker,
+        replies: Vec<Reply>,
+        waits: Vec<AnswerWait>,
+    }
+
+    fn calls_waiting(calls: usize) -> CallsWaiting {
+        let mut drain: Pin<Box<dyn Future<Output = ()>>> =
+            Box::pin(install_on_this_thread().expect("the first on this thread"));
+        let (drain_wakes, drain_waker) = counting();
+        assert!(drain
+            .as_mut()
+            .poll(&mut Context::from_waker(&drain_waker))
+            .is_pending());
+        let (calls_woken, call_waker) = counting();
+        let (replies, mut waits): (Vec<Reply>, Vec<AnswerWait>) =
+            (0..calls).map(|_| reply_here()).unzip();
+        for wait in &mut waits {
+            assert!(Pin::new(wait)
+                .poll(&mut Context::from_waker(&call_waker))
+                .is_pending());
+        }
+        CallsWaiting {
+            drain,
+            drain_wakes,
+            drain_waker,
+            calls_woken,
+            call_waker,
+            replies,
+            waits,
+        }
+    }
+
     /// A batch of answers from another thread wakes the shard's drain task once, and each
     /// waiting call once, with its own answer.
     #[test]
     fn a_batch_of_answers_wakes_the_shard_once() {
-        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
-        let (drain_wakes, drain_waker) = counting();
+        let CallsWaiting {
+            mut drain,
+            drain_wakes,
+            drain_waker,
+            calls_woken,
+            call_waker,
+            replies,
+            mut waits,
+        } = calls_waiting(100);
         let mut drain_cx = Context::from_waker(&drain_waker);
-        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
-
-        let (calls_woken, call_waker) = counting();
         let mut call_cx = Context::from_waker(&call_waker);
-        let (replies, mut waits): (Vec<Reply>, Vec<AnswerWait>) =
-            (0..100).map(|_| reply_here()).unzip();
-        for wait in &mut waits {
-            assert!(Pin::new(wait).poll(&mut call_cx).is_pending());
-        }
         // The raft core answers them all in reverse, from its own thread.
         std::thread::spawn(move || {
             for (i, reply) in replies.into_iter().enumerate().rev() {
@@ -637,17 +690,17 @@ mod tests {
     /// wake, in the order they were sent; without a guard, each goes on at once.
     #[test]
     fn held_answers_reach_the_shard_when_the_guard_drops() {
-        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
-        let (drain_wakes, drain_waker) = counting();
+        let CallsWaiting {
+            mut drain,
+            drain_wakes,
+            drain_waker,
+            calls_woken,
+            call_waker,
+            replies,
+            mut waits,
+        } = calls_waiting(50);
         let mut drain_cx = Context::from_waker(&drain_waker);
-        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
-        let (calls_woken, call_waker) = counting();
         let mut call_cx = Context::from_waker(&call_waker);
-        let (replies, mut waits): (Vec<Reply>, Vec<AnswerWait>) =
-            (0..50).map(|_| reply_here()).unzip();
-        for wait in &mut waits {
-            assert!(Pin::new(wait).poll(&mut call_cx).is_pending());
-        }
         let wakes = drain_wakes.clone();
         let shard = THIS_SHARD.with(|this| this.borrow().as_ref().unwrap().answers.clone());
         let sent_generations: Vec<u64> = replies[..49]
@@ -698,24 +751,21 @@ mod tests {
             "still held"
         );
         drop(held);
-        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
-        assert!(matches!(
-            Pin::new(&mut wait).poll(&mut call_cx),
-            Poll::Ready(Err(EtcdError::Stopped))
-        ));
+        assert_answered_stopped(&mut drain, &mut drain_cx, &mut wait, &mut call_cx);
     }
 
     /// A shard's held answers are queued each time `HELD_PER_SHARD_MAX` wait, before the hold
     /// ends: the first answer of a long step does not wait for the whole step.
     #[test]
     fn held_answers_are_queued_when_a_shards_buffer_fills() {
-        let mut drain = Box::pin(install_on_this_thread().expect("the first on this thread"));
-        let (drain_wakes, drain_waker) = counting();
-        let mut drain_cx = Context::from_waker(&drain_waker);
-        assert!(drain.as_mut().poll(&mut drain_cx).is_pending());
-        let replies: Vec<Reply> = (0..HELD_PER_SHARD_MAX + 1)
-            .map(|_| reply_here().0)
-            .collect();
+        // The drain task and the calls stay alive (unpolled) while the answers are sent.
+        let CallsWaiting {
+            drain: _drain,
+            drain_wakes,
+            replies,
+            waits: _waits,
+            ..
+        } = calls_waiting(HELD_PER_SHARD_MAX + 1);
         let shard = THIS_SHARD.with(|this| this.borrow().as_ref().unwrap().answers.clone());
         let queued = move || shard.queued.lock().unwrap().answers.len();
         let wakes = drain_wakes.clone();
@@ -779,11 +829,8 @@ mod tests {
         std::thread::spawn(move || drop(reply))
             .join()
             .expect("the dropping thread");
-        assert!(drain.as_mut().poll(&mut cx).is_pending());
-        assert!(matches!(
-            Pin::new(&mut wait).poll(&mut cx),
-            Poll::Ready(Err(EtcdError::Stopped))
-        ));
+        let mut call_cx = Context::from_waker(&waker);
+        assert_answered_stopped(&mut drain, &mut cx, &mut wait, &mut call_cx);
     }
 
     /// A thread without a drain task (the raft core's compactor, tests) gets a one-shot

@@ -311,7 +311,11 @@ impl<S: Storage> RawNode<S> {
             "one buffer slice per in-flight entry"
         );
         for (entry, bytes) in f.entries.iter_mut().zip(data) {
-            assert_eq!(entry.data.len(), bytes.len(), "the same bytes, held elsewhere");
+            assert_eq!(
+                entry.data.len(),
+                bytes.len(),
+                "the same bytes, held elsewhere"
+            );
             debug_assert_eq!(entry.data, bytes);
             entry.data = bytes;
         }
