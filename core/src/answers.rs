@@ -135,7 +135,7 @@ type HeldForShard = (Arc<ShardAnswers>, Vec<(SlotKey, Answered)>);
 const HELD_PER_SHARD_MAX: usize = 64;
 
 /// Shards one thread may hold answers for: a member's shards are one per CPU it runs on, and
-/// each answer's shard is one of them.
+/// each answer's shard is one of them. Past it (never expected), an answer goes on unheld.
 const HELD_SHARDS_MAX: usize = 4096;
 
 /// The answers this thread sends while a [`HeldAnswers`] lives, by the shard they go to.
@@ -165,6 +165,7 @@ fn send_to(answers: &Arc<ShardAnswers>, slot: SlotKey, answer: Answered) {
         answers.push(slot, answer);
         return;
     }
+    let mut unheld = Some((slot, answer));
     let full = HELD.with(|held| {
         let mut held = held.borrow_mut();
         let at = match held
@@ -173,22 +174,33 @@ fn send_to(answers: &Arc<ShardAnswers>, slot: SlotKey, answer: Answered) {
             .position(|(shard, _)| Arc::ptr_eq(shard, answers))
         {
             Some(at) => at,
+            // Past the bound (never expected), the answer goes straight on, unheld.
+            None if held.by_shard.len() >= HELD_SHARDS_MAX => return None,
             None => {
-                assert!(
-                    held.by_shard.len() < HELD_SHARDS_MAX,
-                    "answers held for more shards than a member runs"
-                );
                 held.by_shard.push((answers.clone(), Vec::new()));
                 held.by_shard.len() - 1
             }
         };
         let buffer = &mut held.by_shard[at].1;
-        buffer.push((slot, answer));
+        buffer.push(unheld.take().expect("taken once"));
         // Taken out when full, so that the queue's lock and wake run outside this borrow.
-        (buffer.len() >= HELD_PER_SHARD_MAX).then(|| std::mem::take(buffer))
+        (buffer.len() >= HELD_PER_SHARD_MAX).then(|| (at, std::mem::take(buffer)))
     });
-    if let Some(mut full) = full {
+    if let Some((slot, answer)) = unheld {
+        answers.push(slot, answer);
+    }
+    if let Some((at, mut full)) = full {
         answers.push_all(&mut full);
+        // `push_all` swapped in the queue's emptied vector, room and all: keep it for the
+        // next answers rather than grow a fresh one from nothing.
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if let Some((shard, buffer)) = held.by_shard.get_mut(at) {
+                if Arc::ptr_eq(shard, answers) && buffer.is_empty() {
+                    *buffer = full;
+                }
+            }
+        });
     }
 }
 
@@ -705,6 +717,7 @@ mod tests {
         let shard = THIS_SHARD.with(|this| this.borrow().as_ref().unwrap().answers.clone());
         let sent_generations: Vec<u64> = replies[..49]
             .iter()
+            .rev()
             .map(|reply| match &reply.0 {
                 ReplyTo::Shard { slot, .. } => slot.generation,
                 _ => unreachable!("a shard's reply"),
@@ -712,8 +725,11 @@ mod tests {
             .collect();
         std::thread::spawn(move || {
             let mut replies = replies.into_iter();
+            let mut first: Vec<(usize, Reply)> = replies.by_ref().take(49).enumerate().collect();
+            // Sent in reverse, so that the order checked below is the sending order.
+            first.reverse();
             let held = hold_answers();
-            for (i, reply) in replies.by_ref().take(49).enumerate() {
+            for (i, reply) in first {
                 reply.send(answered(i as u64)).expect("held for the shard");
             }
             assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "held, not queued");
@@ -767,21 +783,34 @@ mod tests {
             ..
         } = calls_waiting(HELD_PER_SHARD_MAX + 1);
         let shard = THIS_SHARD.with(|this| this.borrow().as_ref().unwrap().answers.clone());
-        let queued = move || shard.queued.lock().unwrap().answers.len();
+        let queued = move || -> Vec<u64> {
+            let queued = shard.queued.lock().unwrap();
+            queued
+                .answers
+                .iter()
+                .map(|(slot, _)| slot.generation)
+                .collect()
+        };
+        let generation = |reply: &Reply| match &reply.0 {
+            ReplyTo::Shard { slot, .. } => slot.generation,
+            _ => unreachable!("a shard's reply"),
+        };
+        // Sent in reverse, so that the order checked is the sending order.
+        let sent: Vec<u64> = replies.iter().rev().map(generation).collect();
         let wakes = drain_wakes.clone();
         std::thread::spawn(move || {
             let held = hold_answers();
-            for reply in replies {
+            for reply in replies.into_iter().rev() {
                 reply.send(answered(1)).expect("held");
             }
-            assert_eq!(queued(), HELD_PER_SHARD_MAX, "a full buffer goes at once");
-            assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
-            drop(held);
             assert_eq!(
                 queued(),
-                HELD_PER_SHARD_MAX + 1,
-                "the rest when the hold ends"
+                sent[..HELD_PER_SHARD_MAX],
+                "a full buffer goes at once"
             );
+            assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+            drop(held);
+            assert_eq!(queued(), sent, "the rest when the hold ends, after them");
         })
         .join()
         .expect("the answering thread");

@@ -208,7 +208,9 @@ impl<S: Storage> RaftLog<S> {
                 // A resent or overlapping append: only its tail is new. A received message's
                 // payloads may be slices of the frame it came in (`Message::decode_shared`),
                 // and the whole frame would live as long as the few entries kept; copies
-                // let it go. Rare (resends), so the copy costs little.
+                // let it go. Rare (resends), so the copy costs little. (A server's storage
+                // then holds slices of its own WAL records instead, at `advance`, but an
+                // application that does not share its records keeps what this hands it.)
                 let tail: Vec<Entry> = ents[start..]
                     .iter()
                     .map(|e| Entry {

@@ -139,7 +139,8 @@ impl MemStorage {
     /// Takes every entry up to and including `index`, which must be covered by the snapshot,
     /// out of the log and hands them back, for the caller to free where it likes: a server
     /// compacts behind each checkpoint, 100,000s of entries each holding a request, and
-    /// freeing them in place took its raft loop 12-45 ms per checkpoint in a 4 GiB load.
+    /// freeing them in place took its raft loop 12-45 ms per checkpoint in a 4 GiB load
+    /// (since, a server's entries share a buffer per Ready, which makes it fewer frees).
     pub fn compact(&mut self, index: u64) -> Result<Vec<Entry>> {
         let snap_index = self.snapshot.metadata.index;
         assert!(

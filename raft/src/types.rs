@@ -321,6 +321,11 @@ impl Entry {
         decode_whole(input, Entry::read)
     }
 
+    /// As `decode`, with the entry's data a slice of `input`, not a copy.
+    pub fn decode_shared(input: &Bytes) -> Result<Entry> {
+        read_whole(Reader::shared(input), Entry::read)
+    }
+
     fn read(r: &mut Reader<'_>) -> Result<Entry> {
         let entry_type = match r.u8()? {
             0 => EntryType::Normal,

@@ -1823,15 +1823,16 @@ impl Member {
             // done, while still cached, instead of one by one on another thread after the
             // next checkpoint (1.1-1.4 % of a put load's server CPU), and the shards reuse
             // their memory instead of faulting in fresh pages for it.
-            let data: Vec<Bytes> = records
+            // What it keeps alive: each Ready's buffer until the compaction that takes its last
+            // entry; a Ready is bounded by the raft limits on uncommitted bytes, and its
+            // other records (hard state, a snapshot's metadata) are a few bytes.
+            let data: Vec<(u64, Bytes)> = records
                 .iter()
                 .filter(|r| r.kind == recovery::WAL_KIND_ENTRY)
-                .zip(&rd.entries)
-                .map(|(record, entry)| {
-                    assert_eq!(record.index, entry.index, "a record per entry, in order");
-                    record
-                        .payload
-                        .slice(record.payload.len() - entry.data.len()..)
+                .map(|record| {
+                    let entry = keel_raft::Entry::decode_shared(&record.payload)
+                        .expect("a record this member just encoded decodes");
+                    (entry.index, entry.data)
                 })
                 .collect();
             self.node.share_in_flight_entry_data(data);
@@ -3200,9 +3201,23 @@ mod tests {
             .collect();
         assert_eq!(entries.len(), 1, "the proposal's entry is written");
         let index = entries[0].index;
+        let record = entries[0].payload.clone();
         // The WAL write is in flight: nothing may be answered yet.
         assert!(matches!(rx.try_recv(), Ok(None)));
         m.persisted(10).expect("no snapshot");
+        // The log keeps the entry's data as a slice of its WAL record, not a copy.
+        let stored = m
+            .node
+            .store()
+            .entries(index, index + 1, u64::MAX)
+            .expect("in the log");
+        let data = &stored[0].data;
+        let within = record.as_ptr_range();
+        assert!(
+            within.contains(&data.as_ptr()) && data.as_ptr_range().end == within.end,
+            "the entry's data ends its record"
+        );
+        assert_eq!(keel_raft::Entry::decode(&record).unwrap().data, *data);
         settle(&mut m, 10);
         let outcome = rx
             .try_recv()

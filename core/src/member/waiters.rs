@@ -13,8 +13,9 @@ use std::fmt::Debug;
 /// A deque sorted by key, not a `BTreeMap`: keys are mostly ids handed out in increasing
 /// order (proposal ids from a counter the shards share reach the raft core nearly in order)
 /// and mostly taken oldest first, so an insert is usually a push at the back and a removal a
-/// binary search that usually lands at the front; others are inserted in place. The map's node allocations and rebalancing cost a
-/// put about 1 % of the server's CPU on the raft core (an insert and a removal per proposal).
+/// binary search that usually lands at the front; others are inserted in place. The map's
+/// node allocations and rebalancing cost a put about 1 % of the server's CPU on the raft core
+/// (an insert and a removal per proposal).
 /// A call taken from the middle leaves a tombstone until the calls before it go too; the
 /// deque is compacted once tombstones outnumber the calls, so it holds at most about twice
 /// the calls waiting.
