@@ -157,48 +157,49 @@ thread_local! {
 
 /// Queues `answer` for its shard, or holds it there while this thread holds its answers.
 fn send_to(answers: &Arc<ShardAnswers>, slot: SlotKey, answer: Answered) {
-    // Looked at first, so an answer not held is not moved through the holding code (an
-    // answer is a few hundred bytes). `try_with`: a reply dropped while the thread ends,
-    // after its locals, goes straight on.
-    let holding = HELD.try_with(|held| held.borrow().holding).unwrap_or(false);
-    if !holding {
+    // The shard's place among the held ones is found first, so an answer not held is not
+    // moved through the holding code (an answer is a few hundred bytes). `try_with`: a reply
+    // dropped while the thread ends, after its locals, goes straight on.
+    let at = HELD
+        .try_with(|held| {
+            let mut held = held.borrow_mut();
+            if !held.holding {
+                return None;
+            }
+            match held
+                .by_shard
+                .iter()
+                .position(|(shard, _)| Arc::ptr_eq(shard, answers))
+            {
+                Some(at) => Some(at),
+                // Past the bound (never expected), the answer goes straight on, unheld.
+                None if held.by_shard.len() >= HELD_SHARDS_MAX => None,
+                None => {
+                    held.by_shard.push((answers.clone(), Vec::new()));
+                    Some(held.by_shard.len() - 1)
+                }
+            }
+        })
+        .ok()
+        .flatten();
+    let Some(at) = at else {
         answers.push(slot, answer);
         return;
-    }
-    let mut unheld = Some((slot, answer));
+    };
     let full = HELD.with(|held| {
-        let mut held = held.borrow_mut();
-        let at = match held
-            .by_shard
-            .iter()
-            .position(|(shard, _)| Arc::ptr_eq(shard, answers))
-        {
-            Some(at) => at,
-            // Past the bound (never expected), the answer goes straight on, unheld.
-            None if held.by_shard.len() >= HELD_SHARDS_MAX => return None,
-            None => {
-                held.by_shard.push((answers.clone(), Vec::new()));
-                held.by_shard.len() - 1
-            }
-        };
-        let buffer = &mut held.by_shard[at].1;
-        buffer.push(unheld.take().expect("taken once"));
+        let buffer = &mut held.borrow_mut().by_shard[at].1;
+        buffer.push((slot, answer));
         // Taken out when full, so that the queue's lock and wake run outside this borrow.
-        (buffer.len() >= HELD_PER_SHARD_MAX).then(|| (at, std::mem::take(buffer)))
+        (buffer.len() >= HELD_PER_SHARD_MAX).then(|| std::mem::take(buffer))
     });
-    if let Some((slot, answer)) = unheld {
-        answers.push(slot, answer);
-    }
-    if let Some((at, mut full)) = full {
+    if let Some(mut full) = full {
         answers.push_all(&mut full);
         // `push_all` swapped in the queue's emptied vector, room and all: keep it for the
         // next answers rather than grow a fresh one from nothing.
         HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            if let Some((shard, buffer)) = held.by_shard.get_mut(at) {
-                if Arc::ptr_eq(shard, answers) && buffer.is_empty() {
-                    *buffer = full;
-                }
+            let buffer = &mut held.borrow_mut().by_shard[at].1;
+            if buffer.is_empty() {
+                *buffer = full;
             }
         });
     }
