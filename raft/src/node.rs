@@ -401,6 +401,17 @@ mod tests {
         RawNode::new(&Config::new(1), MemStorage::new_with_voters(&[1])).expect("valid config")
     }
 
+    /// A lone member that campaigned and holds `data` proposed, its Ready taken.
+    fn leader_with_ready_of(data: &'static [u8]) -> (RawNode<MemStorage>, Ready) {
+        let mut node = single();
+        node.campaign();
+        drain(&mut node);
+        node.propose(Bytes::from_static(data))
+            .expect("leader accepts");
+        let rd = node.ready();
+        (node, rd)
+    }
+
     /// Runs Ready rounds (persisting everything at once) until nothing is left.
     fn drain(node: &mut RawNode<MemStorage>) -> Vec<Entry> {
         let mut applied = Vec::new();
@@ -423,12 +434,7 @@ mod tests {
     /// a slice for another entry, or a count that does not match, is refused.
     #[test]
     fn storage_keeps_the_entry_data_the_application_shares() {
-        let mut node = single();
-        node.campaign();
-        drain(&mut node);
-        node.propose(Bytes::from_static(b"x"))
-            .expect("leader accepts");
-        let rd = node.ready();
+        let (mut node, rd) = leader_with_ready_of(b"x");
         let entry = rd.entries[0].clone();
         // The application's own copy of the bytes, in a buffer of its own.
         let held = Bytes::from(b"..x".to_vec()).slice(2..);
@@ -443,12 +449,7 @@ mod tests {
 
         for bad in [vec![], vec![(entry.index + 1, Bytes::from_static(b"y"))]] {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let mut node = single();
-                node.campaign();
-                drain(&mut node);
-                node.propose(Bytes::from_static(b"y"))
-                    .expect("leader accepts");
-                let _ = node.ready();
+                let (mut node, _) = leader_with_ready_of(b"y");
                 node.share_in_flight_entry_data(bad.clone());
             }));
             assert!(result.is_err(), "{bad:?} refused");
