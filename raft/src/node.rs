@@ -301,17 +301,14 @@ impl<S: Storage> RawNode<S> {
     /// of a few buffers each, freed together when compacted, rather than an allocation each
     /// made on the thread that proposed it and freed one by one on another.
     /// `data` names each entry by its index.
-    pub fn share_in_flight_entry_data(&mut self, data: Vec<(u64, Bytes)>) {
+    pub fn share_in_flight_entry_data(&mut self, data: impl IntoIterator<Item = (u64, Bytes)>) {
         let f = self
             .in_flight
             .as_mut()
             .expect("share_in_flight_entry_data() without an outstanding ready()");
-        assert_eq!(
-            f.entries.len(),
-            data.len(),
-            "one buffer slice per in-flight entry"
-        );
-        for (entry, (index, bytes)) in f.entries.iter_mut().zip(data) {
+        let mut data = data.into_iter();
+        for entry in f.entries.iter_mut() {
+            let (index, bytes) = data.next().expect("one buffer slice per in-flight entry");
             assert_eq!(entry.index, index, "the entries in order");
             assert_eq!(
                 entry.data.len(),
@@ -323,6 +320,10 @@ impl<S: Storage> RawNode<S> {
             debug_assert_eq!(entry.data, bytes);
             entry.data = bytes;
         }
+        assert!(
+            data.next().is_none(),
+            "one buffer slice per in-flight entry"
+        );
     }
 
     /// The last Ready is durable and its committed entries are applied: record it in storage

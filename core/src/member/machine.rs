@@ -1826,15 +1826,14 @@ impl Member {
             // What it keeps alive: each Ready's buffer until the compaction that takes its last
             // entry; a Ready is bounded by the raft limits on uncommitted bytes, and its
             // other records (hard state, a snapshot's metadata) are a few bytes.
-            let data: Vec<(u64, Bytes)> = records
+            let data = records
                 .iter()
                 .filter(|r| r.kind == recovery::WAL_KIND_ENTRY)
                 .map(|record| {
                     let entry = keel_raft::Entry::decode_shared(&record.payload)
                         .expect("a record this member just encoded decodes");
                     (entry.index, entry.data)
-                })
-                .collect();
+                });
             self.node.share_in_flight_entry_data(data);
         }
         if let Some(hs) = &rd.hard_state {
