@@ -18,6 +18,9 @@
 #   put          1000 clients / 100 conns, 256 B values, 20,000 keys written in sequence
 #   txn-put      the same through Txn (one Put, no compares)
 #   put1         one client / one conn, the same puts: each put alone on the path
+#   put-large    1000 clients / 100 conns, each put to one of LARGE_KEYS keys (1,000,000)
+#                drawn at random, 1 KiB values, after all of them were written (1 GiB of
+#                values): a put on a store larger than the caches
 #   range-l      linearizable Range of one key, 100 clients / 10 conns
 #   range-s      serializable Range of one key, 100 clients / 10 conns
 #   keepalive    LeaseKeepAlive, 100 clients (one lease and one stream each) / 10 conns
@@ -25,7 +28,7 @@
 #                WATCH_RATE/s, each delivered to all 10,000 watchers
 #
 # SERVER (default target/release/keel), BENCH (target/release/keel-bench), KIND (keel or
-# etcd: only the flags both take are passed), TOTAL (requests: put and txn-put 150000, put1
+# etcd: only the flags both take are passed), TOTAL (requests: put, txn-put and put-large 150000, put1
 # 10000, watch 250 puts, the others 400000), WATCH_RATE (puts/s in the watch workload, 50), FREQ (perf
 # samples per second per CPU, 499), CALL_GRAPH (perf's --call-graph: default dwarf,65528, the
 # largest user stack copy, since Rust release code keeps no frame pointers and glommio's task
@@ -49,7 +52,7 @@ call_graph=${CALL_GRAPH:-dwarf,65528}
 minwidth=${MINWIDTH:-1}
 watch_rate=${WATCH_RATE:-50}
 case "$workload" in
-  put | txn-put) total=${TOTAL:-150000} ;;
+  put | txn-put | put-large) total=${TOTAL:-150000} ;;
   put1) total=${TOTAL:-10000} ;;
   watch) total=${TOTAL:-250} ;;
   *) total=${TOTAL:-400000} ;;
@@ -115,6 +118,9 @@ case "$workload" in
   put | txn-put | put1)
     b --clients 100 --conns 10 put --key-size 8 --val-size 256 --total 20000 \
       --key-space-size 20000 --sequential-keys >/dev/null ;;
+  put-large)
+    b --clients 1000 --conns 100 put --key-size 8 --val-size 1024 --total "${LARGE_KEYS:-1000000}" \
+      --key-space-size "${LARGE_KEYS:-1000000}" --sequential-keys >/dev/null ;;
   range-l | range-s)
     ETCDCTL_API=3 etcdctl --endpoints "$url" put "$range_key" "$value" >/dev/null ;;
   keepalive | watch) ;;
@@ -125,6 +131,8 @@ cmd=()
 case "$workload" in
   put) cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
     --key-space-size 20000 --sequential-keys) ;;
+  put-large) cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 1024 --total "$total"
+    --key-space-size "${LARGE_KEYS:-1000000}") ;;
   put1) cmd=(--clients 1 --conns 1 put --key-size 8 --val-size 256 --total "$total"
     --key-space-size 20000 --sequential-keys) ;;
   txn-put) cmd=(--clients 1000 --conns 100 txn-put --key-size 8 --val-size 256 --txn-ops 1

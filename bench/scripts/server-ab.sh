@@ -13,11 +13,14 @@
 #   put-random (the same, each put to a key drawn at random from the preloaded ones),
 #   put1 (one client, one connection, 256 B, 1,000 keys), txn-put (as put, through Txn),
 #   range-s and range-l (serializable and linearizable Range of one 256-byte key, 100 clients
-#   over 10 connections), keepalive (100 clients, one lease and stream each, over 10
+#   over 10 connections), range-random-s and range-random-l (the same, each request one of the
+#   KEYS keys written before, spread over them: a large store's reads), keepalive (100 clients, one lease and stream each, over 10
 #   connections).
 # Environment: BENCH (target/release/keel-bench), TOTAL requests per run (put and txn-put
-#   100000, put1 3000, range-s, range-l and keepalive 200000), KEYS (keys written before the
-#   measured run, and the key space of put, put-random and txn-put: 20000), PASSES (times
+#   100000, put1 3000, the ranges and keepalive 200000), KEYS (keys written before the
+#   measured run, and the key space of put, put-random and txn-put: 20000), VAL_SIZE (bytes
+#   of each value those keys are written with, and of put, put-random, put1 and txn-put's
+#   values: 256), PASSES (times
 #   those keys are written before the measured run, in sequence: 1), EXTRA_ARGS (more server flags,
 #   space separated), BENCH_ARGS (more keel-bench flags for the measured run, e.g.
 #   "--warmup 1"; a warm-up's requests count in the server's CPU but not in TOTAL),
@@ -31,20 +34,24 @@ runs=$2
 shift 2
 bench=${BENCH:-target/release/keel-bench}
 keys=${KEYS:-20000}
+val=${VAL_SIZE:-256}
 case "$workload" in
   put) total=${TOTAL:-100000}
-    cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
+    cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size "$val" --total "$total"
       --key-space-size "$keys" --sequential-keys) ;;
   put-random) total=${TOTAL:-100000}
-    cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$total"
+    cmd=(--clients 1000 --conns 100 put --key-size 8 --val-size "$val" --total "$total"
       --key-space-size "$keys") ;;
   txn-put) total=${TOTAL:-100000}
-    cmd=(--clients 1000 --conns 100 txn-put --key-size 8 --val-size 256 --txn-ops 1 --total "$total"
+    cmd=(--clients 1000 --conns 100 txn-put --key-size 8 --val-size "$val" --txn-ops 1 --total "$total"
       --key-space-size "$keys") ;;
   range-s | range-l) total=${TOTAL:-200000}
     cmd=(--clients 100 --conns 10 range server-ab-range --consistency "${workload#range-}" --total "$total") ;;
+  range-random-s | range-random-l) total=${TOTAL:-200000}
+    cmd=(--clients 100 --conns 10 range server-ab-range --random-put-keys "$keys"
+      --consistency "${workload#range-random-}" --total "$total") ;;
   put1) total=${TOTAL:-3000}
-    cmd=(--clients 1 --conns 1 put --key-size 8 --val-size 256 --total "$total" --key-space-size 1000) ;;
+    cmd=(--clients 1 --conns 1 put --key-size 8 --val-size "$val" --total "$total" --key-space-size 1000) ;;
   keepalive) total=${TOTAL:-200000}
     cmd=(--clients 100 --conns 10 lease-keepalive --total "$total") ;;
   *) echo "server-ab.sh: unknown workload $workload" >&2; exit 2 ;;
@@ -88,7 +95,7 @@ print(a.getsockname()[1], b.getsockname()[1])')
     done
     b() { "$bench" --endpoints "127.0.0.1:$port" "$@"; }
     for _ in $(seq 1 "${PASSES:-1}"); do
-      b --clients 1000 --conns 100 put --key-size 8 --val-size 256 --total "$keys" \
+      b --clients 1000 --conns 100 put --key-size 8 --val-size "$val" --total "$keys" \
         --key-space-size "$keys" --sequential-keys >/dev/null
     done
     ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" put server-ab-range "$(head -c 256 /dev/zero | tr '\0' v)" >/dev/null
