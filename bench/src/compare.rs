@@ -187,6 +187,12 @@ pub struct FloorReport {
     /// from before it was measured.
     #[serde(default)]
     pub loopback_rtt_us: Option<Percentiles>,
+    /// One client's puts (`--latency-total` of them) against `reference::ReferenceServer`:
+    /// this load generator and the loopback network, HTTP/2, and the floor's own write and
+    /// fdatasync per put, with no other server work. Absent in results from before it was
+    /// measured.
+    #[serde(default)]
+    pub reference_put_us: Option<Percentiles>,
 }
 
 /// One line of the ratio table; values are medians over the repeats.
@@ -303,11 +309,13 @@ async fn run_repeats(
     for repeat in 0..args.repeats {
         let floor = measure_disk_floor(work_dir, args.floor_ops)?;
         let loopback = measure_loopback_rtt(args.floor_ops)?;
+        let reference = measure_reference_put(work_dir, args.latency_total).await?;
         floors.push(FloorReport {
             repeat,
             ops: args.floor_ops,
             latency_us: Percentiles::of(&floor),
             loopback_rtt_us: Some(Percentiles::of(&loopback)),
+            reference_put_us: Some(reference),
         });
         let order = if repeat % 2 == 0 {
             [Side::Etcd, Side::Keel]
@@ -1052,7 +1060,7 @@ fn split_cpu_total(total_s: f64, utime_ticks: u64, stime_ticks: u64) -> CpuTimes
 }
 
 /// An O_DIRECT file descriptor, closed on drop.
-struct DirectFile {
+pub(crate) struct DirectFile {
     fd: libc::c_int,
     path: CString,
 }
@@ -1068,12 +1076,12 @@ impl Drop for DirectFile {
 }
 
 /// A 4 KiB-aligned 4 KiB buffer from posix_memalign, freed on drop.
-struct AlignedBlock {
+pub(crate) struct AlignedBlock {
     ptr: *mut libc::c_void,
 }
 
 impl AlignedBlock {
-    fn new(fill: u8) -> Result<AlignedBlock, Error> {
+    pub(crate) fn new(fill: u8) -> Result<AlignedBlock, Error> {
         let mut ptr: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: posix_memalign writes ptr only on success; alignment is a power of two.
         let rc = unsafe { libc::posix_memalign(&mut ptr, FLOOR_BLOCK_BYTES, FLOOR_BLOCK_BYTES) };
@@ -1094,7 +1102,11 @@ impl Drop for AlignedBlock {
     }
 }
 
-fn pwrite_block(file: &DirectFile, block: &AlignedBlock, offset: usize) -> Result<(), Error> {
+pub(crate) fn pwrite_block(
+    file: &DirectFile,
+    block: &AlignedBlock,
+    offset: usize,
+) -> Result<(), Error> {
     let offset = libc::off_t::try_from(offset).expect("floor file offsets are small");
     // SAFETY: block is FLOOR_BLOCK_BYTES long and aligned; fd is open for writing.
     let written = unsafe { libc::pwrite(file.fd, block.ptr, FLOOR_BLOCK_BYTES, offset) };
@@ -1107,7 +1119,7 @@ fn pwrite_block(file: &DirectFile, block: &AlignedBlock, offset: usize) -> Resul
     Ok(())
 }
 
-fn fdatasync(file: &DirectFile) -> Result<(), Error> {
+pub(crate) fn fdatasync(file: &DirectFile) -> Result<(), Error> {
     // SAFETY: fd is open.
     if unsafe { libc::fdatasync(file.fd) } != 0 {
         return Err(Error::Io(std::io::Error::last_os_error()));
@@ -1123,7 +1135,25 @@ pub fn measure_disk_floor(dir: &Path, ops: u64) -> Result<Histogram<u64>, Error>
             "--floor-ops must be positive".into(),
         ));
     }
-    let path = dir.join(format!("keel-bench-floor-{}", std::process::id()));
+    let file = floor_file(dir, "floor")?;
+    let block = AlignedBlock::new(0xa5)?;
+    let blocks = (FLOOR_FILE_BYTES / FLOOR_BLOCK_BYTES) as u64;
+    let mut histogram = report::new_histogram();
+    for i in 0..ops {
+        let offset = ((i % blocks) as usize) * FLOOR_BLOCK_BYTES;
+        let start = Instant::now();
+        pwrite_block(&file, &block, offset)?;
+        fdatasync(&file)?;
+        report::record_latency(&mut histogram, start.elapsed());
+    }
+    assert_eq!(histogram.len(), ops);
+    Ok(histogram)
+}
+
+/// The floor's file in `dir` (`keel-bench-NAME-PID`), opened O_DIRECT and written once in full
+/// (zeros, synced), so that later writes rewrite allocated blocks; removed when dropped.
+pub(crate) fn floor_file(dir: &Path, name: &str) -> Result<DirectFile, Error> {
+    let path = dir.join(format!("keel-bench-{name}-{}", std::process::id()));
     let path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| Error::InvalidArgument(format!("path {} has a NUL byte", path.display())))?;
     // SAFETY: path is a valid C string; the flags and mode are plain integers.
@@ -1147,18 +1177,42 @@ pub fn measure_disk_floor(dir: &Path, ops: u64) -> Result<Histogram<u64>, Error>
         pwrite_block(&file, &zeros, offset)?;
     }
     fdatasync(&file)?;
-    let block = AlignedBlock::new(0xa5)?;
-    let blocks = (FLOOR_FILE_BYTES / FLOOR_BLOCK_BYTES) as u64;
-    let mut histogram = report::new_histogram();
-    for i in 0..ops {
-        let offset = ((i % blocks) as usize) * FLOOR_BLOCK_BYTES;
-        let start = Instant::now();
-        pwrite_block(&file, &block, offset)?;
-        fdatasync(&file)?;
-        report::record_latency(&mut histogram, start.elapsed());
+    Ok(file)
+}
+
+/// One client's put latency against the reference server (`reference`): `total` puts of the
+/// one-client row's shape, each made durable by the floor's write and fdatasync in `dir`
+/// before its answer.
+pub async fn measure_reference_put(dir: &Path, total: u64) -> Result<Percentiles, Error> {
+    let server = crate::reference::ReferenceServer::start(dir)?;
+    let target = Target {
+        endpoints: crate::client::parse_endpoints(server.endpoint())?,
+        conns: 1,
+        clients: 1,
+    };
+    let args = PutArgs {
+        lease: 0,
+        key_size: 8,
+        val_size: VALUE_BYTES,
+        total: total.max(1),
+        key_space_size: 1,
+        sequential_keys: true,
+        rate: 0.0,
+    };
+    let summary = workloads::put(&target, &args).await?;
+    check_errors("reference server", &summary)?;
+    let durable = server.stop()?;
+    let answered = summary.classes.first().map_or(0, |c| c.total);
+    if durable != answered {
+        return Err(Error::Protocol(format!(
+            "the reference server made {durable} puts durable and answered {answered}"
+        )));
     }
-    assert_eq!(histogram.len(), ops);
-    Ok(histogram)
+    Ok(summary
+        .classes
+        .first()
+        .map(|c| c.latency_us.clone())
+        .unwrap_or_default())
 }
 
 /// Bytes each way in a loopback round trip: about a one-client put's request (an 8-byte key
@@ -1267,15 +1321,30 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         .map(|f| f.latency_us.p50 as f64)
         .collect();
     let floor_p50 = median(&floors);
-    let loopbacks: Vec<f64> = result
-        .floors
-        .iter()
-        .filter_map(|f| f.loopback_rtt_us.as_ref().map(|l| l.p50 as f64))
-        .collect();
+    // Each repeat's p50 of a measurement that results from before it was taken lack.
+    let p50s = |of: fn(&FloorReport) -> Option<&Percentiles>| -> Vec<f64> {
+        result
+            .floors
+            .iter()
+            .filter_map(|f| of(f).map(|p| p.p50 as f64))
+            .collect()
+    };
+    let loopbacks = p50s(|f| f.loopback_rtt_us.as_ref());
     let loopback_p50 = median(&loopbacks);
     // The sync and one loopback round trip: a reference for the best a server that syncs
     // before it answers can do here (see `measure_loopback_rtt`).
     let path_floor_p50 = floor_p50.zip(loopback_p50).map(|(d, l)| d + l);
+    let references = p50s(|f| f.reference_put_us.as_ref());
+    let reference_p50 = median(&references);
+    let reference_over_floor: Vec<f64> = result
+        .floors
+        .iter()
+        .filter_map(|f| {
+            let reference = f.reference_put_us.as_ref()?.p50 as f64;
+            let floor = f.latency_us.p50 as f64;
+            (floor > 0.0).then(|| reference / floor)
+        })
+        .collect();
     let row = |name: &str, unit: &str, target: &str, metric: &dyn Fn(&SystemRun) -> Option<f64>| {
         let e = values_of(runs, etcd, metric);
         let k = values_of(runs, keel, metric);
@@ -1327,6 +1396,12 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
             "x floor",
             "",
             &|r| Some(put_p50(r)? / path_floor_p50.filter(|f| *f > 0.0)?),
+        ),
+        row(
+            "put p50 / reference server put p50 (1 client)",
+            "x ref",
+            "",
+            &|r| Some(put_p50(r)? / reference_p50.filter(|f| *f > 0.0)?),
         ),
         row(
             "txn-put throughput (1 put, no compares)",
@@ -1446,6 +1521,26 @@ pub fn table(result: &CompareResult) -> Vec<Row> {
         keel: None,
         ratio: None,
         etcd_spread: spread(&floors),
+        keel_spread: None,
+    });
+    rows.push(Row {
+        name: "reference server put p50, 1 client (sync only)".into(),
+        unit: "us".into(),
+        target: String::new(),
+        etcd: reference_p50,
+        keel: None,
+        ratio: None,
+        etcd_spread: spread(&references),
+        keel_spread: None,
+    });
+    rows.push(Row {
+        name: "  reference server put p50 / disk floor p50".into(),
+        unit: "x floor".into(),
+        target: String::new(),
+        etcd: median(&reference_over_floor),
+        keel: None,
+        ratio: None,
+        etcd_spread: spread(&reference_over_floor),
         keel_spread: None,
     });
     rows.push(Row {
@@ -1928,6 +2023,44 @@ mod tests {
         let floor: FloorReport = serde_json::from_str(old).expect("an old floor parses");
         assert_eq!(floor.latency_us.p50, 39);
         assert_eq!(floor.loopback_rtt_us, None);
+        assert_eq!(floor.reference_put_us, None);
+    }
+
+    const REFERENCE_ROW: &str = "reference server put p50, 1 client";
+    const REFERENCE_OVER_FLOOR_ROW: &str = "reference server put p50 / disk floor";
+
+    /// The table's row whose name holds `part`.
+    fn row_named<'a>(rows: &'a [Row], part: &str) -> &'a Row {
+        rows.iter()
+            .find(|r| r.name.contains(part))
+            .unwrap_or_else(|| panic!("no row named like {part:?}"))
+    }
+
+    #[test]
+    fn the_reference_over_the_floor_pairs_each_repeats_own() {
+        let floor = |repeat: u32, floor_p50: u64, reference_p50: u64| FloorReport {
+            repeat,
+            ops: 1,
+            latency_us: Percentiles {
+                p50: floor_p50,
+                ..Default::default()
+            },
+            loopback_rtt_us: None,
+            reference_put_us: Some(Percentiles {
+                p50: reference_p50,
+                ..Default::default()
+            }),
+        };
+        // Per repeat 1.5x, 1.2x, 2.0x: median 1.5. The medians' ratio would be 150 / 100.
+        let result = CompareResult {
+            floors: vec![floor(0, 100, 150), floor(1, 50, 60), floor(2, 200, 400)],
+            ..fake_result(Vec::new())
+        };
+        let rows = table(&result);
+        let best = row_named(&rows, REFERENCE_OVER_FLOOR_ROW);
+        assert_eq!(best.etcd, Some(1.5));
+        assert_eq!(best.etcd_spread, Some((1.2, 2.0)));
+        assert_eq!(row_named(&rows, REFERENCE_ROW).etcd, Some(150.0));
     }
 
     #[test]
@@ -1994,6 +2127,10 @@ mod tests {
                     p50: 50,
                     ..Default::default()
                 }),
+                reference_put_us: Some(Percentiles {
+                    p50: 200,
+                    ..Default::default()
+                }),
             }],
             runs,
             table: Vec::new(),
@@ -2034,6 +2171,12 @@ mod tests {
             .find(|r| r.name.starts_with("loopback round trip p50"))
             .expect("row");
         assert_eq!(loopback.etcd, Some(50.0));
+        // Over the reference server's one-client put (200 us), which itself is 2x the floor.
+        let over_reference = row_named(&rows, "put p50 / reference server");
+        assert_eq!(over_reference.etcd, Some(1.5));
+        assert_eq!(over_reference.keel, Some(110.0 / 200.0));
+        assert_eq!(row_named(&rows, REFERENCE_ROW).etcd, Some(200.0));
+        assert_eq!(row_named(&rows, REFERENCE_OVER_FLOOR_ROW).etcd, Some(2.0));
         // The loaded put's p99 (here twice each run's p50), median over the repeats.
         let p99 = rows
             .iter()

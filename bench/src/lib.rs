@@ -11,7 +11,9 @@
 //! workloads against each, alternating and repeated, measures the disk's O_DIRECT write +
 //! fdatasync floor in the same run, and prints Keel/etcd ratios of throughput, latency and the
 //! server's CPU per request (its process CPU clock read around each workload), with the
-//! spread over repeats, JSON and an SVG chart.
+//! spread over repeats, JSON and an SVG chart. `reference` is the server the one-client row
+//! is also read against: HTTP/2 on one thread, each put answered right after the floor's own
+//! write and fdatasync, nothing else.
 //!
 //! Architecture invariant: the bench speaks only the etcd v3 gRPC wire protocol to the server;
 //! it never links Keel's server crates, so it measures etcd and Keel through the same path.
@@ -26,6 +28,7 @@ pub mod client;
 pub mod compare;
 pub mod load;
 pub mod progress;
+pub mod reference;
 pub mod report;
 pub mod workloads;
 
