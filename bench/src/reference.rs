@@ -7,7 +7,7 @@
 //! work, and the wake-ups of the threads that wait for each. This server keeps all of those
 //! and drops everything a real server adds: one thread, no raft, no store, the answer written
 //! as soon as the sync returns. A real server's p50 over this one's says how far it is from
-//! the best any server that syncs before it answers can do here; this one's p50 over the
+//! a server that syncs before it answers and does nothing else; this one's p50 over the
 //! floor says how much of the target the rest of the path already takes.
 //!
 //! It serves `/etcdserverpb.KV/Put` only (anything else is answered UNIMPLEMENTED) on one
