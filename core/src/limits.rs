@@ -50,6 +50,15 @@ pub const WATCH_EVENTS_PER_APPLY_MAX: usize = 65_536;
 /// 3-member cluster its leader (a txn's read of a million keys 0.4-0.5 s, its compare of
 /// them 0.3 s); a step of this many keys takes 10-30 ms.
 pub const APPLY_KEYS_PER_STEP: usize = 16_384;
+/// Index entries a shard's range walks in one step before it lets others run
+/// (`kv::Reader::range_steps`, `rt::let_others_run`). A count of a million keys took 0.2-0.3
+/// s walked in one go, and every other call on the shard (on a shard hosted by the raft core,
+/// every write) waited for all of it (BENCHMARKS.md, "A long walk beside one client's
+/// puts"). A step of this many keys takes about 70 µs; each link of a put's chain of
+/// wake-ups that lands behind the walk waits for one, so one client's puts beside such counts
+/// kept a p99 of 4 ms (1,024 keys a step: 8-19 ms). Stepping cost a count no CPU that runs
+/// of 8 counts could tell apart from their spread (BENCHMARKS.md, "Long walks in steps").
+pub const READ_KEYS_PER_STEP: usize = 256;
 /// Pager rounds an entry that reads values whose pages are out waits for before it is
 /// applied (`MemberConfig::values_resident`). Pages brought in can be evicted again before the
 /// apply reads them (memory pressure, the value cache): residency is asked again after each

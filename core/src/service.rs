@@ -63,6 +63,25 @@ impl Api {
 
 type R<T> = Result<T, Status>;
 
+/// `req` read from `reader` (split after `kvs_max` key-values when given, as
+/// `kv::Reader::range_steps` splits), walked `limits::READ_KEYS_PER_STEP` index entries at a
+/// time: between steps the shard's other calls run, and on a shard hosted by the raft core
+/// the raft core too, where one walk of a million keys held them all for a quarter of a
+/// second.
+async fn range_walked(
+    reader: &kv::Reader,
+    req: &kv::RangeRequest,
+    kvs_max: Option<usize>,
+    on_rest: &mut dyn FnMut(kv::KeyValueShape<'_>),
+) -> R<kv::Unchecked<(kv::RangeResponse, Option<kv::RangeRest>)>> {
+    let failed = |e| etcd(kv_error(e));
+    let mut steps = reader.range_steps(req, kvs_max).map_err(failed)?;
+    while !reader.range_step(&mut steps, req, crate::limits::READ_KEYS_PER_STEP, on_rest) {
+        crate::rt::let_others_run().await;
+    }
+    reader.range_steps_finish(steps, req).map_err(failed)
+}
+
 fn etcd(e: EtcdError) -> Status {
     Status::from(e)
 }
@@ -383,12 +402,12 @@ impl Api {
     /// A range for the JSON gateway, which answers it whole.
     pub(crate) async fn range(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<pb::RangeResponse> {
         let req = self.range_checked(r, who).await?;
-        let unchecked = self
-            .shared
-            .reader()
-            .range_unchecked(&req)
-            .map_err(|e| etcd(kv_error(e)))?;
-        let resp = self.shared.pager.serve(unchecked).await;
+        // Its own handle, held across the walk's steps: a snapshot install replacing the
+        // store meanwhile leaves this range reading the store it began on.
+        let reader = arc_swap::Guard::into_inner(self.shared.reader());
+        let unchecked = range_walked(&reader, &req, None, &mut |_| {}).await?;
+        let (resp, rest) = self.shared.pager.serve(unchecked).await;
+        assert!(rest.is_none(), "a range not split leaves no rest");
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);
         Ok(convert::range_response(resp, header))
@@ -398,26 +417,27 @@ impl Api {
     /// the rest as it is sent (`convert::RangePieces`), so its memory does not grow with it.
     async fn range_pieces(&self, r: pb::RangeRequest, who: &AuthInfo) -> R<convert::RangePieces> {
         let req = self.range_checked(r, who).await?;
-        let reader = self.shared.reader();
+        // Its own handle, held across the walk's steps and the rest's reads: a snapshot
+        // install replacing the store meanwhile leaves this range reading the store it began
+        // on.
+        let reader = arc_swap::Guard::into_inner(self.shared.reader());
         let mut rest_encoded_bytes = 0;
         let mut on_rest = |shape: kv::KeyValueShape<'_>| {
             rest_encoded_bytes += convert::range_kv_encoded_len(&shape)
         };
-        let split = kv::RangeSplit {
-            kvs_max: convert::RANGE_FIRST_KVS_MAX,
-            on_rest: &mut on_rest,
-        };
-        let unchecked = reader
-            .range_split_unchecked(&req, split)
-            .map_err(|e| etcd(kv_error(e)))?;
+        let unchecked = range_walked(
+            &reader,
+            &req,
+            Some(convert::RANGE_FIRST_KVS_MAX),
+            &mut on_rest,
+        )
+        .await?;
         let (resp, rest) = self.shared.pager.serve(unchecked).await;
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);
         let answer = convert::range_response(resp, header);
         Ok(match rest {
             None => convert::RangePieces::new(answer),
-            // Its own handle, taken only for a rest: a snapshot install replacing the store
-            // meanwhile leaves this range reading the store it began on.
             Some(rest) => {
                 let reader = kv::Reader::clone(&reader);
                 let pager = self.shared.pager.clone();

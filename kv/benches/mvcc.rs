@@ -299,6 +299,58 @@ fn apply_rounds(keys: u64, rounds: usize) {
     );
 }
 
+/// `count KEYS ROUNDS`: a count of every key of a store of KEYS keys (created in order, as
+/// a sequential load writes them), read in one walk and in the steps a shard takes
+/// (`Reader::range_steps`) of several sizes, nothing run between the steps: what stepping
+/// itself costs a long walk. Medians of ROUNDS, in ms.
+fn count_rounds(keys: u64, rounds: usize) {
+    let (mut writer, reader) = Store::new();
+    let value = Bytes::from(vec![b'v'; 64]);
+    for i in 0..keys {
+        let put = Op::Put(PutRequest {
+            key: key(i),
+            value: value.clone(),
+            ..Default::default()
+        });
+        writer.apply(i + 1, &put).expect("put");
+    }
+    let req = RangeRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        count_only: true,
+        ..Default::default()
+    };
+    let ms = |f: &mut dyn FnMut() -> i64| {
+        let mut times: Vec<f64> = (0..rounds)
+            .map(|_| {
+                let start = Instant::now();
+                let count = f();
+                assert_eq!(count, keys as i64, "every key counted");
+                start.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        median(&mut times)
+    };
+    let whole = ms(&mut || reader.range(&req).expect("count").count);
+    println!("count of {keys} keys: one walk {whole:.1} ms");
+    for keys_max in [256usize, 1024, 4096, 16384] {
+        let stepped = ms(&mut || {
+            let mut steps = reader.range_steps(&req, None).expect("a valid read");
+            while !reader.range_step(&mut steps, &req, keys_max, &mut |_| {}) {}
+            reader
+                .range_steps_finish(steps, &req)
+                .expect("no compaction")
+                .check()
+                .0
+                .count
+        });
+        println!(
+            "  in steps of {keys_max} keys: {stepped:.1} ms ({:+.1} %)",
+            (stepped / whole - 1.0) * 100.0
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // The numbers after a mode's name; what is not one (cargo appends `--bench`) leaves the
@@ -311,6 +363,10 @@ fn main() {
     };
     if let Some(at) = args.iter().position(|a| a == "apply") {
         apply_rounds(number(at, 1, KEYS), number(at, 2, 5) as usize);
+        return;
+    }
+    if let Some(at) = args.iter().position(|a| a == "count") {
+        count_rounds(number(at, 1, 1_000_000), number(at, 2, 5) as usize);
         return;
     }
     if let Some(at) = args.iter().position(|a| a == "walk") {

@@ -61,7 +61,7 @@ pub use checkpoint::{
 };
 pub use error::{KvError, Result};
 pub use index::Unchecked;
-pub use read::{KeyValueShape, RangeRest, RangeSplit};
+pub use read::{KeyValueShape, RangeRest, RangeSplit, RangeSteps};
 pub use segments::{release_spare_segment_buffers, MappedSegment};
 pub use store::{
     txn_is_read_only, txn_is_serializable, ApplyInSteps, CompactionStatus, Progress, Reader, Store,

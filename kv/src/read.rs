@@ -100,12 +100,15 @@ pub(crate) fn range_split_at(
     compact_rev: i64,
     split: Option<RangeSplit<'_>>,
 ) -> Result<Unchecked<(RangeResponse, Option<RangeRest>)>> {
-    let mut gather = RangeGather::start(req, cur_rev, compact_rev)?;
-    if let Some(split) = split.filter(|_| in_walk_order(req)) {
-        return Ok(range_split(shared, req, gather.rev, cur_rev, split));
-    }
-    gather.walk(shared, req, usize::MAX);
-    Ok(gather.finish(req).map(|response| (response, None)))
+    let mut no_rest = |_: KeyValueShape<'_>| {};
+    let (kvs_max, on_rest): (_, &mut dyn FnMut(KeyValueShape<'_>)) = match split {
+        Some(split) => (Some(split.kvs_max), split.on_rest),
+        None => (None, &mut no_rest),
+    };
+    let mut steps = RangeSteps::start(req, cur_rev, compact_rev, kvs_max)?;
+    let walked = steps.step(shared, req, usize::MAX, on_rest);
+    assert!(walked, "one unbounded step walks the whole range");
+    Ok(steps.finish(req))
 }
 
 /// A whole range read (not split), walked in steps when the caller needs them: a range of a
@@ -303,76 +306,189 @@ impl RangeGather {
     }
 }
 
-/// The walk of a range in walk order: every key is counted, the first `split.kvs_max` that the
-/// answer owes are read, the others it owes are shown to `split.on_rest`.
-fn range_split(
-    shared: &Shared,
-    req: &RangeRequest,
+/// The walk of a range in walk order, in steps as `RangeGather`'s: every key is counted, the
+/// first `kvs_max` that the answer owes are read, the others it owes are shown to `on_rest`.
+pub(crate) struct SplitWalk {
     rev: i64,
     cur_rev: i64,
-    split: RangeSplit<'_>,
-) -> Unchecked<(RangeResponse, Option<RangeRest>)> {
-    assert!(split.kvs_max > 0, "the rest resumes after a key handed out");
-    // Without filters the answer owes the first `limit` keys, and there is more when the range
-    // holds more: the same answer etcd's fetch of limit + 1 gives.
-    let owed_max = match usize::try_from(req.limit) {
-        Ok(limit) if limit > 0 => limit,
-        _ => usize::MAX,
-    };
-    let guard = epoch::pin();
-    let mut count: usize = 0;
-    let mut kvs: Vec<KeyValue> = Vec::new();
-    let mut rest_kvs: usize = 0;
-    let mut checks: Vec<RecordCheck> = Vec::new();
-    // One buffer reused for each owed key: the walk's keys live only as long as its entry.
-    let mut last_owed: Vec<u8> = Vec::new();
-    for_each_in_range(&shared.index, &req.key, &req.range_end, |key, history| {
-        if let Some(v) = live_at(history.load(&guard), rev) {
-            if count < split.kvs_max.min(owed_max) {
-                // The table is loaded after the list (see `segments.rs`).
-                let table = shared.segments.load(&guard);
-                let (kv, check) = v.to_key_value_unchecked(key, table, !req.keys_only);
-                kvs.push(kv);
-                checks.extend(check);
-            } else if count < owed_max {
-                rest_kvs += 1;
-                last_owed.clear();
-                last_owed.extend_from_slice(key);
-                (split.on_rest)(KeyValueShape {
-                    key,
-                    create_revision: v.create_revision,
-                    mod_revision: v.main(),
-                    version: v.version,
-                    value_len: if req.keys_only { 0 } else { v.value_len() },
-                    lease: v.lease,
-                });
-            }
-            count += 1;
-        }
-        true
-    });
-    assert_eq!(
-        kvs.len() + rest_kvs,
-        count.min(owed_max),
-        "each owed key once"
-    );
-    let rest = kvs
-        .last()
-        .filter(|_| rest_kvs > 0)
-        .map(|handed_out| RangeRest {
-            after: handed_out.key.to_vec().into_boxed_slice(),
-            last: last_owed.into_boxed_slice(),
+    kvs_max: usize,
+    /// Without filters the answer owes the first `limit` keys, and there is more when the
+    /// range holds more: the same answer etcd's fetch of limit + 1 gives.
+    owed_max: usize,
+    /// The next key to visit; None once the walk reached the range's end.
+    next_key: Option<Bytes>,
+    count: usize,
+    kvs: Vec<KeyValue>,
+    rest_kvs: usize,
+    checks: Vec<RecordCheck>,
+    /// One buffer reused for each owed key: the walk's keys live only as long as its entry.
+    last_owed: Vec<u8>,
+}
+
+impl SplitWalk {
+    fn start(req: &RangeRequest, rev: i64, cur_rev: i64, kvs_max: usize) -> Self {
+        assert!(kvs_max > 0, "the rest resumes after a key handed out");
+        SplitWalk {
             rev,
-            kvs_left: rest_kvs,
-            keys_only: req.keys_only,
+            cur_rev,
+            kvs_max,
+            owed_max: match usize::try_from(req.limit) {
+                Ok(limit) if limit > 0 => limit,
+                _ => usize::MAX,
+            },
+            next_key: Some(req.key.clone()),
+            count: 0,
+            kvs: Vec::new(),
+            rest_kvs: 0,
+            checks: Vec::new(),
+            last_owed: Vec::new(),
+        }
+    }
+
+    /// Visits at most `keys_max` more index entries of `req`'s range (live or not); returns
+    /// how many it visited.
+    fn walk(
+        &mut self,
+        shared: &Shared,
+        req: &RangeRequest,
+        keys_max: usize,
+        on_rest: &mut dyn FnMut(KeyValueShape<'_>),
+    ) -> usize {
+        let Some(from) = self.next_key.take() else {
+            return 0;
+        };
+        let guard = epoch::pin();
+        let mut visited = 0usize;
+        for_each_in_range(&shared.index, &from, &req.range_end, |key, history| {
+            if visited == keys_max {
+                self.next_key = Some(Bytes::copy_from_slice(key));
+                return false;
+            }
+            visited += 1;
+            if let Some(v) = live_at(history.load(&guard), self.rev) {
+                if self.count < self.kvs_max.min(self.owed_max) {
+                    // The table is loaded after the list (see `segments.rs`).
+                    let table = shared.segments.load(&guard);
+                    let (kv, check) = v.to_key_value_unchecked(key, table, !req.keys_only);
+                    self.kvs.push(kv);
+                    self.checks.extend(check);
+                } else if self.count < self.owed_max {
+                    self.rest_kvs += 1;
+                    self.last_owed.clear();
+                    self.last_owed.extend_from_slice(key);
+                    on_rest(KeyValueShape {
+                        key,
+                        create_revision: v.create_revision,
+                        mod_revision: v.main(),
+                        version: v.version,
+                        value_len: if req.keys_only { 0 } else { v.value_len() },
+                        lease: v.lease,
+                    });
+                }
+                self.count += 1;
+            }
+            true
         });
-    let response = RangeResponse {
-        revision: cur_rev,
-        kvs,
-        more: count > owed_max,
-        count: i64::try_from(count).expect("a count of index entries fits i64"),
-    };
-    Unchecked::new((response, rest), checks)
+        visited
+    }
+
+    /// The answer of a walk that reached the range's end, and its rest.
+    fn finish(self, req: &RangeRequest) -> Unchecked<(RangeResponse, Option<RangeRest>)> {
+        assert!(self.next_key.is_none(), "the walk reached the range's end");
+        assert_eq!(
+            self.kvs.len() + self.rest_kvs,
+            self.count.min(self.owed_max),
+            "each owed key once"
+        );
+        let rest = self
+            .kvs
+            .last()
+            .filter(|_| self.rest_kvs > 0)
+            .map(|handed_out| RangeRest {
+                after: handed_out.key.to_vec().into_boxed_slice(),
+                last: self.last_owed.into_boxed_slice(),
+                rev: self.rev,
+                kvs_left: self.rest_kvs,
+                keys_only: req.keys_only,
+            });
+        let response = RangeResponse {
+            revision: self.cur_rev,
+            kvs: self.kvs,
+            more: self.count > self.owed_max,
+            count: i64::try_from(self.count).expect("a count of index entries fits i64"),
+        };
+        Unchecked::new((response, rest), self.checks)
+    }
+}
+
+/// A range read by a reader in steps (`Reader::range_steps`): whole (`RangeGather`), or split
+/// when it is answered in walk order and the caller asked for a split (`SplitWalk`).
+pub struct RangeSteps {
+    walk: StepsWalk,
+    /// The revision the caller treated as current at the first step: the answer's.
+    cur_rev: i64,
+}
+
+enum StepsWalk {
+    Whole(RangeGather),
+    Split(SplitWalk),
+}
+
+impl RangeSteps {
+    /// The steps of `req` at `cur_rev`, split after `kvs_max` key-values when given and the
+    /// range is answered in walk order; or the error the read answers.
+    pub(crate) fn start(
+        req: &RangeRequest,
+        cur_rev: i64,
+        compact_rev: i64,
+        kvs_max: Option<usize>,
+    ) -> Result<Self> {
+        let gather = RangeGather::start(req, cur_rev, compact_rev)?;
+        let walk = match kvs_max.filter(|_| in_walk_order(req)) {
+            Some(kvs_max) => StepsWalk::Split(SplitWalk::start(req, gather.rev, cur_rev, kvs_max)),
+            None => StepsWalk::Whole(gather),
+        };
+        Ok(RangeSteps { walk, cur_rev })
+    }
+
+    /// The revision the answer reports.
+    pub(crate) fn current_revision(&self) -> i64 {
+        self.cur_rev
+    }
+
+    /// Visits at most `keys_max` more index entries; true once the walk reached the range's
+    /// end. Key-values past a split's first `kvs_max` that the answer owes go to `on_rest`
+    /// (never called for a whole range).
+    pub(crate) fn step(
+        &mut self,
+        shared: &Shared,
+        req: &RangeRequest,
+        keys_max: usize,
+        on_rest: &mut dyn FnMut(KeyValueShape<'_>),
+    ) -> bool {
+        assert!(keys_max > 0, "a step visits at least one key");
+        match &mut self.walk {
+            StepsWalk::Whole(gather) => {
+                gather.walk(shared, req, keys_max);
+                gather.walked()
+            }
+            StepsWalk::Split(split) => {
+                split.walk(shared, req, keys_max, on_rest);
+                split.next_key.is_none()
+            }
+        }
+    }
+
+    /// The answer of steps that reached the range's end, and a split's rest.
+    pub(crate) fn finish(
+        self,
+        req: &RangeRequest,
+    ) -> Unchecked<(RangeResponse, Option<RangeRest>)> {
+        match self.walk {
+            StepsWalk::Whole(gather) => gather.finish(req).map(|response| (response, None)),
+            StepsWalk::Split(split) => split.finish(req),
+        }
+    }
 }
 
 /// The next key-values of `rest`, in key order: at least one while any is owed, and more

@@ -15,8 +15,8 @@ use crate::index::{
 };
 use crate::lookup::{Found, KeyLookup};
 use crate::read::{
-    range_at_unchecked, range_rest_batch, range_split_at, RangeGather, RangeRest, RangeSplit,
-    RestWalk,
+    range_at_unchecked, range_rest_batch, range_split_at, KeyValueShape, RangeGather, RangeRest,
+    RangeSplit, RangeSteps, RestWalk,
 };
 use crate::segments::{MappedSegment, SegmentsWriter, SharedSegments};
 use crate::types::{
@@ -2556,6 +2556,48 @@ impl Reader {
         let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
         let answer = range_split_at(&self.shared, req, cur_rev, compact_rev, Some(split))?;
+        self.recheck_compacted(req.revision, cur_rev)?;
+        Ok(answer)
+    }
+
+    /// `range_unchecked`, or with `kvs_max` given `range_split_unchecked` (`kvs_max` as
+    /// `RangeSplit`'s), walked in steps (`range_step`): a shard walking a count of a million
+    /// keys lets its other connections, and a shard hosted by the raft core every write, go on
+    /// between steps. The steps read at the revision the first saw, which what is written
+    /// meanwhile does not change; a compaction past it may cut what they read, and
+    /// `range_steps_finish` then answers `Compacted`, as one walk's recheck does.
+    pub fn range_steps(&self, req: &RangeRequest, kvs_max: Option<usize>) -> Result<RangeSteps> {
+        RangeSteps::start(
+            req,
+            self.current_revision(),
+            self.compact_revision(),
+            kvs_max,
+        )
+    }
+
+    /// Visits at most `keys_max` more index entries of `req` (the request `steps` began
+    /// with); true once the walk reached the range's end. A split's key-values past its first
+    /// `kvs_max` that the answer owes are shown to `on_rest`, as `RangeSplit`'s are.
+    pub fn range_step(
+        &self,
+        steps: &mut RangeSteps,
+        req: &RangeRequest,
+        keys_max: usize,
+        on_rest: &mut dyn FnMut(KeyValueShape<'_>),
+    ) -> bool {
+        steps.step(&self.shared, req, keys_max, on_rest)
+    }
+
+    /// The answer of steps that reached the range's end (its values not yet read, see
+    /// `Unchecked`), and a split's rest; `Compacted` when a compaction passed the revision
+    /// read at while they walked.
+    pub fn range_steps_finish(
+        &self,
+        steps: RangeSteps,
+        req: &RangeRequest,
+    ) -> Result<Unchecked<(RangeResponse, Option<RangeRest>)>> {
+        let cur_rev = steps.current_revision();
+        let answer = steps.finish(req);
         self.recheck_compacted(req.revision, cur_rev)?;
         Ok(answer)
     }

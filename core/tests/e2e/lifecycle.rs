@@ -569,6 +569,74 @@ fn shards_hosted_in_the_raft_cores_executor_serve() {
     assert!(!helper.is_empty(), "no helper thread took the capture");
 }
 
+/// A count over a million keys, on a shard hosted by the raft core on the member's only CPU,
+/// walks the index in steps (`limits::READ_KEYS_PER_STEP`): a put sent while it walks, on
+/// another connection, goes through raft and is answered before the count is. Walked in one
+/// go, the count held the executor, its other calls and the raft core for all of its 0.2-0.3
+/// s (BENCHMARKS.md, "A long walk beside one client's puts"), and the put came after it.
+#[test]
+fn a_long_count_on_a_hosted_shard_lets_a_put_through_while_it_walks() {
+    use etcd_client::{Client, GetOptions, Txn, TxnOp};
+    const KEYS: usize = 1_000_000;
+    const KEYS_PER_TXN: usize = 10_000;
+    let cpu = *keel_core::rt::process_cpu_list()
+        .last()
+        .expect("never empty");
+    let server = keel_on_one_cpu(
+        cpu,
+        &[
+            "--shards",
+            "1",
+            "--host-shards-on-raft-cpu",
+            "--max-txn-ops",
+            "10000",
+        ],
+    );
+    let endpoint = server.endpoint();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(async move {
+        let mut writer = Client::connect([endpoint.as_str()], None)
+            .await
+            .expect("connects");
+        for first in (0..KEYS).step_by(KEYS_PER_TXN) {
+            let puts: Vec<TxnOp> = (first..first + KEYS_PER_TXN)
+                .map(|i| TxnOp::put(format!("walk/{i:07}"), "v", None))
+                .collect();
+            writer
+                .txn(Txn::new().and_then(puts))
+                .await
+                .expect("the load's txn");
+        }
+        let mut counter = Client::connect([endpoint.as_str()], None)
+            .await
+            .expect("connects");
+        let count = tokio::spawn(async move {
+            let resp = counter
+                .get(
+                    "walk/",
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .expect("the count");
+            (resp.count(), std::time::Instant::now())
+        });
+        // Long enough for the count to reach the member, a tenth of its walk.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        writer.put("beside", "v", None).await.expect("the put");
+        let put_answered = std::time::Instant::now();
+        let (count, count_answered) = count.await.expect("the count's task");
+        assert_eq!(count, KEYS as i64);
+        assert!(
+            put_answered < count_answered,
+            "the put was answered {:?} after the count",
+            put_answered - count_answered
+        );
+    });
+}
+
 /// Starts keel with `args` inside the CPU set {`cpu`}, as `taskset -c CPU` would.
 fn keel_on_one_cpu(cpu: usize, args: &'static [&'static str]) -> Server {
     // The child inherits the affinity of the thread that forks it.

@@ -9,6 +9,7 @@ mod on_disk;
 mod scenario;
 mod space;
 mod split;
+mod steps;
 
 use std::collections::BTreeMap;
 

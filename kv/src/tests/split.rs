@@ -8,13 +8,13 @@ use rand::{Rng, SeedableRng};
 
 use crate::*;
 
-fn key(i: usize) -> Bytes {
+pub(super) fn key(i: usize) -> Bytes {
     Bytes::from(format!("k{i:03}"))
 }
 
 /// A store of random puts (values of 0..300 bytes, some with a lease) and deletes over 60 keys,
 /// in small segments so values span sealed and open ones.
-fn random_store(seed: u64) -> (Writer, Reader) {
+pub(super) fn random_store(seed: u64) -> (Writer, Reader) {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut w, r) = Store::with_segment_bytes(4096);
     let mut index = 1;
@@ -183,7 +183,7 @@ fn sorted_filtered_and_single_key_ranges_are_not_split() {
     }
 }
 
-fn put_at(w: &mut Writer, index: u64, i: usize, value: &'static [u8]) {
+pub(super) fn put_at(w: &mut Writer, index: u64, i: usize, value: &'static [u8]) {
     w.apply(
         index,
         &Op::Put(PutRequest {
@@ -195,7 +195,7 @@ fn put_at(w: &mut Writer, index: u64, i: usize, value: &'static [u8]) {
     .expect("put");
 }
 
-fn compact_to(w: &mut Writer, index: u64, revision: i64) {
+pub(super) fn compact_to(w: &mut Writer, index: u64, revision: i64) {
     w.apply(
         index,
         &Op::Compact(CompactionRequest {

@@ -2186,6 +2186,36 @@ impl ExecutorProxy {
         futures_lite::future::yield_now().await
     }
 
+    /// KEEL PATCH: yields the current task queue and ends the executor's turn: the
+    /// executor polls its rings (without sleeping), which wakes the tasks whose I/O or
+    /// timers completed, before it runs any task queue again, this one included. For a task
+    /// that works in long steps (a walk of millions of keys): `yield_now` puts it back in
+    /// its queue, which then never runs dry, and the rings wait for the end of the time
+    /// slice; a timer would take it off its queue but park the thread when nothing else
+    /// runs, for a sleep and a wake-up on every step.
+    #[inline(always)]
+    pub async fn yield_to_reactor(&self) {
+        #[cfg(not(feature = "native-tls"))]
+        {
+            if LOCAL_EX.is_set() {
+                LOCAL_EX.with(|local_ex| {
+                    local_ex.reactor.sys.preempt_now();
+                    local_ex.mark_me_for_yield();
+                })
+            }
+            futures_lite::future::yield_now().await;
+        }
+
+        #[cfg(feature = "native-tls")]
+        {
+            if let Some(local_ex) = unsafe { LOCAL_EX.as_ref() } {
+                local_ex.reactor.sys.preempt_now();
+                local_ex.mark_me_for_yield();
+            }
+            futures_lite::future::yield_now().await;
+        }
+    }
+
     /// Unconditionally yields the current task queue and forces the scheduler
     /// to poll another queue. Use [`ExecutorProxy::yield_now`] to yield within
     /// a queue.

@@ -2087,6 +2087,14 @@ impl Reactor {
         self.blocking_thread.flush()
     }
 
+    /// KEEL PATCH: ends the running turn's time slice now (`yield_to_reactor`): the next
+    /// preemption check is true until the executor next polls its rings, which sets a new
+    /// deadline.
+    pub(crate) fn preempt_now(&self) {
+        self.preempt_deadline
+            .set(Some(PreemptDeadline::Precise(Instant::now())));
+    }
+
     /// KEEL PATCH: whether the running turn has used up its time slice.
     #[inline]
     pub(crate) fn past_preempt_deadline(&self) -> bool {
