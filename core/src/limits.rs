@@ -56,8 +56,9 @@ pub const APPLY_KEYS_PER_STEP: usize = 16_384;
 /// every write) waited for all of it (BENCHMARKS.md, "A long walk beside one client's
 /// puts"). A step of this many keys takes about 70 µs; each link of a put's chain of
 /// wake-ups that lands behind the walk waits for one, so one client's puts beside such counts
-/// kept a p99 of 4 ms (1,024 keys a step: 8-19 ms). Stepping cost a count no CPU that runs
-/// of 8 counts could tell apart from their spread (BENCHMARKS.md, "Long walks in steps").
+/// kept a p99 of 2.5-4.7 ms (1,024 keys a step: 8-19 ms). The steps cost a count of a million
+/// keys 5-18 % more of the server's CPU than one walk (BENCHMARKS.md, "Long walks in
+/// steps").
 pub const READ_KEYS_PER_STEP: usize = 256;
 /// Pager rounds an entry that reads values whose pages are out waits for before it is
 /// applied (`MemberConfig::values_resident`). Pages brought in can be evicted again before the
