@@ -54,11 +54,12 @@ pub const APPLY_KEYS_PER_STEP: usize = 16_384;
 /// (`kv::Reader::range_steps`, `rt::let_others_run`). A count of a million keys took 0.2-0.3
 /// s walked in one go, and every other call on the shard (on a shard hosted by the raft core,
 /// every write) waited for all of it (BENCHMARKS.md, "A long walk beside one client's
-/// puts"). A step of this many keys takes about 70 µs; each link of a put's chain of
+/// puts"). A step of this many keys takes about 60 µs of CPU (a count of a million keys,
+/// 3,906 steps, took 220-240 ms); each link of a put's chain of
 /// wake-ups that lands behind the walk waits for one, so one client's puts beside such counts
 /// kept a p99 of 2.5-4.7 ms (1,024 keys a step: 8-19 ms). The steps cost a count of a million
-/// keys 5-18 % more of the server's CPU than one walk (BENCHMARKS.md, "Long walks in
-/// steps").
+/// keys 5-18 % more of the server's CPU than one walk, counted in 10 ms ticks
+/// (BENCHMARKS.md, "Long walks in steps").
 pub const READ_KEYS_PER_STEP: usize = 256;
 /// Pager rounds an entry that reads values whose pages are out waits for before it is
 /// applied (`MemberConfig::values_resident`). Pages brought in can be evicted again before the

@@ -241,16 +241,17 @@ pub async fn sleep(d: Duration) {
 /// disk are bound to the CPU whose thread submitted them (the raft core's), and a thread
 /// that never blocks keeps them waiting for the end of its kernel time slice. Measured with
 /// a shard hosted by the raft core walking a count of a million keys: those workers waited
-/// 5 ms for each turn, a put took 3 ms of the walk's time instead of a fraction of one, and
-/// one client's puts at 500/s queued up to 0.2-0.3 s behind it. `sched_yield` hands the CPU
-/// to whatever is waiting for it and returns at once when nothing is.
+/// 5.0-5.4 ms for each turn, a put took about 5 ms of the walk's time instead of a fraction
+/// of one, and one client's puts at 500/s queued up to 0.2-0.3 s behind it. `sched_yield`
+/// hands the CPU to whatever is waiting for it and returns at once when nothing is.
 ///
 /// Then the executor (third_party/glommio, KEEL PATCH `yield_to_reactor`): a plain task
 /// yield would not do, as glommio polls its rings only once its task queues run dry or their
 /// time slice ends (100 ms), and a task that yields at once keeps its queue busy, so requests
 /// waiting on this shard's sockets (or, on a hosted shard, the WAL's completions) would wait
 /// out the walk anyway. A short timer did let them in, but parked the thread whenever nothing
-/// else ran: a count of a million keys in steps of 1,024 took 280 ms of CPU instead of 190.
+/// else ran: a count of a million keys in steps of 1,024 took 260-350 ms of CPU against
+/// 190-230 walked whole.
 pub async fn let_others_run() {
     std::thread::yield_now();
     glommio::executor().yield_to_reactor().await;

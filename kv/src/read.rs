@@ -113,8 +113,12 @@ pub(crate) fn range_split_at(
 
 /// A whole range read (not split), walked in steps when the caller needs them: a range of a
 /// million keys inside a txn applied in steps must not hold the raft core for its whole walk
-/// (about 400 ms). `walk` visits the keys, `finish` filters, sorts and limits, as etcd's
-/// `rangeKeys` and the applier do. Nothing may change the store between the steps.
+/// (about 400 ms), nor one a shard reads its other calls (`RangeSteps`). `walk` visits the
+/// keys, `finish` filters, sorts and limits, as etcd's `rangeKeys` and the applier do. What
+/// may change the store between the steps: for the writer's txn, nothing (its steps read its
+/// own writes); for a reader, anything, since it reads at a fixed revision that later writes
+/// do not touch, and a compaction past that revision fails the read at its end
+/// (`Reader::range_steps_finish`).
 pub(crate) struct RangeGather {
     /// The revision read at, and the one the answer reports.
     rev: i64,
@@ -427,6 +431,9 @@ pub struct RangeSteps {
     walk: StepsWalk,
     /// The revision the caller treated as current at the first step: the answer's.
     cur_rev: i64,
+    /// The request's range end, which each step is asked for again: a step of another
+    /// request would walk on from this one's key with another end and answer neither.
+    range_end: Bytes,
 }
 
 enum StepsWalk {
@@ -448,7 +455,11 @@ impl RangeSteps {
             Some(kvs_max) => StepsWalk::Split(SplitWalk::start(req, gather.rev, cur_rev, kvs_max)),
             None => StepsWalk::Whole(gather),
         };
-        Ok(RangeSteps { walk, cur_rev })
+        Ok(RangeSteps {
+            walk,
+            cur_rev,
+            range_end: req.range_end.clone(),
+        })
     }
 
     /// The revision the answer reports.
@@ -467,6 +478,10 @@ impl RangeSteps {
         on_rest: &mut dyn FnMut(KeyValueShape<'_>),
     ) -> bool {
         assert!(keys_max > 0, "a step visits at least one key");
+        assert_eq!(
+            req.range_end, self.range_end,
+            "each step walks the request the steps began with"
+        );
         match &mut self.walk {
             StepsWalk::Whole(gather) => {
                 gather.walk(shared, req, keys_max);
@@ -484,6 +499,10 @@ impl RangeSteps {
         self,
         req: &RangeRequest,
     ) -> Unchecked<(RangeResponse, Option<RangeRest>)> {
+        assert_eq!(
+            req.range_end, self.range_end,
+            "the steps end with the request they began with"
+        );
         match self.walk {
             StepsWalk::Whole(gather) => gather.finish(req).map(|response| (response, None)),
             StepsWalk::Split(split) => split.finish(req),

@@ -625,6 +625,12 @@ fn a_long_count_on_a_hosted_shard_lets_a_put_through_while_it_walks() {
         });
         // Long enough for the count to reach the member, a tenth of its walk.
         tokio::time::sleep(Duration::from_millis(20)).await;
+        // A count already answered would let any put come second: the test would show
+        // nothing (a machine this fast needs more keys).
+        assert!(
+            !count.is_finished(),
+            "the count of {KEYS} keys was answered within 20 ms"
+        );
         writer.put("beside", "v", None).await.expect("the put");
         let put_answered = std::time::Instant::now();
         let (count, count_answered) = count.await.expect("the count's task");
