@@ -230,9 +230,10 @@ pub struct Flags {
     /// member alone on its host. Hosted, a shard hands proposals and answers to the raft core
     /// without crossing threads, which costs less CPU a request; but glommio does not preempt
     /// a task, so a request that keeps such a shard busy holds the raft core, and its
-    /// heartbeats, for as long. Ranges walk in steps and let the raft core run between them
-    /// (a count over millions of keys no longer holds it); a sort of millions of key-values,
-    /// a read-only txn's large ranges and a compare over a large range still do.
+    /// heartbeats, for as long. Ranges walk in steps and let the raft core run between them,
+    /// and sort large answers off the executor (a count or a sort over millions of keys no
+    /// longer holds it); a read-only txn's large ranges and a compare over a large range
+    /// still do.
     #[arg(long = "host-shards-on-raft-cpu", env = "KEEL_HOST_SHARDS_ON_RAFT_CPU", num_args = 0..=1, default_missing_value = "true")]
     pub host_shards_on_raft_cpu: Option<bool>,
 

@@ -61,6 +61,13 @@ pub const APPLY_KEYS_PER_STEP: usize = 16_384;
 /// keys 5-18 % more of the server's CPU than one walk, counted in 10 ms ticks
 /// (BENCHMARKS.md, "Long walks in steps").
 pub const READ_KEYS_PER_STEP: usize = 256;
+/// Key-values a range's filters and sort handle in the shard's executor once its walk ended
+/// (`service::range_walked_finish`); more go to the shard's blocking pool, or a hosted shard's
+/// helper thread, as etcd sorts in memory on a goroutine the Go scheduler preempts. Measured
+/// in-process (`cargo bench -p keel-kv --bench mvcc -- count`, BENCHMARKS.md "Long walks in
+/// steps"): a range of this many keys sorted by modification revision took 3.2 ms (its walk
+/// alone 0.5 ms), one of a million 290 ms (its walk 42 ms).
+pub const READ_SORT_ON_SHARD_KVS_MAX: usize = 16_384;
 /// Pager rounds an entry that reads values whose pages are out waits for before it is
 /// applied (`MemberConfig::values_resident`). Pages brought in can be evicted again before the
 /// apply reads them (memory pressure, the value cache): residency is asked again after each

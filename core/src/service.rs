@@ -69,7 +69,7 @@ type R<T> = Result<T, Status>;
 /// the raft core too, where one walk of a million keys held them all for a quarter of a
 /// second.
 async fn range_walked(
-    reader: &kv::Reader,
+    reader: &Arc<kv::Reader>,
     req: &kv::RangeRequest,
     kvs_max: Option<usize>,
     on_rest: &mut dyn FnMut(kv::KeyValueShape<'_>),
@@ -79,7 +79,26 @@ async fn range_walked(
     while !reader.range_step(&mut steps, req, crate::limits::READ_KEYS_PER_STEP, on_rest) {
         crate::rt::let_others_run().await;
     }
-    reader.range_steps_finish(steps, req).map_err(failed)
+    range_walked_finish(reader, steps, req)
+        .await
+        .map_err(failed)
+}
+
+/// The end of a range's steps: its filters, sort and limit, which run whole, as etcd runs
+/// them in memory. Past `limits::READ_SORT_ON_SHARD_KVS_MAX` key-values they run on the
+/// shard's blocking pool (a hosted shard's helper thread, see `rt::blocking`), not in its
+/// executor, where a sort of a million would hold the shard's other calls, and a hosted
+/// shard's raft core, for all of it; etcd's goroutine would be preempted.
+async fn range_walked_finish(
+    reader: &Arc<kv::Reader>,
+    steps: kv::RangeSteps,
+    req: &kv::RangeRequest,
+) -> kv::Result<kv::Unchecked<(kv::RangeResponse, Option<kv::RangeRest>)>> {
+    if steps.reordered_kvs() > crate::limits::READ_SORT_ON_SHARD_KVS_MAX {
+        let (reader, req) = (Arc::clone(reader), req.clone());
+        return crate::rt::blocking(move || reader.range_steps_finish(steps, &req)).await;
+    }
+    reader.range_steps_finish(steps, req)
 }
 
 fn etcd(e: EtcdError) -> Status {
@@ -1225,4 +1244,84 @@ fn pb_members(members: &[Member]) -> Vec<pb::Member> {
         .collect();
     listed.sort_unstable_by_key(|m| m.id);
     listed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    /// A store of `keys` keys, each written once, and a range over all of them sorted by
+    /// modification revision, newest first, walked to its end.
+    fn walked_sort(keys: u64) -> (Arc<kv::Reader>, kv::RangeRequest, kv::RangeSteps) {
+        let (mut writer, reader) = kv::Store::new();
+        for i in 0..keys {
+            let put = kv::Op::Put(kv::PutRequest {
+                key: Bytes::from(format!("k{i:08}")),
+                value: Bytes::from_static(b"v"),
+                ..Default::default()
+            });
+            writer.apply(i + 1, &put).expect("put");
+        }
+        let req = kv::RangeRequest {
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::from_static(b"l"),
+            sort_order: kv::SortOrder::Descend,
+            sort_target: kv::SortTarget::Mod,
+            limit: 3,
+            ..Default::default()
+        };
+        let mut steps = reader.range_steps(&req, None).expect("a valid read");
+        while !reader.range_step(&mut steps, &req, usize::MAX, &mut |_| {}) {}
+        (Arc::new(reader), req, steps)
+    }
+
+    /// A range's sort past `READ_SORT_ON_SHARD_KVS_MAX` key-values runs off the executor: a
+    /// task beside it, woken by a timer every 100 µs, runs while it sorts (200,000 key-values,
+    /// tens of milliseconds). One within the bound runs in place, with no await in between:
+    /// the task beside it does not run. Both answer as one walk does.
+    #[test]
+    fn a_large_sort_runs_off_the_executor_and_a_small_one_in_place() {
+        let executor = crate::rt::spawn_pinned(
+            "sort-test",
+            crate::rt::process_cpu_list()[0],
+            move || async move {
+                let ticks = Rc::new(Cell::new(0u64));
+                let done = Rc::new(Cell::new(false));
+                let ticker = {
+                    let (ticks, done) = (ticks.clone(), done.clone());
+                    glommio::spawn_local(async move {
+                        while !done.get() {
+                            ticks.set(ticks.get() + 1);
+                            crate::rt::sleep(std::time::Duration::from_micros(100)).await;
+                        }
+                    })
+                };
+                let mut seen = Vec::new();
+                for keys in [200_000, crate::limits::READ_SORT_ON_SHARD_KVS_MAX as u64] {
+                    let (reader, req, steps) = walked_sort(keys);
+                    assert_eq!(steps.reordered_kvs(), keys as usize);
+                    let before = ticks.get();
+                    let answer = range_walked_finish(&reader, steps, &req)
+                        .await
+                        .expect("not compacted")
+                        .check();
+                    seen.push(ticks.get() - before);
+                    assert_eq!(answer.0, reader.range(&req).expect("one walk"));
+                    assert_eq!(answer.0.kvs[0].mod_revision, keys as i64 + 1);
+                }
+                done.set(true);
+                ticker.await;
+                seen
+            },
+        )
+        .expect("executor starts");
+        let ticked = executor.join().expect("the test body finishes");
+        assert!(ticked[0] > 0, "the large sort held the executor");
+        assert_eq!(ticked[1], 0, "the small sort left the executor");
+    }
 }

@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use keel_kv::{
     Applied, CompactionRequest, CompactionStatus, Compare, CompareResult, CompareTarget, Op,
-    Progress, PutRequest, RangeRequest, Reader, RequestOp, Store, TxnRequest, Writer,
+    Progress, PutRequest, RangeRequest, Reader, RequestOp, SortOrder, SortTarget, Store,
+    TxnRequest, Writer,
 };
 
 const KEYS: u64 = 100_000;
@@ -324,34 +325,67 @@ fn count_rounds(keys: u64, rounds: usize) {
         count_only: true,
         ..Default::default()
     };
-    let ms = |f: &mut dyn FnMut() -> i64| {
+    let ms = |f: &mut dyn FnMut() -> i64, expected: i64| {
         let mut times: Vec<f64> = (0..rounds)
             .map(|_| {
                 let start = Instant::now();
                 let count = f();
-                assert_eq!(count, keys as i64, "every key counted");
+                assert_eq!(count, expected, "every key counted");
                 start.elapsed().as_secs_f64() * 1e3
             })
             .collect();
         median(&mut times)
     };
-    let whole = ms(&mut || reader.range(&req).expect("count").count);
+    let whole = ms(
+        &mut || reader.range(&req).expect("count").count,
+        keys as i64,
+    );
     println!("count of {keys} keys: one walk {whole:.1} ms");
     for keys_max in [256usize, 1024, 4096, 16384] {
-        let stepped = ms(&mut || {
-            let mut steps = reader.range_steps(&req, None).expect("a valid read");
-            while !reader.range_step(&mut steps, &req, keys_max, &mut |_| {}) {}
-            reader
-                .range_steps_finish(steps, &req)
-                .expect("no compaction")
-                .check()
-                .0
-                .count
-        });
+        let stepped = ms(
+            &mut || {
+                let mut steps = reader.range_steps(&req, None).expect("a valid read");
+                while !reader.range_step(&mut steps, &req, keys_max, &mut |_| {}) {}
+                reader
+                    .range_steps_finish(steps, &req)
+                    .expect("no compaction")
+                    .check()
+                    .0
+                    .count
+            },
+            keys as i64,
+        );
         println!(
             "  in steps of {keys_max} keys: {stepped:.1} ms ({:+.1} %)",
             (stepped / whole - 1.0) * 100.0
         );
+    }
+    // What a sort adds (`READ_SORT_ON_SHARD_KVS_MAX`): every key-value gathered, sorted by
+    // modification revision, newest first, the first one answered.
+    for span in [16_384u64, keys] {
+        let sorted = RangeRequest {
+            key: key(0),
+            range_end: key(span.min(keys)),
+            sort_order: SortOrder::Descend,
+            sort_target: SortTarget::Mod,
+            limit: 1,
+            ..Default::default()
+        };
+        let walked = RangeRequest {
+            count_only: true,
+            ..sorted.clone()
+        };
+        let count = reader.range(&walked).expect("count").count;
+        let sort_ms = ms(
+            &mut || {
+                let answer = reader.range(&sorted).expect("sorted");
+                assert_eq!(answer.kvs.len(), 1);
+                answer.count
+            },
+            count,
+        );
+        let walk_ms = ms(&mut || reader.range(&walked).expect("count").count, count);
+        println!("  {count} keys sorted by modification revision: {sort_ms:.1} ms (their count alone {walk_ms:.1} ms)");
     }
 }
 

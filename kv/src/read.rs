@@ -467,6 +467,17 @@ impl RangeSteps {
         self.cur_rev
     }
 
+    /// Key-values gathered so far that the end of the steps will filter and sort (a whole
+    /// range that sorts or filters, as etcd does in memory): the work `finish` does in one
+    /// go, which a caller may hand to another thread. 0 for a range whose key-values are
+    /// only handed out.
+    pub fn reordered_kvs(&self) -> usize {
+        match &self.walk {
+            StepsWalk::Whole(gather) if gather.reorders => gather.kvs.len(),
+            _ => 0,
+        }
+    }
+
     /// Visits at most `keys_max` more index entries; true once the walk reached the range's
     /// end. Key-values past a split's first `kvs_max` that the answer owes go to `on_rest`
     /// (never called for a whole range).
