@@ -478,11 +478,20 @@ impl Api {
         if let Some(wait) = self.txn_reads_wait(&req) {
             wait.await;
         }
-        let unchecked = self
-            .shared
-            .reader()
-            .txn_read_only_unchecked(&req)
-            .map_err(|e| etcd(kv_error(e)))?;
+        // Its own handle, held across the steps: a snapshot install replacing the store
+        // meanwhile leaves this txn reading the store it began on.
+        let reader = arc_swap::Guard::into_inner(self.shared.reader());
+        let mut steps = reader.txn_read_steps(&req);
+        let unchecked = loop {
+            // Walked as a range is (`range_walked`): its ranges' keys a step at a time.
+            while !reader.txn_read_step(&mut steps, &req, crate::limits::READ_KEYS_PER_STEP) {
+                crate::rt::let_others_run().await;
+            }
+            match reader.txn_read_end(steps, &req) {
+                kv::TxnReadEnd::Answered(answer) => break answer.map_err(|e| etcd(kv_error(e)))?,
+                kv::TxnReadEnd::Again(again) => steps = *again,
+            }
+        };
         let resp = self.shared.pager.serve(unchecked).await;
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);

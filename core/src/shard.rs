@@ -20,9 +20,9 @@
 //! a task, so a request that keeps the shard busy holds the raft core as long. The kernel
 //! would have given the raft core its turn within milliseconds; a lone member keeps the
 //! thread by default for that reason. Ranges walk the index in steps and let others run in
-//! between (`service::range_walked`), and sort large answers on the blocking pool, so a count
-//! or a sort of millions of keys no longer does; a read-only txn's large ranges and a compare
-//! over a large range still do.
+//! between (`service::range_walked`; a read-only txn's ranges too), and sort large answers on
+//! the blocking pool, so a count or a sort of millions of keys no longer does; a compare over
+//! a large range, and the sort of a large range inside a txn, still do.
 
 use std::cell::Cell;
 use std::future::Future;

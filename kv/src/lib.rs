@@ -65,7 +65,8 @@ pub use read::{KeyValueShape, RangeRest, RangeSplit, RangeSteps};
 pub use segments::{release_spare_segment_buffers, MappedSegment};
 pub use store::{
     txn_is_read_only, txn_is_serializable, ApplyInSteps, CompactionStatus, Progress, Reader, Store,
-    TxnReads, UnreadableRecord, ValueLogOptions, Writer, COMPACT_REVISION_NONE, REVISION_INITIAL,
+    TxnReadEnd, TxnReadSteps, TxnReads, UnreadableRecord, ValueLogOptions, Writer,
+    COMPACT_REVISION_NONE, REVISION_INITIAL,
 };
 pub use types::*;
 pub use validate::{

@@ -488,6 +488,17 @@ impl RangeSteps {
         keys_max: usize,
         on_rest: &mut dyn FnMut(KeyValueShape<'_>),
     ) -> bool {
+        self.step_counted(shared, req, keys_max, on_rest).0
+    }
+
+    /// `step`, with the index entries it visited.
+    pub(crate) fn step_counted(
+        &mut self,
+        shared: &Shared,
+        req: &RangeRequest,
+        keys_max: usize,
+        on_rest: &mut dyn FnMut(KeyValueShape<'_>),
+    ) -> (bool, usize) {
         assert!(keys_max > 0, "a step visits at least one key");
         assert_eq!(
             req.range_end, self.range_end,
@@ -495,12 +506,12 @@ impl RangeSteps {
         );
         match &mut self.walk {
             StepsWalk::Whole(gather) => {
-                gather.walk(shared, req, keys_max);
-                gather.walked()
+                let visited = gather.walk(shared, req, keys_max);
+                (gather.walked(), visited)
             }
             StepsWalk::Split(split) => {
-                split.walk(shared, req, keys_max, on_rest);
-                split.next_key.is_none()
+                let visited = split.walk(shared, req, keys_max, on_rest);
+                (split.next_key.is_none(), visited)
             }
         }
     }

@@ -2286,6 +2286,30 @@ fn compare_result_holds(result: CompareResult, ordering: std::cmp::Ordering) -> 
     }
 }
 
+/// A read-only txn read by a reader in steps (`Reader::txn_read_steps`).
+pub struct TxnReadSteps {
+    /// Which try this is (from 1; see `Reader::txn_read_end`).
+    attempt: usize,
+    /// The revision every compare and range reads at, and the answer's.
+    cur_rev: i64,
+    compact_rev: i64,
+    succeeded: bool,
+    /// The op of the chosen branch being read (or next to be).
+    next_op: usize,
+    range: Option<RangeSteps>,
+    responses: Vec<ResponseOp>,
+    checks: Vec<RecordCheck>,
+    /// The error a range's checks or read answered: the txn's answer.
+    failed: Option<KvError>,
+}
+
+/// How a read-only txn's steps ended (`Reader::txn_read_end`).
+pub enum TxnReadEnd {
+    Answered(Result<Unchecked<TxnResponse>>),
+    /// A compaction passed the revision read at: the steps of the next try.
+    Again(Box<TxnReadSteps>),
+}
+
 impl Reader {
     /// The store's size (`Writer::size_bytes`) as last published: what the quota counts.
     pub fn size_bytes_published(&self) -> u64 {
@@ -2331,60 +2355,149 @@ impl Reader {
     /// revision, the current one, which the answer's revision is. Its ranges' values are not
     /// read yet (see `Unchecked`); the values it compares are (see `records_txn_reads`).
     pub fn txn_read_only_unchecked(&self, req: &TxnRequest) -> Result<Unchecked<TxnResponse>> {
+        let mut steps = self.txn_read_steps(req);
+        loop {
+            while !self.txn_read_step(&mut steps, req, usize::MAX) {}
+            match self.txn_read_end(steps, req) {
+                TxnReadEnd::Answered(answer) => return answer,
+                TxnReadEnd::Again(again) => steps = *again,
+            }
+        }
+    }
+
+    /// `txn_read_only_unchecked` in steps (`txn_read_step`, then `txn_read_end`), as a shard
+    /// reads one: its compares are decided whole at the first step, at the current revision,
+    /// then the ranges of the branch they chose are walked a bounded number of index entries
+    /// at a time, at that revision, with no epoch held between steps.
+    pub fn txn_read_steps(&self, req: &TxnRequest) -> TxnReadSteps {
+        self.txn_read_attempt(req, 1)
+    }
+
+    fn txn_read_attempt(&self, req: &TxnRequest, attempt: usize) -> TxnReadSteps {
         assert!(
             txn_is_read_only(req),
             "only a read-only txn is answered by a reader"
         );
-        // etcd reads a txn in one view that no compaction changes; here a compaction past
-        // the revision read at can land meanwhile and cut what a compare saw (a compare
-        // that fails to read counts as false), so such a read is made again at the newer
-        // revision. Compactions past the current revision are rare: a few tries suffice.
-        for _ in 0..TXN_READ_ATTEMPTS_MAX {
-            let cur_rev = self.current_revision();
-            let answer = self.txn_read_only_at(req, cur_rev);
-            if self.compact_revision() <= cur_rev {
-                return answer;
-            }
-        }
-        Err(KvError::Compacted)
-    }
-
-    fn txn_read_only_at(&self, req: &TxnRequest, cur_rev: i64) -> Result<Unchecked<TxnResponse>> {
+        let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
         let path = compare_path(&self.shared, None, req, cur_rev, compact_rev);
         assert!(path.nested.is_empty(), "a read-only txn has no nested txn");
         let ops = if path.succeeded {
+            req.success.len()
+        } else {
+            req.failure.len()
+        };
+        TxnReadSteps {
+            attempt,
+            cur_rev,
+            compact_rev,
+            succeeded: path.succeeded,
+            next_op: 0,
+            range: None,
+            responses: Vec::with_capacity(ops),
+            checks: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// Visits at most `keys_max` more index entries of the ranges of `req` (the txn `steps`
+    /// began with); true once every range is read, or one failed.
+    pub fn txn_read_step(
+        &self,
+        steps: &mut TxnReadSteps,
+        req: &TxnRequest,
+        keys_max: usize,
+    ) -> bool {
+        assert!(keys_max > 0, "a step visits at least one key");
+        let ops = if steps.succeeded {
             &req.success
         } else {
             &req.failure
         };
-        let mut checks = Vec::new();
-        let mut responses = Vec::with_capacity(ops.len());
-        for op in ops {
-            let RequestOp::Range(r) = op else {
+        let mut keys_left = keys_max;
+        loop {
+            if steps.failed.is_some() || steps.next_op == ops.len() {
+                return true;
+            }
+            if keys_left == 0 {
+                return false;
+            }
+            let RequestOp::Range(r) = &ops[steps.next_op] else {
                 unreachable!("a read-only txn holds only ranges")
             };
-            // etcd's checkRequests. It checks every range before reading any; checking each
-            // just before its read answers the same, as a read changes nothing and the first
-            // failing check wins either way.
-            if r.revision > cur_rev {
-                return Err(KvError::FutureRevision);
+            if steps.range.is_none() {
+                // etcd's checkRequests. It checks every range before reading any; checking
+                // each just before its read answers the same, as a read changes nothing and
+                // the first failing check wins either way.
+                let checked = if r.revision > steps.cur_rev {
+                    Err(KvError::FutureRevision)
+                } else if r.revision > 0 && r.revision < steps.compact_rev {
+                    Err(KvError::Compacted)
+                } else {
+                    RangeSteps::start(r, steps.cur_rev, steps.compact_rev, None)
+                };
+                match checked {
+                    Ok(range) => steps.range = Some(range),
+                    Err(error) => {
+                        steps.failed = Some(error);
+                        return true;
+                    }
+                }
             }
-            if r.revision > 0 && r.revision < compact_rev {
-                return Err(KvError::Compacted);
+            let range = steps.range.as_mut().expect("started above");
+            let (walked, visited) = range.step_counted(&self.shared, r, keys_left, &mut |_| {});
+            keys_left -= visited;
+            if !walked {
+                continue;
             }
-            let range = range_at_unchecked(&self.shared, r, cur_rev, compact_rev)?;
-            self.recheck_compacted(r.revision, cur_rev)?;
-            responses.push(ResponseOp::Range(range.into_parts(&mut checks)));
+            let range = steps.range.take().expect("started above");
+            if let Err(error) = self.recheck_compacted(r.revision, steps.cur_rev) {
+                steps.failed = Some(error);
+                return true;
+            }
+            let answer = range.finish(r).map(|(response, rest)| {
+                assert!(rest.is_none(), "only a split range leaves a rest");
+                response
+            });
+            steps
+                .responses
+                .push(ResponseOp::Range(answer.into_parts(&mut steps.checks)));
+            steps.next_op += 1;
         }
-        Ok(Unchecked::new(
-            TxnResponse {
-                revision: cur_rev,
-                succeeded: path.succeeded,
-                responses,
-            },
-            checks,
-        ))
+    }
+
+    /// The end of a read-only txn's steps: its answer (or the error a range's checks or read
+    /// gave), or, when a compaction passed its revision meanwhile, the steps of another
+    /// attempt at the revision now current. etcd reads a txn in one view that no compaction
+    /// changes; here one can land meanwhile and cut what a compare saw (a compare that fails
+    /// to read counts as false), so such a read is made again at the newer revision.
+    /// Compactions past the current revision are rare: after `TXN_READ_ATTEMPTS_MAX` tries
+    /// the txn is answered as compacted.
+    pub fn txn_read_end(&self, steps: TxnReadSteps, req: &TxnRequest) -> TxnReadEnd {
+        if self.compact_revision() > steps.cur_rev {
+            if steps.attempt < TXN_READ_ATTEMPTS_MAX {
+                return TxnReadEnd::Again(Box::new(self.txn_read_attempt(req, steps.attempt + 1)));
+            }
+            return TxnReadEnd::Answered(Err(KvError::Compacted));
+        }
+        TxnReadEnd::Answered(match steps.failed {
+            Some(error) => Err(error),
+            None => {
+                assert_eq!(
+                    steps.next_op,
+                    steps.responses.len(),
+                    "every range of the branch read"
+                );
+                Ok(Unchecked::new(
+                    TxnResponse {
+                        revision: steps.cur_rev,
+                        succeeded: steps.succeeded,
+                        responses: steps.responses,
+                    },
+                    steps.checks,
+                ))
+            }
+        })
     }
 
     /// The records of values in durable segments' mapped files that applying the txn `req`

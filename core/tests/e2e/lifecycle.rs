@@ -570,8 +570,9 @@ fn shards_hosted_in_the_raft_cores_executor_serve() {
 }
 
 /// A count over a million keys, on a shard hosted by the raft core on the member's only CPU,
-/// walks the index in steps (`limits::READ_KEYS_PER_STEP`): a put sent while it walks, on
-/// another connection, goes through raft and is answered before the count is. Walked in one
+/// walks the index in steps (`limits::READ_KEYS_PER_STEP`), as a range and inside a
+/// read-only txn: a put sent while it walks, on another connection, goes through raft and is
+/// answered before the count is. Walked in one
 /// go, the count held the executor, its other calls and the raft core for all of its 0.2-0.3
 /// s (BENCHMARKS.md, "A long walk beside one client's puts"), and the put came after it.
 #[test]
@@ -610,36 +611,49 @@ fn a_long_count_on_a_hosted_shard_lets_a_put_through_while_it_walks() {
                 .await
                 .expect("the load's txn");
         }
-        let mut counter = Client::connect([endpoint.as_str()], None)
-            .await
-            .expect("connects");
-        let count = tokio::spawn(async move {
-            let resp = counter
-                .get(
-                    "walk/",
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
+        // The count as a range, then inside a read-only txn (whose ranges walk in steps too).
+        for in_txn in [false, true] {
+            let mut counter = Client::connect([endpoint.as_str()], None)
                 .await
-                .expect("the count");
-            (resp.count(), std::time::Instant::now())
-        });
-        // Long enough for the count to reach the member, a tenth of its walk.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        // A count already answered would let any put come second: the test would show
-        // nothing (a machine this fast needs more keys).
-        assert!(
-            !count.is_finished(),
-            "the count of {KEYS} keys was answered within 20 ms"
-        );
-        writer.put("beside", "v", None).await.expect("the put");
-        let put_answered = std::time::Instant::now();
-        let (count, count_answered) = count.await.expect("the count's task");
-        assert_eq!(count, KEYS as i64);
-        assert!(
-            put_answered < count_answered,
-            "the put was answered {:?} after the count",
-            put_answered - count_answered
-        );
+                .expect("connects");
+            let count = tokio::spawn(async move {
+                let everything = GetOptions::new().with_prefix().with_count_only();
+                let count = if in_txn {
+                    let resp = counter
+                        .txn(Txn::new().and_then([TxnOp::get("walk/", Some(everything))]))
+                        .await
+                        .expect("the txn");
+                    match &resp.op_responses()[..] {
+                        [etcd_client::TxnOpResponse::Get(get)] => get.count(),
+                        other => panic!("one range's answer, not {other:?}"),
+                    }
+                } else {
+                    counter
+                        .get("walk/", Some(everything))
+                        .await
+                        .expect("the count")
+                        .count()
+                };
+                (count, std::time::Instant::now())
+            });
+            // Long enough for the count to reach the member, a tenth of its walk.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            // A count already answered would let any put come second: the test would show
+            // nothing (a machine this fast needs more keys).
+            assert!(
+                !count.is_finished(),
+                "the count of {KEYS} keys (in a txn: {in_txn}) was answered within 20 ms"
+            );
+            writer.put("beside", "v", None).await.expect("the put");
+            let put_answered = std::time::Instant::now();
+            let (count, count_answered) = count.await.expect("the count's task");
+            assert_eq!(count, KEYS as i64);
+            assert!(
+                put_answered < count_answered,
+                "the put was answered {:?} after the count (in a txn: {in_txn})",
+                put_answered - count_answered
+            );
+        }
     });
 }
 

@@ -205,3 +205,126 @@ fn writes_and_compactions_between_steps_leave_the_answer_exact_or_fail_it_as_com
         "exact {exact} ({exact_beside_compaction} beside a compaction at or below its revision), compacted {compacted}"
     );
 }
+
+/// A read-only txn of random compares and ranges read in steps, as a shard reads one,
+/// answers what it answers read whole, for any step size; each step visits at most its
+/// keys, and a txn of ranges over many keys takes many steps.
+#[test]
+fn a_read_only_txn_in_steps_answers_what_it_answers_whole() {
+    let mut many_steps = 0;
+    for seed in 0..40 {
+        let (_w, r) = random_store(seed);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7e4d);
+        for _ in 0..20 {
+            let ranges = |rng: &mut StdRng| -> Vec<RequestOp> {
+                (0..rng.gen_range(0..4))
+                    .map(|_| RequestOp::Range(random_request(rng, r.current_revision())))
+                    .collect()
+            };
+            let req = TxnRequest {
+                compare: (0..rng.gen_range(0..3))
+                    .map(|_| Compare {
+                        result: CompareResult::Greater,
+                        target: CompareTarget::Version(rng.gen_range(0..3)),
+                        key: key(rng.gen_range(0..60)),
+                        range_end: Bytes::new(),
+                    })
+                    .collect(),
+                success: ranges(&mut rng),
+                failure: ranges(&mut rng),
+            };
+            let whole = r.txn_read_only_unchecked(&req).map(Unchecked::check);
+            let keys_max = rng.gen_range(1..6);
+            let mut steps = r.txn_read_steps(&req);
+            let mut taken = 1;
+            while !r.txn_read_step(&mut steps, &req, keys_max) {
+                taken += 1;
+            }
+            let TxnReadEnd::Answered(stepped) = r.txn_read_end(steps, &req) else {
+                panic!("nothing was compacted")
+            };
+            assert_eq!(stepped.map(Unchecked::check), whole, "seed {seed}, {req:?}");
+            if taken > 3 {
+                many_steps += 1;
+            }
+        }
+    }
+    assert!(many_steps > 0, "some txns took many steps");
+}
+
+/// A compaction past a read-only txn's revision between its steps makes it read again at
+/// the revision then current, and after `TXN_READ_ATTEMPTS_MAX` tries it is answered as
+/// compacted; writes between the steps change nothing it reads.
+#[test]
+fn a_compaction_between_a_txns_steps_reads_it_again() {
+    let (mut w, r) = Store::new();
+    for i in 0..10 {
+        put_at(&mut w, i as u64 + 1, i, b"v");
+    }
+    let req = TxnRequest {
+        compare: vec![],
+        success: vec![RequestOp::Range(RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            range_end: Bytes::from_static(b"\0"),
+            count_only: true,
+            ..Default::default()
+        })],
+        failure: vec![],
+    };
+    let count_of = |answer: Result<Unchecked<TxnResponse>>| {
+        let answer = answer.expect("read").check();
+        let ResponseOp::Range(range) = &answer.responses[0] else {
+            panic!("a range's answer")
+        };
+        (answer.revision, range.count)
+    };
+    // Writes between steps: the txn still reads the revision it began at.
+    let mut steps = r.txn_read_steps(&req);
+    assert!(!r.txn_read_step(&mut steps, &req, 3));
+    put_at(&mut w, 11, 10, b"later");
+    while !r.txn_read_step(&mut steps, &req, 3) {}
+    let TxnReadEnd::Answered(answer) = r.txn_read_end(steps, &req) else {
+        panic!("nothing was compacted")
+    };
+    assert_eq!(count_of(answer), (11, 10), "ten keys at revision 11");
+    // A compaction past the revision between steps, on every try.
+    let mut index = 20;
+    let mut steps = r.txn_read_steps(&req);
+    let mut tries = 1;
+    let answer = loop {
+        assert!(!r.txn_read_step(&mut steps, &req, 3));
+        index += 1;
+        put_at(&mut w, index, 0, b"newer");
+        index += 1;
+        let rev = w.current_revision();
+        compact_to(&mut w, index, rev);
+        while !r.txn_read_step(&mut steps, &req, 3) {}
+        match r.txn_read_end(steps, &req) {
+            TxnReadEnd::Answered(answer) => break answer,
+            TxnReadEnd::Again(again) => {
+                tries += 1;
+                steps = *again;
+            }
+        }
+    };
+    assert_eq!(tries, 3, "TXN_READ_ATTEMPTS_MAX tries");
+    assert_eq!(answer.map(|_| ()), Err(KvError::Compacted));
+    // A compaction on the first try only: the second reads at the newer revision.
+    let mut steps = r.txn_read_steps(&req);
+    assert!(!r.txn_read_step(&mut steps, &req, 3));
+    index += 1;
+    put_at(&mut w, index, 1, b"newer");
+    index += 1;
+    let rev = w.current_revision();
+    compact_to(&mut w, index, rev);
+    while !r.txn_read_step(&mut steps, &req, 3) {}
+    let TxnReadEnd::Again(steps) = r.txn_read_end(steps, &req) else {
+        panic!("compacted past its revision")
+    };
+    let mut steps = *steps;
+    while !r.txn_read_step(&mut steps, &req, 3) {}
+    let TxnReadEnd::Answered(answer) = r.txn_read_end(steps, &req) else {
+        panic!("nothing compacted on the second try")
+    };
+    assert_eq!(count_of(answer), (r.current_revision(), 11));
+}
