@@ -231,9 +231,9 @@ pub struct Flags {
     /// without crossing threads, which costs less CPU a request; but glommio does not preempt
     /// a task, so a request that keeps such a shard busy holds the raft core, and its
     /// heartbeats, for as long. Ranges walk in steps and let the raft core run between them,
-    /// and sort large answers off the executor (a count or a sort over millions of keys, in a
-    /// range or a read-only txn, no longer holds it); a compare over a large range, and the
-    /// sort of a large range inside a txn, still do.
+    /// and a range sorts large answers off the executor (a count over millions of keys, in a
+    /// range or a read-only txn, or a range's sort of them, no longer holds it); a compare
+    /// over a large range, and the sort of a large range inside a txn, still do.
     #[arg(long = "host-shards-on-raft-cpu", env = "KEEL_HOST_SHARDS_ON_RAFT_CPU", num_args = 0..=1, default_missing_value = "true")]
     pub host_shards_on_raft_cpu: Option<bool>,
 

@@ -65,8 +65,11 @@ pub const READ_KEYS_PER_STEP: usize = 256;
 /// (`service::range_walked_finish`); more go to the shard's blocking pool, or a hosted shard's
 /// helper thread, as etcd sorts in memory on a goroutine the Go scheduler preempts. Measured
 /// in-process (`cargo bench -p keel-kv --bench mvcc -- count`, BENCHMARKS.md "Long walks in
-/// steps"): a range of this many keys sorted by modification revision took 3.2 ms (its walk
-/// alone 0.5 ms), one of a million 290 ms (its walk 42 ms).
+/// steps"): a range of this many keys sorted by modification revision took 3.2 ms in all
+/// (a count of them, which copies no key-value, 0.5 ms), one of a million 290 ms (their count
+/// 42 ms). On a hosted shard those sorts queue, one at a time, on the one helper thread that
+/// also signs tokens and captures snapshots (`rt::blocking`); on a shard thread, on its
+/// executor's pool, which shares its CPU.
 pub const READ_SORT_ON_SHARD_KVS_MAX: usize = 16_384;
 /// Pager rounds an entry that reads values whose pages are out waits for before it is
 /// applied (`MemberConfig::values_resident`). Pages brought in can be evicted again before the

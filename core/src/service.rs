@@ -1289,9 +1289,9 @@ mod tests {
         (Arc::new(reader), req, steps)
     }
 
-    /// A range's sort past `READ_SORT_ON_SHARD_KVS_MAX` key-values runs off the executor: a
-    /// task beside it, woken by a timer every 100 µs, runs while it sorts (200,000 key-values,
-    /// tens of milliseconds). One within the bound runs in place, with no await in between:
+    /// A range's sort past `READ_SORT_ON_SHARD_KVS_MAX` key-values is handed off the
+    /// executor: the executor runs a task beside it (woken by a timer) while the answer of
+    /// 200,000 key-values is awaited. One within the bound is sorted in place, with no await:
     /// the task beside it does not run. Both answer as one walk does.
     #[test]
     fn a_large_sort_runs_off_the_executor_and_a_small_one_in_place() {

@@ -2446,7 +2446,9 @@ impl Reader {
             }
             let range = steps.range.as_mut().expect("started above");
             let (walked, visited) = range.step_counted(&self.shared, r, keys_left, &mut |_| {});
-            keys_left -= visited;
+            // A range that visits no entry (a missing key) still costs one, as in the
+            // writer's steps: a txn of many such ranges is read in several steps too.
+            keys_left -= visited.max(1);
             if !walked {
                 continue;
             }
@@ -2483,10 +2485,14 @@ impl Reader {
         TxnReadEnd::Answered(match steps.failed {
             Some(error) => Err(error),
             None => {
-                assert_eq!(
-                    steps.next_op,
-                    steps.responses.len(),
-                    "every range of the branch read"
+                let branch = if steps.succeeded {
+                    &req.success
+                } else {
+                    &req.failure
+                };
+                assert!(
+                    steps.next_op == branch.len() && steps.responses.len() == branch.len(),
+                    "a txn's steps end once every range of its branch is read"
                 );
                 Ok(Unchecked::new(
                     TxnResponse {
@@ -2678,7 +2684,9 @@ impl Reader {
     /// keys lets its other connections, and a shard hosted by the raft core every write, go on
     /// between steps. The steps read at the revision the first saw, which what is written
     /// meanwhile does not change; a compaction past it may cut what they read, and
-    /// `range_steps_finish` then answers `Compacted`, as one walk's recheck does.
+    /// `range_steps_finish` then answers `Compacted`, as one walk's recheck does. The longer
+    /// the walk, the likelier such a compaction lands meanwhile; etcd's read holds its view
+    /// and would answer.
     pub fn range_steps(&self, req: &RangeRequest, kvs_max: Option<usize>) -> Result<RangeSteps> {
         RangeSteps::start(
             req,

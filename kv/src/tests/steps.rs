@@ -207,33 +207,70 @@ fn writes_and_compactions_between_steps_leave_the_answer_exact_or_fail_it_as_com
 }
 
 /// A read-only txn of random compares and ranges read in steps, as a shard reads one,
-/// answers what it answers read whole, for any step size; each step visits at most its
-/// keys, and a txn of ranges over many keys takes many steps.
+/// answers what its ranges answer read one by one (`Reader::range`), on the branch its
+/// compares choose, the first failing range's error (a revision compacted or in the
+/// future) being the txn's: for stores compacted at random revisions and any step size.
 #[test]
-fn a_read_only_txn_in_steps_answers_what_it_answers_whole() {
-    let mut many_steps = 0;
+fn a_read_only_txn_in_steps_answers_what_its_ranges_answer() {
+    let (mut many_steps, mut failed) = (0, 0);
     for seed in 0..40 {
-        let (_w, r) = random_store(seed);
+        let (mut w, r) = random_store(seed);
         let mut rng = StdRng::seed_from_u64(seed ^ 0x7e4d);
+        let compacted_at = rng.gen_range(1..r.current_revision());
+        compact_to(&mut w, 10_000, compacted_at);
+        let current = r.current_revision();
         for _ in 0..20 {
             let ranges = |rng: &mut StdRng| -> Vec<RequestOp> {
                 (0..rng.gen_range(0..4))
-                    .map(|_| RequestOp::Range(random_request(rng, r.current_revision())))
+                    .map(|_| {
+                        let mut range = random_request(rng, current);
+                        if rng.gen_bool(0.1) {
+                            range.revision = current + rng.gen_range(1..3);
+                        }
+                        RequestOp::Range(range)
+                    })
                     .collect()
             };
+            let compares: Vec<(Bytes, i64)> = (0..rng.gen_range(0..3))
+                .map(|_| (key(rng.gen_range(0..60)), rng.gen_range(0..3)))
+                .collect();
             let req = TxnRequest {
-                compare: (0..rng.gen_range(0..3))
-                    .map(|_| Compare {
+                compare: compares
+                    .iter()
+                    .map(|(key, version)| Compare {
                         result: CompareResult::Greater,
-                        target: CompareTarget::Version(rng.gen_range(0..3)),
-                        key: key(rng.gen_range(0..60)),
+                        target: CompareTarget::Version(*version),
+                        key: key.clone(),
                         range_end: Bytes::new(),
                     })
                     .collect(),
                 success: ranges(&mut rng),
                 failure: ranges(&mut rng),
             };
-            let whole = r.txn_read_only_unchecked(&req).map(Unchecked::check);
+            // The oracle: each compare read as a range of its key, each range read alone.
+            let succeeded = compares.iter().all(|(key, version)| {
+                let got = r
+                    .range(&RangeRequest {
+                        key: key.clone(),
+                        ..Default::default()
+                    })
+                    .expect("the current revision");
+                got.kvs.first().map_or(0, |kv| kv.version) > *version
+            });
+            let branch = if succeeded {
+                &req.success
+            } else {
+                &req.failure
+            };
+            let expected: Result<Vec<RangeResponse>> = branch
+                .iter()
+                .map(|op| {
+                    let RequestOp::Range(range) = op else {
+                        unreachable!("ranges only")
+                    };
+                    r.range(range)
+                })
+                .collect();
             let keys_max = rng.gen_range(1..6);
             let mut steps = r.txn_read_steps(&req);
             let mut taken = 1;
@@ -241,15 +278,32 @@ fn a_read_only_txn_in_steps_answers_what_it_answers_whole() {
                 taken += 1;
             }
             let TxnReadEnd::Answered(stepped) = r.txn_read_end(steps, &req) else {
-                panic!("nothing was compacted")
+                panic!("nothing was compacted meanwhile")
             };
-            assert_eq!(stepped.map(Unchecked::check), whole, "seed {seed}, {req:?}");
+            let stepped = stepped.map(Unchecked::check).map(|answer| {
+                assert_eq!((answer.revision, answer.succeeded), (current, succeeded));
+                answer
+                    .responses
+                    .into_iter()
+                    .map(|op| match op {
+                        ResponseOp::Range(range) => range,
+                        other => panic!("a range's answer, not {other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(stepped, expected, "seed {seed}, {req:?}");
+            if stepped.is_err() {
+                failed += 1;
+            }
             if taken > 3 {
                 many_steps += 1;
             }
         }
     }
-    assert!(many_steps > 0, "some txns took many steps");
+    assert!(
+        many_steps > 0 && failed > 0,
+        "many steps {many_steps}, failed {failed}"
+    );
 }
 
 /// A compaction past a read-only txn's revision between its steps makes it read again at
