@@ -4,7 +4,7 @@ use bytes::Bytes;
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
-use crate::index::{for_each_in_range, live_at, RecordCheck, Unchecked};
+use crate::index::{for_each_in_range, live_at, RecordCheck, Unchecked, Version};
 use crate::store::Shared;
 use crate::types::{KeyValue, RangeRequest, RangeResponse, SortOrder, SortTarget};
 
@@ -111,6 +111,36 @@ pub(crate) fn range_split_at(
     Ok(steps.finish(req))
 }
 
+/// One step of a walk that resumes: visits at most `keys_max` index entries of
+/// [`*next_key`, `range_end`), showing `live` each key live at `rev` with its version and the
+/// step's epoch guard, and leaves in `next_key` the first key not visited (None once the walk
+/// reached the range's end, or was there already). Returns how many entries it visited.
+fn walk_live(
+    shared: &Shared,
+    next_key: &mut Option<Bytes>,
+    range_end: &[u8],
+    (rev, keys_max): (i64, usize),
+    mut live: impl FnMut(&[u8], &Version, &epoch::Guard),
+) -> usize {
+    let Some(from) = next_key.take() else {
+        return 0;
+    };
+    let guard = epoch::pin();
+    let mut visited = 0usize;
+    for_each_in_range(&shared.index, &from, range_end, |key, history| {
+        if visited == keys_max {
+            *next_key = Some(Bytes::copy_from_slice(key));
+            return false;
+        }
+        visited += 1;
+        if let Some(v) = live_at(history.load(&guard), rev) {
+            live(key, v, &guard);
+        }
+        true
+    });
+    visited
+}
+
 /// A whole range read (not split), walked in steps when the caller needs them: a range of a
 /// million keys inside a txn applied in steps must not hold the raft core for its whole walk
 /// (about 400 ms), nor one a shard reads its other calls (`RangeSteps`). `walk` visits the
@@ -197,23 +227,18 @@ impl RangeGather {
     /// Visits at most `keys_max` more index entries of `req`'s range (live or not); returns
     /// how many it visited.
     pub(crate) fn walk(&mut self, shared: &Shared, req: &RangeRequest, keys_max: usize) -> usize {
-        let Some(from) = self.next_key.take() else {
-            return 0;
-        };
-        let guard = epoch::pin();
-        let mut visited = 0usize;
-        for_each_in_range(&shared.index, &from, &req.range_end, |key, history| {
-            if visited == keys_max {
-                self.next_key = Some(Bytes::copy_from_slice(key));
-                return false;
-            }
-            visited += 1;
-            if let Some(v) = live_at(history.load(&guard), self.rev) {
+        let (rev, with_value) = (self.rev, self.with_value);
+        walk_live(
+            shared,
+            &mut self.next_key,
+            &req.range_end,
+            (rev, keys_max),
+            |key, v, guard| {
                 self.count += 1;
                 if !req.count_only && self.kvs.len() < self.fetch_max {
                     // The table is loaded after the list (see `segments.rs`).
-                    let table = shared.segments.load(&guard);
-                    let (kv, check) = v.to_key_value_unchecked(key, table, self.with_value);
+                    let table = shared.segments.load(guard);
+                    let (kv, check) = v.to_key_value_unchecked(key, table, with_value);
                     self.kvs.push(kv);
                     if self.reorders {
                         self.kv_checks.push(check);
@@ -221,10 +246,8 @@ impl RangeGather {
                         self.checks.extend(check);
                     }
                 }
-            }
-            true
-        });
-        visited
+            },
+        )
     }
 
     /// The answer of a walk that reached the range's end.
@@ -358,25 +381,20 @@ impl SplitWalk {
         keys_max: usize,
         on_rest: &mut dyn FnMut(KeyValueShape<'_>),
     ) -> usize {
-        let Some(from) = self.next_key.take() else {
-            return 0;
-        };
-        let guard = epoch::pin();
-        let mut visited = 0usize;
-        for_each_in_range(&shared.index, &from, &req.range_end, |key, history| {
-            if visited == keys_max {
-                self.next_key = Some(Bytes::copy_from_slice(key));
-                return false;
-            }
-            visited += 1;
-            if let Some(v) = live_at(history.load(&guard), self.rev) {
-                if self.count < self.kvs_max.min(self.owed_max) {
+        let (rev, kvs_max, owed_max) = (self.rev, self.kvs_max, self.owed_max);
+        walk_live(
+            shared,
+            &mut self.next_key,
+            &req.range_end,
+            (rev, keys_max),
+            |key, v, guard| {
+                if self.count < kvs_max.min(owed_max) {
                     // The table is loaded after the list (see `segments.rs`).
-                    let table = shared.segments.load(&guard);
+                    let table = shared.segments.load(guard);
                     let (kv, check) = v.to_key_value_unchecked(key, table, !req.keys_only);
                     self.kvs.push(kv);
                     self.checks.extend(check);
-                } else if self.count < self.owed_max {
+                } else if self.count < owed_max {
                     self.rest_kvs += 1;
                     self.last_owed.clear();
                     self.last_owed.extend_from_slice(key);
@@ -390,10 +408,8 @@ impl SplitWalk {
                     });
                 }
                 self.count += 1;
-            }
-            true
-        });
-        visited
+            },
+        )
     }
 
     /// The answer of a walk that reached the range's end, and its rest.
