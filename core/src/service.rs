@@ -537,9 +537,20 @@ impl Api {
         }
         // etcd checks reads on the member that serves them, after the read barrier.
         auth_api::check_read(&self.shared, who, &req.key, &req.range_end)?;
-        // A sort by value compares values before they are checked: bring them in first.
-        let records = self.shared.reader().records_range_reads(&req);
-        self.bring_in_records(&records).await;
+        // A sort by value compares values before they are checked: bring them in first,
+        // listed as a txn's are (`txn_reads_wait`): a raft step's worth of keys here, the
+        // rest by a pager thread, not a walk of a million keys while the shard's other calls
+        // (or a hosted shard's raft core) wait.
+        if req.sort_target == kv::SortTarget::Value && !req.count_only {
+            let reads = kv::TxnRequest {
+                compare: Vec::new(),
+                success: vec![kv::RequestOp::Range(req.clone())],
+                failure: Vec::new(),
+            };
+            if let Some(wait) = self.txn_reads_wait(&reads) {
+                wait.await;
+            }
+        }
         Ok(req)
     }
 

@@ -611,14 +611,31 @@ fn a_long_count_on_a_hosted_shard_lets_a_put_through_while_it_walks() {
                 .await
                 .expect("the load's txn");
         }
-        // The count as a range, then inside a read-only txn (whose ranges walk in steps too).
-        for in_txn in [false, true] {
+        // The count as a range, then inside a read-only txn (whose ranges walk in steps too),
+        // then a range sorted by value: the values it compares are listed a step's keys on
+        // the shard and the rest on a pager thread, its walk takes steps, and its sort runs
+        // off the executor.
+        for (in_txn, by_value) in [(false, false), (true, false), (false, true)] {
             let mut counter = Client::connect([endpoint.as_str()], None)
                 .await
                 .expect("connects");
             let count = tokio::spawn(async move {
                 let everything = GetOptions::new().with_prefix().with_count_only();
-                let count = if in_txn {
+                let count = if by_value {
+                    let sorted = GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(1)
+                        .with_sort(
+                            etcd_client::SortTarget::Value,
+                            etcd_client::SortOrder::Descend,
+                        );
+                    counter
+                        .get("walk/", Some(sorted))
+                        .await
+                        .expect("the sorted range")
+                        .count()
+                } else if in_txn {
                     let resp = counter
                         .txn(Txn::new().and_then([TxnOp::get("walk/", Some(everything))]))
                         .await
@@ -642,7 +659,7 @@ fn a_long_count_on_a_hosted_shard_lets_a_put_through_while_it_walks() {
             // nothing (a machine this fast needs more keys).
             assert!(
                 !count.is_finished(),
-                "the count of {KEYS} keys (in a txn: {in_txn}) was answered within 20 ms"
+                "the count of {KEYS} keys (in a txn: {in_txn}, by value: {by_value}) was answered within 20 ms"
             );
             writer.put("beside", "v", None).await.expect("the put");
             let put_answered = std::time::Instant::now();
@@ -650,7 +667,7 @@ fn a_long_count_on_a_hosted_shard_lets_a_put_through_while_it_walks() {
             assert_eq!(count, KEYS as i64);
             assert!(
                 put_answered < count_answered,
-                "the put was answered {:?} after the count (in a txn: {in_txn})",
+                "the put was answered {:?} after the count (in a txn: {in_txn}, by value: {by_value})",
                 put_answered - count_answered
             );
         }
