@@ -2426,17 +2426,11 @@ impl Reader {
                 unreachable!("a read-only txn holds only ranges")
             };
             if steps.range.is_none() {
-                // etcd's checkRequests. It checks every range before reading any; checking
-                // each just before its read answers the same, as a read changes nothing and
-                // the first failing check wins either way.
-                let checked = if r.revision > steps.cur_rev {
-                    Err(KvError::FutureRevision)
-                } else if r.revision > 0 && r.revision < steps.compact_rev {
-                    Err(KvError::Compacted)
-                } else {
-                    RangeSteps::start(r, steps.cur_rev, steps.compact_rev, None)
-                };
-                match checked {
+                // etcd's checkRequests (a revision in the future or compacted), which
+                // `RangeSteps::start` makes. etcd checks every range before reading any;
+                // checking each just before its read answers the same, as a read changes
+                // nothing and the first failing check wins either way.
+                match RangeSteps::start(r, steps.cur_rev, steps.compact_rev, None) {
                     Ok(range) => steps.range = Some(range),
                     Err(error) => {
                         steps.failed = Some(error);
@@ -2562,14 +2556,6 @@ impl Reader {
     /// `records_txn_reads` for a put: the old value an `ignore_value` put keeps.
     pub fn records_put_reads(&self, req: &PutRequest) -> Vec<Bytes> {
         self.listed_whole(|r, rev, listed, budget| r.put_reads(req, rev, listed, budget))
-    }
-
-    /// `records_txn_reads` for a range that sorts by value: the sort compares the values
-    /// where it runs, before any check could hand their reads to another thread, so a shard
-    /// brings them in first. Empty for any other range (its values are read through
-    /// `Unchecked`).
-    pub fn records_range_reads(&self, req: &RangeRequest) -> Vec<Bytes> {
-        self.listed_whole(|r, rev, listed, budget| r.range_reads(req, rev, listed, budget))
     }
 
     fn range_reads(
