@@ -917,6 +917,7 @@ impl Hub {
                     stream.push(frame_of(&resp));
                 }
                 Ok(batch) => {
+                    let reached_read_rev = batch.reached_read_rev();
                     let encoded: Vec<(i64, Bytes)> = batch
                         .events
                         .into_iter()
@@ -947,10 +948,18 @@ impl Hub {
                         w.sent_since_progress = true;
                     }
                     w.next_rev = w.next_rev.max(batch.next_rev);
-                    // Synced only if no revision without a batch was published while the read
-                    // waited: `overflowed` skipped this unsynced watcher, and the read's
-                    // snapshot may predate that revision.
-                    if w.next_rev > self.delivered_rev.get() && self.resyncs.get() == resyncs_before
+                    // Synced only once the read reached the revision it read at (a batch cut
+                    // to its bound did not), past every batch this hub delivered while the
+                    // watcher was unsynced (which skipped it), and if no revision without a
+                    // batch was published while the read waited: `overflowed` skipped this
+                    // unsynced watcher, and the read's snapshot may predate that revision.
+                    // The last delivered revision alone says nothing of the history: a
+                    // member with no watchers publishes no batches, so it can be far behind
+                    // the read, and a watcher from an old revision was taken for synced
+                    // after its first batch.
+                    if reached_read_rev
+                        && w.next_rev > self.delivered_rev.get()
+                        && self.resyncs.get() == resyncs_before
                     {
                         w.synced = true;
                         stream.unsynced.set(stream.unsynced.get() - 1);

@@ -2862,7 +2862,14 @@ impl Reader {
                 event
             })
             .collect();
-        Ok(Unchecked::new(EventBatch { events, next_rev }, checks))
+        Ok(Unchecked::new(
+            EventBatch {
+                events,
+                next_rev,
+                read_rev: cur_rev,
+            },
+            checks,
+        ))
     }
 
     /// The HashKV hash at `revision` (0 = current): CRC-32 (IEEE, as crc32fast computes it) over every

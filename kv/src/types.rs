@@ -367,4 +367,15 @@ pub struct EventBatch {
     pub events: Vec<Event>,
     /// The first revision not covered; the watcher continues from here.
     pub next_rev: i64,
+    /// The revision the history was read at (the published one then). A batch whose
+    /// `next_rev` is past it holds everything up to it; one cut short to stay within its
+    /// bound does not, whatever revision a caller last heard of.
+    pub read_rev: i64,
+}
+
+impl EventBatch {
+    /// Whether the batch holds every event of its range up to the revision it read at.
+    pub fn reached_read_rev(&self) -> bool {
+        self.next_rev > self.read_rev
+    }
 }

@@ -514,3 +514,69 @@ async fn watchers_arriving_during_unwatched_writes_miss_none_of_them() {
         assert!(w.await.expect("a writer") > 0);
     }
 }
+
+/// A watcher that starts far back in history written while nobody watched catches up over
+/// several bounded reads (`CATCHUP_EVENTS_PER_STEP` events each) and gets every event once,
+/// in order, then the writes that follow. The member publishes no events while it has no
+/// watchers, so the revision it last delivered is far behind the history: a catch-up that
+/// took "past the last delivered revision" for "synced" stopped after its first read, and
+/// the watcher then waited forever for the events between that read and the present.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_far_back_in_unwatched_history_gets_every_event() {
+    const PUTS: usize = 2_600;
+    const WRITERS: usize = 8;
+    let server = Server::under_test(&[]);
+    let mut c = client(&server).await;
+    // A watcher seen and gone first, so the member delivered some revision before the
+    // unwatched writes, as a long-running member has.
+    let mut early = c
+        .watch("far/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    expect_created(&mut early).await;
+    c.put("far/early", "0", None).await.expect("put");
+    collect_events(&mut early, 1).await;
+    drop(early);
+    let base = revision(&mut c).await;
+    let mut writing = Vec::new();
+    for w in 0..WRITERS {
+        let mut writer = client(&server).await;
+        writing.push(tokio::spawn(async move {
+            for i in (w..PUTS).step_by(WRITERS) {
+                writer
+                    .put(format!("far/{i:05}"), i.to_string(), None)
+                    .await
+                    .expect("put");
+            }
+        }));
+    }
+    for w in writing {
+        w.await.expect("a writer");
+    }
+    let end = revision(&mut c).await;
+    assert_eq!(end - base, PUTS as i64, "one revision per put");
+    let mut stream = c
+        .watch(
+            "far/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(base + 1),
+            ),
+        )
+        .await
+        .expect("watch");
+    expect_created(&mut stream).await;
+    let seen = collect_events(&mut stream, PUTS).await;
+    let revisions: Vec<i64> = seen.iter().map(|s| s.mod_revision).collect();
+    let want: Vec<i64> = (base + 1..=end).collect();
+    assert_eq!(revisions, want, "every unwatched write once, in order");
+    for s in &seen {
+        let i: usize = std::str::from_utf8(&s.value).unwrap().parse().unwrap();
+        assert_eq!(s.key, format!("far/{i:05}").into_bytes());
+    }
+    // Then the present: the watcher is synced and sees the next write.
+    let next = put_rev(&c.put("far/next", "n", None).await.expect("put"));
+    let after = collect_events(&mut stream, 1).await;
+    assert_eq!(after[0].mod_revision, next);
+}

@@ -508,6 +508,10 @@ fn history_for_prev_kv_names_the_previous_values_on_disk() {
     assert_eq!(with_prev.records_on_disk().count(), 9);
     let batch = with_prev.check();
     assert_eq!(batch.events.len(), 5);
+    assert!(
+        batch.reached_read_rev(),
+        "a whole read reaches its revision"
+    );
     for (round, e) in batch.events.iter().enumerate().skip(1) {
         let prev = e.prev_kv.clone().expect("a previous state").checked();
         assert_eq!(prev.value, Bytes::from(vec![round as u8 - 1; 100]));
@@ -515,6 +519,13 @@ fn history_for_prev_kv_names_the_previous_values_on_disk() {
     // A batch cut short names only the records of the events it keeps.
     let cut = r.range_events_unchecked(1, b"k00", b"", 2, true).unwrap();
     assert_eq!(cut.records_on_disk().count(), 3);
+    let cut = cut.check();
+    assert!(
+        !cut.reached_read_rev(),
+        "a batch cut at {} stops short of the revision it read, {}",
+        cut.next_rev,
+        cut.read_rev
+    );
 }
 
 /// Twenty keys k00..k19 of 100 bytes each, their segments made durable, with one bit
