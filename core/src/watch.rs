@@ -8,7 +8,7 @@
 //! previous value for a watcher.
 //!
 //! A watcher is *synced* (fed from live batches) or *unsynced* (catching up from MVCC history
-//! with `Reader::range_events`, in bounded steps). A new watcher whose start revision is in the
+//! with `Reader::range_events_steps`, in bounded batches, each walked in steps). A new watcher whose start revision is in the
 //! past starts unsynced. A stream whose client reads too slowly, or a shard that fell behind the
 //! raft core, turns its watchers unsynced instead of buffering without bound: apply never waits
 //! for a watcher. `next_rev` (the first revision a watcher still needs) makes every hand-over
@@ -44,8 +44,19 @@ pub const STREAM_QUEUE_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// response still goes whole): big enough that a revision seen by a stream's hundreds of
 /// watchers is one write, small enough that the copy stays in cache.
 pub const SEND_BATCH_BYTES_MAX: usize = 256 * 1024;
-/// Events read from history per catch-up step, so one slow watcher cannot hog the shard.
+/// Fewest events a catch-up read hands out (when its range has them): one read is a batch,
+/// walked `limits::READ_KEYS_PER_STEP` keys at a time between the shard's other tasks.
 pub const CATCHUP_EVENTS_PER_STEP: usize = 1000;
+/// Most events a catch-up read hands out (but for one revision that alone holds more), the
+/// bound of what it holds at once (about twice this, see `kv::EventSteps`) and of what it
+/// queues on its stream at once.
+pub const CATCHUP_EVENTS_PER_STEP_MAX: usize = 65_536;
+/// Keys of a watcher's range per event of its next catch-up read: every read walks the whole
+/// range, so a read of a range of a million keys that handed out a thousand events would
+/// walk a thousand times more than it hands out. A batch of at least an eighth of the keys
+/// the last read walked keeps the walking within eight keys per event handed out, up to
+/// `CATCHUP_EVENTS_PER_STEP_MAX`.
+pub const CATCHUP_KEYS_PER_EVENT: usize = 8;
 /// Soft size of one catch-up response: history is cut into responses of about this size,
 /// only ever between revisions.
 pub const CATCHUP_RESPONSE_BYTES_MAX: usize = 1024 * 1024;
@@ -171,6 +182,8 @@ struct Watcher {
     synced: bool,
     /// Events were sent since the last progress notification.
     sent_since_progress: bool,
+    /// The bound of this watcher's next catch-up read (see `CATCHUP_KEYS_PER_EVENT`).
+    catch_up_events_max: usize,
 }
 
 impl Watcher {
@@ -847,6 +860,7 @@ impl Hub {
             next_rev,
             synced,
             sent_since_progress: false,
+            catch_up_events_max: CATCHUP_EVENTS_PER_STEP,
         };
         if !synced {
             stream.unsynced.set(stream.unsynced.get() + 1);
@@ -876,19 +890,40 @@ impl Hub {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            let (range, next_rev, prev_kv) = {
+            let (range, next_rev, prev_kv, events_max) = {
                 let watchers = stream.watchers.borrow();
                 let Some(w) = watchers.get(&id) else { continue };
-                (w.range.clone(), w.next_rev, w.prev_kv)
+                (
+                    w.range.clone(),
+                    w.next_rev,
+                    w.prev_kv,
+                    w.catch_up_events_max,
+                )
             };
             let resyncs_before = self.resyncs.get();
-            let read = self.shared.reader().range_events_unchecked(
+            // Its own handle, held across the steps, as a range's (`range_walked`).
+            let reader = arc_swap::Guard::into_inner(self.shared.reader());
+            let mut keys_visited = None;
+            let read = match reader.range_events_steps(
                 next_rev,
                 range.start(),
                 &range.kv_end(),
-                CATCHUP_EVENTS_PER_STEP,
+                events_max,
                 prev_kv,
-            );
+            ) {
+                Ok(mut steps) => {
+                    // A watcher from far back on a prefix of a million keys walks them all:
+                    // in steps, as a long range does, so the shard's other calls (and, on
+                    // a hosted shard, the raft core) go on meanwhile.
+                    while !reader.range_events_step(&mut steps, crate::limits::READ_KEYS_PER_STEP) {
+                        crate::rt::let_others_run().await;
+                    }
+                    keys_visited = Some(steps.keys_visited());
+                    reader.range_events_finish(steps)
+                }
+                Err(e) => Err(e),
+            };
+            drop(reader);
             let read = match read {
                 Ok(unchecked) => Ok(self.shared.pager.serve(unchecked).await),
                 Err(e) => Err(e),
@@ -897,6 +932,10 @@ impl Hub {
             let Some(w) = watchers.get_mut(&id) else {
                 continue;
             };
+            if let Some(keys) = keys_visited {
+                w.catch_up_events_max = (keys / CATCHUP_KEYS_PER_EVENT)
+                    .clamp(CATCHUP_EVENTS_PER_STEP, CATCHUP_EVENTS_PER_STEP_MAX);
+            }
             match read {
                 Err(_) => {
                     // Compacted past what the watcher needs: cancel it with the compact revision.

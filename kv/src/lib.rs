@@ -44,6 +44,7 @@ pub mod bbolt;
 mod checkpoint;
 mod dirty;
 pub mod error;
+mod history;
 mod index;
 mod lookup;
 mod read;
@@ -60,6 +61,7 @@ pub use checkpoint::{
     HEADER_BYTES as CHECKPOINT_HEADER_BYTES, PAYLOAD_ALIGN_BYTES as CHECKPOINT_PAYLOAD_ALIGN_BYTES,
 };
 pub use error::{KvError, Result};
+pub use history::EventSteps;
 pub use index::Unchecked;
 pub use read::{KeyValueShape, RangeRest, RangeSplit, RangeSteps};
 pub use segments::{release_spare_segment_buffers, MappedSegment};

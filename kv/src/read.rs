@@ -122,6 +122,28 @@ fn walk_live(
     (rev, keys_max): (i64, usize),
     mut live: impl FnMut(&[u8], &Version, &epoch::Guard),
 ) -> usize {
+    walk_histories(
+        shared,
+        next_key,
+        range_end,
+        keys_max,
+        |key, versions, guard| {
+            if let Some(v) = live_at(versions, rev) {
+                live(key, v, guard);
+            }
+        },
+    )
+}
+
+/// The walk `walk_live` makes, showing `visit` each key's whole version list (a watcher's
+/// history read wants every version, not the one live at a revision).
+pub(crate) fn walk_histories(
+    shared: &Shared,
+    next_key: &mut Option<Bytes>,
+    range_end: &[u8],
+    keys_max: usize,
+    mut visit: impl FnMut(&[u8], &[Version], &epoch::Guard),
+) -> usize {
     let Some(from) = next_key.take() else {
         return 0;
     };
@@ -133,9 +155,7 @@ fn walk_live(
             return false;
         }
         visited += 1;
-        if let Some(v) = live_at(history.load(&guard), rev) {
-            live(key, v, &guard);
-        }
+        visit(key, history.load(&guard), &guard);
         true
     });
     visited

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use crossbeam_epoch as epoch;
 
 use crate::error::{KvError, Result};
+use crate::history::EventSteps;
 use crate::index::{
     for_each_entry_in_range, for_each_in_range, live_at, Index, KeyHistory, RecordCheck, Unchecked,
     Version, VersionKind,
@@ -937,7 +938,7 @@ impl Writer {
                     let begin_rev = steps.ctx.begin_rev;
                     let Some(path) = eval.step(
                         &self.shared,
-                        &self.lookup,
+                        Some(&self.lookup),
                         req,
                         begin_rev,
                         self.compact_rev,
@@ -1962,7 +1963,7 @@ impl CompareEval {
     fn step(
         &mut self,
         shared: &Shared,
-        lookup: &KeyLookup,
+        lookup: Option<&KeyLookup>,
         req: &TxnRequest,
         rev: i64,
         compact_rev: i64,
@@ -1980,7 +1981,7 @@ impl CompareEval {
             }
             let holds = walk
                 .get_or_insert_with(|| CompareWalk::starting_at(compare))
-                .step(shared, Some(lookup), compare, rev, compact_rev, keys_left)?;
+                .step(shared, lookup, compare, rev, compact_rev, keys_left)?;
             *walk = None;
             results.push(holds);
             Some(holds)
@@ -2293,6 +2294,10 @@ pub struct TxnReadSteps {
     /// The revision every compare and range reads at, and the answer's.
     cur_rev: i64,
     compact_rev: i64,
+    /// The compares' evaluation, until it chose a branch: a compare over a range of a
+    /// million keys visits them all, so it too goes a step's keys at a time.
+    comparing: Option<CompareEval>,
+    /// The branch the compares chose (meaningless while `comparing`).
     succeeded: bool,
     /// The op of the chosen branch being read (or next to be).
     next_op: usize,
@@ -2366,9 +2371,9 @@ impl Reader {
     }
 
     /// `txn_read_only_unchecked` in steps (`txn_read_step`, then `txn_read_end`), as a shard
-    /// reads one: its compares are decided whole at the first step, at the current revision,
-    /// then the ranges of the branch they chose are walked a bounded number of index entries
-    /// at a time, at that revision, with no epoch held between steps.
+    /// reads one: its compares (as the writer's steps decide them, `CompareEval`), then the
+    /// ranges of the branch they chose, are walked a bounded number of index entries at a
+    /// time, at the revision current at the start, with no epoch held between steps.
     pub fn txn_read_steps(&self, req: &TxnRequest) -> TxnReadSteps {
         self.txn_read_attempt(req, 1)
     }
@@ -2380,21 +2385,15 @@ impl Reader {
         );
         let cur_rev = self.current_revision();
         let compact_rev = self.compact_revision();
-        let path = compare_path(&self.shared, None, req, cur_rev, compact_rev);
-        assert!(path.nested.is_empty(), "a read-only txn has no nested txn");
-        let ops = if path.succeeded {
-            req.success.len()
-        } else {
-            req.failure.len()
-        };
         TxnReadSteps {
             attempt,
             cur_rev,
             compact_rev,
-            succeeded: path.succeeded,
+            comparing: Some(CompareEval::default()),
+            succeeded: false,
             next_op: 0,
             range: None,
-            responses: Vec::with_capacity(ops),
+            responses: Vec::new(),
             checks: Vec::new(),
             failed: None,
         }
@@ -2409,12 +2408,29 @@ impl Reader {
         keys_max: usize,
     ) -> bool {
         assert!(keys_max > 0, "a step visits at least one key");
+        let mut keys_left = keys_max;
+        if let Some(eval) = steps.comparing.as_mut() {
+            // Each compare costs at least one key (see `CompareWalk::step`).
+            let (cur_rev, compact_rev) = (steps.cur_rev, steps.compact_rev);
+            let Some(path) = eval.step(
+                &self.shared,
+                None,
+                req,
+                cur_rev,
+                compact_rev,
+                &mut keys_left,
+            ) else {
+                return false;
+            };
+            assert!(path.nested.is_empty(), "a read-only txn has no nested txn");
+            steps.comparing = None;
+            steps.succeeded = path.succeeded;
+        }
         let ops = if steps.succeeded {
             &req.success
         } else {
             &req.failure
         };
-        let mut keys_left = keys_max;
         loop {
             if steps.failed.is_some() || steps.next_op == ops.len() {
                 return true;
@@ -2775,101 +2791,50 @@ impl Reader {
         events_max: usize,
         with_prev: bool,
     ) -> Result<Unchecked<EventBatch>> {
-        assert!(events_max > 0, "a batch must be able to hold an event");
-        let cur_rev = self.current_revision();
+        let mut steps =
+            self.range_events_steps(start_rev, key, range_end, events_max, with_prev)?;
+        let walked = self.range_events_step(&mut steps, usize::MAX);
+        assert!(walked, "one unbounded step walks the whole range");
+        self.range_events_finish(steps)
+    }
+
+    /// `range_events_unchecked` in steps (`range_events_step`, then `range_events_finish`),
+    /// as a shard reads a watcher's history: its keys a bounded number at a time, at the
+    /// revision published now, with no epoch held between steps, holding at most about
+    /// twice `events_max` events at any time, or twice one revision's that alone holds
+    /// more (see `EventSteps`).
+    pub fn range_events_steps(
+        &self,
+        start_rev: i64,
+        key: &[u8],
+        range_end: &[u8],
+        events_max: usize,
+        with_prev: bool,
+    ) -> Result<EventSteps> {
+        let read_rev = self.current_revision();
         let start_rev = start_rev.max(1);
         if start_rev < self.compact_revision() {
             return Err(KvError::Compacted);
         }
-        let guard = epoch::pin();
-        // Each event with the checks of its value and its previous state's, those on disk: a
-        // batch cut below drops them with it, so only what is handed out is read.
-        let mut events: Vec<(Revision, Event, [Option<RecordCheck>; 2])> = Vec::new();
-        for_each_in_range(&self.shared.index, key, range_end, |key, history| {
-            let versions = history.load(&guard);
-            let first = versions.partition_point(|v| v.main() < start_rev);
-            for i in first..versions.len() {
-                let v = &versions[i];
-                if v.main() > cur_rev {
-                    break;
-                }
-                let mut prev_check = Vec::new();
-                // The key as it stood at the revision before this one, as etcd reads it: a
-                // version of the same txn (a put its delete follows) does not show.
-                let prev_kv = versions[..i]
-                    .iter()
-                    .rposition(|p| p.main() < v.main())
-                    .map(|p| &versions[p])
-                    .filter(|p| p.kind() == VersionKind::Put)
-                    .map(|p| p.to_prev_kv(key, self.shared.segments.load(&guard)))
-                    .map(|p| match with_prev {
-                        true => PrevKv::known(p.into_answer(&mut prev_check)),
-                        false => p,
-                    });
-                let (event, check) = match v.kind() {
-                    VersionKind::Put => {
-                        let segments = self.shared.segments.load(&guard);
-                        let (kv, check) = v.to_key_value_unchecked(key, segments, true);
-                        let event = Event {
-                            kind: EventKind::Put,
-                            kv,
-                            prev_kv,
-                        };
-                        (event, check)
-                    }
-                    VersionKind::Tombstone => {
-                        let event = Event {
-                            kind: EventKind::Delete,
-                            kv: KeyValue {
-                                key: Bytes::copy_from_slice(key),
-                                mod_revision: v.main(),
-                                ..KeyValue::default()
-                            },
-                            prev_kv,
-                        };
-                        (event, None)
-                    }
-                };
-                events.push((v.rev(), event, [check, prev_check.pop()]));
-            }
-            true
-        });
-        self.recheck_compacted(start_rev, cur_rev)?;
-        events.sort_by_key(|(rev, _, _)| *rev);
-        // A watcher asking from the future stays there; otherwise it continues after what we read.
-        let mut next_rev = (cur_rev + 1).max(start_rev);
-        if events.len() > events_max {
-            let cut_main = events[events_max].0.main;
-            let first_main = events[0].0.main;
-            // Keep whole revisions only; a first revision larger than the cap still goes out whole.
-            let cut_main = if cut_main == first_main {
-                events
-                    .iter()
-                    .find(|(r, _, _)| r.main > first_main)
-                    .map_or(cur_rev + 1, |(r, _, _)| r.main)
-            } else {
-                cut_main
-            };
-            events.retain(|(r, _, _)| r.main < cut_main);
-            next_rev = cut_main;
-        }
-        let mut checks = Vec::new();
-        let events = events
-            .into_iter()
-            .map(|(_, event, [check, prev_check])| {
-                checks.extend(check);
-                checks.extend(prev_check);
-                event
-            })
-            .collect();
-        Ok(Unchecked::new(
-            EventBatch {
-                events,
-                next_rev,
-                read_rev: cur_rev,
-            },
-            checks,
+        Ok(EventSteps::start(
+            start_rev,
+            read_rev,
+            (key, range_end),
+            events_max,
+            with_prev,
         ))
+    }
+
+    /// Visits at most `keys_max` more keys of `steps`' range; true once it reached the end.
+    pub fn range_events_step(&self, steps: &mut EventSteps, keys_max: usize) -> bool {
+        steps.step(&self.shared, keys_max)
+    }
+
+    /// The batch of a history read whose walk reached its range's end, or compacted when a
+    /// compaction passed its start meanwhile: the lists it saw may have been trimmed under it.
+    pub fn range_events_finish(&self, steps: EventSteps) -> Result<Unchecked<EventBatch>> {
+        self.recheck_compacted(steps.start_rev(), steps.read_rev())?;
+        Ok(steps.finish())
     }
 
     /// The HashKV hash at `revision` (0 = current): CRC-32 (IEEE, as crc32fast computes it) over every

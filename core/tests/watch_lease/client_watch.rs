@@ -516,7 +516,7 @@ async fn watchers_arriving_during_unwatched_writes_miss_none_of_them() {
 }
 
 /// A watcher that starts far back in history written while nobody watched catches up over
-/// several bounded reads (`CATCHUP_EVENTS_PER_STEP` events each) and gets every event once,
+/// several bounded reads (`CATCHUP_EVENTS_PER_STEP` events the first) and gets every event once,
 /// in order, then the writes that follow. The member publishes no events while it has no
 /// watchers, so the revision it last delivered is far behind the history: a catch-up that
 /// took "past the last delivered revision" for "synced" stopped after its first read, and

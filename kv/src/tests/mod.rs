@@ -4,6 +4,7 @@
 mod checkpoint;
 mod concurrency;
 mod delta;
+mod history;
 mod model;
 mod on_disk;
 mod scenario;

@@ -382,3 +382,85 @@ fn a_compaction_between_a_txns_steps_reads_it_again() {
     };
     assert_eq!(count_of(answer), (r.current_revision(), 11));
 }
+
+/// A read-only txn whose compares cover ranges decides them a step's keys at a time and
+/// chooses the branch the writer's whole evaluation chooses (the writer applying the same
+/// txn, `compare_path`): random ranges, targets and results, every step size from one key.
+#[test]
+fn a_read_only_txns_range_compares_walk_in_steps_and_choose_the_writers_branch() {
+    let (mut stepped_compares, mut both) = (0, [0usize; 2]);
+    for seed in 0..40 {
+        let (mut w, r) = random_store(seed);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xc0de);
+        let current = r.current_revision();
+        for n in 0..20u64 {
+            let compare: Vec<Compare> = (0..rng.gen_range(1..4))
+                .map(|_| {
+                    let start = rng.gen_range(0..60);
+                    Compare {
+                        result: match rng.gen_range(0..4) {
+                            0 => CompareResult::Equal,
+                            1 => CompareResult::Greater,
+                            2 => CompareResult::Less,
+                            _ => CompareResult::NotEqual,
+                        },
+                        target: match rng.gen_range(0..3) {
+                            0 => CompareTarget::Version(rng.gen_range(0..4)),
+                            1 => CompareTarget::Mod(rng.gen_range(0..=current)),
+                            _ => CompareTarget::Create(rng.gen_range(0..=current)),
+                        },
+                        key: key(start),
+                        range_end: match rng.gen_range(0..3) {
+                            0 => Bytes::new(),
+                            1 => key(rng.gen_range(start..61)),
+                            _ => Bytes::from_static(b"\0"),
+                        },
+                    }
+                })
+                .collect();
+            let one_key = |i: usize| {
+                vec![RequestOp::Range(RangeRequest {
+                    key: key(i),
+                    ..Default::default()
+                })]
+            };
+            let req = TxnRequest {
+                compare,
+                success: one_key(1),
+                failure: one_key(2),
+            };
+            let applied = w
+                .apply(20_000 + seed * 100 + n, &Op::Txn(req.clone()))
+                .expect("a read-only txn applies");
+            let OpResponse::Txn(writers) = applied.response.check() else {
+                panic!("a txn's answer")
+            };
+            let keys_max = rng.gen_range(1..4);
+            let mut steps = r.txn_read_steps(&req);
+            let mut taken = 1;
+            while !r.txn_read_step(&mut steps, &req, keys_max) {
+                taken += 1;
+            }
+            let TxnReadEnd::Answered(Ok(answer)) = r.txn_read_end(steps, &req) else {
+                panic!("nothing compacted, a valid txn")
+            };
+            let answer = answer.check();
+            assert_eq!(answer.revision, current, "a read-only txn writes nothing");
+            assert_eq!(answer.succeeded, writers.succeeded, "seed {seed}: {req:?}");
+            assert_eq!(answer.responses, writers.responses, "seed {seed}");
+            both[usize::from(answer.succeeded)] += 1;
+            // Its one range costs a step at most: more steps were the compares'.
+            if taken > 2 {
+                stepped_compares += 1;
+            }
+        }
+    }
+    assert!(
+        stepped_compares > 100,
+        "compares walked in steps: {stepped_compares}"
+    );
+    assert!(
+        both[0] > 50 && both[1] > 50,
+        "both branches chosen: {both:?}"
+    );
+}
