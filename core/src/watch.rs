@@ -8,8 +8,8 @@
 //! previous value for a watcher.
 //!
 //! A watcher is *synced* (fed from live batches) or *unsynced* (catching up from MVCC history
-//! with `Reader::range_events_steps`, in bounded batches, each walked in steps). A new watcher whose start revision is in the
-//! past starts unsynced. A stream whose client reads too slowly, or a shard that fell behind the
+//! with `Reader::range_events_steps`, in bounded batches, each walked in steps). A new
+//! watcher whose start revision is in the past starts unsynced. A stream whose client reads too slowly, or a shard that fell behind the
 //! raft core, turns its watchers unsynced instead of buffering without bound: apply never waits
 //! for a watcher. `next_rev` (the first revision a watcher still needs) makes every hand-over
 //! exact: events below it are never sent again, events at or above it are never skipped.
@@ -49,7 +49,8 @@ pub const SEND_BATCH_BYTES_MAX: usize = 256 * 1024;
 pub const CATCHUP_EVENTS_PER_STEP: usize = 1000;
 /// Most events a catch-up read hands out (but for one revision that alone holds more), the
 /// bound of what it holds at once (about twice this, see `kv::EventSteps`) and of what it
-/// queues on its stream at once.
+/// queues on its stream at once. In events, not bytes: a batch of 4 KiB values queues about
+/// 256 MiB (etcd reads a watcher's whole history at once).
 pub const CATCHUP_EVENTS_PER_STEP_MAX: usize = 65_536;
 /// Keys of a watcher's range per event of its next catch-up read: every read walks the whole
 /// range, so a read of a range of a million keys that handed out a thousand events would

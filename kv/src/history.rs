@@ -151,12 +151,14 @@ impl EventSteps {
                         }
                     };
                     events.push((v.rev(), event, [check, prev_check.pop()]));
-                }
-                if events.len() >= *cut_when_held {
-                    if let Some(cut) = cut_at(events, events_max) {
-                        *below_rev = cut;
+                    // Checked at every event, not every key: one key's thousands of
+                    // versions are cut as they are read too.
+                    if events.len() >= *cut_when_held {
+                        if let Some(cut) = cut_at(events, events_max) {
+                            *below_rev = cut;
+                        }
+                        *cut_when_held = events.len().max(events_max).saturating_mul(2);
                     }
-                    *cut_when_held = events.len().max(events_max).saturating_mul(2);
                 }
             },
         );

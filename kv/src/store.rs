@@ -2486,6 +2486,10 @@ impl Reader {
     /// Compactions past the current revision are rare: after `TXN_READ_ATTEMPTS_MAX` tries
     /// the txn is answered as compacted.
     pub fn txn_read_end(&self, steps: TxnReadSteps, req: &TxnRequest) -> TxnReadEnd {
+        assert!(
+            steps.comparing.is_none(),
+            "a txn's steps end once its compares chose a branch"
+        );
         if self.compact_revision() > steps.cur_rev {
             if steps.attempt < TXN_READ_ATTEMPTS_MAX {
                 return TxnReadEnd::Again(Box::new(self.txn_read_attempt(req, steps.attempt + 1)));
