@@ -213,3 +213,37 @@ fn a_compaction_past_the_start_between_steps_fails_the_history_read() {
         Err(KvError::Compacted)
     ));
 }
+
+/// One key's many versions are cut as they are read, not once the key is done: a read of a
+/// key with a thousand versions, in batches of ten, holds no more than twice ten events.
+#[test]
+fn a_key_with_many_versions_is_read_within_the_bound() {
+    let (mut w, r) = Store::with_segment_bytes(4096);
+    for index in 1..=1_000u64 {
+        w.apply(
+            index,
+            &Op::Put(PutRequest {
+                key: key(1),
+                value: Bytes::from(index.to_string()),
+                ..Default::default()
+            }),
+        )
+        .expect("applies");
+    }
+    let mut steps = r
+        .range_events_steps(1, &key(1), b"", 10, true)
+        .expect("nothing compacted");
+    assert!(r.range_events_step(&mut steps, 1), "one key, one step");
+    assert!(
+        steps.events_held() < 20,
+        "{} events held for a batch of 10",
+        steps.events_held()
+    );
+    let batch = r
+        .range_events_finish(steps)
+        .expect("nothing compacted")
+        .check();
+    let revisions: Vec<i64> = batch.events.iter().map(|e| e.kv.mod_revision).collect();
+    assert_eq!(revisions, (2..12).collect::<Vec<i64>>());
+    assert_eq!(batch.next_rev, 12);
+}
