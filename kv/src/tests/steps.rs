@@ -385,7 +385,8 @@ fn a_compaction_between_a_txns_steps_reads_it_again() {
 
 /// A read-only txn whose compares cover ranges decides them a step's keys at a time and
 /// chooses the branch the writer's whole evaluation chooses (the writer applying the same
-/// txn, `compare_path`): random ranges, targets and results, every step size from one key.
+/// txn, `compare_path`): random ranges, every target (a value compare carries what it found
+/// across steps) and result, every step size from one key.
 #[test]
 fn a_read_only_txns_range_compares_walk_in_steps_and_choose_the_writers_branch() {
     let (mut stepped_compares, mut both) = (0, [0usize; 2]);
@@ -404,10 +405,19 @@ fn a_read_only_txns_range_compares_walk_in_steps_and_choose_the_writers_branch()
                             2 => CompareResult::Less,
                             _ => CompareResult::NotEqual,
                         },
-                        target: match rng.gen_range(0..3) {
+                        target: match rng.gen_range(0..5) {
                             0 => CompareTarget::Version(rng.gen_range(0..4)),
                             1 => CompareTarget::Mod(rng.gen_range(0..=current)),
-                            _ => CompareTarget::Create(rng.gen_range(0..=current)),
+                            2 => CompareTarget::Create(rng.gen_range(0..=current)),
+                            // `random_store`'s values: one letter repeated; short ones
+                            // match some keys, and compare below or above the rest.
+                            3 => CompareTarget::Value(Bytes::from(vec![
+                                b'a' + rng
+                                    .gen_range(0..26u8);
+                                rng.gen_range(0..3)
+                            ])),
+                            // Its only lease is 7.
+                            _ => CompareTarget::Lease(if rng.gen_bool(0.5) { 7 } else { 0 }),
                         },
                         key: key(start),
                         range_end: match rng.gen_range(0..3) {
@@ -463,4 +473,47 @@ fn a_read_only_txns_range_compares_walk_in_steps_and_choose_the_writers_branch()
         both[0] > 50 && both[1] > 50,
         "both branches chosen: {both:?}"
     );
+}
+
+/// A compaction past a txn's revision while its compares are still walking reads the txn
+/// again at the newer revision, compares and all.
+#[test]
+fn a_compaction_while_a_txns_compares_walk_reads_it_again() {
+    let (mut w, r) = Store::new();
+    for i in 0..10 {
+        put_at(&mut w, i as u64 + 1, i, b"v");
+    }
+    // Every key's version is 1 at revision 11, and key 0's is 2 after the put below: the
+    // compare holds at the first revision only.
+    let req = TxnRequest {
+        compare: vec![Compare {
+            result: CompareResult::Equal,
+            target: CompareTarget::Version(1),
+            key: key(0),
+            range_end: key(10),
+        }],
+        success: vec![RequestOp::Range(RangeRequest {
+            key: key(0),
+            ..Default::default()
+        })],
+        failure: vec![],
+    };
+    let mut steps = r.txn_read_steps(&req);
+    // Ten keys to compare, three a step: still comparing.
+    assert!(!r.txn_read_step(&mut steps, &req, 3));
+    put_at(&mut w, 11, 0, b"newer");
+    let rev = w.current_revision();
+    compact_to(&mut w, 12, rev);
+    while !r.txn_read_step(&mut steps, &req, 3) {}
+    let TxnReadEnd::Again(mut again) = r.txn_read_end(steps, &req) else {
+        panic!("a compaction passed the revision read at")
+    };
+    while !r.txn_read_step(&mut again, &req, 3) {}
+    let TxnReadEnd::Answered(answer) = r.txn_read_end(*again, &req) else {
+        panic!("nothing compacted since")
+    };
+    let answer = answer.expect("read").check();
+    assert_eq!(answer.revision, 12);
+    assert!(!answer.succeeded, "key 0 is at version 2 now");
+    assert!(answer.responses.is_empty(), "the failure branch is empty");
 }
