@@ -101,6 +101,32 @@ async fn range_walked_finish(
     reader.range_steps_finish(steps, req)
 }
 
+/// The read-only txn `req` read from `reader` in steps, as a range is (`range_walked`): its
+/// compares and ranges a step's keys at a time, and a range's sort past
+/// `limits::READ_SORT_ON_SHARD_KVS_MAX` key-values off the executor
+/// (`range_walked_finish`).
+async fn txn_read_walked(
+    reader: &Arc<kv::Reader>,
+    req: &kv::TxnRequest,
+) -> kv::Result<kv::Unchecked<kv::TxnResponse>> {
+    let mut steps = reader.txn_read_steps(req);
+    steps.finish_elsewhere_past(crate::limits::READ_SORT_ON_SHARD_KVS_MAX);
+    loop {
+        while !reader.txn_read_step(&mut steps, req, crate::limits::READ_KEYS_PER_STEP) {
+            crate::rt::let_others_run().await;
+        }
+        if let Some((range, range_req)) = steps.take_walked_range(req) {
+            let answer = range_walked_finish(reader, range, &range_req).await;
+            reader.txn_read_range_finished(&mut steps, answer);
+            continue;
+        }
+        match reader.txn_read_end(steps, req) {
+            kv::TxnReadEnd::Answered(answer) => return answer,
+            kv::TxnReadEnd::Again(again) => steps = *again,
+        }
+    }
+}
+
 fn etcd(e: EtcdError) -> Status {
     Status::from(e)
 }
@@ -481,17 +507,9 @@ impl Api {
         // Its own handle, held across the steps: a snapshot install replacing the store
         // meanwhile leaves this txn reading the store it began on.
         let reader = arc_swap::Guard::into_inner(self.shared.reader());
-        let mut steps = reader.txn_read_steps(&req);
-        let unchecked = loop {
-            // Walked as a range is (`range_walked`): its ranges' keys a step at a time.
-            while !reader.txn_read_step(&mut steps, &req, crate::limits::READ_KEYS_PER_STEP) {
-                crate::rt::let_others_run().await;
-            }
-            match reader.txn_read_end(steps, &req) {
-                kv::TxnReadEnd::Answered(answer) => break answer.map_err(|e| etcd(kv_error(e)))?,
-                kv::TxnReadEnd::Again(again) => steps = *again,
-            }
-        };
+        let unchecked = txn_read_walked(&reader, &req)
+            .await
+            .map_err(|e| etcd(kv_error(e)))?;
         let resp = self.shared.pager.serve(unchecked).await;
         auth_api::check_still_current(&self.shared, who)?;
         let header = self.shared.header(resp.revision);

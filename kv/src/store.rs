@@ -2306,6 +2306,36 @@ pub struct TxnReadSteps {
     checks: Vec<RecordCheck>,
     /// The error a range's checks or read answered: the txn's answer.
     failed: Option<KvError>,
+    /// Ranges whose walk gathered more key-values than this to filter and sort are left
+    /// to the caller to finish (`TxnReadSteps::take_walked_range`), on another thread.
+    finish_elsewhere_past_kvs: usize,
+    /// Such a range, walked: the next op's.
+    walked: Option<RangeSteps>,
+}
+
+impl TxnReadSteps {
+    /// Leaves each range that gathered more than `kvs` key-values to filter and sort to
+    /// the caller (`take_walked_range`): a shard sorts a million of them off its executor,
+    /// as it does a range's (`RangeSteps::reordered_kvs`).
+    pub fn finish_elsewhere_past(&mut self, kvs: usize) {
+        self.finish_elsewhere_past_kvs = kvs;
+    }
+
+    /// The range a step left to finish, with its request (the op of `req`, the txn the
+    /// steps began with): finish it with `Reader::range_steps_finish`, then hand the answer
+    /// back with `Reader::txn_read_range_finished` before the next step.
+    pub fn take_walked_range(&mut self, req: &TxnRequest) -> Option<(RangeSteps, RangeRequest)> {
+        let range = self.walked.take()?;
+        let ops = if self.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let RequestOp::Range(r) = &ops[self.next_op] else {
+            unreachable!("a read-only txn holds only ranges")
+        };
+        Some((range, r.clone()))
+    }
 }
 
 /// How a read-only txn's steps ended (`Reader::txn_read_end`).
@@ -2396,6 +2426,8 @@ impl Reader {
             responses: Vec::new(),
             checks: Vec::new(),
             failed: None,
+            finish_elsewhere_past_kvs: usize::MAX,
+            walked: None,
         }
     }
 
@@ -2408,6 +2440,10 @@ impl Reader {
         keys_max: usize,
     ) -> bool {
         assert!(keys_max > 0, "a step visits at least one key");
+        assert!(
+            steps.walked.is_none(),
+            "a range left to finish elsewhere is handed back before the next step"
+        );
         let mut keys_left = keys_max;
         if let Some(eval) = steps.comparing.as_mut() {
             // Each compare costs at least one key (see `CompareWalk::step`).
@@ -2463,6 +2499,10 @@ impl Reader {
                 continue;
             }
             let range = steps.range.take().expect("started above");
+            if range.reordered_kvs() > steps.finish_elsewhere_past_kvs {
+                steps.walked = Some(range);
+                return true;
+            }
             if let Err(error) = self.recheck_compacted(r.revision, steps.cur_rev) {
                 steps.failed = Some(error);
                 return true;
@@ -2478,6 +2518,33 @@ impl Reader {
         }
     }
 
+    /// Hands back the answer of the range `take_walked_range` left to finish
+    /// (`range_steps_finish`'s, which rechecked compaction), as the step would have
+    /// answered it in place.
+    pub fn txn_read_range_finished(
+        &self,
+        steps: &mut TxnReadSteps,
+        answer: Result<Unchecked<(RangeResponse, Option<RangeRest>)>>,
+    ) {
+        assert!(
+            steps.walked.is_none() && steps.failed.is_none(),
+            "a range taken to finish, and nothing failed before it"
+        );
+        match answer {
+            Err(error) => steps.failed = Some(error),
+            Ok(answer) => {
+                let answer = answer.map(|(response, rest)| {
+                    assert!(rest.is_none(), "only a split range leaves a rest");
+                    response
+                });
+                steps
+                    .responses
+                    .push(ResponseOp::Range(answer.into_parts(&mut steps.checks)));
+                steps.next_op += 1;
+            }
+        }
+    }
+
     /// The end of a read-only txn's steps: its answer (or the error a range's checks or read
     /// gave), or, when a compaction passed its revision meanwhile, the steps of another
     /// attempt at the revision now current. etcd reads a txn in one view that no compaction
@@ -2487,12 +2554,14 @@ impl Reader {
     /// the txn is answered as compacted.
     pub fn txn_read_end(&self, steps: TxnReadSteps, req: &TxnRequest) -> TxnReadEnd {
         assert!(
-            steps.comparing.is_none(),
-            "a txn's steps end once its compares chose a branch"
+            steps.comparing.is_none() && steps.walked.is_none(),
+            "a txn's steps end once its compares chose a branch and its ranges are answered"
         );
         if self.compact_revision() > steps.cur_rev {
             if steps.attempt < TXN_READ_ATTEMPTS_MAX {
-                return TxnReadEnd::Again(Box::new(self.txn_read_attempt(req, steps.attempt + 1)));
+                let mut again = self.txn_read_attempt(req, steps.attempt + 1);
+                again.finish_elsewhere_past_kvs = steps.finish_elsewhere_past_kvs;
+                return TxnReadEnd::Again(Box::new(again));
             }
             return TxnReadEnd::Answered(Err(KvError::Compacted));
         }

@@ -517,3 +517,50 @@ fn a_compaction_while_a_txns_compares_walk_reads_it_again() {
     assert!(!answer.succeeded, "key 0 is at version 2 now");
     assert!(answer.responses.is_empty(), "the failure branch is empty");
 }
+
+/// A txn's range that gathered more key-values to sort than the caller's bound is left to
+/// the caller to finish (a shard does it off its executor) and answers as one finished in
+/// place; one within the bound is finished by the step.
+#[test]
+fn a_txns_large_sort_is_left_to_the_caller_and_answers_as_in_place() {
+    let (mut w, r) = Store::new();
+    for i in 0..50 {
+        put_at(&mut w, i as u64 + 1, i, b"v");
+    }
+    let sorted = |key_start: usize| {
+        RequestOp::Range(RangeRequest {
+            key: key(key_start),
+            range_end: key(50),
+            sort_order: SortOrder::Descend,
+            sort_target: SortTarget::Mod,
+            limit: 5,
+            ..Default::default()
+        })
+    };
+    // 50 key-values, then 5: only the first passes a bound of 10.
+    let req = TxnRequest {
+        compare: vec![],
+        success: vec![sorted(0), sorted(45)],
+        failure: vec![],
+    };
+    let in_place = r.txn_read_only_unchecked(&req).expect("read").check();
+    let mut steps = r.txn_read_steps(&req);
+    steps.finish_elsewhere_past(10);
+    let mut left = 0;
+    let answer = loop {
+        while !r.txn_read_step(&mut steps, &req, 7) {}
+        if let Some((range, range_req)) = steps.take_walked_range(&req) {
+            left += 1;
+            assert_eq!(range.reordered_kvs(), 50);
+            let answer = r.range_steps_finish(range, &range_req);
+            r.txn_read_range_finished(&mut steps, answer);
+            continue;
+        }
+        match r.txn_read_end(steps, &req) {
+            TxnReadEnd::Answered(answer) => break answer.expect("read").check(),
+            TxnReadEnd::Again(_) => panic!("nothing compacted"),
+        }
+    };
+    assert_eq!(left, 1, "the large sort only");
+    assert_eq!(answer, in_place);
+}
