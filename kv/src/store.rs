@@ -2432,7 +2432,8 @@ impl Reader {
     }
 
     /// Visits at most `keys_max` more index entries of the ranges of `req` (the txn `steps`
-    /// began with); true once every range is read, or one failed.
+    /// began with); true once every range is read, or one failed, or one is left to the
+    /// caller to finish (`TxnReadSteps::take_walked_range`).
     pub fn txn_read_step(
         &self,
         steps: &mut TxnReadSteps,

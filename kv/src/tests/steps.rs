@@ -564,3 +564,58 @@ fn a_txns_large_sort_is_left_to_the_caller_and_answers_as_in_place() {
     assert_eq!(left, 1, "the large sort only");
     assert_eq!(answer, in_place);
 }
+
+/// A compaction past a txn's revision while its large sort is finished elsewhere fails that
+/// range as compacted, and the txn is read again at the newer revision.
+#[test]
+fn a_compaction_during_a_txns_sort_elsewhere_reads_it_again() {
+    let (mut w, r) = Store::new();
+    for i in 0..50 {
+        put_at(&mut w, i as u64 + 1, i, b"v");
+    }
+    let req = TxnRequest {
+        compare: vec![],
+        success: vec![RequestOp::Range(RangeRequest {
+            key: key(0),
+            range_end: key(50),
+            sort_order: SortOrder::Descend,
+            sort_target: SortTarget::Mod,
+            limit: 1,
+            ..Default::default()
+        })],
+        failure: vec![],
+    };
+    let mut steps = r.txn_read_steps(&req);
+    steps.finish_elsewhere_past(10);
+    while !r.txn_read_step(&mut steps, &req, 7) {}
+    let (range, range_req) = steps.take_walked_range(&req).expect("left to finish");
+    put_at(&mut w, 51, 0, b"newer");
+    let rev = w.current_revision();
+    compact_to(&mut w, 52, rev);
+    let answer = r.range_steps_finish(range, &range_req);
+    assert!(matches!(answer, Err(KvError::Compacted)));
+    r.txn_read_range_finished(&mut steps, answer);
+    assert!(
+        r.txn_read_step(&mut steps, &req, 7),
+        "a failed range ends the steps"
+    );
+    assert!(steps.take_walked_range(&req).is_none());
+    let TxnReadEnd::Again(mut again) = r.txn_read_end(steps, &req) else {
+        panic!("a compaction passed the revision read at")
+    };
+    // The bound carries over to the next try.
+    while !r.txn_read_step(&mut again, &req, 7) {}
+    let (range, range_req) = again.take_walked_range(&req).expect("left to finish again");
+    let answer = r.range_steps_finish(range, &range_req);
+    r.txn_read_range_finished(&mut again, answer);
+    while !r.txn_read_step(&mut again, &req, 7) {}
+    let TxnReadEnd::Answered(answer) = r.txn_read_end(*again, &req) else {
+        panic!("nothing compacted since")
+    };
+    let answer = answer.expect("read").check();
+    assert_eq!(answer.revision, rev);
+    let ResponseOp::Range(range) = &answer.responses[0] else {
+        panic!("a range's answer")
+    };
+    assert_eq!(range.kvs[0].mod_revision, rev, "the newest put first");
+}
