@@ -37,9 +37,8 @@ pub struct EventSteps {
     events_max: usize,
     with_prev: bool,
     /// Events at or past this revision are not kept: those read so far held more than a
-    /// batch before it. `read_rev + 1` until a cut.
+    /// batch before it. `read_rev + 1` until a cut (a cut is at a revision read).
     below_rev: i64,
-    cut: bool,
     events: Vec<Read>,
     /// Held events that make the read cut again: twice `events_max`, or twice what a cut
     /// left when one revision alone holds more (so the sorts stay O(n log n) in all).
@@ -66,7 +65,6 @@ impl EventSteps {
             events_max,
             with_prev,
             below_rev: read_rev + 1,
-            cut: false,
             events: Vec::new(),
             cut_when_held: events_max.saturating_mul(2),
             keys_visited: 0,
@@ -162,9 +160,6 @@ impl EventSteps {
                 }
             },
         );
-        if self.below_rev <= self.read_rev {
-            self.cut = true;
-        }
         self.next_key.is_none()
     }
 
@@ -174,11 +169,10 @@ impl EventSteps {
         assert!(self.next_key.is_none(), "the walk reached the range's end");
         if let Some(cut) = cut_at(&mut self.events, self.events_max) {
             self.below_rev = cut;
-            self.cut = true;
         }
         // A watcher asking from the future stays there; otherwise it continues after what
         // we read, or at the cut.
-        let next_rev = if self.cut {
+        let next_rev = if self.below_rev <= self.read_rev {
             self.below_rev
         } else {
             (self.read_rev + 1).max(self.start_rev)

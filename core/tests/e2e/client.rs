@@ -394,6 +394,70 @@ async fn lease_grant_revoke_and_errors() {
 
 /// A txn of ranges alone is answered as etcd answers one: on the member, without an entry in
 /// the raft log (the raft index stays), at one revision, linearizable or serializable.
+/// A read-only txn over more keys than a shard walks or sorts in one go: its compares over
+/// 20,000 keys are decided a step at a time, and its range sorted by modification revision
+/// is sorted off the shard's executor (past `READ_SORT_ON_SHARD_KVS_MAX`). Both branches
+/// answer as the same reads made alone, and neither is written to the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_txn_comparing_and_sorting_many_keys_answers_as_its_reads_alone() {
+    const KEYS: usize = 20_000;
+    let server = Server::under_test(&["--max-txn-ops", "1000"]);
+    let mut c = client(&server).await;
+    for first in (0..KEYS).step_by(1000) {
+        let ops: Vec<TxnOp> = (first..first + 1000)
+            .map(|i| TxnOp::put(format!("s/{i:05}"), "v", None))
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.expect("txn of puts");
+    }
+    // The newest write, and the only key at version 2.
+    c.put("s/00007", "again", None).await.expect("put");
+    let sorted = || {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Mod, SortOrder::Descend)
+            .with_limit(3)
+    };
+    let alone = c.get("s/", Some(sorted())).await.expect("get");
+    let keys_of = |kvs: &[etcd_client::KeyValue]| -> Vec<Vec<u8>> {
+        kvs.iter().map(|kv| kv.key().to_vec()).collect()
+    };
+    assert_eq!(keys_of(alone.kvs())[0], b"s/00007".to_vec());
+    let index_before = c.status().await.expect("status").raft_index();
+    for (compare, succeeds) in [
+        (
+            Compare::version("s/", CompareOp::Greater, 0).with_range("s0"),
+            true,
+        ),
+        (
+            Compare::version("s/", CompareOp::Equal, 1).with_range("s0"),
+            false,
+        ),
+    ] {
+        let r = c
+            .txn(
+                Txn::new()
+                    .when([compare])
+                    .and_then([TxnOp::get("s/", Some(sorted()))])
+                    .or_else([TxnOp::get("s/00007", None)]),
+            )
+            .await
+            .expect("txn");
+        assert_eq!(r.succeeded(), succeeds);
+        let TxnOpResponse::Get(got) = &r.op_responses()[0] else {
+            panic!("a range's answer")
+        };
+        if succeeds {
+            assert_eq!(keys_of(got.kvs()), keys_of(alone.kvs()));
+            assert_eq!(got.count(), KEYS as i64);
+            assert!(got.more());
+        } else {
+            assert_eq!(got.kvs()[0].value(), b"again");
+        }
+    }
+    let index_after = c.status().await.expect("status").raft_index();
+    assert_eq!(index_before, index_after, "no entry for a read-only txn");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_txns_are_answered_without_the_log() {
     let server = Server::under_test(&[]);
